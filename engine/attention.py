@@ -1,0 +1,71 @@
+"""The flat-batch attention interface models are written against, and the backend choice."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kernels.reference import paged_attention_ref, store_kv_ref
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-iteration batch layout shared by every layer (see kernels/reference.py for shapes)."""
+
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+    backend: str = "torch"
+
+
+StoreFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+AttnFn = Callable[..., torch.Tensor]
+
+
+def _backend_fns(name: str) -> tuple[StoreFn, AttnFn]:
+    if name == "triton":
+        from kernels.triton_attention import paged_attention
+        from kernels.triton_store import store_kv
+
+        return store_kv, paged_attention
+    return store_kv_ref, paged_attention_ref
+
+
+def resolve_backend(name: str, device: torch.device | str) -> str:
+    """`auto` picks Triton on CUDA and the torch reference elsewhere."""
+    if name not in ("auto", "torch", "triton"):
+        raise ValueError(f"attention_backend must be auto, torch or triton, got {name!r}")
+    if name == "auto":
+        return "triton" if torch.device(device).type == "cuda" else "torch"
+    return name
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: KVCache,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """Store this step's K/V into the layer's paged cache, then attend over each sequence's context.
+
+    q: [N, H, D]; k, v: [N, Hkv, D]; returns [N, H, D].
+    """
+    store, attend = _backend_fns(meta.backend)
+    k_cache, v_cache = kv_cache
+    store(k, v, k_cache, v_cache, meta.slot_mapping)
+    return attend(
+        q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, scale,
+        sliding_window=sliding_window, **kwargs,
+    )

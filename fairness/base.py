@@ -1,0 +1,60 @@
+"""The contract between the scheduler and a fairness policy.
+
+The policy owns the waiting queue so that choosing the next request costs O(log tenants), not
+O(waiting): the scheduler asks `peek()` / `pop()` instead of sorting every iteration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, TypeVar
+
+
+class ItemMeta(Protocol):
+    """What a policy may read of a request's metadata."""
+
+    tenant_id: str
+    api_key_id: str | None
+    user: str | None
+    priority: int
+    weight: float
+    deadline: float | None
+    arrival_time: float
+
+
+class Item(Protocol):
+    """A schedulable request as seen by a policy."""
+
+    request_id: str
+    meta: ItemMeta
+
+
+T = TypeVar("T", bound=Item)
+
+
+class SchedulingPolicy(Protocol[T]):
+    """Orders waiting requests, charges served tokens, and picks preemption victims."""
+
+    def add(self, item: T, now: float, front: bool = False) -> None:
+        """Queue an arrival (or, with front=True, a preempted request returning to the head of its queue)."""
+
+    def remove(self, item: T) -> None:
+        """Drop a queued item (cancelled or expired). No-op when absent."""
+
+    def peek(self, now: float) -> T | None:
+        """The item that should be admitted next, without removing it."""
+
+    def pop(self, item: T) -> None:
+        """Remove `item` (the one `peek` returned) because it was admitted."""
+
+    def charge(self, item: T, prefill: int, decode: int, cached: int) -> float:
+        """Charge the item's fairness key for tokens just scheduled; returns the service charged."""
+
+    def victim(self, running: Sequence[T]) -> T | None:
+        """Which running item to preempt under memory pressure (None: nobody may be preempted)."""
+
+    def service(self) -> Mapping[str, float]:
+        """Charged service by fairness key so far."""
+
+    def __len__(self) -> int:
+        """Number of queued items."""

@@ -1,0 +1,41 @@
+"""`fairserve` command line: each subcommand family lives in its own gateway/cli_*.py module."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that define `register(subparsers)`; each adds its subcommands with a `func` default.
+COMMAND_MODULES = (
+    "gateway.cli_serve",  # serve
+    "gateway.cli_model",  # model init
+    "gateway.cli_billing",  # db, tenants, keys, usage
+    "gateway.cli_sim",  # sim
+    "gateway.cli_bench",  # bench
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser, with every subcommand family that is installed."""
+    parser = argparse.ArgumentParser(prog="fairserve", description="Multi-tenant fair-share LLM serving.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `fairserve` console script."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
