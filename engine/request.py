@@ -18,7 +18,7 @@ class RequestState(enum.Enum):
     FINISHED = "finished"
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     """Why a request ended; the string values are what the API and ledger show."""
 
     STOP = "stop"

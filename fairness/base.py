@@ -11,22 +11,31 @@ from typing import Protocol, TypeVar
 
 
 class ItemMeta(Protocol):
-    """What a policy may read of a request's metadata."""
+    """What a policy may read of a request's metadata (read-only, so any dataclass with these fields fits)."""
 
-    tenant_id: str
-    api_key_id: str | None
-    user: str | None
-    priority: int
-    weight: float
-    deadline: float | None
-    arrival_time: float
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def api_key_id(self) -> str | None: ...
+    @property
+    def user(self) -> str | None: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def weight(self) -> float: ...
+    @property
+    def deadline(self) -> float | None: ...
+    @property
+    def arrival_time(self) -> float: ...
 
 
 class Item(Protocol):
     """A schedulable request as seen by a policy."""
 
-    request_id: str
-    meta: ItemMeta
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def meta(self) -> ItemMeta: ...
 
 
 T = TypeVar("T", bound=Item)

@@ -1,0 +1,41 @@
+"""The inference engine: requests, paged KV cache, scheduler, model runner, engine loop."""
+
+from engine.async_engine import AsyncEngine, EngineDeadError
+from engine.config import EngineConfig, FairnessSettings
+from engine.llm import LLM, CompletionOutput
+from engine.llm_engine import LLMEngine
+from engine.outputs import EngineStats, RequestInfo, RequestMetrics, RequestOutput
+from engine.request import (
+    DuplicateRequestError,
+    FinishReason,
+    InvalidRequestError,
+    PromptTooLongError,
+    Request,
+    RequestMeta,
+    RequestState,
+    SamplingParams,
+)
+from engine.trace import IterationTrace
+
+__all__ = [
+    "LLM",
+    "AsyncEngine",
+    "CompletionOutput",
+    "DuplicateRequestError",
+    "EngineConfig",
+    "EngineDeadError",
+    "EngineStats",
+    "FairnessSettings",
+    "FinishReason",
+    "InvalidRequestError",
+    "IterationTrace",
+    "LLMEngine",
+    "PromptTooLongError",
+    "Request",
+    "RequestInfo",
+    "RequestMeta",
+    "RequestMetrics",
+    "RequestOutput",
+    "RequestState",
+    "SamplingParams",
+]

@@ -1,0 +1,167 @@
+"""The paged KV block pool: free list, per-request block tables, reference counts, prefix caching.
+
+A block is cached once it is full: its hash chains the parent block's hash with its tokens, so two
+requests share a block only when their whole prefix up to it is identical. A freed cached block goes
+to the tail of the free list with its hash kept, and is reused by a later hit until it is evicted
+from the head for a fresh allocation (LRU).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Block:
+    """One physical KV block."""
+
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+
+
+@dataclass
+class BlockTable:
+    """A request's logical-to-physical block list plus the hashes of its full blocks."""
+
+    block_ids: list[int] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)
+
+
+def chain_hash(parent: int | None, tokens: Sequence[int]) -> int:
+    """Hash of a full block given its parent's hash, so equal hashes mean equal prefixes."""
+    return hash((parent, tuple(tokens)))
+
+
+class BlockPool:
+    """Fixed pool of `num_blocks` blocks of `block_size` token slots."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # Insertion order is eviction order: fresh frees go to the tail.
+        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self._cached: dict[int, int] = {}  # block hash -> block id
+        self.tables: dict[str, BlockTable] = {}
+        self.alloc_failures = 0
+
+    # -- accounting -------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        """Blocks that can be handed out now (including evictable cached ones)."""
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        """Blocks referenced by at least one request."""
+        return self.num_blocks - len(self._free)
+
+    def blocks_needed(self, request_id: str, num_tokens: int) -> int:
+        """How many more blocks `request_id` needs to hold `num_tokens` tokens."""
+        have = len(self.tables[request_id].block_ids) if request_id in self.tables else 0
+        return max(0, -(-num_tokens // self.block_size) - have)
+
+    # -- prefix cache -----------------------------------------------------------------------
+    def match_prefix(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Longest run of cached full blocks at the start of `token_ids`: (block ids, hashes).
+
+        At least one token is always left uncached so the request has a position to sample from.
+        """
+        if not self.enable_prefix_caching:
+            return [], []
+        ids: list[int] = []
+        hashes: list[int] = []
+        parent: int | None = None
+        max_blocks = (len(token_ids) - 1) // self.block_size
+        for i in range(max_blocks):
+            h = chain_hash(parent, token_ids[i * self.block_size : (i + 1) * self.block_size])
+            block_id = self._cached.get(h)
+            if block_id is None:
+                break
+            ids.append(block_id)
+            hashes.append(h)
+            parent = h
+        return ids, hashes
+
+    def attach_prefix(self, request_id: str, block_ids: list[int], hashes: list[int]) -> None:
+        """Give a new request the matched cached blocks (reference counted, pulled off the free list)."""
+        table = self.tables.setdefault(request_id, BlockTable())
+        assert not table.block_ids, "prefix attaches only to an empty table"
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self._free[block_id]
+            block.ref_count += 1
+        table.block_ids.extend(block_ids)
+        table.hashes.extend(hashes)
+
+    # -- allocation -------------------------------------------------------------------------
+    def allocate(self, request_id: str, num_tokens: int) -> bool:
+        """Grow `request_id`'s table to hold `num_tokens` tokens; False (nothing changed) if short of blocks."""
+        need = self.blocks_needed(request_id, num_tokens)
+        if need > len(self._free):
+            self.alloc_failures += 1
+            return False
+        table = self.tables.setdefault(request_id, BlockTable())
+        for _ in range(need):
+            block_id, _ = self._free.popitem(last=False)
+            block = self.blocks[block_id]
+            if block.block_hash is not None:
+                # Evicting a cached block: forget its hash unless another copy took the slot.
+                if self._cached.get(block.block_hash) == block_id:
+                    del self._cached[block.block_hash]
+                block.block_hash = None
+            block.ref_count = 1
+            table.block_ids.append(block_id)
+        return True
+
+    def commit_full_blocks(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> None:
+        """Register the hashes of blocks that became full and computed, so later requests can share them."""
+        if not self.enable_prefix_caching:
+            return
+        table = self.tables.get(request_id)
+        if table is None:
+            return
+        full = min(num_computed // self.block_size, len(table.block_ids))
+        parent = table.hashes[-1] if table.hashes else None
+        for i in range(len(table.hashes), full):
+            h = chain_hash(parent, token_ids[i * self.block_size : (i + 1) * self.block_size])
+            table.hashes.append(h)
+            parent = h
+            block = self.blocks[table.block_ids[i]]
+            if block.block_hash is None and h not in self._cached:
+                block.block_hash = h
+                self._cached[h] = block.block_id
+
+    def free(self, request_id: str) -> int:
+        """Release every block of `request_id`; returns how many it held."""
+        table = self.tables.pop(request_id, None)
+        if table is None:
+            return 0
+        # Free in reverse so a request's tail blocks are evicted before its (more shareable) head.
+        for block_id in reversed(table.block_ids):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {block_id} freed twice"
+            if block.ref_count == 0:
+                self._free[block_id] = None
+        return len(table.block_ids)
+
+    def block_ids(self, request_id: str) -> list[int]:
+        """The request's physical blocks in logical order."""
+        table = self.tables.get(request_id)
+        return table.block_ids if table else []
+
+    def check_invariants(self) -> None:
+        """Assert the pool is consistent: reference counts match tables, free list holds exactly the unreferenced."""
+        counts = [0] * self.num_blocks
+        for table in self.tables.values():
+            for block_id in table.block_ids:
+                counts[block_id] += 1
+        for block in self.blocks:
+            assert block.ref_count == counts[block.block_id], f"block {block.block_id} refcount mismatch"
+            assert (block.ref_count == 0) == (block.block_id in self._free), f"block {block.block_id} free-list mismatch"

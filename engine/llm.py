@@ -1,0 +1,71 @@
+"""`LLM`: the offline batch API, `LLM(model).generate(prompts, params)`, in input order."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine.config import EngineConfig, FairnessSettings
+from engine.llm_engine import LLMEngine
+from engine.request import FinishReason, RequestMeta, SamplingParams
+
+Prompt = str | Sequence[int]
+
+
+@dataclass
+class CompletionOutput:
+    """One finished generation."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: FinishReason | None
+    cached_tokens: int = 0
+    preemptions: int = 0
+
+
+class LLM:
+    """Load a model once and generate for many prompts with continuous batching."""
+
+    def __init__(self, model: str | None = None, **engine_config: Any) -> None:
+        fairness = engine_config.pop("fairness", None)
+        if isinstance(fairness, dict):
+            fairness = FairnessSettings(**fairness)
+        config = EngineConfig(model=model, **engine_config)
+        if fairness is not None:
+            config.fairness = fairness
+        self.engine = LLMEngine(config)
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        metas: Sequence[RequestMeta] | None = None,
+    ) -> list[CompletionOutput]:
+        """Run every prompt to completion; outputs come back in input order."""
+        single = isinstance(prompts, str) or (bool(prompts) and isinstance(prompts[0], int))
+        plist: list[Prompt] = [prompts] if single else list(prompts)  # type: ignore[list-item, arg-type]
+        if params is None or isinstance(params, SamplingParams):
+            params_list = [params or SamplingParams()] * len(plist)
+        else:
+            params_list = list(params)
+        if len(params_list) != len(plist):
+            raise ValueError(f"got {len(plist)} prompts but {len(params_list)} sampling params")
+        ids = []
+        for i, (prompt, p) in enumerate(zip(plist, params_list, strict=True)):
+            request_id = f"llm-{next(self._ids)}"
+            self.engine.add_request(request_id, prompt, p, metas[i] if metas else None)
+            ids.append(request_id)
+        done: dict[str, CompletionOutput] = {}
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                if out.finished:
+                    done[out.request_id] = CompletionOutput(
+                        out.request_id, out.prompt_token_ids, out.token_ids, out.text, out.finish_reason,
+                        out.metrics.cached_tokens, out.metrics.preemptions)
+        return [done[i] for i in ids]

@@ -1,0 +1,284 @@
+"""The synchronous engine: validate and queue requests, then `step()` one iteration at a time.
+
+    step():
+        retire cancelled and expired requests       (scheduler.schedule)
+        decode running requests, continue prefills, admit by fairness policy
+        run the model once on the mixed batch       (model_runner.execute)
+        append tokens, stop, charge                 (scheduler.update)
+        record one IterationTrace
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Sequence
+
+import torch
+
+from engine.attention import resolve_backend
+from engine.config import EngineConfig
+from engine.kv_cache import BlockPool
+from engine.loader import LoadedModel, load_model
+from engine.model_runner import ModelRunner, kv_block_bytes
+from engine.outputs import EngineStats, RequestInfo, RequestMetrics, RequestOutput
+from engine.policy import build_policy
+from engine.request import (
+    DuplicateRequestError,
+    FinishReason,
+    InvalidRequestError,
+    PromptTooLongError,
+    Request,
+    RequestMeta,
+    RequestState,
+    SamplingParams,
+)
+from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from engine.stop import StopChecker
+from engine.trace import IterationTrace, TraceWriter
+
+_EWMA = 0.2
+
+
+class _Stream:
+    """Per-request text state: incremental detokenizer and stop-string checker."""
+
+    def __init__(self, detokenizer: object, stops: list[str]) -> None:
+        self.detokenizer = detokenizer
+        self.stop = StopChecker(stops)
+        self.sent_tokens = 0
+
+
+class LLMEngine:
+    """One model, one scheduler, one KV cache; driven by explicit `step()` calls."""
+
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        config.validate()
+        self.config = config
+        self.device = torch.device(config.device)
+        self.loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device, cache_dir=config.cache_dir)
+        mc = self.loaded.config
+        self.tokenizer = self.loaded.tokenizer
+        self.model_name = self.loaded.name
+        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        self.vocab_size = mc.vocab_size
+        self.eos_token_ids = set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids)
+        num_blocks = config.num_kv_blocks or self._blocks_from_memory()
+        self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.policy = build_policy(config.fairness)
+        sched_cfg = SchedulerConfig(
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=self.max_model_len,
+            watermark_blocks=config.watermark_blocks,
+            preemption_mode=config.preemption_mode,
+        )
+        self.scheduler = Scheduler(sched_cfg, self.pool, self.policy)
+        self.runner = ModelRunner(
+            self.loaded.model, mc.num_layers, mc.num_kv_heads, mc.head_dim, num_blocks, config.block_size,
+            self.loaded.dtype, self.device, resolve_backend(config.attention_backend, self.device), config.seed,
+        )
+        self.scheduler.swap_out = self._swap_out
+        self.scheduler.swap_in = self._swap_in
+        self._streams: dict[str, _Stream] = {}
+        self._trace_writer = TraceWriter(config.trace_path) if config.trace_path else None
+        self.traces: deque[IterationTrace] = deque(maxlen=512)
+        self._stats = EngineStats(kv_blocks_total=num_blocks, max_num_batched_tokens=config.max_num_batched_tokens,
+                                  max_num_seqs=config.max_num_seqs)
+        self._last_step: dict[str, tuple[int, float, float]] = {}  # request -> (tokens, start, end) of its last iteration
+
+    def _blocks_from_memory(self) -> int:
+        mc = self.loaded.config
+        per_block = kv_block_bytes(mc.num_layers, self.config.block_size, mc.num_kv_heads, mc.head_dim, self.loaded.dtype)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = int(free * self.config.kv_cache_memory_fraction)
+        else:
+            budget = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * self.config.kv_cache_memory_fraction)
+        # No point holding more than every seat filled to the full context.
+        useful = self.config.max_num_seqs * -(-self.max_model_len // self.config.block_size)
+        return max(1, min(budget // per_block, useful))
+
+    # -- intake -----------------------------------------------------------------------------
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise a specific InvalidRequestError for input the engine cannot serve."""
+        params.validate()
+        if len(prompt_token_ids) == 0:
+            raise InvalidRequestError("prompt must not be empty", "prompt")
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})", "prompt")
+        total = len(prompt_token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise PromptTooLongError(
+                f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds the "
+                f"model context of {self.max_model_len} tokens", "max_tokens")
+        if -(-total // self.pool.block_size) > self.pool.num_blocks:
+            raise PromptTooLongError(
+                f"prompt + max_tokens = {total} tokens exceeds the KV cache capacity of "
+                f"{self.pool.num_blocks * self.pool.block_size} tokens", "max_tokens")
+
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids of a prompt given as text or ids."""
+        return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+
+    def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams,
+                    meta: RequestMeta | None = None) -> Request:
+        """Validate and queue a request; raises InvalidRequestError (or a subclass) and queues nothing on bad input."""
+        if request_id in self.scheduler.requests:
+            raise DuplicateRequestError(f"request id {request_id!r} is already live", "request_id")
+        ids = self.encode(prompt)
+        self.validate(ids, params)
+        request = Request(request_id, ids, params, meta or RequestMeta())
+        self._streams[request_id] = _Stream(self.tokenizer.detokenizer(ids), list(params.stop))
+        self.scheduler.add(request)
+        return request
+
+    def abort_request(self, request_id: str, reason: str = "cancelled", signal_time: float | None = None) -> bool:
+        """Cancel at the next iteration boundary; tokens computed after `signal_time` are counted against it."""
+        ok = self.scheduler.abort(request_id, reason, signal_time)
+        if ok:
+            request = self.scheduler.requests[request_id]
+            tokens, start, end = self._last_step.get(request_id, (0, 0.0, 0.0))
+            t = request.cancel_time or time.time()
+            # The iteration that was running when the signal came had already computed these tokens.
+            if start <= t < end:
+                request.tokens_after_cancel += tokens
+        return ok
+
+    def cancel_task(self, task_id: str, reason: str = "cancelled") -> list[str]:
+        """Abort every live request of a task."""
+        ids = [r.request_id for r in self.scheduler.requests.values() if r.meta.task_id == task_id]
+        return [i for i in ids if self.abort_request(i, reason)]
+
+    def has_unfinished(self) -> bool:
+        """True while any request is queued or running."""
+        return self.scheduler.has_unfinished()
+
+    def live_request(self, request_id: str) -> RequestInfo | None:
+        """Owner and state of a live request."""
+        r = self.scheduler.requests.get(request_id)
+        if r is None:
+            return None
+        return RequestInfo(r.request_id, r.meta.tenant_id, r.meta.task_id, r.state.value)
+
+    # -- one iteration ----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration; returns an output for every request that produced text or ended."""
+        t0 = time.time()
+        out = self.scheduler.schedule(t0)
+        tables = {c.request.request_id: self.pool.block_ids(c.request.request_id) for c in out.chunks}
+        sampled = self.runner.execute(out, tables)
+        t1 = time.time()
+        for c in out.chunks:
+            self._last_step[c.request.request_id] = (c.length, t0, t1)
+            if c.request.cancel_time is not None and c.request.cancel_time < t0:
+                c.request.tokens_after_cancel += c.length
+        finished = self.scheduler.update(out, sampled, self.eos_token_ids)
+        outputs = self._collect_outputs(out, finished)
+        self._record(out, t1 - t0, len(finished) + len(out.finished))
+        return outputs
+
+    def _collect_outputs(self, out: SchedulerOutput, finished: list[Request]) -> list[RequestOutput]:
+        touched: dict[str, Request] = {r.request_id: r for r in out.finished}
+        for c in out.chunks:
+            touched.setdefault(c.request.request_id, c.request)
+        outputs = []
+        for request in touched.values():
+            stream = self._streams.get(request.request_id)
+            if stream is None:
+                continue
+            new_ids = request.output_token_ids[stream.sent_tokens :]
+            delta = ""
+            if new_ids:
+                text = stream.detokenizer.push(new_ids)  # type: ignore[attr-defined]
+                delta, stopped = stream.stop.push(text)
+                if stopped and not request.is_finished:
+                    self.scheduler.finish(request, FinishReason.STOP)
+            if request.is_finished and not stream.stop.matched:
+                # Release held-back text: an incomplete UTF-8 tail and a partial stop-string match.
+                tail, _ = stream.stop.push(stream.detokenizer.finish())  # type: ignore[attr-defined]
+                delta += tail + stream.stop.flush()
+            if not new_ids and not request.is_finished:
+                continue
+            stream.sent_tokens = len(request.output_token_ids)
+            outputs.append(RequestOutput(
+                request_id=request.request_id, prompt_token_ids=request.prompt_token_ids, new_token_ids=list(new_ids),
+                token_ids=list(request.output_token_ids), delta_text=delta, text=stream.stop.text[: stream.stop.emitted],
+                finished=request.is_finished, finish_reason=request.finish_reason, metrics=RequestMetrics.of(request),
+            ))
+            if request.is_finished:
+                self._forget(request.request_id)
+        return outputs
+
+    def _forget(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+        self._last_step.pop(request_id, None)
+        self.runner.sampler.forget(request_id)
+        self.runner.drop_swapped(request_id)
+
+    def _record(self, out: SchedulerOutput, seconds: float, completions: int) -> None:
+        trace = IterationTrace(
+            iteration=out.iteration, time=time.time(), waiting=self.scheduler.num_waiting,
+            running=len(self.scheduler.running), prefill_tokens=out.prefill_tokens, decode_tokens=out.decode_tokens,
+            kv_blocks_used=self.pool.num_used, kv_blocks_free=self.pool.num_free, preemptions=len(out.preempted),
+            completions=completions, seconds=seconds, cached_tokens=out.cached_tokens,
+            waiting_for_blocks=self.scheduler.waiting_for_blocks,
+        )
+        self.traces.append(trace)
+        if self._trace_writer:
+            self._trace_writer.write(trace)
+        s = self._stats
+        if out.chunks and seconds > 0:
+            s.iteration_seconds = seconds if s.iterations == 0 else (1 - _EWMA) * s.iteration_seconds + _EWMA * seconds
+            if out.prefill_tokens:
+                rate = out.prefill_tokens / seconds
+                s.prefill_tokens_per_s = rate if not s.prefill_tokens_per_s else (1 - _EWMA) * s.prefill_tokens_per_s + _EWMA * rate
+            if out.decode_tokens:
+                rate = out.decode_tokens / seconds
+                s.decode_tokens_per_s = rate if not s.decode_tokens_per_s else (1 - _EWMA) * s.decode_tokens_per_s + _EWMA * rate
+        s.batch_size = len(out.chunks)
+        s.iterations = out.iteration
+
+    def stats(self) -> EngineStats:
+        """A fresh snapshot of queue, memory and rate figures."""
+        s = self._stats
+        waiting_by: dict[str, int] = {}
+        running_by: dict[str, int] = {}
+        waiting_tokens = 0
+        for r in self.scheduler.requests.values():
+            if r.state is RequestState.RUNNING:
+                running_by[r.meta.tenant_id] = running_by.get(r.meta.tenant_id, 0) + 1
+            else:
+                waiting_by[r.meta.tenant_id] = waiting_by.get(r.meta.tenant_id, 0) + 1
+                waiting_tokens += r.num_tokens - r.num_computed_tokens
+        sched = self.scheduler
+        return EngineStats(
+            alive=True, waiting=sched.num_waiting, running=len(sched.running), waiting_by_tenant=waiting_by,
+            running_by_tenant=running_by, waiting_tokens=waiting_tokens, kv_blocks_used=self.pool.num_used,
+            kv_blocks_total=self.pool.num_blocks, batch_size=s.batch_size, prefill_tokens_per_s=s.prefill_tokens_per_s,
+            decode_tokens_per_s=s.decode_tokens_per_s, iteration_seconds=s.iteration_seconds,
+            max_num_batched_tokens=self.config.max_num_batched_tokens, max_num_seqs=self.config.max_num_seqs,
+            preemptions_total=sched.preemptions_total, recomputed_tokens_total=sched.recomputed_tokens_total,
+            swapped_bytes_total=sched.swapped_bytes_total, kv_alloc_failures=self.pool.alloc_failures,
+            deadline_misses=sum(sched.deadline_misses.values()), waiting_for_blocks=sched.waiting_for_blocks,
+            service=dict(self.policy.service()), iterations=s.iterations,
+        )
+
+    # -- swap preemption --------------------------------------------------------------------
+    def _swap_out(self, request: Request) -> int:
+        ids = self.pool.block_ids(request.request_id)[: -(-request.num_computed_tokens // self.pool.block_size)]
+        need = kv_block_bytes(self.loaded.config.num_layers, self.pool.block_size, self.loaded.config.num_kv_heads,
+                              self.loaded.config.head_dim, self.loaded.dtype) * len(ids)
+        if self.runner.swapped_bytes() + need > self.config.swap_space_bytes:
+            return -1  # buffer full: fall back to recompute
+        return self.runner.swap_out(request, ids)
+
+    def _swap_in(self, request: Request) -> int:
+        return self.runner.swap_in(request, self.pool.block_ids(request.request_id))
+
+    def close(self) -> None:
+        """Release the trace file."""
+        if self._trace_writer:
+            self._trace_writer.close()

@@ -1,0 +1,335 @@
+"""Iteration-level scheduler in the unified-token-budget form (Orca + Sarathi-Serve + PagedAttention).
+
+Every iteration each live request's `num_computed_tokens` catches up with its `num_tokens` as far as
+the token budget allows: running decodes first (stall-free), then continuing prefill chunks, then
+new admissions in the order the fairness policy gives, while KV blocks allow.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.kv_cache import BlockPool
+from engine.request import FinishReason, Preemption, Request, RequestState
+from fairness.base import SchedulingPolicy
+
+
+@dataclass
+class SchedulerConfig:
+    """The budgets one iteration must respect."""
+
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    max_model_len: int = 2048
+    watermark_blocks: int = 0
+    preemption_mode: str = "recompute"
+
+
+@dataclass
+class ScheduledChunk:
+    """`length` tokens of `request`, starting at position `start`, computed this iteration."""
+
+    request: Request
+    start: int
+    length: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the end of the request's tokens, so a token is sampled."""
+        return self.start + self.length == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """What one iteration runs, plus what the scheduler ended or preempted while deciding."""
+
+    iteration: int
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[tuple[Request, Preemption]] = field(default_factory=list)
+    finished: list[Request] = field(default_factory=list)
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Tokens in the forward pass."""
+        return sum(c.length for c in self.chunks)
+
+
+# Swap hooks: (request) -> bytes moved. Set by the engine when preemption_mode == "swap".
+SwapFn = Callable[[Request], int]
+
+
+class Scheduler:
+    """Decides, every iteration, which tokens of which requests run, inside token and memory budgets."""
+
+    def __init__(self, config: SchedulerConfig, pool: BlockPool, policy: SchedulingPolicy[Request]) -> None:
+        self.config = config
+        self.pool = pool
+        self.policy = policy
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._deadlines: list[tuple[float, str]] = []
+        self._pending_aborts: dict[str, tuple[str, float]] = {}
+        self.iteration = 0
+        self.waiting_for_blocks = 0
+        self.swap_out: SwapFn | None = None
+        self.swap_in: SwapFn | None = None
+        # Counters for stats and metrics.
+        self.preemptions_total = 0
+        self.recomputed_tokens_total = 0
+        self.swapped_bytes_total = 0
+        self.deadline_misses = {"waiting": 0, "running": 0}
+        self.deadline_wasted_tokens = 0
+
+    # -- intake -----------------------------------------------------------------------------
+    def add(self, request: Request, now: float | None = None) -> None:
+        """Queue a validated request."""
+        now = time.time() if now is None else now
+        request.state = RequestState.WAITING
+        self.requests[request.request_id] = request
+        self.policy.add(request, now)
+        if request.meta.deadline is not None:
+            heapq.heappush(self._deadlines, (request.meta.deadline, request.request_id))
+
+    def abort(self, request_id: str, reason: str = "cancelled", signal_time: float | None = None) -> bool:
+        """Mark a live request for cancellation at the next iteration boundary."""
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return False
+        t = time.time() if signal_time is None else signal_time
+        self._pending_aborts.setdefault(request_id, (reason, t))
+        if request.cancel_time is None:
+            request.cancel_time = t
+            request.cancel_state = self._phase(request)
+        return True
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for admission (including preempted ones)."""
+        return len(self.policy)
+
+    def has_unfinished(self) -> bool:
+        """True while any request is queued or running."""
+        return bool(self.requests)
+
+    # -- one iteration ----------------------------------------------------------------------
+    def schedule(self, now: float | None = None) -> SchedulerOutput:
+        """Build the next iteration's batch."""
+        now = time.time() if now is None else now
+        self.iteration += 1
+        out = SchedulerOutput(self.iteration)
+        self.retire_aborted(out)
+        self.expire_deadlines(now, out)
+        budget = self.config.max_num_batched_tokens
+        budget = self.schedule_running(now, out, budget)
+        self.admit_waiting(now, out, budget)
+        return out
+
+    def retire_aborted(self, out: SchedulerOutput) -> None:
+        """End every request whose cancellation arrived since the last iteration."""
+        for request_id, (reason, _) in list(self._pending_aborts.items()):
+            request = self.requests.get(request_id)
+            if request is not None and not request.is_finished:
+                finish = FinishReason.ERROR if reason == "error" else FinishReason.CANCELLED
+                self.finish(request, finish)
+                out.finished.append(request)
+        self._pending_aborts.clear()
+
+    def expire_deadlines(self, now: float, out: SchedulerOutput) -> None:
+        """Requests past their absolute deadline leave now: queued ones unprefilled, running ones with their output."""
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, request_id = heapq.heappop(self._deadlines)
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished:
+                continue
+            if request.state is RequestState.RUNNING:
+                self.deadline_misses["running"] += 1
+            else:
+                self.deadline_misses["waiting"] += 1
+            self.deadline_wasted_tokens += request.num_computed_tokens
+            self.finish(request, FinishReason.DEADLINE)
+            out.finished.append(request)
+
+    def schedule_running(self, now: float, out: SchedulerOutput, budget: int) -> int:
+        """Give running requests their next tokens, decodes before partial prefills; preempt on block shortage."""
+        ordered = [r for r in self.running if not r.in_prefill] + [r for r in self.running if r.in_prefill]
+        scheduled: set[str] = set()
+        preempted: set[str] = set()
+        for request in ordered:
+            if budget <= 0:
+                break
+            if request.request_id in preempted:
+                continue
+            length = min(request.num_tokens - request.num_computed_tokens, budget)
+            if length <= 0:
+                continue
+            target = request.num_computed_tokens + length
+            while not self.pool.allocate(request.request_id, target):
+                candidates = [r for r in self.running if r.request_id not in scheduled]
+                victim = self.policy.victim(candidates) if candidates else None
+                if victim is None:
+                    victim = request
+                self.preempt(victim, "kv_blocks_exhausted", out)
+                preempted.add(victim.request_id)
+                if victim is request:
+                    break
+            if request.request_id in preempted:
+                continue
+            self._add_chunk(out, request, length)
+            scheduled.add(request.request_id)
+            budget -= length
+        return budget
+
+    def admit_waiting(self, now: float, out: SchedulerOutput, budget: int) -> None:
+        """Admit queued requests in policy order while the token budget, seat count and free blocks allow."""
+        self.waiting_for_blocks = 0
+        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.policy.peek(now)
+            if request is None:
+                break
+            if request.state is RequestState.SWAPPED:
+                if not self._swap_back(request):
+                    self.waiting_for_blocks = len(self.policy)
+                    break
+                self.policy.pop(request)
+                self.running.append(request)
+                continue
+            hit_ids, hit_hashes = self.pool.match_prefix(request.all_token_ids)
+            cached = len(hit_ids) * self.pool.block_size
+            length = min(request.num_tokens - cached, budget)
+            blocks_from_free = sum(1 for b in hit_ids if self.pool.blocks[b].ref_count == 0)
+            new_blocks = -(-(cached + length) // self.pool.block_size) - len(hit_ids)
+            if blocks_from_free + new_blocks > self.pool.num_free - self.config.watermark_blocks:
+                self.waiting_for_blocks = len(self.policy)
+                break
+            self.policy.pop(request)
+            self.pool.attach_prefix(request.request_id, hit_ids, hit_hashes)
+            allocated = self.pool.allocate(request.request_id, cached + length)
+            assert allocated, "admission checked free blocks"
+            fresh = request.num_computed_tokens == 0 and not request.preemptions
+            request.num_computed_tokens = cached
+            if fresh:
+                request.num_cached_tokens = cached
+                if cached:
+                    out.cached_tokens += cached
+                    request.charged_service += self.policy.charge(request, 0, 0, cached)
+                    request.num_charged_prompt_tokens = cached
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+            request.state = RequestState.RUNNING
+            self.running.append(request)
+            self._add_chunk(out, request, length)
+            budget -= length
+
+    def _add_chunk(self, out: SchedulerOutput, request: Request, length: int) -> None:
+        start = request.num_computed_tokens
+        out.chunks.append(ScheduledChunk(request, start, length))
+        # Charge as tokens are scheduled: prompt positions once (recompute is free), each new token once.
+        prompt_end = request.num_prompt_tokens
+        new_prompt = max(0, min(start + length, prompt_end) - max(start, request.num_charged_prompt_tokens))
+        request.num_charged_prompt_tokens = max(request.num_charged_prompt_tokens, min(start + length, prompt_end))
+        is_decode_step = length == 1 and start >= prompt_end
+        recomputed = max(0, min(start + length, request.recompute_until) - start)
+        if recomputed:
+            request.recomputed_tokens += recomputed
+            self.recomputed_tokens_total += recomputed
+        out.decode_tokens += int(is_decode_step)
+        out.prefill_tokens += length - int(is_decode_step)
+        # Every sampling chunk yields one new output token: that is the decode charge.
+        decode = int(start + length == request.num_tokens)
+        if new_prompt or decode:
+            request.charged_service += self.policy.charge(request, new_prompt, decode, 0)
+
+    # -- preemption -------------------------------------------------------------------------
+    def preempt(self, victim: Request, reason: str, out: SchedulerOutput) -> None:
+        """Take `victim`'s blocks: swap them out when configured and possible, else drop them for recompute."""
+        t0 = time.perf_counter()
+        self.running.remove(victim)
+        record = Preemption(reason=reason, mode="recompute", iteration=self.iteration)
+        moved = self.swap_out(victim) if self.config.preemption_mode == "swap" and self.swap_out else -1
+        if moved >= 0:
+            record.mode, record.bytes_swapped = "swap", moved
+            self.swapped_bytes_total += moved
+            self.pool.free(victim.request_id)
+            victim.state = RequestState.SWAPPED
+        else:
+            record.tokens_recomputed = victim.num_computed_tokens
+            victim.recompute_until = max(victim.recompute_until, victim.num_computed_tokens)
+            self.pool.free(victim.request_id)
+            victim.num_computed_tokens = 0
+            victim.state = RequestState.PREEMPTED
+        record.seconds = time.perf_counter() - t0
+        victim.preemptions.append(record)
+        self.preemptions_total += 1
+        self.policy.add(victim, time.time(), front=True)
+        out.preempted.append((victim, record))
+
+    def _swap_back(self, request: Request) -> bool:
+        need = -(-request.num_computed_tokens // self.pool.block_size)
+        if need > self.pool.num_free - self.config.watermark_blocks:
+            return False
+        assert self.swap_in is not None
+        self.pool.allocate(request.request_id, request.num_computed_tokens)
+        moved = self.swap_in(request)
+        self.swapped_bytes_total += moved
+        request.state = RequestState.RUNNING
+        return True
+
+    # -- after the forward pass -------------------------------------------------------------
+    def update(self, out: SchedulerOutput, sampled: dict[str, int], eos_token_ids: set[int]) -> list[Request]:
+        """Advance computed counts, append sampled tokens, and retire what stopped; returns the requests that finished."""
+        finished: list[Request] = []
+        now = time.time()
+        for chunk in out.chunks:
+            request = chunk.request
+            if request.is_finished:
+                continue
+            request.num_computed_tokens = chunk.start + chunk.length
+            self.pool.commit_full_blocks(request.request_id, request.all_token_ids, request.num_computed_tokens)
+            if not chunk.samples:
+                continue
+            token = sampled[request.request_id]
+            request.output_token_ids.append(token)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            reason = self.stop_reason(request, token, eos_token_ids)
+            if reason is not None:
+                self.finish(request, reason)
+                finished.append(request)
+        return finished
+
+    def stop_reason(self, request: Request, token: int, eos_token_ids: set[int]) -> FinishReason | None:
+        """Token-level stop conditions (stop strings are checked by the engine on text)."""
+        params = request.sampling
+        if not params.ignore_eos and token in eos_token_ids:
+            return FinishReason.STOP
+        if token in params.stop_token_ids:
+            return FinishReason.STOP
+        if len(request.output_token_ids) >= params.max_tokens or request.num_tokens >= self.config.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def finish(self, request: Request, reason: FinishReason) -> None:
+        """End a request wherever it is and free its blocks at once."""
+        if request.is_finished:
+            return
+        if request.state is RequestState.RUNNING:
+            self.running.remove(request)
+        elif request.state in (RequestState.WAITING, RequestState.PREEMPTED, RequestState.SWAPPED):
+            self.policy.remove(request)
+        self.pool.free(request.request_id)
+        request.state = RequestState.FINISHED
+        request.finish_reason = reason
+        request.finished_time = time.time()
+        self.requests.pop(request.request_id, None)
+
+    @staticmethod
+    def _phase(request: Request) -> str:
+        if request.state is not RequestState.RUNNING and request.num_computed_tokens == 0 and not request.output_token_ids:
+            return "waiting"
+        return "prefill" if request.num_computed_tokens < request.num_prompt_tokens else "decode"

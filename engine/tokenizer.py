@@ -1,0 +1,221 @@
+"""Text <-> token ids: a `tokenizers.Tokenizer` plus the special ids and chat template of a model directory.
+
+Also writes the embedded byte-level tokenizer (256 byte tokens + a few special tokens, no merges),
+which round-trips any UTF-8 text exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+BYTE_SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>")
+
+# The template used when a model ships none: "<|role|>\ncontent\n" per message, then "<|assistant|>\n".
+FALLBACK_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+# Prompt tokens kept as left context when detokenizing, so tokenizers that drop a leading space
+# at the start of a decode (SentencePiece "▁") still produce the right first output character.
+_DETOK_CONTEXT = 5
+
+
+class Tokenizer:
+    """A model's tokenizer: encode/decode, special ids, chat template, incremental detokenizer."""
+
+    def __init__(
+        self,
+        tk: tokenizers.Tokenizer,
+        bos_token_id: int | None,
+        eos_token_ids: list[int],
+        chat_template: str | None,
+        add_bos_token: bool | None = None,
+    ) -> None:
+        self._tk = tk
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = eos_token_ids
+        self.chat_template = chat_template
+        self._add_bos = add_bos_token
+        self.vocab_size: int = tk.get_vocab_size(with_added_tokens=True)
+        self._template_env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        self._template_env.globals["raise_exception"] = _raise_template_error
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> Tokenizer:
+        """Load <path>/tokenizer.json and the special ids / chat template from the JSON files beside it."""
+        root = Path(path)
+        tk_file = root / "tokenizer.json"
+        if not tk_file.is_file():
+            raise FileNotFoundError(f"{root}: no tokenizer.json (only fast tokenizers are supported)")
+        tk = tokenizers.Tokenizer.from_file(str(tk_file))
+        tk_cfg = _read_json(root / "tokenizer_config.json")
+        gen_cfg = _read_json(root / "generation_config.json")
+        model_cfg = _read_json(root / "config.json")
+
+        def token_id(entry: Any) -> int | None:
+            text = entry.get("content") if isinstance(entry, dict) else entry
+            return tk.token_to_id(text) if isinstance(text, str) else None
+
+        bos = gen_cfg.get("bos_token_id", model_cfg.get("bos_token_id"))
+        if bos is None:
+            bos = token_id(tk_cfg.get("bos_token"))
+        eos: list[int] = []
+        for source in (gen_cfg.get("eos_token_id"), model_cfg.get("eos_token_id"), token_id(tk_cfg.get("eos_token"))):
+            eos = [source] if isinstance(source, int) else [int(x) for x in source or []]
+            if eos:
+                break
+        template = tk_cfg.get("chat_template")
+        if isinstance(template, list):  # named templates: take "default"
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        if template is None and (root / "chat_template.jinja").is_file():
+            template = (root / "chat_template.jinja").read_text()
+        add_bos = tk_cfg.get("add_bos_token")
+        return cls(tk, bos, eos, template, add_bos if isinstance(add_bos, bool) else None)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of text; with add_special_tokens, the model's BOS (if it uses one) comes first."""
+        ids: list[int] = self._tk.encode(text, add_special_tokens=add_special_tokens).ids
+        # Some tokenizer.json files lack the BOS post-processor that tokenizer_config.json asks for.
+        if add_special_tokens and self._add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
+            ids.insert(0, self.bos_token_id)
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ids; incomplete UTF-8 sequences become U+FFFD."""
+        return str(self._tk.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of one vocabulary entry (e.g. a special token), or None."""
+        result = self._tk.token_to_id(token)
+        return None if result is None else int(result)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """Render messages with the model's chat template (sandboxed jinja2), or the fallback template."""
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise ValueError(f"messages[{i}] must be an object with a string 'role'")
+        special = {
+            "bos_token": self._token_text(self.bos_token_id),
+            "eos_token": self._token_text(self.eos_token_ids[0] if self.eos_token_ids else None),
+        }
+        try:
+            template = self._template_env.from_string(self.chat_template or FALLBACK_CHAT_TEMPLATE)
+            return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **special)
+        except TemplateError as exc:
+            raise ValueError(f"chat template failed: {exc}") from exc
+
+    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        """Render and encode a chat, adding BOS only when the template did not already write it."""
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        bos_text = self._token_text(self.bos_token_id)
+        return self.encode(text, add_special_tokens=not (bos_text and text.startswith(bos_text)))
+
+    def detokenizer(self, prompt_ids: Sequence[int]) -> IncrementalDetokenizer:
+        """A fresh streaming detokenizer for one request's output."""
+        return IncrementalDetokenizer(self, prompt_ids)
+
+    def _token_text(self, token_id: int | None) -> str:
+        return "" if token_id is None else str(self._tk.id_to_token(token_id) or "")
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of output ids into text deltas whose concatenation equals the full decode.
+
+    Text ending in U+FFFD (a multi-byte character split across tokens) is held back until the
+    next token completes it; `finish()` releases whatever is still held.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int]) -> None:
+        self._tokenizer = tokenizer
+        self._ids = list(prompt_ids[-_DETOK_CONTEXT:])
+        self._prefix_offset = 0  # start of the decode window (context tokens)
+        self._read_offset = len(self._ids)  # tokens before this are already emitted
+        self.text = ""
+
+    def push(self, new_ids: Sequence[int]) -> str:
+        """Append new output ids; return the text they complete (possibly empty)."""
+        self._ids.extend(new_ids)
+        return self._emit(hold_incomplete=True)
+
+    def finish(self) -> str:
+        """Release held-back text at the end of the request (U+FFFD for a truly incomplete character)."""
+        return self._emit(hold_incomplete=False)
+
+    def _emit(self, hold_incomplete: bool) -> str:
+        decode = self._tokenizer.decode
+        prefix_text = decode(self._ids[self._prefix_offset : self._read_offset])
+        new_text = decode(self._ids[self._prefix_offset :])
+        if len(new_text) <= len(prefix_text) or (hold_incomplete and new_text.endswith("\ufffd")):
+            return ""
+        delta = new_text[len(prefix_text) :]
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        self.text += delta
+        return delta
+
+
+def write_byte_tokenizer(path: str | Path) -> None:
+    """Write a byte-level BPE tokenizer.json (path: the file, or its directory): id b is byte b, then the specials."""
+    byte_chars = _bytes_to_unicode()
+    vocab = {byte_chars[b]: b for b in range(256)}
+    tk = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[]))
+    tk.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tk.decoder = tokenizers.decoders.ByteLevel()
+    tk.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in BYTE_SPECIAL_TOKENS])
+    bos = 256  # "<|bos|>": the first special token
+    tk.post_processor = tokenizers.processors.TemplateProcessing(
+        single="<|bos|> $A", pair="<|bos|> $A $B", special_tokens=[("<|bos|>", bos)]
+    )
+    target = Path(path)
+    if target.suffix != ".json":  # a directory (created if needed) rather than the file itself
+        target = target / "tokenizer.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tk.save(str(target))
+
+
+def byte_tokenizer_config() -> dict[str, Any]:
+    """The tokenizer_config.json that goes with `write_byte_tokenizer`."""
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|bos|>",
+        "eos_token": "<|eos|>",
+        "pad_token": "<|pad|>",
+        "add_bos_token": True,
+        "model_max_length": 2048,
+        "chat_template": FALLBACK_CHAT_TEMPLATE,
+    }
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2's byte -> printable character map, the one the ByteLevel pre-tokenizer/decoder use.
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1))
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        loaded = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: invalid JSON ({exc})") from exc
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _raise_template_error(message: str) -> None:
+    raise TemplateError(message)
