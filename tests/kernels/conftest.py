@@ -1,0 +1,31 @@
+"""Kernel tests run the Triton kernels on CUDA when present, else in Triton's numpy interpreter on CPU.
+
+TRITON_INTERPRET is read when a kernel is decorated (at import of kernels.triton_*), so it is set
+here, at conftest import, before any test module of this directory imports the kernels; modules
+imported earlier without it (another directory's tests) are reloaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+ON_CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+if not ON_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
+    for name in ("kernels.triton_store", "kernels.triton_attention"):
+        module = sys.modules.get(name)
+        if module is not None:
+            importlib.reload(module)
+
+KERNEL_DEVICE = torch.device("cuda") if ON_CUDA else torch.device("cpu")
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """Where the kernel tests put their tensors: CUDA, or CPU for the interpreter."""
+    return KERNEL_DEVICE

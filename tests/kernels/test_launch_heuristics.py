@@ -1,0 +1,77 @@
+"""Launch heuristics: tiles that fit the GQA group, and split-K only when a long-context batch leaves most SMs idle."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kernels.checks import KernelInputError
+from kernels.launch_heuristics import (
+    MAX_SPLITS,
+    MIN_TOKENS_PER_SPLIT,
+    TARGET_PROGRAMS_PER_SM,
+    choose_num_splits,
+    launch_config,
+    next_power_of_2,
+)
+
+
+def test_small_batch_long_context_is_split() -> None:
+    # batch 1, 8 kv heads, 16k context on 132 SMs: 8 programs would leave 124 SMs idle
+    assert choose_num_splits(8, 16384, 132) == 32
+
+
+def test_full_gpu_is_not_split() -> None:
+    assert choose_num_splits(256 * 8, 16384, 132) == 1
+
+
+def test_short_context_is_not_split() -> None:
+    assert choose_num_splits(8, MIN_TOKENS_PER_SPLIT + 1, 132) == 1
+
+
+def test_unknown_length_is_not_split() -> None:
+    assert choose_num_splits(8, None, 132) == 1
+
+
+@given(
+    programs=st.integers(1, 5000),
+    max_seq_len=st.integers(1, 1 << 20),
+    sm_count=st.integers(1, 200),
+)
+def test_splits_are_bounded_powers_of_two(programs: int, max_seq_len: int, sm_count: int) -> None:
+    splits = choose_num_splits(programs, max_seq_len, sm_count)
+    assert 1 <= splits <= MAX_SPLITS and splits & (splits - 1) == 0
+    if splits > 1:
+        # every split still streams a worthwhile slice, and splitting never overshoots the target by 2x
+        assert max_seq_len // splits >= MIN_TOKENS_PER_SPLIT
+        assert programs * splits < 2 * TARGET_PROGRAMS_PER_SM * sm_count
+
+
+def test_launch_config_tiles_fit_gqa_group() -> None:
+    decode = launch_config(num_tokens=64, num_seqs=64, num_kv_heads=8, group=4, head_dim=128, max_query_len=1,
+                           max_seq_len=4096, sm_count=132)
+    prefill = launch_config(num_tokens=600, num_seqs=2, num_kv_heads=8, group=4, head_dim=128, max_query_len=512,
+                            max_seq_len=4096, sm_count=132)
+    wide = launch_config(num_tokens=8, num_seqs=8, num_kv_heads=1, group=32, head_dim=64, max_query_len=1,
+                         max_seq_len=64, sm_count=132)
+    assert decode.block_m >= 16 and decode.block_q * 4 <= decode.block_m
+    assert prefill.block_q > decode.block_q
+    assert wide.block_m >= 32 and wide.block_q == wide.block_m // 32
+    assert prefill.num_splits == 1 and decode.num_splits > 1
+
+
+def test_tuning_overrides_are_checked() -> None:
+    base = {"num_tokens": 4, "num_seqs": 4, "num_kv_heads": 2, "group": 2, "head_dim": 64, "max_query_len": 1,
+            "max_seq_len": 64, "sm_count": 132}
+    assert launch_config(**base, num_splits=4, tile_n=16).num_splits == 4  # type: ignore[arg-type]
+    with pytest.raises(KernelInputError, match="tile_n"):
+        launch_config(**base, tile_n=48)  # type: ignore[arg-type]
+    with pytest.raises(KernelInputError, match="num_splits"):
+        launch_config(**base, num_splits=0)  # type: ignore[arg-type]
+
+
+@given(st.integers(1, 10_000))
+def test_next_power_of_2(n: int) -> None:
+    p = next_power_of_2(n)
+    assert p >= n and p & (p - 1) == 0 and p // 2 < n
