@@ -65,6 +65,10 @@ def paged_attention(
     store, attend = _backend_fns(meta.backend)
     k_cache, v_cache = kv_cache
     store(k, v, k_cache, v_cache, meta.slot_mapping)
+    if meta.backend == "triton":
+        # Host-side maxima spare the kernel wrapper a device sync per layer.
+        kwargs.setdefault("max_query_len", meta.max_query_len)
+        kwargs.setdefault("max_seq_len", meta.max_seq_len)
     return attend(
         q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, scale,
         sliding_window=sliding_window, **kwargs,

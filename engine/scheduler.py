@@ -171,10 +171,10 @@ class Scheduler:
             target = request.num_computed_tokens + length
             while not self.pool.allocate(request.request_id, target):
                 candidates = [r for r in self.running if r.request_id not in scheduled]
-                victim = self.policy.victim(candidates) if candidates else None
+                victim = self.policy.victim(candidates, for_item=request) if candidates else None
                 if victim is None:
                     victim = request
-                self.preempt(victim, "kv_blocks_exhausted", out)
+                self.preempt(victim, "kv_blocks_exhausted", out, now)
                 preempted.add(victim.request_id)
                 if victim is request:
                     break
@@ -246,7 +246,7 @@ class Scheduler:
             request.charged_service += self.policy.charge(request, new_prompt, decode, 0)
 
     # -- preemption -------------------------------------------------------------------------
-    def preempt(self, victim: Request, reason: str, out: SchedulerOutput) -> None:
+    def preempt(self, victim: Request, reason: str, out: SchedulerOutput, now: float) -> None:
         """Take `victim`'s blocks: swap them out when configured and possible, else drop them for recompute."""
         t0 = time.perf_counter()
         self.running.remove(victim)
@@ -266,7 +266,7 @@ class Scheduler:
         record.seconds = time.perf_counter() - t0
         victim.preemptions.append(record)
         self.preemptions_total += 1
-        self.policy.add(victim, time.time(), front=True)
+        self.policy.add(victim, now, front=True)
         out.preempted.append((victim, record))
 
     def _swap_back(self, request: Request) -> bool:

@@ -59,8 +59,14 @@ class SchedulingPolicy(Protocol[T]):
     def charge(self, item: T, prefill: int, decode: int, cached: int) -> float:
         """Charge the item's fairness key for tokens just scheduled; returns the service charged."""
 
-    def victim(self, running: Sequence[T]) -> T | None:
-        """Which running item to preempt under memory pressure (None: nobody may be preempted)."""
+    def victim(self, running: Sequence[T], for_item: T | None = None) -> T | None:
+        """Which running item to preempt so `for_item` can proceed (None: nobody may be preempted for it)."""
+
+    def set_weight(self, key: str, weight: float) -> None:
+        """Change a fairness key's weight live (future charges divide by it)."""
+
+    def counters(self) -> Mapping[str, float]:
+        """The policy's ordering counters by key (VTC: virtual counters; FCFS: charged service)."""
 
     def service(self) -> Mapping[str, float]:
         """Charged service by fairness key so far."""

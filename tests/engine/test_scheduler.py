@@ -86,7 +86,7 @@ def test_max_num_seqs_caps_admission() -> None:
 
 
 def test_preemption_by_recompute_records_victim_and_tokens() -> None:
-    s = make_scheduler(num_blocks=6, block_size=4, budget=64)
+    s = make_scheduler(num_blocks=8, block_size=4, budget=64)
     s.add(make_request("a", 8, 20, arrival=0.0))
     s.add(make_request("b", 8, 20, arrival=1.0))
     preemptions = []
@@ -94,12 +94,13 @@ def test_preemption_by_recompute_records_victim_and_tokens() -> None:
         out, _ = run_step(s)
         check_output(s, out)
         preemptions.extend(out.preempted)
-    assert preemptions, "six blocks cannot hold two 28-token requests"
+    assert preemptions, "eight blocks cannot hold two 28-token requests"
     victim, record = preemptions[0]
     assert victim.request_id == "b"  # FCFS preempts the latest arrival
     assert record.mode == "recompute" and record.reason == "kv_blocks_exhausted"
     assert record.tokens_recomputed > 8
-    assert victim.recomputed_tokens >= record.tokens_recomputed
+    # Prefix-cached blocks that survived the preemption need no recompute.
+    assert 0 < victim.recomputed_tokens <= record.tokens_recomputed
     assert s.pool.num_free == s.pool.num_blocks
 
 

@@ -1,0 +1,44 @@
+"""The service cost of scheduled tokens: what a fairness counter is charged."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fairness.errors import InvalidChargeError, InvalidWeightError
+
+
+@dataclass(frozen=True)
+class TokenCost:
+    """Linear token cost `w_in·prefill + w_out·decode + w_cached·cached` (Sheng et al. use w_in=1, w_out=2)."""
+
+    w_in: float = 1.0
+    w_out: float = 2.0
+    w_cached: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("w_in", "w_out", "w_cached"):
+            value = getattr(self, name)
+            if not _real(value) or not math.isfinite(value) or value < 0:
+                raise InvalidChargeError(f"{name} must be a finite number >= 0, got {value!r}")
+        # All-zero weights would freeze every counter and turn VTC into "first key wins forever".
+        if self.w_in == 0 and self.w_out == 0:
+            raise InvalidChargeError("w_in and w_out cannot both be 0: counters would never grow")
+
+    def __call__(self, prefill: int, decode: int, cached: int) -> float:
+        """Cost of `prefill` computed prompt tokens, `decode` generated tokens and `cached` prompt hits."""
+        for name, count in (("prefill", prefill), ("decode", decode), ("cached", cached)):
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise InvalidChargeError(f"{name} token count must be an integer >= 0, got {count!r}")
+        return self.w_in * prefill + self.w_out * decode + self.w_cached * cached
+
+
+def check_weight(key: str, weight: object) -> float:
+    """Return `weight` as a float, or raise InvalidWeightError unless it is positive and finite."""
+    if not _real(weight) or not math.isfinite(weight) or weight <= 0:  # type: ignore[arg-type,operator]
+        raise InvalidWeightError(f"weight for fairness key {key!r} must be a positive finite number, got {weight!r}")
+    return float(weight)  # type: ignore[arg-type]
+
+
+def _real(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
