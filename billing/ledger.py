@@ -1,0 +1,288 @@
+"""Write-behind usage ledger: record() appends to a bounded buffer; one thread writes batches to SQL.
+
+Nothing is lost: while the database is unreachable rows stay buffered and the write is retried with
+exponential backoff; rows that do not fit the buffer go to an append-only spill file that is replayed
+once writes succeed again; close() flushes and spills whatever could not be written in time. Inserts
+are idempotent (ON CONFLICT DO NOTHING on request_id), so a replay never stores a row twice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError
+
+from billing.db import Database
+from billing.ledger_metrics import ledger_metrics
+from billing.ledger_sql import write_batch
+from billing.records import USAGE_STATUSES, UsageRecord
+from billing.spill import SpillFile, encode_row, read_batches
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LedgerConfig:
+    """Buffer bound, batch size, flush interval, spill location (default <data_dir>/ledger.spill), backoff cap."""
+
+    buffer_size: int = 10_000
+    batch_size: int = 500
+    flush_interval_s: float = 0.5
+    spill_path: str | None = None
+    max_backoff_s: float = 5.0
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.buffer_size < 1 or self.batch_size < 1:
+            raise ValueError("buffer_size and batch_size must be >= 1")
+        if self.flush_interval_s <= 0 or self.max_backoff_s <= 0:
+            raise ValueError("flush_interval_s and max_backoff_s must be > 0")
+
+
+def _default_spill_path(db: Database, config: LedgerConfig) -> Path:
+    if config.spill_path:
+        return Path(config.spill_path)
+    if config.data_dir:
+        return Path(config.data_dir) / "ledger.spill"
+    database = db.url.database or ""
+    if db.dialect == "sqlite" and database and database != ":memory:" and not database.startswith("file:"):
+        return Path(database).expanduser().resolve().parent / "ledger.spill"
+    return Path("data") / "ledger.spill"
+
+
+def _permanent(exc: SQLAlchemyError) -> bool:
+    """Errors a retry cannot fix (bad row data); everything else (connection, lock, missing table) is retried."""
+    if isinstance(exc, (IntegrityError, DataError)):
+        return True
+    return not isinstance(exc, DBAPIError) and type(exc).__name__ == "StatementError"
+
+
+class Ledger:
+    """The write-behind ledger of usage rows; see the module docstring for its guarantees."""
+
+    def __init__(self, db: Database, config: LedgerConfig | None = None, registry: CollectorRegistry | None = None) -> None:
+        self.db = db
+        self.config = config or LedgerConfig()
+        self.metrics = ledger_metrics(registry)
+        self.spill = SpillFile(_default_spill_path(db, self.config))
+        self.rejects_path = self.spill.path.with_name(self.spill.path.name + ".rejected")
+        self._buffer: deque[UsageRecord] = deque()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._flush_wanted = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._replay_files: list[Path] = []
+        self._replay_iter: Iterator[tuple[list[UsageRecord], int]] | None = None
+        self._replay_batch: tuple[list[UsageRecord], int] | None = None
+        self._backoff = 0.0
+        self._last_warning = 0.0
+        self.metrics.buffer_depth.set_function(lambda: len(self._buffer))
+        self.metrics.spill_pending.set_function(lambda: self.spill.pending_rows)
+
+    # -- request path ------------------------------------------------------------------------------
+
+    def record(self, row: UsageRecord) -> None:
+        """Queue one ended request for writing; never blocks on SQL and never raises on a database outage."""
+        if row.status not in USAGE_STATUSES:
+            raise ValueError(f"usage status must be one of {sorted(USAGE_STATUSES)}, got {row.status!r}")
+        with self._lock:
+            closed = self._closed
+            if not closed and len(self._buffer) < self.config.buffer_size:
+                self._buffer.append(row)
+                if len(self._buffer) == self.config.batch_size:
+                    self._wake.set()
+                return
+        self.spill.append([row])
+        self.metrics.spilled_rows.inc()
+        if closed:  # no writer thread will sync it any more
+            self.spill.sync()
+
+    @property
+    def depth(self) -> int:
+        """Rows in the in-memory buffer (including the batch being written)."""
+        return len(self._buffer)
+
+    @property
+    def pending(self) -> int:
+        """Rows not yet stored: buffered plus spilled."""
+        return len(self._buffer) + self.spill.pending_rows
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the writer thread (idempotent); spill files left by a previous run get replayed."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="fairserve-ledger", daemon=True)
+            self._thread.start()
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Write everything buffered and spilled now; True when all of it is stored within the timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._idle:
+            self._flush_wanted = True
+            self._wake.set()
+            while self.pending:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._thread is None or not self._thread.is_alive():
+                    return False
+                self._idle.wait(min(left, 0.05))
+            return True
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Flush for up to timeout_s, stop the writer, spill whatever is still buffered."""
+        if self._thread is not None:
+            self.flush(timeout_s)
+            self._stop.set()
+            self._wake.set()
+            self._thread.join(timeout=max(1.0, self.config.max_backoff_s + 1.0))
+        with self._lock:
+            self._closed = True
+            leftover = list(self._buffer)
+            self._buffer.clear()
+        if leftover:
+            log.warning("ledger closing with %d unwritten rows; spilled to %s", len(leftover), self.spill.path)
+            self.spill.append(leftover)
+            self.metrics.spilled_rows.inc(len(leftover))
+        self.spill.close()
+
+    # -- writer thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._run_loop()
+            except Exception:  # a bug here must not silently stop billing: log, back off, go on
+                log.exception("ledger writer failed; restarting")
+                self._sleep_backoff()
+
+    def _run_loop(self) -> None:
+        last_write = time.monotonic()
+        while not self._stop.is_set():
+            self._wake.clear()
+            with self._lock:
+                buffered = len(self._buffer)
+                batch = list(itertools.islice(self._buffer, self.config.batch_size))
+                urgent = self._flush_wanted
+            due = buffered >= self.config.batch_size or urgent or time.monotonic() - last_write >= self.config.flush_interval_s
+            if batch and due:
+                if self._write(batch):
+                    with self._idle:
+                        for _ in batch:
+                            if self._buffer:  # close() may have spilled the buffer after a join timeout
+                                self._buffer.popleft()
+                        self._idle.notify_all()
+                    last_write = time.monotonic()
+                    continue
+            elif self.spill.pending_rows and (not batch or due):
+                if self._replay_step():
+                    continue
+            else:
+                with self._idle:
+                    if not self.pending:
+                        self._flush_wanted = False
+                    self._idle.notify_all()
+                self.spill.sync()
+                self._wake.wait(self.config.flush_interval_s)
+                continue
+            self._sleep_backoff()
+
+    def _sleep_backoff(self) -> None:
+        self._backoff = min(self.config.max_backoff_s, max(0.05, self._backoff * 2))
+        self.spill.sync()
+        self._stop.wait(self._backoff * random.uniform(0.5, 1.0))
+
+    def _write(self, rows: list[UsageRecord], replay: bool = False) -> bool:
+        """Store one batch; False (after counting a retry) when it must be retried later."""
+        started = time.perf_counter()
+        rejected = 0
+        try:
+            inserted = write_batch(self.db.engine, rows)
+        except SQLAlchemyError as exc:
+            self.metrics.flush_seconds.observe(time.perf_counter() - started)
+            if not _permanent(exc):
+                self.metrics.retries.inc()
+                now = time.monotonic()
+                if now - self._last_warning > 5.0:
+                    self._last_warning = now
+                    log.warning("ledger write failed (%d rows buffered, %d spilled), retrying: %s",
+                                len(self._buffer), self.spill.pending_rows, str(exc).splitlines()[0])
+                return False
+            try:
+                inserted, rejected = self._write_one_by_one(rows)
+            except SQLAlchemyError:
+                self.metrics.retries.inc()
+                return False
+        else:
+            self.metrics.flush_seconds.observe(time.perf_counter() - started)
+        self._backoff = 0.0
+        self.metrics.written_rows.inc(inserted)
+        self.metrics.duplicate_rows.inc(max(0, len(rows) - inserted - rejected))
+        if replay:
+            self.metrics.replayed_rows.inc(inserted)
+        return True
+
+    def _write_one_by_one(self, rows: list[UsageRecord]) -> tuple[int, int]:
+        """Isolate the rows the database refuses into the rejects file; returns (inserted, rejected)."""
+        inserted = 0
+        rejected: list[UsageRecord] = []
+        for row in rows:
+            try:
+                inserted += write_batch(self.db.engine, [row])
+            except SQLAlchemyError as exc:
+                if not _permanent(exc):
+                    raise
+                log.error("ledger row %s refused by the database: %s", row.request_id, str(exc).splitlines()[0])
+                rejected.append(row)
+        if rejected:
+            with self.rejects_path.open("a", encoding="utf-8") as fh:
+                fh.writelines(encode_row(r) for r in rejected)
+            self.metrics.rejected_rows.inc(len(rejected))
+        return inserted, len(rejected)
+
+    def _replay_step(self) -> bool:
+        """Store the next batch of spilled rows; False when the write must be retried."""
+        if self._replay_batch is None and not self._next_replay_batch():
+            self._replay_files = self.spill.rotate()
+            if not self._next_replay_batch():
+                self.spill.mark_replayed(self.spill.pending_rows)  # nothing on disk: resync a drifted count
+                return True
+        assert self._replay_batch is not None
+        rows, lines = self._replay_batch
+        if rows and not self._write(rows, replay=True):
+            return False
+        self.spill.mark_replayed(lines)
+        self._replay_batch = None
+        # Look ahead now so a fully replayed file is deleted before close() can stop the thread.
+        self._next_replay_batch()
+        if not self.spill.pending_rows:
+            with self._idle:
+                self._idle.notify_all()
+        return True
+
+    def _next_replay_batch(self) -> bool:
+        """Load the next batch from the replay files, deleting each file once it is exhausted."""
+        while True:
+            if self._replay_iter is None:
+                if not self._replay_files:
+                    return False
+                self._replay_iter = read_batches(self._replay_files[0], self.config.batch_size)
+            nxt = next(self._replay_iter, None)
+            if nxt is not None:
+                self._replay_batch = nxt
+                return True
+            done = self._replay_files.pop(0)
+            done.unlink(missing_ok=True)
+            self._replay_iter = None
+            log.info("replayed spill file %s", done)

@@ -1,0 +1,155 @@
+"""SQLAlchemy 2 models: tenants, api_keys, usage (one row per request), usage_daily rollups, audit_log."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Date,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every dialect (SQLite stores naive text, so re-attach UTC on read)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        value = value.astimezone(UTC)
+        # SQLite compares datetimes as text, so store one canonical naive-UTC form there.
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base; its metadata is what the Alembic environment compares against."""
+
+
+class TenantRow(Base):
+    """A tenant and its contract with the scheduler and the edge."""
+
+    __tablename__ = "tenants"
+    __table_args__ = (UniqueConstraint("name", name="uq_tenants_name"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), nullable=False)
+    weight: Mapped[float] = mapped_column(Float, nullable=False, default=1.0)
+    priority_class: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
+    tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    tokens_per_day: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    max_queued_requests: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    disabled: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+
+
+class ApiKeyRow(Base):
+    """An API key, stored only as the sha256 of its secret plus a short display prefix."""
+
+    __tablename__ = "api_keys"
+    __table_args__ = (UniqueConstraint("key_hash", name="uq_api_keys_key_hash"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("tenants.id", ondelete="CASCADE"), nullable=False, index=True
+    )
+    prefix: Mapped[str] = mapped_column(String(16), nullable=False)
+    key_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    name: Mapped[str] = mapped_column(String(128), nullable=False, default="default")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class UsageRow(Base):
+    """One ended engine request. No foreign key to tenants: the ledger is an append-only fact table."""
+
+    __tablename__ = "usage"
+    __table_args__ = (
+        Index("ix_usage_tenant_finished", "tenant_id", "finished_at"),
+        Index("ix_usage_task", "task_id"),
+    )
+
+    request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    api_key_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    task_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    workflow_run_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    attempt: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    model: Mapped[str] = mapped_column(String(128), nullable=False)
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    finish_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    cancel_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    cached_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    charged_service: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    tokens_after_cancel: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    preemptions: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    recomputed_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    queue_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    e2e_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    finished_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+
+
+class UsageDailyRow(Base):
+    """Daily per-tenant rollup by status, maintained by the ledger in the same transaction as the rows."""
+
+    __tablename__ = "usage_daily"
+
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    charged_service: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    tokens_after_cancel: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    preemptions: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    recomputed_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+
+
+class AuditRow(Base):
+    """One administrative change with the tenant state before and after, for the admin dashboard."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_log_at", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    actor: Mapped[str] = mapped_column(String(128), nullable=False)
+    action: Mapped[str] = mapped_column(String(64), nullable=False)
+    tenant_id: Mapped[str | None] = mapped_column(String(36), nullable=True, index=True)
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)

@@ -1,0 +1,120 @@
+"""Plain dataclasses that cross the billing boundary: tenants, keys, usage rows and summaries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+# Terminal states of one engine request, as the ledger stores them.
+USAGE_STATUSES: frozenset[str] = frozenset({"completed", "cancelled", "deadline", "rejected", "error"})
+CANCEL_STATES: frozenset[str] = frozenset({"waiting", "prefill", "decode"})
+
+
+@dataclass
+class Tenant:
+    """A tenant: its fair-share weight, priority class (0 = most important), quotas and queue bound."""
+
+    id: str
+    name: str
+    weight: float
+    priority_class: int
+    tokens_per_minute: int | None
+    tokens_per_day: int | None
+    max_queued_requests: int | None
+    disabled: bool
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass
+class ApiKeyInfo:
+    """An API key as it can be shown: never the secret, only its display prefix."""
+
+    id: str
+    tenant_id: str
+    prefix: str
+    name: str
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+    @property
+    def revoked(self) -> bool:
+        """True once the key has been revoked."""
+        return self.revoked_at is not None
+
+
+@dataclass
+class UsageRecord:
+    """One ended engine request, as the gateway hands it to the ledger."""
+
+    request_id: str
+    tenant_id: str
+    api_key_id: str | None
+    task_id: str | None
+    workflow_run_id: str | None
+    attempt: int
+    model: str
+    status: str
+    finish_reason: str | None
+    cancel_state: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    charged_service: float
+    tokens_after_cancel: int
+    preemptions: int
+    recomputed_tokens: int
+    queue_ms: float | None
+    ttft_ms: float | None
+    e2e_ms: float | None
+    created_at: datetime
+    finished_at: datetime
+
+
+@dataclass
+class UsageSummary:
+    """Usage of one tenant over a time range: requests by status, tokens by kind, charged service."""
+
+    tenant_id: str
+    tenant_name: str | None
+    requests: int = 0
+    requests_by_status: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    charged_service: float = 0.0
+    tokens_after_cancel: int = 0
+    preemptions: int = 0
+    recomputed_tokens: int = 0
+
+
+@dataclass
+class DailyUsage:
+    """One row of the daily per-tenant rollup (UTC days), by status."""
+
+    day: str
+    tenant_id: str
+    status: str
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    charged_service: float
+    tokens_after_cancel: int
+    preemptions: int
+    recomputed_tokens: int
+
+
+@dataclass
+class AuditEntry:
+    """One administrative change: who did what to which tenant, with the state before and after."""
+
+    id: int
+    actor: str
+    action: str
+    tenant_id: str | None
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    at: datetime

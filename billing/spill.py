@@ -1,0 +1,123 @@
+"""Append-only spill file for ledger rows that do not fit the buffer (JSON lines), and its replay.
+
+Appends go to `<path>`; replay first renames it to `<path>.replay-<ns>` so new overflow keeps flowing
+into a fresh file, then reads the renamed file batch by batch and deletes it once every row is stored.
+Files left by a crash are replayed on the next start; idempotent inserts make a second replay harmless.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import fields
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+from billing.records import UsageRecord
+
+log = logging.getLogger(__name__)
+
+_FIELDS = tuple(f.name for f in fields(UsageRecord))
+_DATETIME_FIELDS = ("created_at", "finished_at")
+
+
+def encode_row(row: UsageRecord) -> str:
+    """One JSON line for a usage row."""
+    doc: dict[str, Any] = {name: getattr(row, name) for name in _FIELDS}
+    for name in _DATETIME_FIELDS:
+        doc[name] = doc[name].isoformat()
+    return json.dumps(doc, separators=(",", ":")) + "\n"
+
+
+def decode_row(line: str) -> UsageRecord:
+    """The usage row of one JSON line; raises ValueError (or KeyError/TypeError) on a torn or foreign line."""
+    doc = json.loads(line)
+    for name in _DATETIME_FIELDS:
+        doc[name] = datetime.fromisoformat(doc[name])
+    return UsageRecord(**{name: doc[name] for name in _FIELDS})
+
+
+class SpillFile:
+    """The spill file of one ledger: thread-safe appends, rotation for replay, pending-row accounting."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._handle: IO[str] | None = None
+        self.pending_rows = sum(self._count_lines(p) for p in self._existing_files())
+
+    @staticmethod
+    def _count_lines(path: Path) -> int:
+        with path.open("rb") as fh:
+            return sum(1 for _ in fh)
+
+    def _existing_files(self) -> list[Path]:
+        replays = sorted(self.path.parent.glob(self.path.name + ".replay-*"))
+        return replays + ([self.path] if self.path.exists() else [])
+
+    def append(self, rows: list[UsageRecord]) -> None:
+        """Append rows; buffered in the process until sync() (called by the flusher and on close)."""
+        if not rows:
+            return
+        text = "".join(encode_row(r) for r in rows)
+        with self._lock:
+            if self._handle is None:
+                self._handle = self.path.open("a", encoding="utf-8")
+            self._handle.write(text)
+            self.pending_rows += len(rows)
+
+    def sync(self, fsync: bool = False) -> None:
+        """Push appended rows to the OS (and to disk with fsync=True)."""
+        with self._lock:
+            if self._handle is not None:
+                self._handle.flush()
+                if fsync:
+                    os.fsync(self._handle.fileno())
+
+    def close(self) -> None:
+        """Flush to disk and close the append handle."""
+        with self._lock:
+            if self._handle is not None:
+                self._handle.flush()
+                os.fsync(self._handle.fileno())
+                self._handle.close()
+                self._handle = None
+
+    def rotate(self) -> list[Path]:
+        """Move the live file aside for replay; returns every file waiting for replay, oldest first."""
+        with self._lock:
+            if self._handle is not None:
+                self._handle.close()
+                self._handle = None
+            if self.path.exists() and self.path.stat().st_size > 0:
+                self.path.rename(self.path.with_name(f"{self.path.name}.replay-{time.time_ns():020d}"))
+            return sorted(self.path.parent.glob(self.path.name + ".replay-*"))
+
+    def mark_replayed(self, count: int) -> None:
+        """Account for rows of a replay file that are now stored."""
+        with self._lock:
+            self.pending_rows = max(0, self.pending_rows - count)
+
+
+def read_batches(path: Path, batch_size: int) -> Iterator[tuple[list[UsageRecord], int]]:
+    """(rows, lines consumed) batches of a replay file; torn or foreign lines are logged and skipped."""
+    batch: list[UsageRecord] = []
+    lines = 0
+    with path.open("r", encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            lines += 1
+            try:
+                batch.append(decode_row(line))
+            except (ValueError, KeyError, TypeError) as exc:
+                log.error("skipping unreadable line %d of spill file %s: %s", number, path, exc)
+            if len(batch) >= batch_size:
+                yield batch, lines
+                batch, lines = [], 0
+    if batch or lines:
+        yield batch, lines

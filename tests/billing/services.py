@@ -1,0 +1,30 @@
+"""Reaching the real PostgreSQL and Redis of the test machine: fail under CI=true, skip otherwise."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+PG_HOST, PG_PORT = "127.0.0.1", 5432
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def reachable(host: str, port: int) -> bool:
+    """True when a TCP connection to host:port succeeds within a second."""
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def require(host: str, port: int, what: str) -> None:
+    """Fail (CI=true) or skip (locally) when a backend service is not listening."""
+    if reachable(host, port):
+        return
+    message = f"{what} at {host}:{port} is unreachable"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message + " (CI=true: backend tests must run)")
+    pytest.skip(message)
