@@ -181,10 +181,11 @@ class AsyncEngine:
                 if not engine.has_unfinished():
                     continue
                 outputs = engine.step()
-                for out in outputs:
-                    self._deliver(out.request_id, out)
+                # Publish stats before outputs, so a consumer that sees its request end sees its blocks freed.
                 self._stats = engine.stats()
                 self._traces = list(engine.traces)[-256:]
+                for out in outputs:
+                    self._deliver(out.request_id, out)
                 if not outputs and self._stats.batch_size == 0:
                     # Nothing could run (e.g. waiting on a deadline or blocks): wait for a message briefly.
                     self._drain_inbox(block=True, timeout=0.005)

@@ -57,7 +57,7 @@ def check_output(s: Scheduler, out: SchedulerOutput) -> None:
 def test_long_prompt_is_prefilled_in_chunks_within_budget() -> None:
     s = make_scheduler(budget=16)
     s.add(make_request("a", 50, 3))
-    chunks = []
+    chunks: list[tuple[int, int]] = []
     while s.has_unfinished():
         out, _ = run_step(s)
         check_output(s, out)
