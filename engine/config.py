@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 class FairnessSettings:
     """Which fairness policy orders the waiting queue, and its knobs (see fairness/)."""
 
-    policy: str = "fcfs"  # fcfs | vtc
+    policy: str = "vtc"  # vtc | fcfs: fair share is the default
     key: str = "tenant"  # tenant | api_key | user
     w_in: float = 1.0
     w_out: float = 2.0

@@ -20,7 +20,7 @@ class FairnessConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    policy: Literal["fcfs", "vtc"] = "fcfs"
+    policy: Literal["fcfs", "vtc"] = "vtc"
     key: Literal["tenant", "api_key", "user"] = "tenant"
     w_in: float = Field(default=1.0, ge=0, allow_inf_nan=False)
     w_out: float = Field(default=2.0, ge=0, allow_inf_nan=False)

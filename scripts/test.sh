@@ -5,6 +5,7 @@ cd "$(dirname "$0")/.."
 BIN=.venv/bin
 export PYTHONHASHSEED=0
 bash scripts/services.sh
+bash scripts/ensure_chromium.sh
 $BIN/ruff check .
 $BIN/mypy
 if [ -f ../shared/tools/check_layers.py ]; then python3 ../shared/tools/check_layers.py .; fi
