@@ -7,9 +7,10 @@ new admissions in the order the fairness policy gives, while KV blocks allow.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from engine.kv_cache import BlockPool
@@ -26,9 +27,11 @@ class SchedulerConfig:
     max_model_len: int = 2048
     watermark_blocks: int = 0
     preemption_mode: str = "recompute"
+    # Static request-level batching (the essay's "photograph"): admit only when the batch is empty.
+    request_batching: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledChunk:
     """`length` tokens of `request`, starting at position `start`, computed this iteration."""
 
@@ -77,6 +80,7 @@ class Scheduler:
         self._pending_aborts: dict[str, tuple[str, float]] = {}
         self.iteration = 0
         self.waiting_for_blocks = 0
+        self.block_waits_total = 0  # iterations in which admission stopped for want of free blocks
         self.swap_out: SwapFn | None = None
         self.swap_in: SwapFn | None = None
         # Counters for stats and metrics.
@@ -85,6 +89,7 @@ class Scheduler:
         self.swapped_bytes_total = 0
         self.deadline_misses = {"waiting": 0, "running": 0}
         self.deadline_wasted_tokens = 0
+        self._finish_hook: Callable[[Request], None] | None = getattr(policy, "finish", None)
 
     # -- intake -----------------------------------------------------------------------------
     def add(self, request: Request, now: float | None = None) -> None:
@@ -123,20 +128,20 @@ class Scheduler:
         now = time.time() if now is None else now
         self.iteration += 1
         out = SchedulerOutput(self.iteration)
-        self.retire_aborted(out)
+        self.retire_aborted(out, now)
         self.expire_deadlines(now, out)
         budget = self.config.max_num_batched_tokens
         budget = self.schedule_running(now, out, budget)
         self.admit_waiting(now, out, budget)
         return out
 
-    def retire_aborted(self, out: SchedulerOutput) -> None:
+    def retire_aborted(self, out: SchedulerOutput, now: float | None = None) -> None:
         """End every request whose cancellation arrived since the last iteration."""
         for request_id, (reason, _) in list(self._pending_aborts.items()):
             request = self.requests.get(request_id)
             if request is not None and not request.is_finished:
                 finish = FinishReason.ERROR if reason == "error" else FinishReason.CANCELLED
-                self.finish(request, finish)
+                self.finish(request, finish, now)
                 out.finished.append(request)
         self._pending_aborts.clear()
 
@@ -152,60 +157,103 @@ class Scheduler:
             else:
                 self.deadline_misses["waiting"] += 1
             self.deadline_wasted_tokens += request.num_computed_tokens
-            self.finish(request, FinishReason.DEADLINE)
+            self.finish(request, FinishReason.DEADLINE, now)
             out.finished.append(request)
 
     def schedule_running(self, now: float, out: SchedulerOutput, budget: int) -> int:
-        """Give running requests their next tokens, decodes before partial prefills; preempt on block shortage."""
-        ordered = [r for r in self.running if not r.in_prefill] + [r for r in self.running if r.in_prefill]
-        scheduled: set[str] = set()
-        preempted: set[str] = set()
+        """Give running requests their next tokens, decodes before partial prefills; preempt on block shortage.
+
+        `running` is kept sorted by class, so with several classes present the more important ones are
+        scheduled (and get blocks) first and a victim is never taken from a class above the one in need.
+        """
+        running = self.running
+        if not running:
+            return budget
+        if running[0].meta.priority != running[-1].meta.priority:
+            ordered = sorted(running, key=_class_then_prefill)
+        else:
+            ordered, prefills = [], []
+            for r in running:
+                # Decode: output exists and only the last sampled token is uncomputed.
+                if r.output_token_ids and r.num_computed_tokens == len(r.prompt_token_ids) + len(r.output_token_ids) - 1:
+                    ordered.append(r)
+                else:
+                    prefills.append(r)
+            ordered += prefills
+        # The decode fast path: one chunk, one charge, and a block check only when a block boundary is crossed
+        # (a running request always holds exactly ceil(computed / block_size) blocks).
+        block_size = self.pool.block_size
+        charge = self.policy.charge
+        chunks = out.chunks
+        decode_tokens = 0
+        running_state = RequestState.RUNNING
         for request in ordered:
             if budget <= 0:
                 break
-            if request.request_id in preempted:
+            if request.state is not running_state:
+                continue  # preempted earlier in this iteration
+            computed = request.num_computed_tokens
+            output = request.output_token_ids
+            remaining = len(request.prompt_token_ids) + len(output) - computed
+            if remaining == 1 and output:
+                if computed % block_size == 0 and not self._grow(request, computed + 1, out, now):
+                    continue
+                chunks.append(ScheduledChunk(request, computed, 1))
+                request.charged_service += charge(request, 0, 1, 0)
+                decode_tokens += 1
+                budget -= 1
                 continue
-            length = min(request.num_tokens - request.num_computed_tokens, budget)
+            length = min(remaining, budget)
             if length <= 0:
                 continue
-            target = request.num_computed_tokens + length
-            while not self.pool.allocate(request.request_id, target):
-                candidates = [r for r in self.running if r.request_id not in scheduled]
-                victim = self.policy.victim(candidates, for_item=request) if candidates else None
-                if victim is None:
-                    victim = request
-                self.preempt(victim, "kv_blocks_exhausted", out, now)
-                preempted.add(victim.request_id)
-                if victim is request:
-                    break
-            if request.request_id in preempted:
+            if not self._grow(request, computed + length, out, now):
                 continue
             self._add_chunk(out, request, length)
-            scheduled.add(request.request_id)
             budget -= length
+        out.decode_tokens += decode_tokens
         return budget
+
+    def _grow(self, request: Request, target: int, out: SchedulerOutput, now: float) -> bool:
+        """Give `request` blocks for `target` tokens, preempting the policy's victims; False if it was preempted."""
+        while not self.pool.allocate(request.request_id, target):
+            scheduled = {id(c.request) for c in out.chunks}
+            candidates = [r for r in self.running if id(r) not in scheduled]
+            victim = self.policy.victim(candidates, for_item=request) if candidates else None
+            if victim is None:
+                victim = request
+            self.preempt(victim, "kv_blocks_exhausted", out, now)
+            if victim is request:
+                return False
+        return True
 
     def admit_waiting(self, now: float, out: SchedulerOutput, budget: int) -> None:
         """Admit queued requests in policy order while the token budget, seat count and free blocks allow."""
         self.waiting_for_blocks = 0
+        if self.config.request_batching and self.running:
+            return
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.policy.peek(now)
             if request is None:
                 break
             if request.state is RequestState.SWAPPED:
                 if not self._swap_back(request):
-                    self.waiting_for_blocks = len(self.policy)
+                    self._wait_for_blocks()
                     break
                 self.policy.pop(request)
-                self.running.append(request)
+                self._enter_running(request)
                 continue
-            hit_ids, hit_hashes = self.pool.match_prefix(request.all_token_ids)
+            if self.pool.enable_prefix_caching:
+                hit_ids, hit_hashes = self.pool.match_prefix(request.all_token_ids)
+            else:
+                hit_ids, hit_hashes = [], []
             cached = len(hit_ids) * self.pool.block_size
             length = min(request.num_tokens - cached, budget)
             blocks_from_free = sum(1 for b in hit_ids if self.pool.blocks[b].ref_count == 0)
-            new_blocks = -(-(cached + length) // self.pool.block_size) - len(hit_ids)
+            # Admit only when the whole (re)prefill fits beside the watermark, not just its first chunk:
+            # a prompt admitted into memory it cannot finish in is preempted again, and recompute thrashes.
+            new_blocks = -(-request.num_tokens // self.pool.block_size) - len(hit_ids)
             if blocks_from_free + new_blocks > self.pool.num_free - self.config.watermark_blocks:
-                self.waiting_for_blocks = len(self.policy)
+                self._wait_for_blocks()
                 break
             self.policy.pop(request)
             self.pool.attach_prefix(request.request_id, hit_ids, hit_hashes)
@@ -222,9 +270,29 @@ class Scheduler:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
             request.state = RequestState.RUNNING
-            self.running.append(request)
+            self._enter_running(request)
             self._add_chunk(out, request, length)
             budget -= length
+
+    def _wait_for_blocks(self) -> None:
+        self.waiting_for_blocks = len(self.policy)
+        self.block_waits_total += 1
+
+    def _enter_running(self, request: Request) -> None:
+        # Sorted by class (stable: after its equals), so the hot path can tell "one class" in O(1).
+        running = self.running
+        if not running or running[-1].meta.priority <= request.meta.priority:
+            running.append(request)
+        else:
+            bisect.insort_right(running, request, key=_priority)
+
+    def _leave_running(self, request: Request) -> None:
+        # By identity: Request is a dataclass, so list.remove would compare every field of every peer.
+        running = self.running
+        for i in range(len(running) - 1, -1, -1):
+            if running[i] is request:
+                del running[i]
+                return
 
     def _add_chunk(self, out: SchedulerOutput, request: Request, length: int) -> None:
         start = request.num_computed_tokens
@@ -249,7 +317,7 @@ class Scheduler:
     def preempt(self, victim: Request, reason: str, out: SchedulerOutput, now: float) -> None:
         """Take `victim`'s blocks: swap them out when configured and possible, else drop them for recompute."""
         t0 = time.perf_counter()
-        self.running.remove(victim)
+        self._leave_running(victim)
         record = Preemption(reason=reason, mode="recompute", iteration=self.iteration)
         moved = self.swap_out(victim) if self.config.preemption_mode == "swap" and self.swap_out else -1
         if moved >= 0:
@@ -281,29 +349,41 @@ class Scheduler:
         return True
 
     # -- after the forward pass -------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: dict[str, int], eos_token_ids: set[int]) -> list[Request]:
+    def update(self, out: SchedulerOutput, sampled: Mapping[str, int], eos_token_ids: set[int] | frozenset[int],
+               now: float | None = None) -> list[Request]:
         """Advance computed counts, append sampled tokens, and retire what stopped; returns the requests that finished."""
         finished: list[Request] = []
-        now = time.time()
+        now = time.time() if now is None else now
+        pool = self.pool
+        caching = pool.enable_prefix_caching
+        block_size = pool.block_size
+        max_model_len = self.config.max_model_len
+        finished_state = RequestState.FINISHED
         for chunk in out.chunks:
             request = chunk.request
-            if request.is_finished:
+            if request.state is finished_state:
                 continue
-            request.num_computed_tokens = chunk.start + chunk.length
-            self.pool.commit_full_blocks(request.request_id, request.all_token_ids, request.num_computed_tokens)
-            if not chunk.samples:
-                continue
+            computed = request.num_computed_tokens = chunk.start + chunk.length
+            output = request.output_token_ids
+            # Hash blocks only when one filled: a one-token chunk fills one only on a block boundary.
+            if caching and (chunk.length > 1 or computed % block_size == 0):
+                pool.commit_full_blocks(request.request_id, request.all_token_ids, computed)
+            if computed != len(request.prompt_token_ids) + len(output):
+                continue  # a prefill chunk that does not reach the end samples nothing
             token = sampled[request.request_id]
-            request.output_token_ids.append(token)
+            output.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
-            reason = self.stop_reason(request, token, eos_token_ids)
-            if reason is not None:
-                self.finish(request, reason)
-                finished.append(request)
+            params = request.sampling
+            if (len(output) >= params.max_tokens or computed + 1 >= max_model_len
+                    or (token in eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids):
+                reason = self.stop_reason(request, token, eos_token_ids)
+                if reason is not None:
+                    self.finish(request, reason, now)
+                    finished.append(request)
         return finished
 
-    def stop_reason(self, request: Request, token: int, eos_token_ids: set[int]) -> FinishReason | None:
+    def stop_reason(self, request: Request, token: int, eos_token_ids: set[int] | frozenset[int]) -> FinishReason | None:
         """Token-level stop conditions (stop strings are checked by the engine on text)."""
         params = request.sampling
         if not params.ignore_eos and token in eos_token_ids:
@@ -314,22 +394,35 @@ class Scheduler:
             return FinishReason.LENGTH
         return None
 
-    def finish(self, request: Request, reason: FinishReason) -> None:
+    def finish(self, request: Request, reason: FinishReason, now: float | None = None) -> None:
         """End a request wherever it is and free its blocks at once."""
         if request.is_finished:
             return
         if request.state is RequestState.RUNNING:
-            self.running.remove(request)
+            self._leave_running(request)
         elif request.state in (RequestState.WAITING, RequestState.PREEMPTED, RequestState.SWAPPED):
             self.policy.remove(request)
         self.pool.free(request.request_id)
+        self.policy.finish(request)
         request.state = RequestState.FINISHED
         request.finish_reason = reason
-        request.finished_time = time.time()
+        request.finished_time = time.time() if now is None else now
         self.requests.pop(request.request_id, None)
+        if self._finish_hook is not None:
+            self._finish_hook(request)
 
     @staticmethod
     def _phase(request: Request) -> str:
         if request.state is not RequestState.RUNNING and request.num_computed_tokens == 0 and not request.output_token_ids:
             return "waiting"
         return "prefill" if request.num_computed_tokens < request.num_prompt_tokens else "decode"
+
+
+def _priority(request: Request) -> int:
+    return request.meta.priority
+
+
+def _class_then_prefill(request: Request) -> tuple[int, bool]:
+    # Within a class decodes go before partial prefills (stall-free); sorted() is stable.
+    decode = bool(request.output_token_ids) and request.num_computed_tokens == request.num_tokens - 1
+    return request.meta.priority, not decode

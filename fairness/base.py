@@ -62,6 +62,9 @@ class SchedulingPolicy(Protocol[T]):
     def victim(self, running: Sequence[T], for_item: T | None = None) -> T | None:
         """Which running item to preempt so `for_item` can proceed (None: nobody may be preempted for it)."""
 
+    def finish(self, item: T) -> None:
+        """`item` ended (finished, cancelled, expired): running-request bookkeeping may drop it."""
+
     def set_weight(self, key: str, weight: float) -> None:
         """Change a fairness key's weight live (future charges divide by it)."""
 

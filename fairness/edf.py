@@ -62,6 +62,12 @@ class EDFPolicy(Generic[T]):
         """Remove the admitted item."""
         self.remove(item)
 
+    def finish(self, item: T) -> None:
+        """Forwarded to the base policy, which tracks running requests per key."""
+        finish = getattr(self.base, "finish", None)
+        if finish is not None:
+            finish(item)
+
     def charge(self, item: T, prefill: int, decode: int, cached: int) -> float:
         """Charged by the base policy."""
         return self.base.charge(item, prefill, decode, cached)  # type: ignore[no-any-return]

@@ -51,6 +51,9 @@ class FCFSPolicy(Generic[T]):
             return None
         return max(candidates, key=lambda r: r.meta.arrival_time)
 
+    def finish(self, item: T) -> None:
+        """FCFS keeps no per-request state past admission."""
+
     def set_weight(self, key: str, weight: float) -> None:
         """Accepted for interface parity; FCFS ignores weights."""
         check_weight(key, weight)

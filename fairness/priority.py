@@ -103,8 +103,12 @@ class PriorityPolicy(Generic[T]):
                 self._admitted_in.popitem(last=False)
 
     def finish(self, item: T) -> None:
-        """Optional: the scheduler says `item` is done, so its promoted class need not be remembered."""
-        self._admitted_in.pop(item.request_id, None)
+        """The scheduler says `item` is done: tell the class it ran in, forget its promotion."""
+        cls = self._admitted_in.pop(item.request_id, item.meta.priority)
+        base = self._classes.get(cls)
+        finish = getattr(base, "finish", None)
+        if finish is not None:
+            finish(item)
 
     def _promote(self, now: float) -> None:
         if math.isinf(self.max_queue_age_s):

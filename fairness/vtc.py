@@ -8,6 +8,12 @@ that idle time is never banked (Algorithm 2 of the paper):
 * nobody backlogged: `c_u = max(c_u, c_l)`, `l` the key that last left the waiting queue (its
   counter keeps growing while its admitted requests run, so a newcomer cannot undercut it).
 
+Only an idle key is lifted: one with nothing queued *and nothing running*. The paper lifts on every
+empty-to-nonempty queue transition, which erases the weights of closed-loop tenants: a weight-3
+tenant whose few streams are all admitted has an empty queue, and each new request of its was
+lifted to the weight-1 tenant's counter, giving a 50/50 split (seen on the dashboard). A key with
+running requests is not idle: its counter grows with every token it is served, so it banks nothing.
+
 Backlogged keys sit in a heap of (counter, backlog order, key) with lazy invalidation: every
 counter change pushes a fresh entry and `peek` drops stale tops, so add/peek/pop/charge cost
 O(log K) amortised for K backlogged keys; the heap is rebuilt once stale entries dominate.
@@ -45,6 +51,8 @@ class VTCPolicy(Generic[T]):
         self._backlog_seq: dict[str, int] = {}  # backlogged key -> when it became backlogged (tie-break)
         self._next_seq = 0
         self._last_left: str | None = None
+        self._running: dict[str, str] = {}  # admitted (charged) request_id -> key, until finish/preempt
+        self._inflight: dict[str, int] = defaultdict(int)  # key -> running requests
 
     # -- queue -----------------------------------------------------------------------------------
 
@@ -55,9 +63,11 @@ class VTCPolicy(Generic[T]):
             raise DuplicateItemError(f"request {rid!r} is already queued")
         key = self.key_fn(item)
         self._weights[key] = check_weight(key, item.meta.weight)  # the latest seen weight wins
+        self._stop_running(rid)  # a preempted request comes back to the queue
         queue = self._queues.get(key)
         if queue is None:
-            self._lift(key)
+            if not self._inflight.get(key):
+                self._lift(key)
             queue = self._queues[key] = LazyQueue()
             self._backlog_seq[key] = self._next_seq
             self._next_seq += 1
@@ -119,6 +129,9 @@ class VTCPolicy(Generic[T]):
         """Charge the item's key for tokens just scheduled; returns the (unweighted) service charged."""
         cost = self.cost(prefill, decode, cached)
         key = self.key_fn(item)
+        if item.request_id not in self._running and item.request_id not in self._key_of:
+            self._running[item.request_id] = key
+            self._inflight[key] += 1
         self._service[key] += cost
         if cost:
             weight = self._weights.get(key)
@@ -128,6 +141,17 @@ class VTCPolicy(Generic[T]):
             if key in self._backlog_seq:
                 self._push(key)
         return cost
+
+    def finish(self, item: T) -> None:
+        """The scheduler says `item` ended: its key may become idle (and then be lifted on return)."""
+        self._stop_running(item.request_id)
+
+    def _stop_running(self, request_id: str) -> None:
+        key = self._running.pop(request_id, None)
+        if key is not None:
+            self._inflight[key] -= 1
+            if not self._inflight[key]:
+                del self._inflight[key]
 
     def set_weight(self, key: str, weight: float) -> None:
         """Change a key's weight live (the gateway's admin API); applies to service charged from now on."""

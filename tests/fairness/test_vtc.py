@@ -114,6 +114,7 @@ def test_newcomer_is_lifted_to_the_smallest_backlogged_counter_and_never_lowered
     policy.add(rich, 0.0)
     policy.pop(rich)
     policy.charge(rich, 500, 0, 0)  # rich has been served, then went idle
+    policy.finish(rich)
     policy.add(low, 0.0)  # nobody backlogged: lifted to rich, the last key to leave (500)
     policy.add(high, 0.0)  # lifted to low, the only backlogged key (500)
     policy.charge(high, 700, 0, 0)
@@ -285,3 +286,25 @@ def test_vtc_admission_cost_does_not_grow_with_ten_times_more_keys() -> None:
     small = steady_state_cost(VTCPolicy(), waiting=2000, keys=20)
     large = steady_state_cost(VTCPolicy(), waiting=2000, keys=200)
     assert large <= 1.25 * small
+
+
+def test_key_with_running_requests_is_not_lifted() -> None:
+    """A weight-3 tenant whose streams are all admitted keeps its lower counter when it sends the next one."""
+    policy: VTCPolicy[Any] = VTCPolicy(TokenCost(1.0, 2.0, 0.0))
+    heavy = job("h1", "heavy", weight=3.0)
+    light = job("l1", "light")
+    policy.add(heavy, 0.0)
+    policy.pop(heavy)
+    policy.charge(heavy, 300, 0, 0)  # running: counter 100
+    policy.add(light, 0.0)
+    policy.pop(light)
+    policy.charge(light, 300, 0, 0)  # lifted to heavy's 100 on arrival, then 400
+    policy.add(job("l2", "light"), 0.0)  # light backlogged at 400
+    policy.add(job("h2", "heavy", weight=3.0), 0.0)  # heavy still has h1 running: no lift
+    assert policy.counters()["heavy"] == 100
+    assert policy.peek(0.0).request_id == "h2"  # type: ignore[union-attr]
+    policy.finish(heavy)
+    policy.pop(job("h2", "heavy", weight=3.0))
+    policy.finish(job("h2", "heavy", weight=3.0))
+    policy.add(job("h3", "heavy", weight=3.0), 0.0)  # now idle: lifted to the backlogged minimum
+    assert policy.counters()["heavy"] == policy.counters()["light"] == 400
