@@ -1,0 +1,27 @@
+"""Retry-After and RateLimit headers: telling clients when to come back, with jitter against herds."""
+
+from __future__ import annotations
+
+import math
+import random
+
+
+def retry_after_seconds(estimate_s: float, jitter: float, rng: random.Random) -> int:
+    """Whole seconds for `Retry-After`: the estimate stretched by up to `jitter` (a fraction), at least 1.
+
+    Jitter only lengthens the wait, so a client that obeys it never returns before the estimate.
+    """
+    if not math.isfinite(estimate_s) or estimate_s < 0:
+        estimate_s = 0.0
+    stretched = estimate_s * (1.0 + rng.uniform(0.0, max(jitter, 0.0)))
+    # Jitter whole seconds too: many clients told "1" would otherwise all return together.
+    spread = rng.uniform(0.0, max(jitter, 0.0))
+    return max(1, math.ceil(stretched + spread))
+
+
+def ratelimit_headers(policy: str, limit: int, remaining: int, reset_s: float) -> dict[str, str]:
+    """`RateLimit-Policy` (as the quota states it, e.g. `1000;w=60`) and `RateLimit` for the binding window."""
+    return {
+        "RateLimit-Policy": policy,
+        "RateLimit": f"limit={max(int(limit), 0)}, remaining={max(int(remaining), 0)}, reset={max(math.ceil(reset_s), 0)}",
+    }

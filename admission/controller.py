@@ -1,0 +1,103 @@
+"""The edge admission decision: deadline passed or infeasible, queue bounds, with Retry-After estimates."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from admission.backoff import retry_after_seconds
+from admission.feasibility import LoadStats, RatePriors, drain_seconds, estimate
+from admission.queues import AdmissionQueues, QueueBounds, QueueFull, QueueSlot
+
+
+@dataclass
+class AdmissionSettings:
+    """Admission knobs; the defaults suit a small CPU engine."""
+
+    bounds: QueueBounds = field(default_factory=QueueBounds)
+    retry_jitter: float = 0.25
+    fair_policy: bool = True  # the engine interleaves tenants (VTC) rather than serving FCFS
+    priors: RatePriors = field(default_factory=RatePriors)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad setting."""
+        self.bounds.validate()
+        if not 0 <= self.retry_jitter <= 1:
+            raise ValueError("retry_jitter must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A request refused at the edge: HTTP status, machine code, message, and when to retry."""
+
+    status: int
+    code: str
+    message: str
+    retry_after_s: int | None = None
+    estimated_start_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """An accepted request: its queue slot and the estimate it was accepted on."""
+
+    slot: QueueSlot
+    estimated_start_ms: int
+
+
+class AdmissionController:
+    """Decides, before anything is queued, whether a request enters the engine."""
+
+    def __init__(self, settings: AdmissionSettings | None = None, rng: random.Random | None = None) -> None:
+        self.settings = settings or AdmissionSettings()
+        self.settings.validate()
+        self.queues = AdmissionQueues(self.settings.bounds)
+        self._rng = rng or random.Random()
+
+    def retry_after(self, seconds: float) -> int:
+        """Retry-After seconds for an estimated wait, with this controller's jitter."""
+        return retry_after_seconds(seconds, self.settings.retry_jitter, self._rng)
+
+    def admit(
+        self,
+        tenant_id: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        deadline: float | None,
+        now: float,
+        stats: LoadStats,
+        tenant_queue_bound: int | None = None,
+    ) -> Admitted | Rejection:
+        """Admit (taking a queue slot) or reject with status 408, 429 or 503 and a retry estimate."""
+        if deadline is not None and deadline <= now:
+            return Rejection(408, "deadline_passed", f"deadline passed {(now - deadline) * 1000:.0f} ms ago")
+        est = estimate(stats, tenant_id, prompt_tokens, max_tokens, self.settings.fair_policy, self.settings.priors)
+        start_ms = int(round(est.start_s * 1000))
+        if deadline is not None and now + est.finish_s > deadline:
+            # Retry once the queue ahead has drained by the amount the request overshoots.
+            overshoot = now + est.finish_s - deadline
+            wait = min(overshoot, est.start_s) if est.start_s > 0 else overshoot
+            return Rejection(
+                503,
+                "deadline_infeasible",
+                f"cannot finish by the deadline: estimated start in {start_ms} ms, "
+                f"finish in {est.finish_s * 1000:.0f} ms, deadline in {(deadline - now) * 1000:.0f} ms",
+                retry_after_s=self.retry_after(wait),
+                estimated_start_ms=start_ms,
+            )
+        slot = self.queues.try_enter(tenant_id, prompt_tokens, tenant_queue_bound)
+        if isinstance(slot, QueueFull):
+            wait = drain_seconds(stats, slot.excess_tokens, slot.excess_requests, self.settings.priors)
+            if slot.scope == "tenant":
+                return Rejection(429, "tenant_queue_full", slot.message, self.retry_after(wait), start_ms)
+            return Rejection(503, "overloaded", slot.message, self.retry_after(wait), start_ms)
+        return Admitted(slot, start_ms)
+
+    def shed(self, stats: LoadStats) -> Rejection | None:
+        """Cheap early refusal when the global request bound is already reached (before parsing a body)."""
+        bounds = self.settings.bounds
+        queued = self.queues.queued()
+        if queued < bounds.max_queued_requests:
+            return None
+        wait = drain_seconds(stats, 0, queued + 1 - bounds.max_queued_requests, self.settings.priors)
+        return Rejection(503, "overloaded", f"server queue is full ({queued} requests queued)", self.retry_after(wait))

@@ -1,0 +1,265 @@
+"""Gateway overhead: latency added over calling AsyncEngine in-process, and rejection speed under overload.
+
+    .venv/bin/python -m bench.gateway_overhead --rate 200 --duration 5
+
+Runs the same open-loop request stream (fixed rate, max_tokens=1 and a short stream) once
+against an in-process AsyncEngine and once through `fairserve serve` (one uvicorn worker, a
+subprocess with an identically configured engine), and reports p50/p99 of each and the
+difference. Then saturates a small-queue gateway and measures how fast overload rejections
+(503 `overloaded`) are answered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from engine import AsyncEngine, EngineConfig, RequestMeta, SamplingParams
+
+PROMPT = "The batch never waits."
+NAN = float("nan")
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) of values, in the same unit."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+@dataclass
+class Sample:
+    """Latencies (seconds) of one run: to the first output and to the end."""
+
+    first: list[float]
+    total: list[float]
+    refused: int = 0
+
+    def summary(self) -> dict[str, float]:
+        """p50/p99 in milliseconds."""
+        return {"first_p50_ms": pct(self.first, 0.5) * 1e3, "first_p99_ms": pct(self.first, 0.99) * 1e3,
+                "total_p50_ms": pct(self.total, 0.5) * 1e3, "total_p99_ms": pct(self.total, 0.99) * 1e3,
+                "n": len(self.total), "refused": self.refused}
+
+
+async def open_loop(rate: float, n: int, one: Callable[[int], Coroutine[Any, Any, tuple[float, float]]]) -> Sample:
+    """Fire `n` calls at a fixed rate regardless of completions; collect their latencies."""
+    start = time.perf_counter()
+    tasks: list[asyncio.Task[tuple[float, float]]] = []
+    for i in range(n):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i)))
+    results = [r for r in await asyncio.gather(*tasks) if r[1] == r[1]]  # NaN marks a refused request
+    return Sample([r[0] for r in results], [r[1] for r in results], refused=n - len(results))
+
+
+def engine_config(cache_dir: str, max_num_seqs: int) -> EngineConfig:
+    """The engine configuration both sides use."""
+    return EngineConfig(cache_dir=cache_dir, max_num_seqs=max_num_seqs)
+
+
+async def in_process(cfg: EngineConfig, rate: float, n: int, max_tokens: int) -> Sample:
+    """Latency of AsyncEngine.generate called directly, tokenising the prompt like the gateway does."""
+    engine = AsyncEngine(cfg)
+    engine.start()
+    try:
+        async def one(i: int) -> tuple[float, float]:
+            t0 = time.perf_counter()
+            ids = engine.tokenizer.encode(PROMPT)
+            first = None
+            async for _out in engine.generate(ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                                              RequestMeta(tenant_id="bench"), f"inproc-{max_tokens}-{i}"):
+                first = first or time.perf_counter() - t0
+            return first or 0.0, time.perf_counter() - t0
+
+        await open_loop(rate, min(n, 50), one)  # warm-up: rates and caches settle
+        return await open_loop(rate, n, one)
+    finally:
+        engine.shutdown()
+
+
+class Served:
+    """`fairserve serve` in a subprocess; parses the banner for the URL and key."""
+
+    def __init__(self, data_dir: str, *args: str) -> None:
+        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data-dir", data_dir, *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.banner: dict[str, str] = {}
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            key, sep, value = line.strip().partition(": ")
+            if sep and key in ("url", "api_key", "admin_token"):
+                self.banner[key] = value
+            if key == "admin_token":
+                break
+        if "admin_token" not in self.banner:
+            raise RuntimeError("fairserve serve did not start")
+        # Keep draining output so the child never blocks on a full pipe.
+        threading.Thread(target=lambda: [None for _ in self.proc.stdout or []], daemon=True).start()
+        self.url = self.banner["url"]
+        self.headers = {"Authorization": f"Bearer {self.banner['api_key']}"}
+
+    def stop(self) -> None:
+        """SIGTERM and wait."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+async def through_gateway(served: Served, model: str, rate: float, n: int, max_tokens: int, stream: bool,
+                          seen: dict[str, tuple[float, float]]) -> Sample:
+    """Latency of the same requests over HTTP through the gateway; `seen` gets (first, total) by request id."""
+    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
+    async with httpx.AsyncClient(base_url=served.url, headers=served.headers, timeout=120, limits=limits) as client:
+        body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
+
+        async def one(i: int) -> tuple[float, float]:
+            rid = f"bench-{'s' if stream else 'n'}-{i}-{time.monotonic_ns()}"
+            t0 = time.perf_counter()
+            if not stream:
+                resp = await client.post("/v1/completions", json=body, headers={"X-Request-Id": rid})
+                if resp.status_code != 200:
+                    return NAN, NAN
+                elapsed = time.perf_counter() - t0
+                seen[rid] = (elapsed, elapsed)
+                return elapsed, elapsed
+            first = None
+            async with client.stream("POST", "/v1/completions", json=body, headers={"X-Request-Id": rid}) as resp:
+                if resp.status_code != 200:
+                    return NAN, NAN
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: {") and first is None:
+                        first = time.perf_counter() - t0
+            seen[rid] = (first or 0.0, time.perf_counter() - t0)
+            return seen[rid]
+
+        await open_loop(rate, min(n, 50), one)
+        seen.clear()  # warm-up requests are not measured
+        return await open_loop(rate, n, one)
+
+
+def paired_overhead(db_path: Path, seen: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Per request: client latency minus the engine's own span from the ledger (arrival at the gateway
+    handler to the last token; arrival to first token for streams). Pairing cancels load noise."""
+    with sqlite3.connect(db_path) as db:
+        rows = {r[0]: (r[1], r[2]) for r in db.execute("SELECT request_id, ttft_ms, e2e_ms FROM usage")}
+    first, total = [], []
+    for rid, (c_first, c_total) in seen.items():
+        if rid in rows and rows[rid][1] is not None:
+            ttft_ms, e2e_ms = rows[rid]
+            total.append(c_total * 1e3 - e2e_ms)
+            if ttft_ms is not None:
+                first.append(c_first * 1e3 - ttft_ms)
+    return {"n": len(total), "first_p50_ms": pct(first, 0.5), "first_p99_ms": pct(first, 0.99),
+            "total_p50_ms": pct(total, 0.5), "total_p99_ms": pct(total, 0.99)}
+
+
+async def rejections(served: Served, model: str, rate: float, n: int, hogs: int) -> dict[str, float]:
+    """Saturate the engine and the queue, then measure how quickly overload rejections come back."""
+    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
+    async with httpx.AsyncClient(base_url=served.url, headers=served.headers, timeout=300, limits=limits) as client:
+        hog_body = {"model": model, "prompt": PROMPT, "max_tokens": 1500, "ignore_eos": True}
+        fillers = []
+        for _ in range(hogs):  # spaced so each is admitted: every slot busy, then the queue full
+            fillers.append(asyncio.create_task(client.post("/v1/completions", json=hog_body,
+                                                           headers={"X-Task-Id": "bench-hogs"})))
+            await asyncio.sleep(0.3)
+        statuses: list[int] = []
+
+        async def one(i: int) -> tuple[float, float]:
+            t0 = time.perf_counter()
+            resp = await client.post("/v1/completions", json={**hog_body, "max_tokens": 1})
+            statuses.append(resp.status_code)
+            elapsed = time.perf_counter() - t0
+            return elapsed, elapsed
+
+        t0 = time.perf_counter()
+        sample = await open_loop(rate, n, one)
+        wall = time.perf_counter() - t0
+        await client.post("/v1/tasks/bench-hogs/cancel")
+        await asyncio.gather(*fillers, return_exceptions=True)
+    rejected = [s for s in statuses if s in (429, 503)]
+    return {"rejected": len(rejected), "sent": n, "rejected_per_s": len(rejected) / wall,
+            "p50_ms": pct(sample.total, 0.5) * 1e3, "p99_ms": pct(sample.total, 0.99) * 1e3}
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, object]:
+    n = int(args.rate * args.duration)
+    report: dict[str, object] = {"rate": args.rate, "requests": n}
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = str(Path(tmp) / "models")
+        cfg = engine_config(cache, args.max_num_seqs)
+        report["inproc_nonstream"] = (await in_process(cfg, args.rate, n, 1)).summary()
+        report["inproc_stream"] = (await in_process(cfg, args.rate, n, args.stream_tokens)).summary()
+        served = Served(str(Path(tmp) / "a"), "--max-num-seqs", str(args.max_num_seqs))
+        seen_n: dict[str, tuple[float, float]] = {}
+        seen_s: dict[str, tuple[float, float]] = {}
+        try:
+            async with httpx.AsyncClient(base_url=served.url, headers=served.headers) as c:
+                model = (await c.get("/v1/models")).json()["data"][0]["id"]
+            report["gateway_nonstream"] = (await through_gateway(served, model, args.rate, n, 1, False,
+                                                                 seen_n)).summary()
+            report["gateway_stream"] = (await through_gateway(served, model, args.rate, n, args.stream_tokens,
+                                                              True, seen_s)).summary()
+        finally:
+            served.stop()  # SIGTERM flushes the ledger
+        db_path = Path(tmp) / "a" / "fairserve.db"
+        report["paired_overhead_nonstream"] = paired_overhead(db_path, seen_n)
+        report["paired_overhead_stream"] = paired_overhead(db_path, seen_s)
+        small = Served(str(Path(tmp) / "b"), "--max-num-seqs", "4", "--max-queued-requests", "4")
+        try:
+            report["overload"] = await rejections(small, model, args.reject_rate, int(args.reject_rate * 2), 4 + 4)
+        finally:
+            small.stop()
+    for kind in ("nonstream", "stream"):
+        g, e = report[f"gateway_{kind}"], report[f"inproc_{kind}"]
+        assert isinstance(g, dict) and isinstance(e, dict)
+        report[f"overhead_{kind}"] = {k: g[k] - e[k] for k in ("first_p50_ms", "first_p99_ms", "total_p50_ms",
+                                                                  "total_p99_ms")}
+    return report
+
+
+def main() -> None:
+    """Parse flags, run, print JSON."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rate", type=float, default=200.0, help="requests per second, open loop")
+    p.add_argument("--duration", type=float, default=5.0, help="seconds of traffic per measurement")
+    p.add_argument("--stream-tokens", type=int, default=8)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--reject-rate", type=float, default=500.0, help="offered rate during overload")
+    args = p.parse_args()
+    report = asyncio.run(main_async(args))
+    print(json.dumps(_rounded(report), indent=2))
+
+
+def _rounded(value: object) -> object:
+    if isinstance(value, float):
+        return round(value, 3)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
+
+
+if __name__ == "__main__":
+    main()

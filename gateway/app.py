@@ -1,0 +1,71 @@
+"""The ASGI app factory: routes, edge middleware, error rendering, startup and graceful drain."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+
+from engine import AsyncEngine
+from gateway import routes_admin, routes_control, routes_openai, routes_ops
+from gateway.errors import APIError, error_response
+from gateway.middleware import EdgeMiddleware
+from gateway.settings import GatewaySettings
+from gateway.state import GatewayState, build_state, close_state
+
+log = logging.getLogger(__name__)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return error_response(APIError(exc.status_code, str(exc.detail), code, headers=exc.headers))
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    # Logged with its traceback here; the client only learns that it was our fault.
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(APIError(500, "internal server error", "internal_error"))
+
+
+async def drain(state: GatewayState, grace_s: float) -> None:
+    """Stop admitting, let in-flight runs finish for `grace_s`, then cancel what is left."""
+    state.draining = True
+    if not await state.runs.wait_idle(time.monotonic() + grace_s):
+        for run in list(state.runs.by_id.values()):
+            run.cancel("shutdown")
+        await state.runs.wait_idle(time.monotonic() + 5.0)
+
+
+def create_app(settings: GatewaySettings, engine: AsyncEngine | None = None) -> Starlette:
+    """Build the gateway app; with `engine=None` it loads and starts its own engine at startup."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state = await asyncio.to_thread(build_state, settings, engine)
+        app.state.gateway = state
+        try:
+            yield
+        finally:
+            await drain(state, settings.grace_period_s)
+            await close_state(state)
+
+    return Starlette(
+        routes=[*routes_openai.routes, *routes_control.routes, *routes_ops.routes, *routes_admin.routes],
+        middleware=[Middleware(EdgeMiddleware, max_body_bytes=settings.max_body_bytes)],
+        exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _server_error},
+        lifespan=lifespan,
+    )

@@ -1,0 +1,94 @@
+"""Who is calling: API keys to tenants, the admin token, and the demo tenant's key on first start."""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from starlette.requests import Request
+
+from billing import ApiKeyInfo, BillingStore, KeyCache, StoreUnavailable, Tenant
+from gateway.errors import APIError
+
+ADMIN_TOKEN_FILE = "admin_token"
+API_KEY_FILE = "api_key"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated tenant and the key it used."""
+
+    tenant: Tenant
+    key: ApiKeyInfo
+
+
+def bearer(request: Request) -> str | None:
+    """The bearer token of the Authorization header, or None."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def authenticate(request: Request, keys: KeyCache) -> Caller:
+    """The calling tenant, or 401 `invalid_api_key` (503 if the key store is down with nothing cached)."""
+    token = bearer(request)
+    if token is None:
+        raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", "invalid_api_key")
+    try:
+        found = keys.verify(token)
+    except StoreUnavailable:
+        raise APIError(503, "the key store is unavailable", "store_unavailable", headers={"Retry-After": "1"}) from None
+    if found is None:
+        raise APIError(401, "invalid API key", "invalid_api_key")
+    tenant, key = found
+    return Caller(tenant, key)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a secret file readable by the owner only (created 0600, never briefly world-readable)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+    os.chmod(path, 0o600)
+
+
+def ensure_admin_token(data_dir: Path) -> str:
+    """The admin token stored in `data_dir`, generated on first start."""
+    path = data_dir / ADMIN_TOKEN_FILE
+    if path.exists():
+        token = path.read_text().strip()
+        if token:
+            return token
+    token = "fsa-" + secrets.token_urlsafe(32)
+    _write_private(path, token)
+    return token
+
+
+def check_admin(request: Request, admin_token: str) -> None:
+    """Allow only the admin token: 401 without credentials, 403 for a tenant key or a wrong token."""
+    token = bearer(request)
+    if token is None:
+        raise APIError(401, "missing admin token: send 'Authorization: Bearer <admin_token>'", "invalid_admin_token")
+    # Constant-time compare so response timing does not reveal a matching prefix.
+    if hmac.compare_digest(token.encode(), admin_token.encode()):
+        return
+    raise APIError(403, "this endpoint needs the admin token", "forbidden")
+
+
+def ensure_demo_key(store: BillingStore, data_dir: Path, tenant_name: str) -> str:
+    """A working API key of the demo tenant: the stored one if still valid, else a new one (saved 0600)."""
+    path = data_dir / API_KEY_FILE
+    if path.exists():
+        secret = path.read_text().strip()
+        if secret and store.verify_key(secret) is not None:
+            return secret
+    tenant = store.get_tenant(tenant_name) or store.create_tenant(tenant_name)
+    secret, _info = store.create_key(tenant.id, name="demo")
+    _write_private(path, secret)
+    return secret

@@ -1,0 +1,219 @@
+"""The generation pipeline: auth, validation, idempotency, admission, quota, then one engine Run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from datetime import UTC, datetime
+
+from starlette.requests import Request
+from starlette.types import ASGIApp
+
+from admission.backoff import ratelimit_headers
+from admission.controller import Rejection
+from admission.queues import QueueSlot
+from admission.quota import QuotaDecision, QuotaLimits
+from billing import UsageRecord
+from engine import RequestMeta
+from gateway import request_parsing as rp
+from gateway.auth import Caller, authenticate
+from gateway.errors import APIError
+from gateway.idempotency import fingerprint
+from gateway.openai_format import Shape
+from gateway.responses import FollowResponse, RunResponse, StoredResponseSender
+from gateway.runs import Outcome, Run, RunSpec, drive
+from gateway.state import GatewayState
+
+log = logging.getLogger(__name__)
+
+
+def _quota_headers(decision: QuotaDecision | None) -> dict[str, str]:
+    if decision is None or decision.limit is None or not decision.policy:
+        return {}
+    return ratelimit_headers(decision.policy, decision.limit, decision.remaining or 0, decision.reset_s)
+
+
+def _peek_quota(state: GatewayState, caller: Caller, limits: QuotaLimits) -> QuotaDecision | None:
+    """The tenant's quota state without consuming any (a zero-token reservation, settled at once)."""
+    if not limits.windows():
+        return None
+    decision: QuotaDecision = state.quota.reserve(caller.tenant.id, 0, limits)
+    if decision.reservation_id is not None:
+        state.quota.settle(caller.tenant.id, decision.reservation_id, 0, limits)
+    return decision
+
+
+def _refused(state: GatewayState, tenant_id: str | None, err: APIError) -> APIError:
+    """Count and log an edge refusal (metrics and the dashboard's recent list); returns `err`."""
+    state.metrics.rejections.labels(err.code or "other").inc()
+    state.rejections.record(err.code or "other", err.status, err.headers.get("Retry-After"), tenant_id, err.message)
+    return err
+
+
+def _reject(state: GatewayState, caller: Caller, limits: QuotaLimits, r: Rejection) -> APIError:
+    headers = _quota_headers(_peek_quota(state, caller, limits))
+    if r.retry_after_s is not None:
+        headers["Retry-After"] = str(r.retry_after_s)
+    if r.estimated_start_ms is not None:
+        headers["X-Estimated-Start-Ms"] = str(r.estimated_start_ms)
+    return _refused(state, caller.tenant.id, APIError(r.status, r.message, r.code, headers=headers))
+
+
+async def generation(request: Request, chat: bool) -> ASGIApp:
+    """Handle one completions or chat completions request; returns the ASGI response to send."""
+    state: GatewayState = request.app.state.gateway
+    if state.draining:
+        raise _refused(state, None, APIError(503, "the server is shutting down; retry on another replica",
+                                             "shutting_down",
+                                             headers={"Retry-After": str(state.admission.retry_after(1.0))}))
+    caller = authenticate(request, state.keys)
+    shed = state.admission.shed(state.engine.stats())
+    if shed is not None:
+        raise _reject(state, caller, QuotaLimits(caller.tenant.tokens_per_minute, caller.tenant.tokens_per_day), shed)
+    now = time.time()
+    ident = rp.identity(request)
+    deadline = rp.deadline(request, now)
+    raw = await request.body()
+    body = rp.parse_body(raw, chat)
+    if deadline is not None and deadline <= now:
+        raise _refused(state, caller.tenant.id, APIError(408, f"deadline passed {(now - deadline) * 1000:.0f} ms ago",
+                                                         "deadline_passed", "X-Deadline"))
+    if not state.engine.is_alive or state.engine_failed:
+        raise APIError(503, "the engine is not running", "engine_unavailable", headers={"Retry-After": "1"})
+    inputs = rp.engine_input(body, state.engine)
+    headers = {"X-Request-Id": ident.request_id}
+    key = ident.idempotency_key
+    tenant_id = caller.tenant.id
+    if key is not None:
+        claim = await state.idempotency.claim(tenant_id, key, fingerprint(request.url.path, json.loads(raw)),
+                                              ident.request_id)
+        if claim.outcome == "mismatch":
+            raise APIError(422, "Idempotency-Key was already used with a different request body",
+                           "idempotency_key_reused", "Idempotency-Key")
+        if claim.outcome == "replay":
+            assert claim.response is not None
+            return StoredResponseSender(claim.response, {"Idempotent-Replayed": "true",
+                                                          "X-Request-Id": claim.request_id or ident.request_id})
+        if claim.outcome == "attach":
+            attached = {"Idempotent-Replayed": "true", "X-Request-Id": claim.request_id or ident.request_id}
+            local = state.runs.by_key.get((tenant_id, key))
+            if local is not None:
+                return RunResponse(local, attached)
+            return FollowResponse(state.idempotency.follow(tenant_id, key), bool(body.stream), attached)
+    if ident.request_id in state.runs.by_id:
+        if key is not None:
+            await state.idempotency.abandon(tenant_id, key)
+        raise APIError(409, f"request id {ident.request_id!r} is already in flight", "duplicate_request_id",
+                       "X-Request-Id")
+    try:
+        return _admit_and_start(state, caller, ident, deadline, now, body, inputs, chat, headers)
+    except APIError:
+        if key is not None:
+            await state.idempotency.abandon(tenant_id, key)
+        raise
+
+
+def _admit_and_start(state: GatewayState, caller: Caller, ident: rp.Identity, deadline: float | None, now: float,
+                     body: rp.CompletionRequest | rp.ChatCompletionRequest, inputs: rp.EngineInput, chat: bool,
+                     headers: dict[str, str]) -> ASGIApp:
+    tenant = caller.tenant
+    limits = QuotaLimits(tenant.tokens_per_minute, tenant.tokens_per_day)
+    n_prompt = len(inputs.prompt_token_ids)
+    verdict = state.admission.admit(tenant.id, n_prompt, inputs.params.max_tokens, deadline, now,
+                                    state.engine.stats(), tenant.max_queued_requests)
+    if isinstance(verdict, Rejection):
+        raise _reject(state, caller, limits, verdict)
+    slot = verdict.slot
+    quota: QuotaDecision | None = None
+    if limits.windows():
+        quota = state.quota.reserve(tenant.id, n_prompt + inputs.params.max_tokens, limits)
+        assert quota is not None
+        if not quota.allowed:
+            slot.release()
+            retry = str(state.admission.retry_after(quota.retry_after_s))
+            raise _refused(state, tenant.id, APIError(
+                429, f"tenant token quota exceeded ({quota.reason or 'insufficient tokens'})", "quota_exceeded",
+                headers={**_quota_headers(quota), "Retry-After": retry}))
+    meta = RequestMeta(tenant_id=tenant.id, api_key_id=caller.key.id, user=body.user, task_id=ident.task_id,
+                       workflow_run_id=ident.workflow_run_id, attempt=ident.attempt, priority=tenant.priority_class,
+                       weight=tenant.weight, deadline=deadline, arrival_time=now)
+    spec = RunSpec(ident.request_id, tenant.id, ident.task_id, Shape(chat, ident.request_id, body.model, int(now)),
+                   bool(body.stream), body.include_usage, ident.idempotency_key)
+    engine = state.engine
+    run = Run(spec, abort=lambda reason: engine.abort(spec.request_id, reason))
+    outputs = engine.generate(inputs.prompt_token_ids, inputs.params, meta, spec.request_id)
+    state.runs.add(run)
+    run.task = asyncio.create_task(_own(state, run, outputs, slot, quota, limits, meta, caller))
+    headers = {**headers, **_quota_headers(quota), "X-Estimated-Start-Ms": str(verdict.estimated_start_ms)}
+    return RunResponse(run, headers)
+
+
+async def _own(state: GatewayState, run: Run, outputs: object, slot: QueueSlot, quota: QuotaDecision | None,
+               limits: QuotaLimits, meta: RequestMeta, caller: Caller) -> None:
+    """Drive the run to its end, then settle quota, write the ledger row and the idempotency record."""
+    spec = run.spec
+    key = spec.idempotency_key
+    publish = None
+    if key is not None and spec.stream:
+        async def publish(chunk: str) -> None:
+            await state.idempotency.append(spec.tenant_id, key, chunk)
+    try:
+        outcome = await drive(run, outputs, slot.start, publish)  # type: ignore[arg-type]
+    except Exception:  # a gateway bug must still end the readers and free the slot
+        log.exception("run %s failed", spec.request_id)
+        run.error = APIError(500, "internal error while generating", "internal_error")
+        run.notify()
+        outcome = Outcome("error", None, None, run.cancelled_by)
+    finally:
+        slot.release()
+        state.runs.remove(run)
+    if run.error is not None and run.error.code == "engine_unavailable":
+        state.engine_failed = True
+    m = outcome.metrics
+    if quota is not None and quota.reservation_id is not None:
+        used = (m.prompt_tokens + m.completion_tokens) if m is not None else 0
+        try:
+            state.quota.settle(spec.tenant_id, quota.reservation_id, used, limits)
+        except Exception:
+            log.warning("quota settle failed for %s", spec.request_id, exc_info=True)
+    if outcome.status != "rejected" or m is not None:
+        _record(state, run, outcome, meta, caller)
+    if key is not None:
+        if run.final is not None and outcome.cancelled_by != "disconnect":
+            await state.idempotency.finish(spec.tenant_id, key, run.final)
+        else:
+            await state.idempotency.abandon(spec.tenant_id, key)
+
+
+def _ms(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else max(end - start, 0.0) * 1000.0
+
+
+def _record(state: GatewayState, run: Run, outcome: Outcome, meta: RequestMeta, caller: Caller) -> None:
+    m = outcome.metrics
+    finished = time.time()
+    status = outcome.status
+    state.metrics.labels.learn(caller.tenant.id, caller.tenant.name)
+    if m is not None:
+        state.metrics.observe_finished(meta.tenant_id, status, m)
+    else:
+        state.metrics.requests.labels(state.metrics.labels.label(meta.tenant_id), status).inc()
+    row = UsageRecord(
+        request_id=run.spec.request_id, tenant_id=meta.tenant_id, api_key_id=caller.key.id, task_id=meta.task_id,
+        workflow_run_id=meta.workflow_run_id, attempt=meta.attempt, model=run.spec.shape.model, status=status,
+        finish_reason=outcome.finish_reason.value if outcome.finish_reason else None,
+        cancel_state=m.cancel_state if m else None, prompt_tokens=m.prompt_tokens if m else 0,
+        cached_tokens=m.cached_tokens if m else 0, completion_tokens=m.completion_tokens if m else 0,
+        charged_service=m.charged_service if m else 0.0, tokens_after_cancel=m.tokens_after_cancel if m else 0,
+        preemptions=m.preemptions if m else 0, recomputed_tokens=m.recomputed_tokens if m else 0,
+        queue_ms=_ms(m.arrival_time, m.first_scheduled_time) if m else None,
+        ttft_ms=_ms(m.arrival_time, m.first_token_time) if m else None,
+        e2e_ms=_ms(m.arrival_time, m.finished_time or finished) if m else None,
+        created_at=datetime.fromtimestamp(meta.arrival_time, UTC), finished_at=datetime.fromtimestamp(finished, UTC),
+    )
+    try:
+        state.ledger.record(row)
+    except Exception:  # the ledger spills on its own; a full buffer must not fail the response
+        log.warning("ledger refused row %s", row.request_id, exc_info=True)

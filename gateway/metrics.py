@@ -1,0 +1,126 @@
+"""Prometheus metrics (DESIGN.md section 7) on a per-app registry, with bounded tenant labels."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+OTHER = "other"
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class TenantLabels:
+    """Maps tenant ids to metric labels: configured tenants by name, everyone else as "other".
+
+    Unbounded label values would let any caller grow the registry without limit.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._names: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def configure(self, tenants: Iterable[tuple[str, str]]) -> None:
+        """Replace the labelled set with (tenant_id, name) pairs, up to the limit."""
+        names = dict(list(tenants)[: self.limit])
+        with self._lock:
+            self._names = names
+
+    def learn(self, tenant_id: str, name: str) -> None:
+        """Label a configured tenant seen on a request, while the limit allows."""
+        if tenant_id in self._names:
+            return
+        with self._lock:
+            if len(self._names) < self.limit:
+                self._names = {**self._names, tenant_id: name}
+
+    def label(self, tenant_id: str) -> str:
+        """The label for one tenant id."""
+        return self._names.get(tenant_id, OTHER)
+
+
+class _EngineCollector(Collector):
+    """Reads engine statistics at scrape time, so gauges are never stale between requests."""
+
+    def __init__(self, stats: Callable[[], Any], labels: TenantLabels) -> None:
+        self._stats = stats
+        self._labels = labels
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        if stats is None:
+            return
+        for name, doc, value in (
+            ("fairserve_batch_size", "Sequences in the last iteration", stats.batch_size),
+            ("fairserve_kv_blocks_used", "KV blocks in use", stats.kv_blocks_used),
+            ("fairserve_kv_blocks_total", "KV blocks in the pool", stats.kv_blocks_total),
+            ("fairserve_iteration_seconds", "Engine iteration time (EWMA)", stats.iteration_seconds),
+            ("fairserve_engine_alive", "1 while the engine loop runs", 1.0 if stats.alive else 0.0),
+        ):
+            yield GaugeMetricFamily(name, doc, value=float(value))
+        waiting = GaugeMetricFamily("fairserve_waiting_requests", "Requests queued in the engine", labels=["tenant"])
+        by_label: dict[str, int] = {}
+        for tenant_id, count in stats.waiting_by_tenant.items():
+            key = self._labels.label(tenant_id)
+            by_label[key] = by_label.get(key, 0) + count
+        for key, count in sorted(by_label.items()):
+            waiting.add_metric([key], float(count))
+        yield waiting
+        for name, doc, value in (
+            ("fairserve_kv_alloc_failures", "KV block allocation failures", stats.kv_alloc_failures),
+            ("fairserve_recomputed_tokens", "Tokens recomputed after preemption", stats.recomputed_tokens_total),
+            ("fairserve_swapped_bytes", "Bytes swapped out by preemption", stats.swapped_bytes_total),
+            ("fairserve_deadline_misses", "Requests that missed their deadline in the engine", stats.deadline_misses),
+        ):
+            yield CounterMetricFamily(name, doc, value=float(value))
+        # The engine reports one total; reason and mode labels keep the DESIGN.md shape.
+        preempt = CounterMetricFamily("fairserve_preemptions", "Preemptions", labels=["reason", "mode"])
+        preempt.add_metric(["any", "any"], float(stats.preemptions_total))
+        yield preempt
+
+
+class GatewayMetrics:
+    """Every fairserve metric of one app, registered on its own registry."""
+
+    def __init__(self, labels: TenantLabels, stats: Callable[[], Any] | None = None) -> None:
+        self.registry = CollectorRegistry()
+        self.labels = labels
+        r = self.registry
+
+        def hist(name: str, doc: str) -> Histogram:
+            return Histogram(name, doc, ["tenant"], registry=r, buckets=_LATENCY_BUCKETS)
+
+        self.ttft = hist("fairserve_ttft_seconds", "Time to first token")
+        self.tpot = hist("fairserve_tpot_seconds", "Time per output token after the first")
+        self.e2e = hist("fairserve_e2e_seconds", "Arrival to last token")
+        self.queue = hist("fairserve_queue_seconds", "Arrival to first scheduled")
+        self.requests = Counter("fairserve_requests", "Finished requests", ["tenant", "status"], registry=r)
+        self.tokens = Counter("fairserve_tokens", "Tokens by kind", ["tenant", "kind"], registry=r)
+        self.charged = Counter("fairserve_charged_service", "Charged fairness service", ["tenant"], registry=r)
+        self.rejections = Counter("fairserve_admission_rejections", "Requests refused at the edge", ["reason"], registry=r)
+        self.cancel_lag = Counter("fairserve_cancel_lag_tokens", "Tokens computed after a cancel signal", registry=r)
+        if stats is not None:
+            r.register(_EngineCollector(stats, labels))
+
+    def observe_finished(self, tenant_id: str, status: str, m: Any) -> None:
+        """Record one finished engine request from its RequestMetrics."""
+        t = self.labels.label(tenant_id)
+        self.requests.labels(t, status).inc()
+        self.tokens.labels(t, "prompt").inc(m.prompt_tokens)
+        self.tokens.labels(t, "cached").inc(m.cached_tokens)
+        self.tokens.labels(t, "completion").inc(m.completion_tokens)
+        self.charged.labels(t).inc(max(m.charged_service, 0.0))
+        self.cancel_lag.inc(m.tokens_after_cancel)
+        if m.first_scheduled_time is not None:
+            self.queue.labels(t).observe(max(m.first_scheduled_time - m.arrival_time, 0.0))
+        if m.first_token_time is not None:
+            self.ttft.labels(t).observe(max(m.first_token_time - m.arrival_time, 0.0))
+            if m.finished_time is not None and m.completion_tokens > 1:
+                self.tpot.labels(t).observe(max(m.finished_time - m.first_token_time, 0.0) / (m.completion_tokens - 1))
+        if m.finished_time is not None:
+            self.e2e.labels(t).observe(max(m.finished_time - m.arrival_time, 0.0))

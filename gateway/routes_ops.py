@@ -1,0 +1,37 @@
+"""Operational routes: Prometheus metrics, liveness, readiness."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.state import GatewayState
+
+
+async def metrics(request: Request) -> Response:
+    """GET /metrics."""
+    state: GatewayState = request.app.state.gateway
+    await run_in_threadpool(state.refresh_tenant_labels)
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def healthz(request: Request) -> JSONResponse:
+    """GET /healthz: the process answers."""
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> JSONResponse:
+    """GET /readyz: 200 when the engine loop runs, the database answers and the gateway admits."""
+    state: GatewayState = request.app.state.gateway
+    ok, checks = await run_in_threadpool(state.ready)
+    return JSONResponse({"ready": ok, "checks": checks}, status_code=200 if ok else 503)
+
+
+routes = [
+    Route("/metrics", metrics, methods=["GET"]),
+    Route("/healthz", healthz, methods=["GET"]),
+    Route("/readyz", readyz, methods=["GET"]),
+]

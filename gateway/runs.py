@@ -1,0 +1,215 @@
+"""A Run drives one engine request and fans its output out to every HTTP reader.
+
+The owner's request and any idempotent retries that attach while it runs read the same Run, so
+exactly one engine request serves them all. When the last reader disconnects before the end,
+the engine request is aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from engine import (
+    DuplicateRequestError,
+    EngineDeadError,
+    FinishReason,
+    InvalidRequestError,
+    PromptTooLongError,
+    RequestMetrics,
+    RequestOutput,
+)
+from gateway.errors import APIError, error_body
+from gateway.idempotency import StoredResponse
+from gateway.openai_format import DONE, Shape
+
+
+@dataclass
+class RunSpec:
+    """Everything a Run needs to know about the response it produces."""
+
+    request_id: str
+    tenant_id: str
+    task_id: str | None
+    shape: Shape
+    stream: bool
+    include_usage: bool
+    idempotency_key: str | None = None
+
+
+@dataclass
+class Outcome:
+    """How a Run ended, for the ledger and metrics."""
+
+    status: str  # completed | cancelled | deadline | rejected | error
+    finish_reason: FinishReason | None
+    metrics: RequestMetrics | None
+    cancelled_by: str | None
+
+
+_STATUS = {
+    FinishReason.STOP: "completed",
+    FinishReason.LENGTH: "completed",
+    FinishReason.CANCELLED: "cancelled",
+    FinishReason.DEADLINE: "deadline",
+    FinishReason.REJECTED: "rejected",
+    FinishReason.ERROR: "error",
+}
+
+
+@dataclass
+class Run:
+    """One engine request in flight and what its readers have been sent so far."""
+
+    spec: RunSpec
+    chunks: list[str] = field(default_factory=list)  # SSE payloads, stream only
+    final: StoredResponse | None = None
+    error: APIError | None = None
+    readers: int = 0
+    started: bool = False  # first output arrived
+    cancelled_by: str | None = None
+    abort: Callable[[str], object] = lambda reason: None
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def done(self) -> bool:
+        """True once the final response or an error is known."""
+        return self.final is not None or self.error is not None
+
+    def notify(self) -> None:
+        """Wake every reader: chunks, the final response or the error changed."""
+        old, self._changed = self._changed, asyncio.Event()
+        old.set()
+
+    def changed(self) -> asyncio.Event:
+        """The event set at the next change of chunks, final response or error.
+
+        Callers take it synchronously right after checking the state and then await it; awaiting a
+        coroutine that looked the event up later could miss a change made in between.
+        """
+        return self._changed
+
+    def cancel(self, reason: str) -> None:
+        """Ask the engine to stop this request at the next iteration."""
+        if not self.done and self.cancelled_by is None:
+            self.cancelled_by = reason
+            self.abort(reason)
+
+    def reader_left(self) -> None:
+        """A reader went away; with none left, nobody wants the tokens."""
+        self.readers -= 1
+        if self.readers <= 0 and not self.done:
+            self.cancel("disconnect")
+
+
+Publish = Callable[[str], Awaitable[None]]
+
+
+async def drive(
+    run: Run,
+    outputs: AsyncIterator[RequestOutput],
+    on_first: Callable[[], None],
+    publish: Publish | None,
+) -> Outcome:
+    """Consume the engine's outputs into `run`; returns how it ended. Never raises for engine failures."""
+    spec = run.spec
+    last: RequestOutput | None = None
+    try:
+        async for out in outputs:
+            if not run.started:
+                run.started = True
+                on_first()
+            if spec.stream and (out.delta_text or out.finished or not run.chunks):
+                reason = out.finish_reason if out.finished else None
+                chunk = spec.shape.chunk(out.delta_text, reason, first=not run.chunks)
+                run.chunks.append(chunk)
+                if publish is not None:
+                    await publish(chunk)
+            last = out
+            run.notify()
+    except DuplicateRequestError as exc:
+        run.error = APIError(409, str(exc), "duplicate_request_id", "X-Request-Id")
+        run.notify()
+        return Outcome("rejected", None, None, None)
+    except PromptTooLongError as exc:
+        run.error = APIError(400, str(exc), "context_length_exceeded", exc.field_name)
+        run.notify()
+        return Outcome("rejected", None, None, None)
+    except InvalidRequestError as exc:
+        run.error = APIError(400, str(exc), "invalid_value", exc.field_name)
+        run.notify()
+        return Outcome("rejected", None, None, None)
+    except EngineDeadError:
+        run.error = APIError(503, "the engine stopped; retry on another replica", "engine_unavailable",
+                             headers={"Retry-After": "1"})
+        run.notify()
+        return Outcome("error", FinishReason.ERROR, last.metrics if last else None, run.cancelled_by)
+    finally:
+        aclose = getattr(outputs, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    if last is None or not last.finished:
+        run.error = APIError(503, "the engine ended the request without a result", "engine_unavailable")
+        run.notify()
+        return Outcome("error", FinishReason.ERROR, last.metrics if last else None, run.cancelled_by)
+    run.final = _final(run, last)
+    run.notify()
+    return Outcome(_STATUS[last.finish_reason or FinishReason.ERROR], last.finish_reason, last.metrics,
+                   run.cancelled_by)
+
+
+def _final(run: Run, last: RequestOutput) -> StoredResponse:
+    spec = run.spec
+    headers = {"X-Request-Id": spec.request_id}
+    if spec.stream:
+        tail = [spec.shape.usage_chunk(last.metrics)] if spec.include_usage else []
+        return StoredResponse(200, "sse", [*run.chunks, *tail, DONE], headers)
+    if last.finish_reason is FinishReason.DEADLINE:
+        body = error_body(504, "the deadline passed before the request finished", "deadline_exceeded")
+        return StoredResponse(504, "json", [json.dumps(body)], headers)
+    if last.finish_reason is FinishReason.ERROR:
+        body = error_body(500, "the engine failed while generating", "engine_error")
+        return StoredResponse(500, "json", [json.dumps(body)], headers)
+    return StoredResponse(200, "json", [spec.shape.body(last.text, last.finish_reason, last.metrics)], headers)
+
+
+class RunRegistry:
+    """Live runs of this process, by request id and by (tenant, idempotency key)."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, Run] = {}
+        self.by_key: dict[tuple[str, str], Run] = {}
+
+    def add(self, run: Run) -> None:
+        """Register a live run."""
+        self.by_id[run.spec.request_id] = run
+        if run.spec.idempotency_key is not None:
+            self.by_key[(run.spec.tenant_id, run.spec.idempotency_key)] = run
+
+    def remove(self, run: Run) -> None:
+        """Forget a finished run."""
+        self.by_id.pop(run.spec.request_id, None)
+        if run.spec.idempotency_key is not None:
+            self.by_key.pop((run.spec.tenant_id, run.spec.idempotency_key), None)
+
+    def owned(self, tenant_id: str, request_id: str) -> Run | None:
+        """The tenant's live run with that id; another tenant's run is invisible."""
+        run = self.by_id.get(request_id)
+        return run if run is not None and run.spec.tenant_id == tenant_id else None
+
+    def of_task(self, tenant_id: str, task_id: str) -> list[Run]:
+        """The tenant's live runs carrying `task_id`."""
+        return [r for r in self.by_id.values() if r.spec.tenant_id == tenant_id and r.spec.task_id == task_id]
+
+    async def wait_idle(self, deadline: float) -> bool:
+        """Wait (bounded by the monotonic `deadline`) until no run is live; True when idle."""
+        while self.by_id and time.monotonic() < deadline:
+            waits = [asyncio.ensure_future(r.changed().wait()) for r in self.by_id.values()]
+            await asyncio.wait(waits, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+        return not self.by_id

@@ -1,0 +1,208 @@
+"""OpenAI request bodies for completions and chat completions, validated strictly at the edge.
+
+Unknown fields are refused (naming the field) but the fields OpenAI clients commonly send are
+accepted when they hold the value that means "feature off", so an unchanged client works.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from engine.request import SamplingParams
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    """`stream_options`: only `include_usage` is meaningful here."""
+
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class TextPart(_Strict):
+    """One text part of a multi-part chat message content."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    """A chat turn. Tool calls and images are not supported by the serving engine."""
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        """The content as one string."""
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+def _off(value: Any, off: tuple[Any, ...], field: str, what: str) -> Any:
+    if value not in off:
+        raise ValueError(f"{field}={value!r} is not supported ({what})")
+    return value
+
+
+class _Sampling(_Strict):
+    """Fields shared by both endpoints."""
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    n: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, v: int | None) -> int | None:
+        return _off(v, (None, 1), "n", "only one choice per request")
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, v: float | None) -> float | None:
+        return _off(v, (None, 0, 0.0), "penalty", "only 0 is supported")
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v:
+            raise ValueError("logit_bias is not supported")
+        return v
+
+    def sampling(self, max_tokens: int | None) -> SamplingParams:
+        """SamplingParams for the engine; OpenAI defaults where the body is silent."""
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return SamplingParams(
+            max_tokens=16 if max_tokens is None else max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            seed=self.seed,
+            stop=stop,
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether the final stream chunk carries usage."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Sampling):
+    """`POST /v1/completions`."""
+
+    prompt: str | list[int] | list[str]
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v: str | list[int] | list[str]) -> str | list[int] | list[str]:
+        if isinstance(v, list) and v and isinstance(v[0], str) and len(v) != 1:
+            raise ValueError("batched prompts are not supported; send one prompt per request")
+        if isinstance(v, list) and not v:
+            raise ValueError("prompt must not be empty")
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: int | None) -> int | None:
+        return _off(v, (None,), "logprobs", "log probabilities are not returned")
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v: bool) -> bool:
+        return _off(v, (False,), "echo", "the prompt is not echoed")
+
+    @field_validator("best_of")
+    @classmethod
+    def _no_best_of(cls, v: int | None) -> int | None:
+        return _off(v, (None, 1), "best_of", "only one candidate per request")
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: str | None) -> str | None:
+        return _off(v, (None, ""), "suffix", "insertion is not supported")
+
+
+class ResponseFormat(_Strict):
+    """`response_format`: plain text only."""
+
+    type: Literal["text"]
+
+
+class ChatCompletionRequest(_Sampling):
+    """`POST /v1/chat/completions`."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto"] | None = None
+    parallel_tool_calls: bool | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: bool | None) -> bool | None:
+        return _off(v, (None, False), "logprobs", "log probabilities are not returned")
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_top_logprobs(cls, v: int | None) -> int | None:
+        return _off(v, (None, 0), "top_logprobs", "log probabilities are not returned")
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if v:
+            raise ValueError("tools are not supported by this server")
+        return v
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """`max_completion_tokens` (the newer name) wins over `max_tokens`."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+# Union branches and validators appear in error locations; field names are snake_case or indices.
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|(list|dict|function-\w+)\[.*\]|[A-Z]\w*)$")
+
+
+def first_error(exc: ValidationError) -> tuple[str, str]:
+    """(param, message) for the first validation error, the param as a dotted path."""
+    err = exc.errors(include_url=False)[0]
+    loc = [str(p) for p in err["loc"] if not _UNION_TAG.match(str(p))]
+    param = ".".join(loc) or None
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return param or "body", f"Unrecognized request argument supplied: {param}"
+    if kind == "missing":
+        return param or "body", f"Missing required parameter: '{param}'"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return param or "body", f"Invalid value for '{param}': {msg}" if param else msg

@@ -1,0 +1,53 @@
+"""GatewaySettings: every knob of one gateway process, built from CLI flags and validated at the edge."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from admission.controller import AdmissionSettings
+from admission.queues import QueueBounds
+from engine.config import EngineConfig
+
+
+class GatewaySettings(BaseModel):
+    """Where the gateway listens, what it stores where, and its admission and engine budgets."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    data_dir: Path = Path("./fairserve-data")
+    db_url: str | None = None  # None: SQLite file in data_dir
+    redis_url: str | None = None  # None: in-memory idempotency and quotas
+    model: str | None = None  # None: the embedded default model
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    max_queued_requests: int = Field(default=256, ge=1)
+    max_queued_tokens: int = Field(default=131072, ge=1)
+    default_tenant_queued_requests: int = Field(default=64, ge=1)
+    retry_jitter: float = Field(default=0.25, ge=0.0, le=1.0)
+    idempotency_ttl_s: float = Field(default=86400.0, gt=0)
+    grace_period_s: float = Field(default=10.0, ge=0)
+    key_cache_ttl_s: float = Field(default=5.0, gt=0)
+    demo_tenant: str = "demo"  # created with a key on first start so the printed api_key works
+    metrics_tenants: int = Field(default=50, ge=0)  # tenants given their own metric labels
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_valid(cls, value: EngineConfig) -> EngineConfig:
+        value.validate()
+        return value
+
+    def admission_settings(self) -> AdmissionSettings:
+        """The admission layer's view of these settings."""
+        return AdmissionSettings(
+            bounds=QueueBounds(
+                max_queued_requests=self.max_queued_requests,
+                max_queued_tokens=self.max_queued_tokens,
+                default_tenant_queued_requests=self.default_tenant_queued_requests,
+            ),
+            retry_jitter=self.retry_jitter,
+            fair_policy=self.engine.fairness.policy != "fcfs",
+        )

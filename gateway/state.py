@@ -1,0 +1,109 @@
+"""GatewayState: the long-lived parts of one gateway process, built at startup and closed at shutdown."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from admission.controller import AdmissionController
+from admission.quota import make_quota
+from billing import BillingStore, Database, KeyCache, Ledger, LedgerConfig, default_db_url
+from engine import AsyncEngine
+from gateway.admin_rejections import RejectionLog
+from gateway.auth import ensure_admin_token
+from gateway.idempotency import IdempotencyStore, make_idempotency_store
+from gateway.metrics import GatewayMetrics, TenantLabels
+from gateway.runs import RunRegistry
+from gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+TENANT_REFRESH_S = 10.0
+
+
+@dataclass
+class GatewayState:
+    """Engine, stores, admission and metrics shared by every request of one app."""
+
+    settings: GatewaySettings
+    engine: AsyncEngine
+    owns_engine: bool
+    db: Database
+    store: BillingStore
+    keys: KeyCache
+    ledger: Ledger
+    quota: Any
+    idempotency: IdempotencyStore
+    admission: AdmissionController
+    metrics: GatewayMetrics
+    admin_token: str
+    runs: RunRegistry = field(default_factory=RunRegistry)
+    rejections: RejectionLog = field(default_factory=RejectionLog)  # recent ones, for /admin
+    draining: bool = False
+    engine_failed: bool = False
+    _tenants_at: float = 0.0
+
+    def refresh_tenant_labels(self, force: bool = False) -> None:
+        """Re-read configured tenants for metric labels (cheap, at most every few seconds)."""
+        now = time.monotonic()
+        if not force and now - self._tenants_at < TENANT_REFRESH_S:
+            return
+        self._tenants_at = now
+        try:
+            self.metrics.labels.configure((t.id, t.name) for t in self.store.list_tenants())
+        except Exception:  # labels are cosmetic; a database hiccup must not fail a scrape
+            log.warning("could not refresh tenant labels", exc_info=True)
+
+    def ready(self) -> tuple[bool, dict[str, bool]]:
+        """Readiness and its parts: engine loop alive, database reachable, admitting."""
+        checks = {
+            "engine": self.engine.is_alive and not self.engine_failed,
+            "database": bool(self.db.ping()),
+            "admitting": not self.draining,
+        }
+        return all(checks.values()), checks
+
+
+def build_state(settings: GatewaySettings, engine: AsyncEngine | None) -> GatewayState:
+    """Open the database (migrated), ledger, stores, and the engine unless one is given."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    db = Database(settings.db_url or default_db_url(settings.data_dir))
+    db.upgrade()
+    store = BillingStore(db)
+    owns_engine = engine is None
+    if engine is None:
+        engine = AsyncEngine(settings.engine)
+        engine.start()
+    labels = TenantLabels(settings.metrics_tenants)
+    metrics = GatewayMetrics(labels, engine.stats)
+    ledger = Ledger(db, LedgerConfig(data_dir=str(settings.data_dir)), registry=metrics.registry)
+    ledger.start()
+    state = GatewayState(
+        settings=settings,
+        engine=engine,
+        owns_engine=owns_engine,
+        db=db,
+        store=store,
+        keys=KeyCache(store, ttl_s=settings.key_cache_ttl_s),
+        ledger=ledger,
+        quota=make_quota(settings.redis_url),
+        idempotency=make_idempotency_store(settings.redis_url, settings.idempotency_ttl_s),
+        admission=AdmissionController(settings.admission_settings()),
+        metrics=metrics,
+        admin_token=ensure_admin_token(settings.data_dir),
+    )
+    state.refresh_tenant_labels(force=True)
+    return state
+
+
+async def close_state(state: GatewayState) -> None:
+    """Flush the ledger and release stores; stop the engine if this app started it."""
+    if state.owns_engine:
+        state.engine.shutdown(timeout_s=state.settings.grace_period_s)
+    state.ledger.close(timeout_s=10.0)
+    await state.idempotency.close()
+    close = getattr(state.quota, "close", None)
+    if callable(close):
+        close()
+    state.db.dispose()
