@@ -87,6 +87,7 @@ class EngineStats:
     max_num_batched_tokens: int = 0
     max_num_seqs: int = 0
     preemptions_total: int = 0
+    preemptions_by_kind: dict[str, int] = field(default_factory=dict)  # "reason/mode" -> count
     recomputed_tokens_total: int = 0
     swapped_bytes_total: int = 0
     kv_alloc_failures: int = 0

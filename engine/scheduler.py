@@ -11,60 +11,13 @@ import bisect
 import heapq
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 from engine.kv_cache import BlockPool
 from engine.request import FinishReason, Preemption, Request, RequestState
+from engine.scheduler_output import ScheduledChunk, SchedulerConfig, SchedulerOutput, SwapFn
 from fairness.base import SchedulingPolicy
 
-
-@dataclass
-class SchedulerConfig:
-    """The budgets one iteration must respect."""
-
-    max_num_batched_tokens: int = 512
-    max_num_seqs: int = 64
-    max_model_len: int = 2048
-    watermark_blocks: int = 0
-    preemption_mode: str = "recompute"
-    # Static request-level batching (the essay's "photograph"): admit only when the batch is empty.
-    request_batching: bool = False
-
-
-@dataclass(slots=True)
-class ScheduledChunk:
-    """`length` tokens of `request`, starting at position `start`, computed this iteration."""
-
-    request: Request
-    start: int
-    length: int
-
-    @property
-    def samples(self) -> bool:
-        """True when this chunk reaches the end of the request's tokens, so a token is sampled."""
-        return self.start + self.length == self.request.num_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    """What one iteration runs, plus what the scheduler ended or preempted while deciding."""
-
-    iteration: int
-    chunks: list[ScheduledChunk] = field(default_factory=list)
-    preempted: list[tuple[Request, Preemption]] = field(default_factory=list)
-    finished: list[Request] = field(default_factory=list)
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    cached_tokens: int = 0
-
-    @property
-    def num_batched_tokens(self) -> int:
-        """Tokens in the forward pass."""
-        return sum(c.length for c in self.chunks)
-
-
-# Swap hooks: (request) -> bytes moved. Set by the engine when preemption_mode == "swap".
-SwapFn = Callable[[Request], int]
+__all__ = ["ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "SwapFn"]
 
 
 class Scheduler:
@@ -85,6 +38,7 @@ class Scheduler:
         self.swap_in: SwapFn | None = None
         # Counters for stats and metrics.
         self.preemptions_total = 0
+        self.preemptions_by_kind: dict[tuple[str, str], int] = {}
         self.recomputed_tokens_total = 0
         self.swapped_bytes_total = 0
         self.deadline_misses = {"waiting": 0, "running": 0}
@@ -334,6 +288,8 @@ class Scheduler:
         record.seconds = time.perf_counter() - t0
         victim.preemptions.append(record)
         self.preemptions_total += 1
+        kind = (record.reason, record.mode)
+        self.preemptions_by_kind[kind] = self.preemptions_by_kind.get(kind, 0) + 1
         self.policy.add(victim, now, front=True)
         out.preempted.append((victim, record))
 

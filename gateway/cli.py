@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib.metadata import entry_points
 
 # Modules that define `register(subparsers)`; each adds its subcommands with a `func` default.
 COMMAND_MODULES = (
@@ -12,8 +13,10 @@ COMMAND_MODULES = (
     "gateway.cli_model",  # model init
     "gateway.cli_billing",  # db, tenants, keys, usage
     "gateway.cli_sim",  # sim
-    "gateway.cli_bench",  # bench
 )
+# Layers above the gateway (bench) plug their subcommands in through this entry-point group, so the
+# gateway never imports them.
+PLUGIN_GROUP = "fairserve.commands"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(sub)
+    for plugin in entry_points(group=PLUGIN_GROUP):
+        plugin.load()(sub)
     return parser
 
 

@@ -80,7 +80,9 @@ class _EngineCollector(Collector):
             yield CounterMetricFamily(name, doc, value=float(value))
         # The engine reports one total; reason and mode labels keep the DESIGN.md shape.
         preempt = CounterMetricFamily("fairserve_preemptions", "Preemptions", labels=["reason", "mode"])
-        preempt.add_metric(["any", "any"], float(stats.preemptions_total))
+        for kind, count in sorted(stats.preemptions_by_kind.items()):
+            reason, _, mode = kind.partition("/")
+            preempt.add_metric([reason, mode], float(count))
         yield preempt
 
 

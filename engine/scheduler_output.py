@@ -1,0 +1,57 @@
+"""The data a scheduler iteration produces: its budgets, the chunks it scheduled, what it preempted."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.request import Preemption, Request
+
+
+@dataclass
+class SchedulerConfig:
+    """The budgets one iteration must respect."""
+
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    max_model_len: int = 2048
+    watermark_blocks: int = 0
+    preemption_mode: str = "recompute"
+    # Static request-level batching (the essay's "photograph"): admit only when the batch is empty.
+    request_batching: bool = False
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    """`length` tokens of `request`, starting at position `start`, computed this iteration."""
+
+    request: Request
+    start: int
+    length: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the end of the request's tokens, so a token is sampled."""
+        return self.start + self.length == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """What one iteration runs, plus what the scheduler ended or preempted while deciding."""
+
+    iteration: int
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[tuple[Request, Preemption]] = field(default_factory=list)
+    finished: list[Request] = field(default_factory=list)
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Tokens in the forward pass."""
+        return sum(c.length for c in self.chunks)
+
+
+# Swap hooks: (request) -> bytes moved. Set by the engine when preemption_mode == "swap".
+SwapFn = Callable[[Request], int]

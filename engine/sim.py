@@ -1,0 +1,293 @@
+"""The simulator: the real `Scheduler` driven by a virtual clock and a cost model instead of a model.
+
+Each iteration the scheduler builds its batch exactly as in the engine; instead of a forward pass
+the clock advances by `a + b·batched tokens + c·context tokens` seconds and every sampling chunk
+"samples" a fixed non-stop token, so a request ends by length (or deadline, or cancellation).
+Work per iteration is O(batch): arrivals are fed from a sorted list, requests are built when they
+arrive, and finished ones are reduced to a small record.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from engine.config import FairnessSettings
+from engine.kv_cache import BlockPool
+from engine.policy import build_policy
+from engine.request import FinishReason, Request, RequestMeta, SamplingParams
+from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from fairness.base import SchedulingPolicy
+
+
+class SimulationError(ValueError):
+    """A simulator configuration or workload that cannot run; the message names the field."""
+
+
+@dataclass
+class CostModel:
+    """Iteration seconds = a + b·(tokens in the batch) + c·(context tokens the batch attends over)."""
+
+    a: float = 0.004
+    b: float = 0.00005
+    c: float = 0.0000002
+
+    def seconds(self, batched_tokens: int, context_tokens: int) -> float:
+        """Duration of one iteration."""
+        return self.a + self.b * batched_tokens + self.c * context_tokens
+
+
+@dataclass
+class SimConfig:
+    """Budgets, cache geometry, policy and cost model of one simulated engine."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int = 1 << 20
+    num_blocks: int = 8192
+    block_size: int = 16
+    enable_prefix_caching: bool = False  # simulated prompts are placeholders, so hits would be fiction
+    watermark_blocks: int = 0
+    preemption_mode: str = "recompute"  # recompute | swap
+    swap_space_blocks: int = 1024  # bounded host buffer, in blocks
+    bytes_per_block: int = 2 * 22 * 16 * 4 * 64 * 2  # k+v · layers · block · kv heads · head dim · fp16
+    request_batching: bool = False  # static request-level batches (admit only into an empty batch)
+    fairness: FairnessSettings = field(default_factory=FairnessSettings)
+    cost: CostModel = field(default_factory=CostModel)
+    max_idle_iterations: int = 10_000  # consecutive empty iterations before the run is declared stalled
+
+    def validate(self) -> None:
+        """Raise SimulationError naming the first bad setting."""
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "num_blocks", "block_size"):
+            if getattr(self, name) < 1:
+                raise SimulationError(f"{name} must be >= 1")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise SimulationError("preemption_mode must be recompute or swap")
+        if self.watermark_blocks < 0 or self.swap_space_blocks < 0:
+            raise SimulationError("watermark_blocks and swap_space_blocks must be >= 0")
+        if min(self.cost.a, self.cost.b, self.cost.c) < 0 or self.cost.seconds(1, 1) <= 0:
+            raise SimulationError("cost model constants must be >= 0 and give a positive iteration time")
+
+
+@dataclass
+class SimRequest:
+    """One request of a simulated workload: who sends it, when, and how many tokens in and out."""
+
+    name: str
+    tenant: str = "default"
+    arrival: float = 0.0
+    prompt_tokens: int = 1
+    output_tokens: int = 1
+    priority: int = 0
+    weight: float = 1.0
+    deadline: float | None = None
+
+
+@dataclass(slots=True)
+class Completion:
+    """What became of a simulated request."""
+
+    name: str
+    tenant: str
+    arrival: float
+    first_scheduled: float | None
+    first_token: float | None
+    finished: float
+    reason: FinishReason
+    output_tokens: int
+    preemptions: int
+    recomputed_tokens: int
+
+
+@dataclass
+class SimResult:
+    """Totals of one run plus per-request completions and (optionally) sampled service per tenant."""
+
+    iterations: int = 0
+    clock: float = 0.0
+    request_iterations: int = 0  # one running request advanced by one iteration
+    batched_tokens: int = 0
+    output_tokens: int = 0
+    wall_seconds: float = 0.0
+    intake_seconds: float = 0.0  # part of wall_seconds spent building and queueing arrivals
+    completions: dict[str, Completion] = field(default_factory=dict)
+    service_samples: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    max_service_difference: float = 0.0
+    preemptions: int = 0
+    swapped_bytes: int = 0
+    recomputed_tokens: int = 0
+    deadline_misses: dict[str, int] = field(default_factory=dict)
+    deadline_wasted_tokens: int = 0
+    block_waits: int = 0
+
+    @property
+    def rate(self) -> float:
+        """Simulated request-iterations per second of wall time."""
+        return self.request_iterations / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def seconds_per_iteration(self) -> float:
+        """Wall seconds per iteration, arrivals excluded (what must not grow with the backlog)."""
+        return (self.wall_seconds - self.intake_seconds) / self.iterations if self.iterations else 0.0
+
+
+class _AnyToken(dict[str, int]):
+    """The 'sampled tokens' of a simulated iteration: every request samples token 1 (never a stop token)."""
+
+    def __missing__(self, key: str) -> int:
+        return 1
+
+
+IterationHook = Callable[["Simulator", SchedulerOutput], None]
+
+
+class Simulator:
+    """Runs a workload through a real Scheduler on a virtual clock."""
+
+    def __init__(self, config: SimConfig | None = None, policy: SchedulingPolicy[Request] | None = None) -> None:
+        self.config = config = config or SimConfig()
+        config.validate()
+        self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.policy = policy if policy is not None else build_policy(config.fairness)
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
+            max_model_len=config.max_model_len, watermark_blocks=config.watermark_blocks,
+            preemption_mode=config.preemption_mode, request_batching=config.request_batching,
+        ), self.pool, self.policy)
+        self.scheduler.swap_out = self._swap_out
+        self.scheduler.swap_in = self._swap_in
+        self._swapped: dict[str, int] = {}  # request id -> blocks held in the host buffer
+        self._prompts: dict[int, list[int]] = {}
+        self._specs: dict[str, SimRequest] = {}
+        self.clock = 0.0
+
+    # -- workload ---------------------------------------------------------------------------
+    def make_request(self, spec: SimRequest) -> Request:
+        """The engine Request for `spec` (prompts are shared placeholder lists; never mutated)."""
+        if spec.prompt_tokens < 1 or spec.output_tokens < 1:
+            raise SimulationError(f"request {spec.name!r}: prompt_tokens and output_tokens must be >= 1")
+        prompt = self._prompts.get(spec.prompt_tokens)
+        if prompt is None:
+            prompt = self._prompts[spec.prompt_tokens] = [1] * spec.prompt_tokens
+        meta = RequestMeta(tenant_id=spec.tenant, priority=spec.priority, weight=spec.weight,
+                           deadline=spec.deadline, arrival_time=spec.arrival)
+        return Request(spec.name, prompt, SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True), meta)
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self, workload: Iterable[SimRequest], until: float | None = None, max_iterations: int | None = None,
+            service_every: float | None = None, track_service: bool = False,
+            on_iteration: IterationHook | None = None) -> SimResult:
+        """Simulate until every request ended, or until the clock passes `until`, or `max_iterations` ran.
+
+        `service_every` samples charged service per tenant every that many simulated seconds;
+        `track_service` keeps the maximum pairwise service difference, checked every iteration (O(tenants)).
+        """
+        specs = sorted(workload, key=lambda r: r.arrival)
+        names = set()
+        for spec in specs:
+            if spec.name in names or spec.name in self._specs:
+                raise SimulationError(f"duplicate request name {spec.name!r}")
+            names.add(spec.name)
+        result = SimResult()
+        sched = self.scheduler
+        # The loop makes no reference cycles; the collector's full passes over a large backlog would
+        # otherwise make each iteration's cost grow with the number of waiting requests.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        wall0 = time.perf_counter()
+        try:
+            self._loop(specs, result, until, max_iterations, service_every, track_service, on_iteration)
+        finally:
+            result.wall_seconds = time.perf_counter() - wall0
+            if gc_was_enabled:
+                gc.enable()
+        result.clock = self.clock
+        result.preemptions = sched.preemptions_total
+        result.swapped_bytes = sched.swapped_bytes_total
+        result.recomputed_tokens = sched.recomputed_tokens_total
+        result.deadline_misses = dict(sched.deadline_misses)
+        result.deadline_wasted_tokens = sched.deadline_wasted_tokens
+        result.block_waits = sched.block_waits_total
+        return result
+
+    def _loop(self, specs: list[SimRequest], result: SimResult, until: float | None, max_iterations: int | None,
+              service_every: float | None, track_service: bool, on_iteration: IterationHook | None) -> None:
+        sched, cost = self.scheduler, self.config.cost
+        sampled, no_stop = _AnyToken(), frozenset[int]()
+        next_sample = self.clock if service_every else None
+        i, idle = 0, 0
+        while True:
+            if i < len(specs) and specs[i].arrival <= self.clock:
+                t0 = time.perf_counter()
+                while i < len(specs) and specs[i].arrival <= self.clock:
+                    spec = specs[i]
+                    self._specs[spec.name] = spec
+                    sched.add(self.make_request(spec), self.clock)
+                    i += 1
+                result.intake_seconds += time.perf_counter() - t0
+            if not sched.has_unfinished():
+                if i == len(specs):
+                    break
+                self.clock = specs[i].arrival
+                continue
+            if (until is not None and self.clock >= until) or (max_iterations is not None
+                                                              and result.iterations >= max_iterations):
+                break
+            out = sched.schedule(self.clock)
+            chunks = out.chunks
+            if not chunks:
+                idle += 1
+                if idle > self.config.max_idle_iterations:
+                    raise SimulationError(f"stalled: {sched.num_waiting} requests wait but nothing can run "
+                                          f"(num_blocks={self.config.num_blocks} too small?)")
+            else:
+                idle = 0
+            context = 0
+            for c in chunks:
+                context += c.start + c.length
+            batched = out.prefill_tokens + out.decode_tokens
+            self.clock += cost.seconds(batched, context)
+            finished = sched.update(out, sampled, no_stop, now=self.clock)
+            result.iterations += 1
+            result.request_iterations += len(chunks)
+            result.batched_tokens += batched
+            for request in out.finished:
+                self._complete(request, result)
+            for request in finished:
+                self._complete(request, result)
+            if track_service:
+                values = self.policy.service().values()
+                if len(values) > 1:
+                    result.max_service_difference = max(result.max_service_difference, max(values) - min(values))
+            if next_sample is not None and service_every and self.clock >= next_sample:
+                result.service_samples.append((self.clock, dict(self.policy.service())))
+                next_sample += service_every * max(1, int((self.clock - next_sample) // service_every) + 1)
+            if on_iteration is not None:
+                on_iteration(self, out)
+
+    def service(self) -> Mapping[str, float]:
+        """Charged service by fairness key so far."""
+        return self.policy.service()
+
+    def _complete(self, request: Request, result: SimResult) -> None:
+        spec = self._specs.pop(request.request_id)
+        self._swapped.pop(request.request_id, None)
+        assert request.finish_reason is not None and request.finished_time is not None
+        result.output_tokens += len(request.output_token_ids)
+        result.completions[spec.name] = Completion(
+            spec.name, spec.tenant, spec.arrival, request.first_scheduled_time, request.first_token_time,
+            request.finished_time, request.finish_reason, len(request.output_token_ids), len(request.preemptions),
+            request.recomputed_tokens)
+
+    # -- swap preemption against a bounded host buffer ---------------------------------------
+    def _swap_out(self, request: Request) -> int:
+        blocks = -(-request.num_computed_tokens // self.config.block_size)
+        if sum(self._swapped.values()) + blocks > self.config.swap_space_blocks:
+            return -1  # buffer full: the scheduler falls back to recompute
+        self._swapped[request.request_id] = blocks
+        return blocks * self.config.bytes_per_block
+
+    def _swap_in(self, request: Request) -> int:
+        return self._swapped.pop(request.request_id, 0) * self.config.bytes_per_block
