@@ -83,6 +83,7 @@ class _Server(uvicorn.Server):
 def serve(args: argparse.Namespace) -> int:
     """Run the server until SIGINT/SIGTERM."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # migration chatter drowns the banner
     try:
         settings = settings_from_args(args)
     except (ValidationError, ValueError) as exc:
