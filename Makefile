@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint bench clean
+.PHONY: serve test lint bench bench-litellm clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -20,8 +20,19 @@ serve: $(STAMP)
 test: $(STAMP)
 	bash scripts/test.sh
 
+bench: $(STAMP)
+	$(BIN)/fairserve bench --quick --out artifacts/bench
+
+# litellm's proxy pins versions that clash with transformers 5, so it gets a virtualenv of its own.
+.venv-litellm/bin/litellm:
+	$(PY) -m venv .venv-litellm
+	.venv-litellm/bin/pip install -q 'litellm[proxy]!=1.82.7,!=1.82.8'
+
+bench-litellm: $(STAMP) .venv-litellm/bin/litellm
+	FAIRSERVE_LITELLM_BIN=.venv-litellm/bin/litellm $(BIN)/fairserve bench --quick --out artifacts/bench
+
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-litellm .pytest_cache .mypy_cache .ruff_cache

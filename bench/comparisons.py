@@ -1,0 +1,196 @@
+"""Comparisons measured in the same run: engine vs transformers, one policy dimension at a time, gateways.
+
+Every comparison reports ratios against a peer measured in this run, and every throughput comes
+with the latency at which it was obtained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bench.litellm_peer import LiteLLMProxy, find_litellm
+from bench.loadgen import LoadResult, Outcome, Target, run_open_loop
+from bench.report import percentiles
+from bench.server import LocalServer
+from bench.workloads import SLO, LengthDist, PlannedRequest, Workload
+from engine import AsyncEngine, EngineConfig, RequestMeta, SamplingParams
+
+PROBE = Workload("probe", "fixed-rate latency probe: 32-token prompt, 8 output tokens",
+                 prompt=LengthDist(32, 32), output=LengthDist(8, 8), slo=SLO(1.0, 0.25, 5.0), tenants=())
+
+
+def not_measured(reason: str) -> dict[str, Any]:
+    """A row that says plainly why it is missing."""
+    return {"measured": False, "note": f"not measured: {reason}"}
+
+
+def _fixed_rate_plan(rate: float, n: int) -> list[PlannedRequest]:
+    prompt = ("the batch never waits " * 4)[:32]
+    return [PlannedRequest(at=i / rate, tenant="bench", prompt=prompt, max_tokens=[8], seeds=[i]) for i in range(n)]
+
+
+def _lat(outcomes: list[Outcome]) -> dict[str, Any]:
+    ok = [o for o in outcomes if o.accepted and o.finish_reason in ("length", "stop")]
+    ttft = percentiles([o.ttft for o in ok if o.ttft is not None])
+    e2e = percentiles([o.e2e for o in ok if o.e2e is not None])
+    return {"measured": True, "n": len(ok), "failed": len(outcomes) - len(ok),
+            "ttft_p50_ms": _ms(ttft["p50"]), "ttft_p99_ms": _ms(ttft["p99"]),
+            "e2e_p50_ms": _ms(e2e["p50"]), "e2e_p99_ms": _ms(e2e["p99"])}
+
+
+def _ms(v: Any) -> float | None:
+    return None if v is None else float(v) * 1e3
+
+
+async def _inproc(engine: AsyncEngine, plan: list[PlannedRequest]) -> list[Outcome]:
+    """The same plan sent straight to AsyncEngine.generate, tokenising like the gateway does."""
+    t0 = time.perf_counter()
+
+    async def one(i: int, req: PlannedRequest) -> Outcome:
+        await asyncio.sleep(max(0.0, t0 + req.at - time.perf_counter()))
+        out = Outcome(f"inproc-{time.time_ns()}-{i}", "bench", time.perf_counter() - t0, status=200)
+        ids = engine.tokenizer.encode(req.prompt)
+        params = SamplingParams(max_tokens=req.max_tokens[0], temperature=0.0, ignore_eos=True)
+        async for o in engine.generate(ids, params, RequestMeta(tenant_id="bench-inproc"), out.request_id):
+            if o.new_token_ids and out.first_token_at is None:
+                out.first_token_at = time.perf_counter() - t0
+            if o.finished:
+                out.finish_reason = o.finish_reason.value if o.finish_reason else None
+                out.completion_tokens = o.metrics.completion_tokens
+        out.end_at = time.perf_counter() - t0
+        return out
+
+    return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(plan))))
+
+
+async def _outcomes(result: Awaitable[LoadResult]) -> list[Outcome]:
+    return (await result).outcomes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def gateway_comparison(local: LocalServer | None, rate: float, n: int, litellm_bin: str | None,
+                             rounds: int = 2) -> dict[str, Any]:
+    """p50/p99 at one offered load: in-process engine, through fairserve's gateway, through litellm in front.
+
+    The paths take turns for `rounds` rounds, so background load on a shared machine hits them alike.
+    """
+    if local is None:
+        return {"note": "not measured: needs the self-started server (the bench must own the engine)"}
+    per_round = max(1, n // rounds)
+    plan = _fixed_rate_plan(rate, per_round)
+    key = next(iter(local.keys.values()))
+    rows: dict[str, Any] = {"rate": rate, "requests": per_round * rounds, "rounds": rounds,
+                            "shape": PROBE.description}
+    warm = _fixed_rate_plan(rate, min(n, 10))
+    target = Target(local.url, local.model, {}, key)
+    paths: dict[str, Callable[[list[PlannedRequest]], Awaitable[list[Outcome]]]] = {
+        "in_process": lambda p: _inproc(local.engine, p),
+        "fairserve_gateway": lambda p: _outcomes(run_open_loop(target, PROBE, p)),
+    }
+    proxy: LiteLLMProxy | None = None
+    binary = find_litellm(litellm_bin)
+    if binary is None:
+        rows["litellm_proxy"] = not_measured("litellm is not installed (pip install -e '.[bench]', or pass "
+                                             "--litellm-bin / FAIRSERVE_LITELLM_BIN)")
+    else:
+        try:
+            proxy = await asyncio.to_thread(LiteLLMProxy, binary, local.url, key, local.model, _free_port())
+        except (RuntimeError, OSError) as exc:
+            rows["litellm_proxy"] = not_measured(f"litellm proxy did not start: {exc}")
+        else:
+            ll = Target(proxy.url, local.model, {}, proxy.master_key)
+            paths["litellm_proxy"] = lambda p: _outcomes(run_open_loop(ll, PROBE, p))
+    try:
+        collected: dict[str, list[Outcome]] = {name: [] for name in paths}
+        for run in paths.values():
+            await run(warm)
+        for _ in range(rounds):
+            for name, run in paths.items():
+                collected[name] += await run(plan)
+        rows.update({name: _lat(outs) for name, outs in collected.items()})
+    finally:
+        if proxy is not None:
+            await asyncio.to_thread(proxy.stop)
+    base = rows["in_process"]
+    for name in ("fairserve_gateway", "litellm_proxy"):
+        r = rows[name]
+        if r.get("measured") and r["n"] and base["n"]:
+            r["added_ttft_p50_ms"] = r["ttft_p50_ms"] - base["ttft_p50_ms"]
+            r["added_ttft_p99_ms"] = r["ttft_p99_ms"] - base["ttft_p99_ms"]
+            r["added_e2e_p50_ms"] = r["e2e_p50_ms"] - base["e2e_p50_ms"]
+            r["added_e2e_p99_ms"] = r["e2e_p99_ms"] - base["e2e_p99_ms"]
+    return rows
+
+
+def policy_variants(base: EngineConfig) -> list[tuple[str, str, EngineConfig]]:
+    """(name, the one dimension changed, config): a baseline, then one change at a time."""
+    fcfs = replace(base, fairness=replace(base.fairness, policy="fcfs"))
+    # "Off" = a token budget that covers any prompt, so every prefill runs whole in one iteration.
+    unchunked = replace(base, max_num_batched_tokens=2048)
+    return [(f"baseline: vtc, chunked prefill (budget {base.max_num_batched_tokens})", "-", base),
+            ("fcfs instead of vtc", "policy", fcfs),
+            ("chunked prefill off (budget 2048 >= any prompt)", "chunked prefill", unchunked)]
+
+
+def _interleaved_best(runs: dict[str, Callable[[Any], int]], workload: Any, warmup: Any,
+                      repeats: int) -> dict[str, tuple[float, float]]:
+    """Warm every system, then `repeats` rounds with the systems taking turns; each one's best round.
+
+    Taking turns and keeping the best make the ratio robust to other load on a shared machine.
+    """
+    for run in runs.values():
+        run(warmup)
+    best: dict[str, tuple[float, float]] = {}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            produced = run(workload)
+            seconds = time.perf_counter() - start
+            if name not in best or seconds < best[name][1]:
+                best[name] = (produced / seconds, seconds)
+    return best
+
+
+def engine_comparison(cache_dir: str, quick: bool) -> dict[str, Any]:
+    """fairserve LLM.generate vs transformers generate() (static batches), with bench.engine_throughput's runners."""
+    try:
+        from bench import engine_throughput as et
+        from engine.loader import default_model_dir
+    except ImportError as exc:
+        return {"note": f"not measured: bench.engine_throughput unavailable ({exc})"}
+    n, prompts, outputs, repeats = (12, (8, 64), (4, 32), 2) if quick else (48, (8, 256), (8, 128), 3)
+    header = {"model": "embedded default (fairserve-tiny, fp32)", "requests": n, "prompt_tokens": list(prompts),
+              "output_tokens": list(outputs), "sampling": "greedy, EOS ignored",
+              "mode": ("reduced" if quick else "full") + f", best of {repeats} interleaved rounds after a warm-up"}
+    rows: list[dict[str, Any]] = []
+    name = "transformers generate() (static batches of 8)"
+    try:
+        model_dir = Path(default_model_dir(cache_dir))
+        workload = et.make_workload(n, prompts, outputs, 0)
+        warmup = et.make_workload(4, (4, 16), (2, 4), 1)
+        runs = {"fairserve": et.fairserve_runner(model_dir, 64, 512),
+                name: et.hf_static_runner(et.load_hf(model_dir), 8)}
+        best = _interleaved_best(runs, workload, warmup, repeats)
+    except Exception as exc:  # a peer's API or install problem must not sink the whole report
+        return {**header, "rows": rows, "note": f"not measured: {type(exc).__name__}: {str(exc)[:200]}"}
+    ours = best["fairserve"][0]
+    rows.append({"system": "fairserve", "tokens_per_s": ours, "seconds": best["fairserve"][1]})
+    rows.append({"system": name, "tokens_per_s": best[name][0], "seconds": best[name][1],
+                 "fairserve_speedup": ours / best[name][0]})
+    # Measured here, it grew to 14.7 GB RSS and was OOM-killed: on CPU it sizes its paged cache from free memory.
+    rows.append({"system": "transformers generate_batch() (continuous)",
+                 "note": "not measured in `fairserve bench`: on CPU transformers' continuous-batching manager sizes "
+                         "its cache from free system memory (14.7 GB RSS, OOM-killed on this machine); "
+                         "`python -m bench.engine_throughput` measures it on its own"})
+    return {**header, "rows": rows}

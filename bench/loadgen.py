@@ -1,0 +1,232 @@
+"""Open-loop HTTP load generator: sends a plan at its arrival times, whatever the responses do.
+
+Each request streams (SSE) so TTFT and TPOT are measured at the client. Agent tasks send their
+attempts in parallel, keep the first that finishes and cancel the rest through
+`POST /v1/tasks/{task_id}/cancel`. A closed-loop mode (a fixed number of clients that each wait
+for their answer before sending again) exists only as a labelled comparison: it offers less load as
+the server slows and so hides queue growth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from bench.workloads import PlannedRequest, Workload
+
+
+@dataclass
+class Target:
+    """Where to send: base URL, model name, and an API key per tenant name (or one for all)."""
+
+    url: str
+    model: str
+    keys: dict[str, str]
+    default_key: str = ""
+
+    def key(self, tenant: str) -> str:
+        """The tenant's key, else the shared one."""
+        return self.keys.get(tenant, self.default_key)
+
+
+@dataclass
+class Outcome:
+    """What the client saw of one HTTP request (times are seconds since the run's start)."""
+
+    request_id: str
+    tenant: str
+    sent_at: float
+    status: int = 0
+    error_code: str | None = None
+    first_token_at: float | None = None
+    end_at: float | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    task_id: str | None = None
+    attempt: int = 0
+    cancel_sent_at: float | None = None  # the task cancel this attempt was subject to
+    kept: bool = False  # the attempt an agent task kept
+
+    @property
+    def accepted(self) -> bool:
+        """The server took the request (200 and a stream)."""
+        return self.status == 200
+
+    @property
+    def ttft(self) -> float | None:
+        """Send to first token."""
+        return None if self.first_token_at is None else self.first_token_at - self.sent_at
+
+    @property
+    def e2e(self) -> float | None:
+        """Send to last byte of the stream."""
+        return None if self.end_at is None else self.end_at - self.sent_at
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first."""
+        if self.first_token_at is None or self.end_at is None or self.completion_tokens < 2:
+            return None
+        return (self.end_at - self.first_token_at) / (self.completion_tokens - 1)
+
+
+@dataclass
+class LoadResult:
+    """Every outcome of one run, and how long sending and draining took."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    started: float = 0.0  # epoch seconds of offset 0
+    send_s: float = 0.0  # last arrival offset actually reached
+    wall_s: float = 0.0  # until the last response ended
+
+
+def _client(target: Target, timeout_s: float) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+    return httpx.AsyncClient(base_url=target.url, timeout=timeout_s, limits=limits)
+
+
+async def stream_one(client: httpx.AsyncClient, target: Target, workload: Workload, req: PlannedRequest,
+                     attempt: int, t0: float) -> Outcome:
+    """Send one streaming completion and time it; errors become an Outcome, never an exception."""
+    request_id = f"bench-{uuid.uuid4().hex[:16]}"
+    out = Outcome(request_id, req.tenant, time.perf_counter() - t0, task_id=req.task_id, attempt=attempt)
+    body = {"model": target.model, "prompt": req.prompt, "max_tokens": req.max_tokens[attempt], "stream": True,
+            "stream_options": {"include_usage": True}, "temperature": workload.temperature,
+            "ignore_eos": workload.ignore_eos, "seed": req.seeds[attempt] if req.seeds else None}
+    if workload.stop:
+        body["stop"] = list(workload.stop)
+    headers = {"Authorization": f"Bearer {target.key(req.tenant)}", "X-Request-Id": request_id}
+    if req.task_id:
+        headers["X-Task-Id"] = req.task_id
+        headers["X-Attempt"] = str(attempt)
+    if workload.slo.deadline_s is not None:
+        headers["X-Timeout-Ms"] = str(int(workload.slo.deadline_s * 1000))
+    try:
+        async with client.stream("POST", "/v1/completions", json=body, headers=headers) as resp:
+            out.status = resp.status_code
+            if resp.status_code != 200:
+                raw = await resp.aread()
+                out.error_code = _error_code(raw, resp.status_code)
+                out.end_at = time.perf_counter() - t0
+                return out
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                payload = line[6:]
+                if payload == "[DONE]":
+                    break
+                event = json.loads(payload)
+                if "error" in event:
+                    out.error_code = str(event["error"].get("code") or "stream_error")
+                    continue
+                choices = event.get("choices") or []
+                if choices and choices[0].get("text") and out.first_token_at is None:
+                    out.first_token_at = time.perf_counter() - t0
+                if choices and choices[0].get("finish_reason"):
+                    out.finish_reason = choices[0]["finish_reason"]
+                usage = event.get("usage")
+                if usage:
+                    out.prompt_tokens = int(usage.get("prompt_tokens", 0))
+                    out.completion_tokens = int(usage.get("completion_tokens", 0))
+                    out.cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        out.error_code = f"client_{type(exc).__name__}"
+    out.end_at = time.perf_counter() - t0
+    return out
+
+
+def _error_code(raw: bytes, status: int) -> str:
+    try:
+        return str(json.loads(raw)["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return f"http_{status}"
+
+
+async def run_task(client: httpx.AsyncClient, target: Target, workload: Workload, req: PlannedRequest,
+                   t0: float) -> list[Outcome]:
+    """An agent task: all attempts at once, keep the first finished, cancel the rest through the API."""
+    pending = {asyncio.create_task(stream_one(client, target, workload, req, i, t0)) for i in range(workload.fanout)}
+    done_outcomes: list[Outcome] = []
+    winner: Outcome | None = None
+    cancel_at: float | None = None
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            o = task.result()
+            done_outcomes.append(o)
+            if winner is None and o.accepted and o.finish_reason in ("length", "stop"):
+                winner = o
+                o.kept = True
+        if winner is not None and cancel_at is None and pending:
+            cancel_at = time.perf_counter() - t0
+            headers = {"Authorization": f"Bearer {target.key(req.tenant)}"}
+            # On failure the attempts still end on their own; the report shows them as not cancelled.
+            with contextlib.suppress(httpx.HTTPError):
+                await client.post(f"/v1/tasks/{req.task_id}/cancel", headers=headers)
+    for o in done_outcomes:
+        if not o.kept and cancel_at is not None and (o.end_at is None or o.end_at >= cancel_at):
+            o.cancel_sent_at = cancel_at
+    return done_outcomes
+
+
+async def run_open_loop(target: Target, workload: Workload, planned: list[PlannedRequest],
+                        on_done: Callable[[], None] | None = None, timeout_s: float = 120.0) -> LoadResult:
+    """Send every planned arrival at its offset, independent of responses; wait for all to end."""
+    result = LoadResult(started=time.time())
+    async with _client(target, timeout_s) as client:
+        t0 = time.perf_counter()
+        tasks: list[asyncio.Task[list[Outcome]]] = []
+
+        async def one(req: PlannedRequest) -> list[Outcome]:
+            try:
+                if req.task_id is not None:
+                    return await run_task(client, target, workload, req, t0)
+                return [await stream_one(client, target, workload, req, 0, t0)]
+            finally:
+                if on_done is not None:
+                    on_done()
+
+        for req in planned:
+            delay = t0 + req.at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(req)))
+        result.send_s = time.perf_counter() - t0
+        for batch in await asyncio.gather(*tasks):
+            result.outcomes.extend(batch)
+        result.wall_s = time.perf_counter() - t0
+    return result
+
+
+async def run_closed_loop(target: Target, workload: Workload, planned: list[PlannedRequest], clients: int,
+                          duration_s: float, on_done: Callable[[], None] | None = None,
+                          timeout_s: float = 120.0) -> LoadResult:
+    """COMPARISON ONLY: `clients` workers each send the next planned request when their last one ended."""
+    result = LoadResult(started=time.time())
+    queue = list(reversed(planned))
+    async with _client(target, timeout_s) as client:
+        t0 = time.perf_counter()
+
+        async def worker() -> None:
+            while queue and time.perf_counter() - t0 < duration_s:
+                req = queue.pop()
+                if req.task_id is not None:
+                    result.outcomes.extend(await run_task(client, target, workload, req, t0))
+                else:
+                    result.outcomes.append(await stream_one(client, target, workload, req, 0, t0))
+                if on_done is not None:
+                    on_done()
+
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        result.send_s = min(duration_s, time.perf_counter() - t0)
+        result.wall_s = time.perf_counter() - t0
+    return result

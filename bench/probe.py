@@ -1,0 +1,117 @@
+"""Server-side numbers from `GET /metrics`: counter deltas over a run and gauges sampled over time."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+# Gauges plotted over time (the essay: iteration duration and active sequences over time, KV occupancy).
+SERIES = ("fairserve_batch_size", "fairserve_iteration_seconds", "fairserve_kv_blocks_used",
+          "fairserve_kv_blocks_total")
+
+
+def parse_metrics(text: str) -> Sample:
+    """Every sample of a Prometheus text page, keyed by (name, sorted labels)."""
+    out: Sample = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+    return out
+
+
+def total(sample: Mapping[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    """Sum of `name` over every label set that includes `labels`."""
+    want = set(labels.items())
+    return sum(v for (n, lbl), v in sample.items() if n == name and want <= set(lbl))
+
+
+def by_label(sample: Sample, name: str, label: str) -> dict[str, float]:
+    """`name` summed per value of one label."""
+    out: dict[str, float] = {}
+    for (n, lbl), v in sample.items():
+        if n == name:
+            key = dict(lbl).get(label, "")
+            out[key] = out.get(key, 0.0) + v
+    return out
+
+
+def delta(before: Sample, after: Sample) -> Sample:
+    """after - before for every sample in `after` (counters; gauges are meaningless here)."""
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+async def scrape(client: httpx.AsyncClient) -> Sample:
+    """One scrape of /metrics."""
+    resp = await client.get("/metrics")
+    resp.raise_for_status()
+    return parse_metrics(resp.text)
+
+
+@dataclass
+class Timeline:
+    """Gauges sampled at a fixed interval while a run is in flight."""
+
+    t: list[float] = field(default_factory=list)
+    values: dict[str, list[float]] = field(default_factory=lambda: {name: [] for name in SERIES})
+
+
+class Sampler:
+    """Scrapes /metrics every `interval_s` on the caller's event loop until stopped."""
+
+    def __init__(self, url: str, interval_s: float = 0.25) -> None:
+        self.url = url
+        self.interval_s = interval_s
+        self.timeline = Timeline()
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+
+    async def _loop(self) -> None:
+        async with httpx.AsyncClient(base_url=self.url, timeout=5.0) as client:
+            t0 = time.perf_counter()
+            while not self._stop.is_set():
+                try:
+                    sample = await scrape(client)
+                except (httpx.HTTPError, ValueError):
+                    sample = None
+                if sample is not None:
+                    self.timeline.t.append(time.perf_counter() - t0)
+                    for name in SERIES:
+                        self.timeline.values[name].append(total(sample, name))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self.interval_s)
+
+    def start(self) -> None:
+        """Begin sampling."""
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> Timeline:
+        """Stop and return what was sampled."""
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+        return self.timeline
+
+
+async def settled(client: httpx.AsyncClient, before: Sample, expected_finished: int, timeout_s: float = 15.0) -> Sample:
+    """Scrape until the server has recorded `expected_finished` more finished requests (or time runs out).
+
+    The gateway observes a request's metrics just after the client sees its stream end, so an
+    immediate scrape can miss the last few.
+    """
+    deadline = time.monotonic() + timeout_s
+    after = await scrape(client)
+    while time.monotonic() < deadline:
+        done = total(after, "fairserve_requests_total") - total(before, "fairserve_requests_total")
+        if done >= expected_finished:
+            break
+        await asyncio.sleep(0.05)
+        after = await scrape(client)
+    return after

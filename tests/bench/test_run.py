@@ -1,0 +1,51 @@
+"""`fairserve bench --quick` against live servers: the report adds up (counts, percentiles, goodput), not its speed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from tests.bench.conftest import LiveServer, check_report, check_section
+
+
+def test_quick_bench_against_a_live_server_is_consistent(live_server: LiveServer, tmp_path: Path,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report"
+    rc = main(["bench", "--quick", "--url", live_server.url, "--api-key", live_server.api_key, "--out", str(out)])
+    assert rc == 0
+    printed = capfd.readouterr().out
+    assert f"json: {out / 'report.json'}" in printed
+    report = json.loads((out / "report.json").read_text())
+    check_report(report, out)
+    assert [s["workload"] for s in report["workloads"]] == ["chat", "mixed", "retrieval", "agent"]
+    agent = report["workloads"][3]
+    assert agent["cancellation"]["tasks"] > 0
+    # Against a remote server the engine and policy can't be reconfigured: said so, not silently dropped.
+    cmp = report["comparisons"]
+    assert cmp["policy"]["note"].startswith("not measured:")
+    assert cmp["gateway"]["note"].startswith("not measured:")
+
+
+def test_self_started_bench_runs_the_comparisons(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    rc = main(["bench", "--quick", "--workload", "agent", "--duration", "2", "--sweep-rates", "4", "16",
+               "--out", str(out), "--litellm-bin", str(tmp_path / "no-such-litellm")])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    check_report(report, out)
+    cmp = report["comparisons"]
+    gw = cmp["gateway"]
+    assert gw["in_process"]["n"] == gw["fairserve_gateway"]["n"] == gw["requests"]
+    for path in ("in_process", "fairserve_gateway"):
+        assert gw[path]["ttft_p50_ms"] <= gw[path]["ttft_p99_ms"] <= gw[path]["e2e_p99_ms"]
+    assert "added_ttft_p50_ms" in gw["fairserve_gateway"]
+    policy = cmp["policy"]["rows"]
+    assert [r["changed"] for r in policy] == ["-", "policy", "chunked prefill"]
+    for row in policy:
+        check_section(row["run"])
+    engine_rows = {r["system"]: r for r in cmp["engine"]["rows"]}
+    assert engine_rows["fairserve"]["tokens_per_s"] > 0
+    assert all("tokens_per_s" in r or r["note"].startswith("not measured") for r in engine_rows.values())
