@@ -11,6 +11,17 @@ from engine.sampler import Sampler
 from engine.scheduler import SchedulerOutput
 
 
+def _token_slice(request: Request, start: int, end: int) -> list[int]:
+    """Tokens [start, end) of prompt + output, without concatenating the whole sequence."""
+    prompt = request.prompt_token_ids
+    n = len(prompt)
+    if start >= n:
+        return request.output_token_ids[start - n : end - n]
+    if end <= n:
+        return prompt[start:end]
+    return prompt[start:] + request.output_token_ids[: end - n]
+
+
 def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     """Bytes one block occupies across all layers, K and V."""
     return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
@@ -46,45 +57,39 @@ class ModelRunner:
 
     def prepare(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """Flatten the batch: token ids, positions, attention metadata, and the rows whose logits are sampled."""
+        chunks = out.chunks
         token_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        starts = [0]
-        seq_lens: list[int] = []
-        sample_rows: list[int] = []
+        tables: list[list[int]] = []
+        for chunk in chunks:
+            token_ids.extend(_token_slice(chunk.request, chunk.start, chunk.start + chunk.length))
+            tables.append(block_tables[chunk.request.request_id])
+        # Per-token positions and slots come from per-chunk tensors (no Python loop over tokens).
+        width = max(1, max((len(t) for t in tables), default=1))
+        table_t = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32).view(len(chunks), width)
+        chunk_starts = torch.tensor([c.start for c in chunks], dtype=torch.int64)
+        lengths = torch.tensor([c.length for c in chunks], dtype=torch.int64)
+        ends = torch.cumsum(lengths, 0)
+        seq_of_token = torch.repeat_interleave(torch.arange(len(chunks)), lengths)
+        positions = torch.arange(len(token_ids)) + (chunk_starts - ends + lengths)[seq_of_token]
         bs = self.block_size
-        max_blocks = 1
-        for chunk in out.chunks:
-            request = chunk.request
-            table = block_tables[request.request_id]
-            max_blocks = max(max_blocks, len(table))
-            all_ids = request.all_token_ids
-            end = chunk.start + chunk.length
-            token_ids.extend(all_ids[chunk.start : end])
-            for pos in range(chunk.start, end):
-                positions.append(pos)
-                slots.append(table[pos // bs] * bs + pos % bs)
-            starts.append(starts[-1] + chunk.length)
-            seq_lens.append(end)
-            if chunk.samples:
-                sample_rows.append(starts[-1] - 1)
-        tables = torch.zeros((len(out.chunks), max_blocks), dtype=torch.int32)
-        for i, chunk in enumerate(out.chunks):
-            table = block_tables[chunk.request.request_id]
-            tables[i, : len(table)] = torch.tensor(table, dtype=torch.int32)
+        slots = table_t[seq_of_token, positions // bs].long() * bs + positions % bs
+        starts = torch.zeros(len(chunks) + 1, dtype=torch.int32)
+        starts[1:] = ends
+        seq_lens = (chunk_starts + lengths).to(torch.int32)
+        ends_list = ends.tolist()
+        sample_rows = [e - 1 for e, c in zip(ends_list, chunks, strict=True) if c.samples]
         dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=tables.to(dev),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            max_query_len=max((c.length for c in out.chunks), default=0),
-            max_seq_len=max(seq_lens, default=0),
+            slot_mapping=slots.to(dev),
+            block_tables=table_t.to(dev),
+            query_start_loc=starts.to(dev),
+            seq_lens=seq_lens.to(dev),
+            max_query_len=max((c.length for c in chunks), default=0),
+            max_seq_len=int(seq_lens.max()) if chunks else 0,
             backend=self.backend,
         )
         ids = torch.tensor(token_ids, dtype=torch.int64, device=dev)
-        pos_t = torch.tensor(positions, dtype=torch.int64, device=dev)
-        return ids, pos_t, meta, sample_rows
+        return ids, positions.to(dev), meta, sample_rows
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> dict[str, int]:

@@ -34,8 +34,10 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
         """logits: [len(requests), vocab] float32 on any device; returns one token id per request."""
+        tokens = logits.argmax(dim=-1).cpu()
+        if all(r.sampling.greedy for r in requests):
+            return tokens.tolist()  # type: ignore[no-any-return]
         logits = logits.float().cpu()
-        tokens = logits.argmax(dim=-1)
         for row, request in enumerate(requests):
             params = request.sampling
             if params.greedy:

@@ -29,6 +29,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise the last dimension of x."""
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one fused kernel, same math in fp32
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
@@ -55,10 +57,12 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """HF's rotary convention: the two halves of the head dimension form the complex pairs."""
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """HF's rotary convention (halves of the head dimension pair up): x*cos + rotate_half(x)*sin.
+
+    `signed_sin` carries rotate_half's minus sign on its first half, so the rotation is one roll.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class LlamaAttention(nn.Module):
@@ -78,13 +82,12 @@ class LlamaAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
-        """x: [N, hidden]; cos/sin: [N, 1, head_dim] in x's dtype."""
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        """x: [N, hidden]; cos/sin: [N, 1, head_dim] in x's dtype (sin sign-folded, see apply_rope)."""
+        heads = self.num_heads + self.num_kv_heads
+        qkv = self.qkv_proj(x).view(-1, heads + self.num_kv_heads, self.head_dim)
+        # q and k heads are adjacent in the fused projection: rotate them in one pass.
+        qk = apply_rope(qkv[:, :heads], cos, sin)
+        q, k, v = qk[:, : self.num_heads], qk[:, self.num_heads :], qkv[:, heads:]
         out = paged_attention(q, k, v, kv_cache, meta, scale=self.scale, sliding_window=self.sliding_window)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -140,12 +143,15 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = _linear(cfg.hidden_size, cfg.vocab_size, False, dtype, device)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        # cos/sin for every position in float32, cast to the model dtype per forward like HF does.
+        # cos/sin for every position in float32, cast to the model dtype per forward like HF does;
+        # sin carries rotate_half's sign on its first half (see apply_rope).
         inv_freq = rope_inv_freq(cfg)
         freqs = torch.outer(torch.arange(cfg.max_position_embeddings).float(), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("rope_cos", emb.cos().to(device), persistent=False)
-        self.register_buffer("rope_sin", emb.sin().to(device), persistent=False)
+        half = emb.shape[-1] // 2
+        sign = torch.cat((-torch.ones(half), torch.ones(emb.shape[-1] - half)))
+        self.register_buffer("rope_sin", (emb.sin() * sign).to(device), persistent=False)
 
     def forward(
         self,

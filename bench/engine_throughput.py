@@ -1,0 +1,278 @@
+"""Engine throughput on CPU: fairserve `LLM.generate` against transformers `generate()` and `generate_batch()`.
+
+One run, one random-weight Llama loaded by both sides from the same directory, one workload of mixed
+prompt and output lengths (each spread over >= 10x), greedy with EOS ignored so every system produces
+exactly the requested tokens. Peers run one after another in this process with the same torch
+thread count, each after its own warm-up. Throughput is useful output tokens / wall seconds:
+
+- fairserve: `engine.LLM.generate` (continuous batching, chunked prefill, paged KV cache);
+- transformers `generate()`: static batches of `--batch-size` in arrival order, left padded with an
+  attention mask; each batch runs to its longest `max_new_tokens`, only requested tokens count;
+- transformers `generate_batch()`: its continuous-batching manager, fed through `add_request` so each
+  request carries its own `max_new_tokens` (`generate_batch` itself takes one length for all).
+
+    .venv/bin/python -m bench.engine_throughput --out artifacts/engine_throughput.json
+
+Prints a Markdown table; writes JSON to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PAD_ID = 258  # the byte tokenizer's <pad>
+# A bigger random Llama than the embedded default (written on demand): ~25M parameters.
+SMALL_GEOMETRY: dict[str, Any] = {
+    "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 8, "num_attention_heads": 8,
+    "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 262, "max_position_embeddings": 2048,
+}
+
+
+@dataclass
+class Workload:
+    """Prompts (token ids) and the exact number of output tokens each must produce."""
+
+    prompts: list[list[int]]
+    max_tokens: list[int]
+
+    @property
+    def output_tokens(self) -> int:
+        """Useful output tokens of the whole workload."""
+        return sum(self.max_tokens)
+
+    def head(self, n: int) -> Workload:
+        """The first n requests (used for warm-ups)."""
+        return Workload(self.prompts[:n], self.max_tokens[:n])
+
+
+@dataclass
+class Result:
+    """One system's measurement on the workload."""
+
+    system: str
+    output_tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Useful output tokens per wall second."""
+        return self.output_tokens / self.seconds
+
+
+def make_workload(num_requests: int, prompt_range: tuple[int, int], output_range: tuple[int, int],
+                  seed: int) -> Workload:
+    """Log-uniform prompt and output lengths over the given ranges, random byte-token prompts."""
+    rng = random.Random(seed)
+
+    def log_uniform(lo: int, hi: int) -> int:
+        return round(lo * (hi / lo) ** rng.random())
+
+    prompts = [[rng.randrange(32, 127) for _ in range(log_uniform(*prompt_range))] for _ in range(num_requests)]
+    outputs = [log_uniform(*output_range) for _ in range(num_requests)]
+    # Pin both extremes so the spread is what the workload promises, whatever the seed draws.
+    prompts[0] = prompts[0][:1] * prompt_range[0]
+    prompts[1] = [rng.randrange(32, 127) for _ in range(prompt_range[1])]
+    outputs[0], outputs[1] = output_range[1], output_range[0]
+    return Workload(prompts, outputs)
+
+
+def write_small_model(path: Path) -> None:
+    """Save the SMALL_GEOMETRY random Llama (float32) with transformers, plus the byte tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from engine.tokenizer import write_byte_tokenizer
+
+    config = LlamaConfig(**SMALL_GEOMETRY, bos_token_id=256, eos_token_id=257, pad_token_id=PAD_ID,
+                         tie_word_embeddings=False, initializer_range=0.05)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    write_byte_tokenizer(path)
+
+
+def load_hf(model_dir: Path) -> Any:
+    """transformers' LlamaForCausalLM on the same directory, float32, with EOS switched off."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = PAD_ID
+    model.generation_config.do_sample = False
+    return model
+
+
+def fairserve_runner(model_dir: Path, max_num_seqs: int, max_num_batched_tokens: int) -> Callable[[Workload], int]:
+    """A function that serves a workload with `engine.LLM` and returns the output tokens produced."""
+    from engine import LLM, SamplingParams
+
+    llm = LLM(model=str(model_dir), max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+              enable_prefix_caching=False)
+
+    def run(w: Workload) -> int:
+        params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in w.max_tokens]
+        outs = llm.generate(w.prompts, params)
+        produced = [len(o.token_ids) for o in outs]
+        if produced != w.max_tokens:
+            raise RuntimeError("fairserve produced a different number of tokens than requested")
+        return sum(produced)
+
+    return run
+
+
+def hf_static_runner(model: Any, batch_size: int) -> Callable[[Workload], int]:
+    """A function that serves a workload with static left-padded `generate()` batches in arrival order."""
+
+    def run(w: Workload) -> int:
+        useful = 0
+        for lo in range(0, len(w.prompts), batch_size):
+            prompts, wants = w.prompts[lo : lo + batch_size], w.max_tokens[lo : lo + batch_size]
+            width = max(len(p) for p in prompts)
+            ids = torch.tensor([[PAD_ID] * (width - len(p)) + p for p in prompts])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+            steps = max(wants)
+            with torch.inference_mode():
+                out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps,
+                                     do_sample=False, pad_token_id=PAD_ID, eos_token_id=None)
+            if out.shape[1] - width != steps:
+                raise RuntimeError("generate() stopped early")
+            useful += sum(wants)  # tokens past a request's own max_new_tokens are waste, not output
+        return useful
+
+    return run
+
+
+def hf_continuous_runner(model: Any) -> Callable[[Workload], int]:
+    """A function that serves a workload with transformers' continuous-batching manager (generate_batch's engine)."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=PAD_ID, max_new_tokens=1)
+
+    def run(w: Workload) -> int:
+        produced = 0
+        with model.continuous_batching_context_manager(generation_config=config, block=True, timeout=30) as manager:
+            ids = [manager.add_request(p, request_id=f"r{i}", max_new_tokens=n, eos_token_id=-1)
+                   for i, (p, n) in enumerate(zip(w.prompts, w.max_tokens, strict=True))]
+            pending = set(ids)
+            deadline = time.monotonic() + 3600
+            while pending and time.monotonic() < deadline:
+                result = manager.get_result(timeout=1)
+                if result is not None and result.is_finished():
+                    pending.discard(result.request_id)
+                    produced += len(result.generated_tokens)
+                elif result is None and not manager.is_running():
+                    raise RuntimeError("transformers' continuous batching loop died")
+        if pending:
+            raise RuntimeError(f"generate_batch left {len(pending)} requests unfinished")
+        if produced != w.output_tokens:
+            raise RuntimeError(f"generate_batch produced {produced} tokens, {w.output_tokens} requested")
+        return produced
+
+    return run
+
+
+def measure(runs: dict[str, Callable[[Workload], int]], workload: Workload, warmup: Workload,
+            repeats: int) -> list[Result]:
+    """Warm every system up, then time `repeats` rounds (systems interleaved); keep each one's best round.
+
+    Interleaving and best-of make the ratios robust to other load on a shared machine.
+    """
+    for run in runs.values():
+        run(warmup)
+    best: dict[str, Result] = {}
+    for _ in range(repeats):
+        for system, run in runs.items():
+            start = time.perf_counter()
+            produced = run(workload)
+            result = Result(system, produced, time.perf_counter() - start)
+            if system not in best or result.seconds < best[system].seconds:
+                best[system] = result
+    return [best[system] for system in runs]
+
+
+def markdown(results: list[Result], header: str) -> str:
+    """The results as a Markdown table, ratios of fairserve over each peer."""
+    ours = next(r for r in results if r.system == "fairserve")
+    lines = [header, "", "| system | output tokens | seconds | output tok/s | fairserve speed-up |",
+             "|---|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r.system} | {r.output_tokens} | {r.seconds:.2f} | {r.tokens_per_s:.1f} "
+                     f"| {ours.tokens_per_s / r.tokens_per_s:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the three systems on one workload; print the table and write JSON."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="small",
+                        help="'default' (embedded tiny model), 'small' (~25M random Llama), or a model directory")
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, nargs=2, default=(8, 256), metavar=("MIN", "MAX"))
+    parser.add_argument("--output-len", type=int, nargs=2, default=(8, 128), metavar=("MIN", "MAX"))
+    parser.add_argument("--batch-size", type=int, default=16, help="static generate() batch size")
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads, the same for every system")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=2, help="timed rounds per system; the best one counts")
+    parser.add_argument("--systems", default="fairserve,generate,generate_batch")
+    parser.add_argument("--out", type=Path, default=Path("artifacts/engine_throughput.json"))
+    args = parser.parse_args(argv)
+    if args.num_requests < 2 or args.prompt_len[0] < 1 or args.output_len[0] < 1 or args.repeats < 1:
+        parser.error("need >= 2 requests, lengths >= 1 and repeats >= 1")
+    torch.set_num_threads(args.threads)
+    for name in ("transformers", "ContinuousBatchingLogger"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    workload = make_workload(args.num_requests, tuple(args.prompt_len), tuple(args.output_len), args.seed)
+    warmup = make_workload(8, (4, 32), (2, 8), args.seed + 1)
+    systems = args.systems.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.model == "default":
+            from engine.loader import default_model_dir
+
+            model_dir = default_model_dir()
+        elif args.model == "small":
+            model_dir = Path(tmp)
+            write_small_model(model_dir)
+        else:
+            model_dir = Path(args.model)
+        runs: dict[str, Callable[[Workload], int]] = {}
+        if "fairserve" in systems:
+            runs["fairserve"] = fairserve_runner(model_dir, args.max_num_seqs, args.max_num_batched_tokens)
+        hf = load_hf(model_dir)
+        params = sum(p.numel() for p in hf.parameters())
+        if "generate" in systems:
+            runs[f"transformers generate() (static, batch {args.batch_size})"] = hf_static_runner(hf, args.batch_size)
+        if "generate_batch" in systems:
+            runs["transformers generate_batch() (continuous)"] = hf_continuous_runner(hf)
+        results = measure(runs, workload, warmup, args.repeats)
+    header = (f"## Engine throughput, CPU ({args.threads} torch threads): {params / 1e6:.1f}M-param random Llama "
+              f"({args.model}), fp32, {args.num_requests} requests, prompts {args.prompt_len[0]}-{args.prompt_len[1]} "
+              f"tokens, outputs {args.output_len[0]}-{args.output_len[1]} tokens, greedy, EOS ignored")
+    if any(r.system == "fairserve" for r in results):
+        print(markdown(results, header))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "model": args.model, "params": params, "threads": args.threads, "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(), "num_requests": args.num_requests,
+        "prompt_len": args.prompt_len, "output_len": args.output_len, "batch_size": args.batch_size,
+        "repeats": args.repeats, "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+        "results": [asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in results],
+    }, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
