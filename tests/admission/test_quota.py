@@ -74,8 +74,10 @@ def test_memory_threads_admit_exactly_the_quota() -> None:
     assert QUOTA * 0.99 <= total <= QUOTA + CHUNK * 2
 
 
-def _redis_worker(namespace: str, start, out) -> None:  # type: ignore[no-untyped-def]
+def _redis_worker(namespace: str, ready, start, out) -> None:  # type: ignore[no-untyped-def]
     quota = RedisQuota(REDIS_URL, namespace=namespace, registry=CollectorRegistry())
+    quota.client.ping()
+    ready.put(True)  # spawned interpreters start seconds apart on a loaded machine: race only once all are up
     out.put(_hammer(quota, "tenant-a", start, 5.0))
 
 
@@ -83,10 +85,12 @@ def test_redis_eight_processes_admit_exactly_the_quota() -> None:
     require_redis()
     namespace = f"fairserve-test-{uuid.uuid4().hex}"
     ctx = mp.get_context("spawn")
-    start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_redis_worker, args=(namespace, start, out)) for _ in range(8)]
+    ready, start, out = ctx.Queue(), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_redis_worker, args=(namespace, ready, start, out)) for _ in range(8)]
     for p in procs:
         p.start()
+    for _ in procs:
+        ready.get(timeout=120)
     start.set()
     totals = [out.get(timeout=60) for _ in procs]
     for p in procs:
