@@ -1,12 +1,14 @@
-"""Gateway overhead: latency added over calling AsyncEngine in-process, and rejection speed under overload.
+"""Gateway overhead: latency added over calling the engine in-process, and rejection speed under overload.
 
-    .venv/bin/python -m bench.gateway_overhead --rate 200 --duration 5
+    .venv/bin/python -m bench.gateway_overhead --rate 200 --duration 5 --engine-process both
 
 Runs the same open-loop request stream (fixed rate, max_tokens=1 and a short stream) once
-against an in-process AsyncEngine and once through `fairserve serve` (one uvicorn worker, a
+against an in-process engine and once through `fairserve serve` (one uvicorn worker, a
 subprocess with an identically configured engine), and reports p50/p99 of each and the
 difference. Then saturates a small-queue gateway and measures how fast overload rejections
-(503 `overloaded`) are answered.
+(503 `overloaded`) are answered. `--engine-process` picks the engine mode: `off` (the loop on a
+thread of the gateway: AsyncEngine), `on` (the loop in its own process: ProcessEngine) or `both`,
+measured one after the other in the same run and reported side by side.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from engine import AsyncEngine, EngineConfig, RequestMeta, SamplingParams
+from engine import AsyncEngine, EngineConfig, ProcessEngine, RequestMeta, SamplingParams
 
 PROMPT = "The batch never waits."
 NAN = float("nan")
@@ -76,9 +78,9 @@ def engine_config(cache_dir: str, max_num_seqs: int) -> EngineConfig:
     return EngineConfig(cache_dir=cache_dir, max_num_seqs=max_num_seqs)
 
 
-async def in_process(cfg: EngineConfig, rate: float, n: int, max_tokens: int) -> Sample:
-    """Latency of AsyncEngine.generate called directly, tokenising the prompt like the gateway does."""
-    engine = AsyncEngine(cfg)
+async def in_process(cfg: EngineConfig, process: bool, rate: float, n: int, max_tokens: int) -> Sample:
+    """Latency of the engine's generate called directly, tokenising the prompt like the gateway does."""
+    engine = ProcessEngine(cfg) if process else AsyncEngine(cfg)
     engine.start()
     try:
         async def one(i: int) -> tuple[float, float]:
@@ -204,40 +206,74 @@ async def rejections(served: Served, model: str, rate: float, n: int, hogs: int)
             "p50_ms": pct(sample.total, 0.5) * 1e3, "p99_ms": pct(sample.total, 0.99) * 1e3}
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, object]:
+async def measure_mode(args: argparse.Namespace, tmp: str, process: bool) -> dict[str, object]:
+    """Every measurement for one engine mode: in-process, through the gateway, paired, overload."""
     n = int(args.rate * args.duration)
-    report: dict[str, object] = {"rate": args.rate, "requests": n}
-    with tempfile.TemporaryDirectory() as tmp:
-        cache = str(Path(tmp) / "models")
-        cfg = engine_config(cache, args.max_num_seqs)
-        report["inproc_nonstream"] = (await in_process(cfg, args.rate, n, 1)).summary()
-        report["inproc_stream"] = (await in_process(cfg, args.rate, n, args.stream_tokens)).summary()
-        served = Served(str(Path(tmp) / "a"), "--max-num-seqs", str(args.max_num_seqs))
-        seen_n: dict[str, tuple[float, float]] = {}
-        seen_s: dict[str, tuple[float, float]] = {}
-        try:
-            async with httpx.AsyncClient(base_url=served.url, headers=served.headers) as c:
-                model = (await c.get("/v1/models")).json()["data"][0]["id"]
-            report["gateway_nonstream"] = (await through_gateway(served, model, args.rate, n, 1, False,
-                                                                 seen_n)).summary()
-            report["gateway_stream"] = (await through_gateway(served, model, args.rate, n, args.stream_tokens,
-                                                              True, seen_s)).summary()
-        finally:
-            served.stop()  # SIGTERM flushes the ledger
-        db_path = Path(tmp) / "a" / "fairserve.db"
-        report["paired_overhead_nonstream"] = paired_overhead(db_path, seen_n)
-        report["paired_overhead_stream"] = paired_overhead(db_path, seen_s)
-        small = Served(str(Path(tmp) / "b"), "--max-num-seqs", "4", "--max-queued-requests", "4")
-        try:
-            report["overload"] = await rejections(small, model, args.reject_rate, int(args.reject_rate * 2), 4 + 4)
-        finally:
-            small.stop()
+    mode = "process" if process else "thread"
+    flag = "--engine-process" if process else "--no-engine-process"
+    report: dict[str, object] = {}
+    cfg = engine_config(str(Path(tmp) / "models"), args.max_num_seqs)
+    report["inproc_nonstream"] = (await in_process(cfg, process, args.rate, n, 1)).summary()
+    report["inproc_stream"] = (await in_process(cfg, process, args.rate, n, args.stream_tokens)).summary()
+    served = Served(str(Path(tmp) / f"{mode}-a"), "--max-num-seqs", str(args.max_num_seqs), flag)
+    seen_n: dict[str, tuple[float, float]] = {}
+    seen_s: dict[str, tuple[float, float]] = {}
+    try:
+        async with httpx.AsyncClient(base_url=served.url, headers=served.headers) as c:
+            model = (await c.get("/v1/models")).json()["data"][0]["id"]
+        report["gateway_nonstream"] = (await through_gateway(served, model, args.rate, n, 1, False,
+                                                             seen_n)).summary()
+        report["gateway_stream"] = (await through_gateway(served, model, args.rate, n, args.stream_tokens,
+                                                          True, seen_s)).summary()
+    finally:
+        served.stop()  # SIGTERM flushes the ledger
+    db_path = Path(tmp) / f"{mode}-a" / "fairserve.db"
+    report["paired_overhead_nonstream"] = paired_overhead(db_path, seen_n)
+    report["paired_overhead_stream"] = paired_overhead(db_path, seen_s)
+    small = Served(str(Path(tmp) / f"{mode}-b"), "--max-num-seqs", "4", "--max-queued-requests", "4", flag)
+    try:
+        report["overload"] = await rejections(small, model, args.reject_rate, int(args.reject_rate * 2), 4 + 4)
+    finally:
+        small.stop()
     for kind in ("nonstream", "stream"):
         g, e = report[f"gateway_{kind}"], report[f"inproc_{kind}"]
         assert isinstance(g, dict) and isinstance(e, dict)
         report[f"overhead_{kind}"] = {k: g[k] - e[k] for k in ("first_p50_ms", "first_p99_ms", "total_p50_ms",
                                                                   "total_p99_ms")}
     return report
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, object]:
+    report: dict[str, object] = {"rate": args.rate, "requests": int(args.rate * args.duration)}
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.engine_process]
+    with tempfile.TemporaryDirectory() as tmp:
+        for process in modes:
+            report["process" if process else "thread"] = await measure_mode(args, tmp, process)
+    return report
+
+
+def side_by_side(report: dict[str, object]) -> str:
+    """A Markdown table of the headline figures, one column pair per measured engine mode."""
+    measured: dict[str, dict[str, Any]] = {m: v for m in ("thread", "process") if isinstance(v := report.get(m), dict)}
+    rows = [("in-process, max_tokens=1", "inproc_nonstream", "total"),
+            ("gateway, max_tokens=1", "gateway_nonstream", "total"),
+            ("unpaired overhead, non-streaming", "overhead_nonstream", "total"),
+            ("paired overhead, non-streaming", "paired_overhead_nonstream", "total"),
+            ("paired overhead, stream first token", "paired_overhead_stream", "first"),
+            ("paired overhead, whole stream", "paired_overhead_stream", "total")]
+    head = f"| {report['rate']:g} req/s, {report['requests']} requests | " + " | ".join(
+        f"{m} p50 | {m} p99" for m in measured) + " |"
+    lines = [head, "|---" * (1 + 2 * len(measured)) + "|"]
+    for label, key, which in rows:
+        cells = [f"{r[key][f'{which}_{q}_ms']:.1f} ms" for r in measured.values() for q in ("p50", "p99")]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    cells = [f"{r['overload'][f'{q}_ms']:.1f} ms" for r in measured.values() for q in ("p50", "p99")]
+    refused = "; ".join(f"{m}: {r['overload']['rejected']}/{r['overload']['sent']} refused at "
+                        f"{r['overload']['rejected_per_s']:.0f} /s" for m, r in measured.items())
+    lines.append(f"| overload rejections ({refused}) | " + " | ".join(cells) + " |")
+    queued_out = ", ".join(f"{m}: {r['gateway_nonstream']['refused']} / {r['gateway_stream']['refused']}"
+                           for m, r in measured.items())
+    return "\n".join(lines) + f"\n\nrequests the gateway refused (non-streaming / streaming): {queued_out}\n"
 
 
 def main() -> None:
@@ -248,9 +284,12 @@ def main() -> None:
     p.add_argument("--stream-tokens", type=int, default=8)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--reject-rate", type=float, default=500.0, help="offered rate during overload")
+    p.add_argument("--engine-process", choices=["off", "on", "both"], default="both",
+                   help="engine loop on a gateway thread (off), in its own process (on), or measure both")
     args = p.parse_args()
     report = asyncio.run(main_async(args))
     print(json.dumps(_rounded(report), indent=2))
+    print(side_by_side(report))
 
 
 def _rounded(value: object) -> object:

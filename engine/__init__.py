@@ -5,6 +5,7 @@ from engine.config import EngineConfig, FairnessSettings
 from engine.llm import LLM, CompletionOutput
 from engine.llm_engine import LLMEngine
 from engine.outputs import EngineStats, RequestInfo, RequestMetrics, RequestOutput
+from engine.process_engine import EngineStartError, ProcessEngine
 from engine.request import (
     DuplicateRequestError,
     FinishReason,
@@ -24,12 +25,14 @@ __all__ = [
     "DuplicateRequestError",
     "EngineConfig",
     "EngineDeadError",
+    "EngineStartError",
     "EngineStats",
     "FairnessSettings",
     "FinishReason",
     "InvalidRequestError",
     "IterationTrace",
     "LLMEngine",
+    "ProcessEngine",
     "PromptTooLongError",
     "Request",
     "RequestInfo",

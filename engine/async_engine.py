@@ -121,6 +121,7 @@ class AsyncEngine:
             while True:
                 item = await q.get()
                 if isinstance(item, BaseException):
+                    finished = True  # the loop already ended this request; aborting could hit a namesake
                     raise item
                 finished = item.finished
                 yield item

@@ -20,6 +20,7 @@ import torch
 from engine.attention import resolve_backend
 from engine.config import EngineConfig
 from engine.kv_cache import BlockPool
+from engine.limits import RequestLimits
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner, kv_block_bytes
 from engine.outputs import EngineStats, RequestInfo, RequestMetrics, RequestOutput
@@ -27,8 +28,6 @@ from engine.policy import build_policy
 from engine.request import (
     DuplicateRequestError,
     FinishReason,
-    InvalidRequestError,
-    PromptTooLongError,
     Request,
     RequestMeta,
     RequestState,
@@ -66,6 +65,7 @@ class LLMEngine:
         self.eos_token_ids = set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids)
         num_blocks = config.num_kv_blocks or self._blocks_from_memory()
         self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.limits = RequestLimits(self.vocab_size, self.max_model_len, config.block_size, num_blocks)
         self.policy = build_policy(config.fairness)
         sched_cfg = SchedulerConfig(
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -103,21 +103,7 @@ class LLMEngine:
     # -- intake -----------------------------------------------------------------------------
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise a specific InvalidRequestError for input the engine cannot serve."""
-        params.validate()
-        if len(prompt_token_ids) == 0:
-            raise InvalidRequestError("prompt must not be empty", "prompt")
-        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidRequestError(f"token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})", "prompt")
-        total = len(prompt_token_ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise PromptTooLongError(
-                f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds the "
-                f"model context of {self.max_model_len} tokens", "max_tokens")
-        if -(-total // self.pool.block_size) > self.pool.num_blocks:
-            raise PromptTooLongError(
-                f"prompt + max_tokens = {total} tokens exceeds the KV cache capacity of "
-                f"{self.pool.num_blocks * self.pool.block_size} tokens", "max_tokens")
+        self.limits.validate(prompt_token_ids, params)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of a prompt given as text or ids."""

@@ -33,6 +33,9 @@ class GatewaySettings(BaseModel):
     demo_tenant: str = "demo"  # created with a key on first start so the printed api_key works
     metrics_tenants: int = Field(default=50, ge=0)  # tenants given their own metric labels
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    # The engine loop in its own process (ProcessEngine) rather than a thread sharing the gateway's GIL:
+    # on by measurement (docs/gateway.md, "Benchmark: gateway overhead").
+    engine_process: bool = True
 
     @field_validator("engine")
     @classmethod

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from admission.controller import AdmissionController
 from admission.quota import make_quota
 from billing import BillingStore, Database, KeyCache, Ledger, LedgerConfig, default_db_url
-from engine import AsyncEngine
+from engine import AsyncEngine, ProcessEngine
 from gateway.admin_rejections import RejectionLog
 from gateway.auth import ensure_admin_token
 from gateway.idempotency import IdempotencyStore, make_idempotency_store
@@ -73,7 +73,9 @@ def build_state(settings: GatewaySettings, engine: AsyncEngine | None) -> Gatewa
     store = BillingStore(db)
     owns_engine = engine is None
     if engine is None:
-        engine = AsyncEngine(settings.engine)
+        # ProcessEngine has AsyncEngine's public surface exactly; the gateway only uses that surface.
+        engine = cast(AsyncEngine, ProcessEngine(settings.engine)) if settings.engine_process \
+            else AsyncEngine(settings.engine)
         engine.start()
     labels = TenantLabels(settings.metrics_tenants)
     metrics = GatewayMetrics(labels, engine.stats)

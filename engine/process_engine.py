@@ -1,0 +1,315 @@
+"""`ProcessEngine`: the AsyncEngine boundary with the loop in its own process, so it never takes the gateway's GIL.
+
+The parent keeps only the tokenizer, the live-request table and the cached stats; it validates
+requests itself with the limits the worker reports once at startup, sends submit/abort/weight
+messages down one pipe, and one reader thread hands the worker's outputs to each request's asyncio
+queue exactly as AsyncEngine does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import multiprocessing
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import SpawnProcess
+from pathlib import Path
+from typing import Any
+
+from engine.async_engine import EngineDeadError, _Abort, _SetWeight, _Submit
+from engine.config import EngineConfig
+from engine.limits import RequestLimits
+from engine.loader import DEFAULT_MODEL_NAME, default_model_dir
+from engine.outputs import EngineStats, RequestInfo, RequestOutput
+from engine.request import (
+    DuplicateRequestError,
+    InvalidRequestError,
+    PromptTooLongError,
+    RequestMeta,
+    SamplingParams,
+)
+from engine.tokenizer import Tokenizer
+from engine.trace import IterationTrace
+from engine.worker import (
+    IterationReport,
+    StopWorker,
+    SubmitFailed,
+    WorkerFailed,
+    WorkerReady,
+    default_worker_threads,
+    run_worker,
+)
+
+log = logging.getLogger("fairserve.engine")
+
+_ERRORS: dict[str, type[InvalidRequestError]] = {
+    cls.__name__: cls for cls in (InvalidRequestError, DuplicateRequestError, PromptTooLongError)}
+
+
+class EngineStartError(RuntimeError):
+    """The engine worker process failed to build its engine or did not report ready in time."""
+
+
+class ProcessEngine:
+    """Asyncio front of an LLMEngine whose loop runs in a spawned worker process; same surface as AsyncEngine."""
+
+    start_timeout_s = 180.0  # spawn, import torch, load the model
+
+    def __init__(self, config: EngineConfig) -> None:
+        config.validate()
+        self.config = config
+        model_dir = default_model_dir(config.cache_dir) if config.model is None else Path(config.model)
+        self.tokenizer = Tokenizer.from_dir(model_dir)
+        # Provisional until the worker reports the engine's own figures at start().
+        self.model_name = DEFAULT_MODEL_NAME if config.model is None else model_dir.resolve().name
+        self.max_model_len = _context_length(model_dir, config.max_model_len)
+        self._limits: RequestLimits | None = None
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
+        self._live: dict[str, RequestInfo] = {}
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._proc: SpawnProcess | None = None
+        self._to_worker: Connection | None = None
+        self._from_worker: Connection | None = None
+        self._reader: threading.Thread | None = None
+        self._alive = False
+        self._stopping = False
+        self._error: str | None = None
+        self._stats = EngineStats(alive=False, max_num_batched_tokens=config.max_num_batched_tokens,
+                                  max_num_seqs=config.max_num_seqs)
+        self._traces: list[IterationTrace] = []
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        """Spawn the worker and wait (bounded) for its ready message; raises EngineStartError if it never comes."""
+        if self._proc is not None:
+            return
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that holds threads and torch state
+        worker_in, to_worker = ctx.Pipe(duplex=False)
+        from_worker, worker_out = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=run_worker, args=(self.config, worker_in, worker_out, default_worker_threads()),
+                           name="fairserve-engine", daemon=True)
+        proc.start()
+        # Only the worker may hold its ends, so its death reads as EOF here.
+        worker_in.close()
+        worker_out.close()
+        try:
+            ready = _await_ready(proc, from_worker, self.start_timeout_s)
+        except BaseException:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5)
+            to_worker.close()
+            from_worker.close()
+            raise
+        self._proc, self._to_worker, self._from_worker = proc, to_worker, from_worker
+        self._limits = RequestLimits(ready.vocab_size, ready.max_model_len, ready.block_size, ready.num_kv_blocks)
+        self.model_name, self.max_model_len = ready.model_name, ready.max_model_len
+        self._stats = ready.stats
+        self._alive = True
+        self._reader = threading.Thread(target=self._read_outputs, name="fairserve-engine-reader", daemon=True)
+        self._reader.start()
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the worker; in-flight requests end as cancelled (reason "shutdown")."""
+        proc = self._proc
+        if proc is None:
+            return
+        self._stopping = True
+        with contextlib.suppress(EngineDeadError):
+            self._send(StopWorker())
+        proc.join(timeout_s)
+        if proc.is_alive():
+            log.warning("engine worker did not stop within %.1fs; killing it", timeout_s)
+            proc.kill()
+            proc.join(5)
+        if self._reader is not None:
+            self._reader.join(timeout_s)
+        for conn in (self._to_worker, self._from_worker):
+            if conn is not None:
+                conn.close()
+        self._proc = None
+
+    @property
+    def is_alive(self) -> bool:
+        """True while the worker process runs its loop."""
+        return self._alive
+
+    # -- the boundary -----------------------------------------------------------------------
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, meta: RequestMeta,
+                       request_id: str) -> AsyncIterator[RequestOutput]:
+        """Queue a request and yield its outputs; validation errors raise before anything is queued."""
+        if not self._alive or self._limits is None:
+            raise EngineDeadError(self._error or "engine worker is not running")
+        self._limits.validate(prompt_token_ids, params)
+        q: asyncio.Queue[Any] = asyncio.Queue()
+        with self._lock:
+            if request_id in self._streams:
+                raise DuplicateRequestError(f"request id {request_id!r} is already live", "request_id")
+            self._streams[request_id] = (asyncio.get_running_loop(), q)
+            self._live[request_id] = RequestInfo(request_id, meta.tenant_id, meta.task_id, "waiting")
+        finished = False
+        try:
+            self._send(_Submit(request_id, list(prompt_token_ids), params, meta))
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    finished = True  # nothing left to abort
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                # The consumer went away (client disconnect): stop computing for nobody.
+                self.abort(request_id, "cancelled")
+            with self._lock:
+                self._streams.pop(request_id, None)
+                self._live.pop(request_id, None)
+
+    def abort(self, request_id: str, reason: str = "cancelled") -> bool:
+        """Cancel a live request at the worker's next iteration boundary."""
+        with self._lock:
+            live = request_id in self._live
+        if live:
+            with contextlib.suppress(EngineDeadError):  # a dead worker has already failed the stream
+                self._send(_Abort(request_id, reason))
+        return live
+
+    def cancel_task(self, task_id: str) -> list[str]:
+        """Cancel every live request of `task_id`; returns their ids."""
+        with self._lock:
+            ids = [i for i, info in self._live.items() if info.task_id == task_id]
+        for request_id in ids:
+            with contextlib.suppress(EngineDeadError):
+                self._send(_Abort(request_id, "cancelled"))
+        return ids
+
+    def live_request(self, request_id: str) -> RequestInfo | None:
+        """Owner of a live request, for tenant checks at the edge."""
+        with self._lock:
+            info = self._live.get(request_id)
+            return replace(info) if info else None
+
+    def set_tenant_weight(self, tenant_id: str, weight: float, priority: int | None = None) -> None:
+        """Change a tenant's weight (and class) for requests not yet admitted and future charges."""
+        with contextlib.suppress(EngineDeadError):
+            self._send(_SetWeight(tenant_id, weight, priority))
+
+    def stats(self) -> EngineStats:
+        """The snapshot the worker published after its last working iteration."""
+        s = replace(self._stats)
+        s.alive = self._alive
+        return s
+
+    def recent_traces(self, n: int = 50) -> list[IterationTrace]:
+        """The last `n` iteration traces."""
+        return list(self._traces[-n:])
+
+    # -- the pipes --------------------------------------------------------------------------
+    def _send(self, msg: Any) -> None:
+        conn = self._to_worker
+        if conn is None:
+            raise EngineDeadError("engine worker is not running")
+        try:
+            with self._send_lock:  # one writer at a time keeps pickled messages whole
+                conn.send(msg)
+        except OSError as exc:  # BrokenPipeError and a closed connection alike
+            raise EngineDeadError(f"engine worker is gone: {exc}") from exc
+
+    def _read_outputs(self) -> None:
+        """Reader thread: dispatch worker messages until EOF or the process ends, then fail what is left."""
+        conn, proc = self._from_worker, self._proc
+        assert conn is not None and proc is not None
+        try:
+            while True:
+                ready = wait([conn, proc.sentinel])
+                if conn not in ready:
+                    # The process ended; deliver what it wrote before it went.
+                    while conn.poll(0):
+                        self._dispatch(conn.recv())
+                    break
+                self._dispatch(conn.recv())
+        except (EOFError, OSError):
+            pass
+        except Exception:  # a bad message must not leave streams hanging
+            log.exception("engine reader failed")
+        self._alive = False
+        if self._stopping:
+            reason = "engine shut down"
+        else:
+            proc.join(1.0)
+            reason = self._error or f"engine worker died (exit code {proc.exitcode})"
+            log.error("%s", reason)
+        self._fail_all(EngineDeadError(reason))
+
+    def _dispatch(self, msg: Any) -> None:
+        if isinstance(msg, IterationReport):
+            # Stats before outputs, so a consumer that sees its request end sees its blocks freed.
+            self._stats = msg.stats
+            if msg.traces:
+                self._traces = (self._traces + msg.traces)[-256:]
+            for out in msg.outputs:
+                self._deliver(out.request_id, out)
+        elif isinstance(msg, SubmitFailed):
+            cls = _ERRORS.get(msg.kind)
+            exc: Exception = cls(msg.message, msg.field_name) if cls else EngineDeadError(msg.message)
+            self._deliver(msg.request_id, exc)
+        elif isinstance(msg, WorkerFailed):
+            self._error = msg.error
+
+    def _deliver(self, request_id: str, item: Any) -> None:
+        with self._lock:
+            target = self._streams.get(request_id)
+            if target is not None and isinstance(item, RequestOutput) and request_id in self._live:
+                self._live[request_id].state = "finished" if item.finished else "running"
+        if target is not None:
+            loop, q = target
+            # RuntimeError: the consumer's event loop is already closed.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(q.put_nowait, item)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._lock:
+            ids = list(self._streams)
+        for request_id in ids:
+            self._deliver(request_id, exc)
+
+
+def _await_ready(proc: SpawnProcess, conn: Connection, timeout_s: float) -> WorkerReady:
+    """The worker's ready message, or EngineStartError naming why it did not come."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        ready = wait([conn, proc.sentinel], timeout=max(0.0, left))
+        if not ready:
+            raise EngineStartError(f"engine worker did not report ready within {timeout_s:.0f}s")
+        if conn in ready:
+            try:
+                msg = conn.recv()
+            except EOFError:
+                msg = None
+            if isinstance(msg, WorkerReady):
+                return msg
+            if isinstance(msg, WorkerFailed):
+                raise EngineStartError(f"engine worker failed to start: {msg.error}")
+        proc.join(1.0)
+        raise EngineStartError(f"engine worker exited (code {proc.exitcode}) before it was ready")
+
+
+def _context_length(model_dir: Path, configured: int | None) -> int:
+    """The context the engine will serve, read from config.json (the worker's ready message confirms it)."""
+    try:
+        declared = int(json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", 0))
+    except (OSError, ValueError):
+        declared = 0
+    if not declared:
+        return configured or 0
+    return min(configured or declared, declared)

@@ -1,0 +1,211 @@
+"""The engine loop as a process main: one LLMEngine fed by messages from a pipe, publishing outputs, stats and traces.
+
+`ProcessEngine` (engine/process_engine.py) spawns `run_worker` and speaks to it only through the
+messages below and the AsyncEngine ones (`_Submit`, `_Abort`, `_SetWeight`), so the gateway sees the
+same boundary whether the loop runs on a thread or in its own process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from engine.async_engine import _Abort, _SetWeight, _Submit
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.outputs import EngineStats, RequestOutput
+from engine.trace import IterationTrace
+
+log = logging.getLogger("fairserve.engine.worker")
+
+# Idle iterations (nothing could run) publish stats at most this often; working ones always do.
+STATS_INTERVAL_S = 0.05
+
+
+@dataclass
+class WorkerReady:
+    """Sent once the engine is built: what the parent needs to name the model and validate requests itself."""
+
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    block_size: int
+    num_kv_blocks: int
+    stats: EngineStats
+    pid: int = field(default_factory=os.getpid)
+
+
+@dataclass
+class WorkerFailed:
+    """The worker could not build its engine, or its loop died; the process exits right after."""
+
+    error: str
+
+
+@dataclass
+class IterationReport:
+    """One iteration's outputs, preceded by the stats snapshot and the traces recorded since the last report."""
+
+    outputs: list[RequestOutput]
+    stats: EngineStats
+    traces: list[IterationTrace]
+
+
+@dataclass
+class SubmitFailed:
+    """The engine refused a submit the parent had validated (a race, e.g. a duplicate id)."""
+
+    request_id: str
+    kind: str  # the exception's class name
+    message: str
+    field_name: str | None
+
+
+@dataclass
+class StopWorker:
+    """Cancel everything still live (reason "shutdown"), report the final outputs and exit."""
+
+
+def default_worker_threads() -> int:
+    """Torch threads for the worker: every core but one, which the gateway's event loop keeps."""
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
+class EngineLoop:
+    """The engine loop without threads or asyncio: apply messages, step, publish a report per iteration."""
+
+    def __init__(self, engine: LLMEngine, inbox: queue.Queue[Any], publish: Callable[[Any], None]) -> None:
+        self.engine = engine
+        self.inbox = inbox
+        self.publish = publish
+        self._weights: dict[str, tuple[float, int | None]] = {}
+        self._last_trace = engine.traces[-1].iteration if engine.traces else -1
+        self._published_at = 0.0
+
+    def run(self) -> None:
+        """Serve until a StopWorker message, then end what is left as cancelled (reason "shutdown")."""
+        engine = self.engine
+        while True:
+            if not self._drain(block=not engine.has_unfinished()):
+                break
+            if not engine.has_unfinished():
+                continue
+            outputs = engine.step()
+            last = engine.traces[-1]
+            busy = bool(outputs) or last.prefill_tokens + last.decode_tokens > 0
+            if busy or time.monotonic() - self._published_at >= STATS_INTERVAL_S:
+                self._report(outputs)
+            if not busy:
+                # Nothing could run (e.g. waiting on a deadline or blocks): wait for a message briefly.
+                self._drain(block=True, timeout=0.005)
+        self._cancel_everything()
+
+    def _report(self, outputs: list[RequestOutput]) -> None:
+        self._published_at = time.monotonic()
+        self.publish(IterationReport(outputs, self.engine.stats(), self._new_traces()))
+
+    def _new_traces(self) -> list[IterationTrace]:
+        fresh: list[IterationTrace] = []
+        for trace in reversed(self.engine.traces):
+            if trace.iteration <= self._last_trace:
+                break
+            fresh.append(trace)
+        if fresh:
+            self._last_trace = fresh[0].iteration
+        fresh.reverse()
+        return fresh
+
+    def _drain(self, block: bool, timeout: float | None = None) -> bool:
+        """Apply queued messages; False when asked to stop."""
+        try:
+            msg = self.inbox.get(block=block, timeout=timeout)
+        except queue.Empty:
+            return True
+        while True:
+            if isinstance(msg, StopWorker):
+                return False
+            self._apply(msg)
+            try:
+                msg = self.inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _apply(self, msg: Any) -> None:
+        engine = self.engine
+        if isinstance(msg, _Submit):
+            weight, priority = self._weights.get(msg.meta.tenant_id, (None, None))
+            meta = msg.meta
+            if weight is not None:
+                meta = replace(meta, weight=weight, priority=meta.priority if priority is None else priority)
+            try:
+                engine.add_request(msg.request_id, msg.prompt_token_ids, msg.params, meta)
+            except Exception as exc:  # validated by the parent; a race still ends that one stream cleanly
+                self.publish(SubmitFailed(msg.request_id, type(exc).__name__, str(exc),
+                                          getattr(exc, "field_name", None)))
+        elif isinstance(msg, _Abort):
+            engine.abort_request(msg.request_id, msg.reason, msg.signal_time)
+        elif isinstance(msg, _SetWeight):
+            self._weights[msg.tenant_id] = (msg.weight, msg.priority)
+            setter = getattr(engine.policy, "set_weight", None)
+            if setter is not None:
+                setter(msg.tenant_id, msg.weight)
+
+    def _cancel_everything(self) -> None:
+        engine = self.engine
+        for request_id in list(engine.scheduler.requests):
+            engine.abort_request(request_id, "shutdown")
+        if engine.has_unfinished():
+            self._report(engine.step())  # retires the aborts and emits each stream's final output
+
+
+def _receive(conn: Connection, inbox: queue.Queue[Any]) -> None:
+    """Move messages from the parent's pipe to the loop's inbox, so the parent's sends never wait on a step."""
+    try:
+        while True:
+            msg = conn.recv()
+            inbox.put(msg)
+            if isinstance(msg, StopWorker):
+                return
+    except (EOFError, OSError):
+        inbox.put(StopWorker())  # the parent is gone: nobody is left to serve
+
+
+def run_worker(config: EngineConfig, inbox: Connection, outbox: Connection, num_threads: int) -> None:
+    """Process main: build the engine, report ready (or the failure), serve messages until told to stop."""
+    # The parent owns this process's lifetime: a terminal's Ctrl-C or a group SIGTERM must not kill
+    # the loop under a gateway that is still draining.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    torch.set_num_threads(num_threads)
+    try:
+        engine = LLMEngine(config)
+    except BaseException as exc:
+        outbox.send(WorkerFailed(f"{type(exc).__name__}: {exc}"))
+        outbox.close()
+        return
+    outbox.send(WorkerReady(engine.model_name, engine.max_model_len, engine.vocab_size, engine.pool.block_size,
+                            engine.pool.num_blocks, engine.stats()))
+    box: queue.Queue[Any] = queue.Queue()
+    threading.Thread(target=_receive, args=(inbox, box), name="fairserve-engine-inbox", daemon=True).start()
+    try:
+        EngineLoop(engine, box, outbox.send).run()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the parent is gone: nobody is left to tell
+    except BaseException as exc:  # the loop must never die silently
+        log.exception("engine loop died")
+        with contextlib.suppress(OSError):  # the parent may be gone too
+            outbox.send(WorkerFailed(f"engine loop died: {exc!r}"))
+    finally:
+        engine.close()
+        outbox.close()

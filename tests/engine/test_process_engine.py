@@ -1,0 +1,201 @@
+"""ProcessEngine: the engine loop in a real spawned worker process with the embedded default model."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine import (
+    LLM,
+    DuplicateRequestError,
+    EngineConfig,
+    EngineDeadError,
+    EngineStartError,
+    FinishReason,
+    InvalidRequestError,
+    ProcessEngine,
+    RequestMeta,
+    RequestOutput,
+    SamplingParams,
+)
+from engine.loader import default_model_dir
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+PROMPTS = ["The batch never waits.", "Fair share", "x"]
+
+
+def config(**kw: object) -> EngineConfig:
+    return EngineConfig(**{"num_kv_blocks": 96, "max_num_batched_tokens": 64, **kw})  # type: ignore[arg-type]
+
+
+def started(cfg: EngineConfig) -> tuple[ProcessEngine, int]:
+    """A started engine and its worker's pid (the child that appeared with it)."""
+    before = {p.pid for p in multiprocessing.active_children()}
+    engine = ProcessEngine(cfg)
+    engine.start()
+    new = [p.pid for p in multiprocessing.active_children() if p.pid not in before and p.name == "fairserve-engine"]
+    assert len(new) == 1 and new[0] is not None and new[0] != os.getpid()
+    return engine, new[0]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[ProcessEngine]:
+    eng, _ = started(config())
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference() -> LLM:
+    """The same engine configuration in this process, as the oracle."""
+    return LLM(None, num_kv_blocks=96, max_num_batched_tokens=64)
+
+
+async def collect(engine: ProcessEngine, ids: list[int], params: SamplingParams, request_id: str,
+                  **meta: object) -> list[RequestOutput]:
+    return [out async for out in engine.generate(ids, params, RequestMeta(**meta), request_id)]  # type: ignore[arg-type]
+
+
+def test_streams_the_same_greedy_tokens_as_llm(engine: ProcessEngine, reference: LLM) -> None:
+    expected = reference.generate(PROMPTS, GREEDY)
+
+    async def scenario() -> list[list[RequestOutput]]:
+        return await asyncio.gather(*(collect(engine, engine.tokenizer.encode(p), GREEDY, f"parity-{i}",
+                                              tenant_id=f"t{i}") for i, p in enumerate(PROMPTS)))
+
+    streams = asyncio.run(scenario())
+    for want, outs in zip(expected, streams, strict=True):
+        last = outs[-1]
+        assert last.finished and last.finish_reason is FinishReason.LENGTH
+        assert [o.finished for o in outs[:-1]] == [False] * (len(outs) - 1)
+        assert last.token_ids == want.token_ids
+        assert [t for o in outs for t in o.new_token_ids] == want.token_ids
+        assert "".join(o.delta_text for o in outs) == last.text == want.text
+        assert last.metrics.completion_tokens == len(want.token_ids)
+    stats = engine.stats()
+    assert stats.alive and stats.running == 0 and stats.kv_blocks_used == 0 and stats.iterations > 0
+    assert engine.recent_traces(5) and engine.recent_traces(5)[-1].iteration == stats.iterations
+
+
+def test_abort_and_cancel_task_end_streams_as_cancelled(engine: ProcessEngine) -> None:
+    long = SamplingParams(max_tokens=1500, ignore_eos=True)
+
+    async def until_cancelled(request_id: str, cancel: object, **meta: object) -> RequestOutput:
+        outs = []
+        async for out in engine.generate([1, 2, 3], long, RequestMeta(**meta), request_id):  # type: ignore[arg-type]
+            outs.append(out)
+            if len(outs) == 2:
+                info = engine.live_request(request_id)
+                assert info is not None and info.tenant_id == meta["tenant_id"] and info.state == "running"
+                cancel()  # type: ignore[operator]
+        return outs[-1]
+
+    async def scenario() -> tuple[RequestOutput, RequestOutput]:
+        return await asyncio.gather(
+            until_cancelled("ab-1", lambda: engine.abort("ab-1"), tenant_id="alice"),
+            until_cancelled("ab-2", lambda: engine.cancel_task("job-7"), tenant_id="bob", task_id="job-7"),
+        )
+
+    for last in asyncio.run(scenario()):
+        assert last.finished and last.finish_reason is FinishReason.CANCELLED
+        assert len(last.token_ids) < long.max_tokens
+    assert engine.live_request("ab-1") is None and engine.abort("ab-1") is False
+    assert engine.cancel_task("job-7") == []
+    assert engine.stats().kv_blocks_used == 0
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "error", "field"),
+    [
+        ([], SamplingParams(), InvalidRequestError, "prompt"),
+        ([1, 2, 10**6], SamplingParams(), InvalidRequestError, "prompt"),
+        ([1, 2], SamplingParams(max_tokens=0), InvalidRequestError, "max_tokens"),
+        ([1, 2], SamplingParams(temperature=float("nan")), InvalidRequestError, "temperature"),
+        ([1, 2], SamplingParams(max_tokens=4000), InvalidRequestError, "max_tokens"),  # past the context
+        ([1, 2], SamplingParams(max_tokens=1600), InvalidRequestError, "max_tokens"),  # past 96 KV blocks
+    ],
+)
+def test_validation_raises_synchronously_like_the_engine(
+    engine: ProcessEngine, reference: LLM, prompt: list[int], params: SamplingParams, error: type[Exception],
+    field: str,
+) -> None:
+    with pytest.raises(error) as want:
+        reference.engine.validate(prompt, params)
+    iterations = engine.stats().iterations
+
+    async def first() -> None:
+        await anext(engine.generate(prompt, params, RequestMeta(), "bad"))
+
+    with pytest.raises(error) as got:
+        asyncio.run(first())
+    assert type(got.value) is type(want.value) and str(got.value) == str(want.value)
+    assert getattr(got.value, "field_name", None) == field
+    assert engine.live_request("bad") is None and engine.stats().iterations == iterations
+
+
+def test_duplicate_live_id_is_refused(engine: ProcessEngine) -> None:
+    async def scenario() -> None:
+        stream = engine.generate([5, 6], SamplingParams(max_tokens=400, ignore_eos=True), RequestMeta(), "dup")
+        await anext(stream)
+        with pytest.raises(DuplicateRequestError):
+            await anext(engine.generate([5, 6], GREEDY, RequestMeta(), "dup"))
+        assert engine.abort("dup")
+        outs = [out async for out in stream]
+        assert outs[-1].finish_reason is FinishReason.CANCELLED
+
+    asyncio.run(scenario())
+
+
+def test_killed_worker_fails_in_flight_streams() -> None:
+    engine, pid = started(config())
+    try:
+        async def scenario() -> None:
+            stream = engine.generate([1, 2, 3], SamplingParams(max_tokens=1500, ignore_eos=True), RequestMeta(), "k")
+            await anext(stream)
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(EngineDeadError, match="died"):
+                async for _ in stream:
+                    pass
+
+        asyncio.run(asyncio.wait_for(scenario(), timeout=3.0))
+        assert not engine.is_alive and not engine.stats().alive
+
+        async def late() -> None:
+            await anext(engine.generate([1], SamplingParams(), RequestMeta(), "late"))
+
+        with pytest.raises(EngineDeadError):
+            asyncio.run(late())
+    finally:
+        engine.shutdown(timeout_s=5)
+
+
+def test_shutdown_cancels_in_flight_requests() -> None:
+    engine, pid = started(config())
+
+    async def scenario() -> RequestOutput:
+        stream = engine.generate([4, 5, 6], SamplingParams(max_tokens=1500, ignore_eos=True), RequestMeta(), "s")
+        await anext(stream)
+        await asyncio.to_thread(engine.shutdown, 30.0)
+        return [out async for out in stream][-1]
+
+    last = asyncio.run(asyncio.wait_for(scenario(), timeout=60.0))
+    assert last.finished and last.finish_reason is FinishReason.CANCELLED
+    assert not engine.is_alive and pid not in {p.pid for p in multiprocessing.active_children()}
+
+
+def test_worker_that_cannot_load_its_model_fails_start(tmp_path: Path) -> None:
+    broken = tmp_path / "no-weights"
+    shutil.copytree(default_model_dir(), broken, ignore=shutil.ignore_patterns("*.safetensors"))
+    engine = ProcessEngine(config(model=str(broken)))
+    before = {p.pid for p in multiprocessing.active_children()}
+    with pytest.raises(EngineStartError, match="no \\*.safetensors weights"):
+        engine.start()
+    assert not engine.is_alive
+    assert {p.pid for p in multiprocessing.active_children()} <= before  # the failed worker was reaped
