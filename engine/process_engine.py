@@ -8,60 +8,39 @@ queue exactly as AsyncEngine does.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import multiprocessing
 import threading
 import time
-from collections.abc import AsyncIterator
-from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import SpawnProcess
 from pathlib import Path
 from typing import Any
 
-from engine.async_engine import EngineDeadError, _Abort, _SetWeight, _Submit
 from engine.config import EngineConfig
+from engine.front import EngineFront
 from engine.limits import RequestLimits
 from engine.loader import DEFAULT_MODEL_NAME, default_model_dir
-from engine.outputs import EngineStats, RequestInfo, RequestOutput
-from engine.request import (
-    DuplicateRequestError,
-    InvalidRequestError,
-    PromptTooLongError,
-    RequestMeta,
-    SamplingParams,
-)
+from engine.messages import EngineDeadError, StopLoop, WorkerFailed, WorkerReady
+from engine.outputs import EngineStats
 from engine.tokenizer import Tokenizer
-from engine.trace import IterationTrace
-from engine.worker import (
-    IterationReport,
-    StopWorker,
-    SubmitFailed,
-    WorkerFailed,
-    WorkerReady,
-    default_worker_threads,
-    run_worker,
-)
+from engine.worker import default_worker_threads, run_worker
 
 log = logging.getLogger("fairserve.engine")
-
-_ERRORS: dict[str, type[InvalidRequestError]] = {
-    cls.__name__: cls for cls in (InvalidRequestError, DuplicateRequestError, PromptTooLongError)}
-
 
 class EngineStartError(RuntimeError):
     """The engine worker process failed to build its engine or did not report ready in time."""
 
 
-class ProcessEngine:
+class ProcessEngine(EngineFront):
     """Asyncio front of an LLMEngine whose loop runs in a spawned worker process; same surface as AsyncEngine."""
 
     start_timeout_s = 180.0  # spawn, import torch, load the model
 
     def __init__(self, config: EngineConfig) -> None:
+        super().__init__()
         config.validate()
         self.config = config
         model_dir = default_model_dir(config.cache_dir) if config.model is None else Path(config.model)
@@ -69,21 +48,14 @@ class ProcessEngine:
         # Provisional until the worker reports the engine's own figures at start().
         self.model_name = DEFAULT_MODEL_NAME if config.model is None else model_dir.resolve().name
         self.max_model_len = _context_length(model_dir, config.max_model_len)
-        self._limits: RequestLimits | None = None
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
-        self._live: dict[str, RequestInfo] = {}
-        self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._proc: SpawnProcess | None = None
         self._to_worker: Connection | None = None
         self._from_worker: Connection | None = None
         self._reader: threading.Thread | None = None
-        self._alive = False
         self._stopping = False
-        self._error: str | None = None
         self._stats = EngineStats(alive=False, max_num_batched_tokens=config.max_num_batched_tokens,
                                   max_num_seqs=config.max_num_seqs)
-        self._traces: list[IterationTrace] = []
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -123,7 +95,7 @@ class ProcessEngine:
             return
         self._stopping = True
         with contextlib.suppress(EngineDeadError):
-            self._send(StopWorker())
+            self._send(StopLoop())
         proc.join(timeout_s)
         if proc.is_alive():
             log.warning("engine worker did not stop within %.1fs; killing it", timeout_s)
@@ -135,83 +107,6 @@ class ProcessEngine:
             if conn is not None:
                 conn.close()
         self._proc = None
-
-    @property
-    def is_alive(self) -> bool:
-        """True while the worker process runs its loop."""
-        return self._alive
-
-    # -- the boundary -----------------------------------------------------------------------
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, meta: RequestMeta,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
-        """Queue a request and yield its outputs; validation errors raise before anything is queued."""
-        if not self._alive or self._limits is None:
-            raise EngineDeadError(self._error or "engine worker is not running")
-        self._limits.validate(prompt_token_ids, params)
-        q: asyncio.Queue[Any] = asyncio.Queue()
-        with self._lock:
-            if request_id in self._streams:
-                raise DuplicateRequestError(f"request id {request_id!r} is already live", "request_id")
-            self._streams[request_id] = (asyncio.get_running_loop(), q)
-            self._live[request_id] = RequestInfo(request_id, meta.tenant_id, meta.task_id, "waiting")
-        finished = False
-        try:
-            self._send(_Submit(request_id, list(prompt_token_ids), params, meta))
-            while True:
-                item = await q.get()
-                if isinstance(item, BaseException):
-                    finished = True  # nothing left to abort
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
-        finally:
-            if not finished:
-                # The consumer went away (client disconnect): stop computing for nobody.
-                self.abort(request_id, "cancelled")
-            with self._lock:
-                self._streams.pop(request_id, None)
-                self._live.pop(request_id, None)
-
-    def abort(self, request_id: str, reason: str = "cancelled") -> bool:
-        """Cancel a live request at the worker's next iteration boundary."""
-        with self._lock:
-            live = request_id in self._live
-        if live:
-            with contextlib.suppress(EngineDeadError):  # a dead worker has already failed the stream
-                self._send(_Abort(request_id, reason))
-        return live
-
-    def cancel_task(self, task_id: str) -> list[str]:
-        """Cancel every live request of `task_id`; returns their ids."""
-        with self._lock:
-            ids = [i for i, info in self._live.items() if info.task_id == task_id]
-        for request_id in ids:
-            with contextlib.suppress(EngineDeadError):
-                self._send(_Abort(request_id, "cancelled"))
-        return ids
-
-    def live_request(self, request_id: str) -> RequestInfo | None:
-        """Owner of a live request, for tenant checks at the edge."""
-        with self._lock:
-            info = self._live.get(request_id)
-            return replace(info) if info else None
-
-    def set_tenant_weight(self, tenant_id: str, weight: float, priority: int | None = None) -> None:
-        """Change a tenant's weight (and class) for requests not yet admitted and future charges."""
-        with contextlib.suppress(EngineDeadError):
-            self._send(_SetWeight(tenant_id, weight, priority))
-
-    def stats(self) -> EngineStats:
-        """The snapshot the worker published after its last working iteration."""
-        s = replace(self._stats)
-        s.alive = self._alive
-        return s
-
-    def recent_traces(self, n: int = 50) -> list[IterationTrace]:
-        """The last `n` iteration traces."""
-        return list(self._traces[-n:])
 
     # -- the pipes --------------------------------------------------------------------------
     def _send(self, msg: Any) -> None:
@@ -249,38 +144,6 @@ class ProcessEngine:
             reason = self._error or f"engine worker died (exit code {proc.exitcode})"
             log.error("%s", reason)
         self._fail_all(EngineDeadError(reason))
-
-    def _dispatch(self, msg: Any) -> None:
-        if isinstance(msg, IterationReport):
-            # Stats before outputs, so a consumer that sees its request end sees its blocks freed.
-            self._stats = msg.stats
-            if msg.traces:
-                self._traces = (self._traces + msg.traces)[-256:]
-            for out in msg.outputs:
-                self._deliver(out.request_id, out)
-        elif isinstance(msg, SubmitFailed):
-            cls = _ERRORS.get(msg.kind)
-            exc: Exception = cls(msg.message, msg.field_name) if cls else EngineDeadError(msg.message)
-            self._deliver(msg.request_id, exc)
-        elif isinstance(msg, WorkerFailed):
-            self._error = msg.error
-
-    def _deliver(self, request_id: str, item: Any) -> None:
-        with self._lock:
-            target = self._streams.get(request_id)
-            if target is not None and isinstance(item, RequestOutput) and request_id in self._live:
-                self._live[request_id].state = "finished" if item.finished else "running"
-        if target is not None:
-            loop, q = target
-            # RuntimeError: the consumer's event loop is already closed.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(q.put_nowait, item)
-
-    def _fail_all(self, exc: BaseException) -> None:
-        with self._lock:
-            ids = list(self._streams)
-        for request_id in ids:
-            self._deliver(request_id, exc)
 
 
 def _await_ready(proc: SpawnProcess, conn: Connection, timeout_s: float) -> WorkerReady:

@@ -1,8 +1,8 @@
 """The engine loop as a process main: one LLMEngine fed by messages from a pipe, publishing outputs, stats and traces.
 
-`ProcessEngine` (engine/process_engine.py) spawns `run_worker` and speaks to it only through the
-messages below and the AsyncEngine ones (`_Submit`, `_Abort`, `_SetWeight`), so the gateway sees the
-same boundary whether the loop runs on a thread or in its own process.
+`EngineLoop` is the one engine loop: `AsyncEngine` runs it on a thread, `ProcessEngine` spawns
+`run_worker`, which runs it in its own process. Both speak to it only through engine/messages.py, so
+the gateway sees the same boundary either way.
 """
 
 from __future__ import annotations
@@ -15,66 +15,31 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
 
-from engine.async_engine import _Abort, _SetWeight, _Submit
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.outputs import EngineStats, RequestOutput
+from engine.messages import (
+    Abort,
+    IterationReport,
+    SetWeight,
+    StopLoop,
+    Submit,
+    SubmitFailed,
+    WorkerFailed,
+    WorkerReady,
+)
+from engine.outputs import RequestOutput
 from engine.trace import IterationTrace
 
 log = logging.getLogger("fairserve.engine.worker")
 
 # Idle iterations (nothing could run) publish stats at most this often; working ones always do.
 STATS_INTERVAL_S = 0.05
-
-
-@dataclass
-class WorkerReady:
-    """Sent once the engine is built: what the parent needs to name the model and validate requests itself."""
-
-    model_name: str
-    max_model_len: int
-    vocab_size: int
-    block_size: int
-    num_kv_blocks: int
-    stats: EngineStats
-    pid: int = field(default_factory=os.getpid)
-
-
-@dataclass
-class WorkerFailed:
-    """The worker could not build its engine, or its loop died; the process exits right after."""
-
-    error: str
-
-
-@dataclass
-class IterationReport:
-    """One iteration's outputs, preceded by the stats snapshot and the traces recorded since the last report."""
-
-    outputs: list[RequestOutput]
-    stats: EngineStats
-    traces: list[IterationTrace]
-
-
-@dataclass
-class SubmitFailed:
-    """The engine refused a submit the parent had validated (a race, e.g. a duplicate id)."""
-
-    request_id: str
-    kind: str  # the exception's class name
-    message: str
-    field_name: str | None
-
-
-@dataclass
-class StopWorker:
-    """Cancel everything still live (reason "shutdown"), report the final outputs and exit."""
 
 
 def default_worker_threads() -> int:
@@ -94,7 +59,7 @@ class EngineLoop:
         self._published_at = 0.0
 
     def run(self) -> None:
-        """Serve until a StopWorker message, then end what is left as cancelled (reason "shutdown")."""
+        """Serve until a StopLoop message, then end what is left as cancelled (reason "shutdown")."""
         engine = self.engine
         while True:
             if not self._drain(block=not engine.has_unfinished()):
@@ -133,7 +98,7 @@ class EngineLoop:
         except queue.Empty:
             return True
         while True:
-            if isinstance(msg, StopWorker):
+            if isinstance(msg, StopLoop):
                 return False
             self._apply(msg)
             try:
@@ -143,7 +108,7 @@ class EngineLoop:
 
     def _apply(self, msg: Any) -> None:
         engine = self.engine
-        if isinstance(msg, _Submit):
+        if isinstance(msg, Submit):
             weight, priority = self._weights.get(msg.meta.tenant_id, (None, None))
             meta = msg.meta
             if weight is not None:
@@ -153,9 +118,9 @@ class EngineLoop:
             except Exception as exc:  # validated by the parent; a race still ends that one stream cleanly
                 self.publish(SubmitFailed(msg.request_id, type(exc).__name__, str(exc),
                                           getattr(exc, "field_name", None)))
-        elif isinstance(msg, _Abort):
+        elif isinstance(msg, Abort):
             engine.abort_request(msg.request_id, msg.reason, msg.signal_time)
-        elif isinstance(msg, _SetWeight):
+        elif isinstance(msg, SetWeight):
             self._weights[msg.tenant_id] = (msg.weight, msg.priority)
             setter = getattr(engine.policy, "set_weight", None)
             if setter is not None:
@@ -175,10 +140,10 @@ def _receive(conn: Connection, inbox: queue.Queue[Any]) -> None:
         while True:
             msg = conn.recv()
             inbox.put(msg)
-            if isinstance(msg, StopWorker):
+            if isinstance(msg, StopLoop):
                 return
     except (EOFError, OSError):
-        inbox.put(StopWorker())  # the parent is gone: nobody is left to serve
+        inbox.put(StopLoop())  # the parent is gone: nobody is left to serve
 
 
 def run_worker(config: EngineConfig, inbox: Connection, outbox: Connection, num_threads: int) -> None:

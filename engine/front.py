@@ -1,0 +1,168 @@
+"""`EngineFront`: the asyncio side of the engine boundary, shared by the thread and the process engines.
+
+A front validates a request, registers its stream, sends a Submit, and turns the loop's
+IterationReports into per-request asyncio queues. Subclasses only say how messages travel (`_send`)
+and how the loop is started and stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+from engine.limits import RequestLimits
+from engine.messages import (
+    Abort,
+    EngineDeadError,
+    IterationReport,
+    SetWeight,
+    Submit,
+    SubmitFailed,
+    WorkerFailed,
+)
+from engine.outputs import EngineStats, RequestInfo, RequestOutput
+from engine.request import (
+    DuplicateRequestError,
+    InvalidRequestError,
+    PromptTooLongError,
+    RequestMeta,
+    SamplingParams,
+)
+from engine.trace import IterationTrace
+
+_ERRORS: dict[str, type[InvalidRequestError]] = {
+    cls.__name__: cls for cls in (InvalidRequestError, DuplicateRequestError, PromptTooLongError)}
+_TRACES_KEPT = 256
+
+
+class EngineFront:
+    """Streams, live-request table and cached stats; the loop lives behind `_send`."""
+
+    def __init__(self) -> None:
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
+        self._live: dict[str, RequestInfo] = {}
+        self._lock = threading.Lock()
+        self._alive = False
+        self._error: str | None = None
+        self._limits: RequestLimits | None = None
+        self._stats = EngineStats()
+        self._traces: list[IterationTrace] = []
+
+    def _send(self, msg: Any) -> None:
+        """Hand a message to the loop; raise EngineDeadError when it is gone."""
+        raise NotImplementedError
+
+    @property
+    def is_alive(self) -> bool:
+        """True while the loop runs."""
+        return self._alive
+
+    # -- the boundary -----------------------------------------------------------------------
+    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams, meta: RequestMeta,
+                       request_id: str) -> AsyncIterator[RequestOutput]:
+        """Queue a request and yield its outputs; validation errors raise before anything is queued."""
+        if not self._alive or self._limits is None:
+            raise EngineDeadError(self._error or "engine loop is not running")
+        self._limits.validate(prompt_token_ids, params)
+        q: asyncio.Queue[Any] = asyncio.Queue()
+        with self._lock:
+            if request_id in self._streams:
+                raise DuplicateRequestError(f"request id {request_id!r} is already live", "request_id")
+            self._streams[request_id] = (asyncio.get_running_loop(), q)
+            self._live[request_id] = RequestInfo(request_id, meta.tenant_id, meta.task_id, "waiting")
+        finished = False
+        try:
+            self._send(Submit(request_id, list(prompt_token_ids), params, meta))
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    finished = True  # the loop already ended this request; aborting could hit a namesake
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                # The consumer went away (client disconnect): stop computing for nobody.
+                self.abort(request_id, "cancelled")
+            with self._lock:
+                self._streams.pop(request_id, None)
+                self._live.pop(request_id, None)
+
+    def abort(self, request_id: str, reason: str = "cancelled") -> bool:
+        """Cancel a live request at the next iteration boundary."""
+        with self._lock:
+            live = request_id in self._live
+        if live:
+            with contextlib.suppress(EngineDeadError):  # a dead loop has already failed the stream
+                self._send(Abort(request_id, reason))
+        return live
+
+    def cancel_task(self, task_id: str) -> list[str]:
+        """Cancel every live request of `task_id`; returns their ids."""
+        with self._lock:
+            ids = [i for i, info in self._live.items() if info.task_id == task_id]
+        for request_id in ids:
+            with contextlib.suppress(EngineDeadError):
+                self._send(Abort(request_id, "cancelled"))
+        return ids
+
+    def live_request(self, request_id: str) -> RequestInfo | None:
+        """Owner of a live request, for tenant checks at the edge."""
+        with self._lock:
+            info = self._live.get(request_id)
+            return replace(info) if info else None
+
+    def set_tenant_weight(self, tenant_id: str, weight: float, priority: int | None = None) -> None:
+        """Change a tenant's weight (and class) for requests not yet admitted and future charges."""
+        with contextlib.suppress(EngineDeadError):
+            self._send(SetWeight(tenant_id, weight, priority))
+
+    def stats(self) -> EngineStats:
+        """The snapshot the loop published after its last working iteration."""
+        s = replace(self._stats)
+        s.alive = self._alive
+        return s
+
+    def recent_traces(self, n: int = 50) -> list[IterationTrace]:
+        """The last `n` iteration traces."""
+        return list(self._traces[-n:])
+
+    # -- what comes back from the loop ------------------------------------------------------
+    def _dispatch(self, msg: Any) -> None:
+        if isinstance(msg, IterationReport):
+            # Stats before outputs, so a consumer that sees its request end sees its blocks freed.
+            self._stats = msg.stats
+            if msg.traces:
+                self._traces = (self._traces + msg.traces)[-_TRACES_KEPT:]
+            for out in msg.outputs:
+                self._deliver(out.request_id, out)
+        elif isinstance(msg, SubmitFailed):
+            cls = _ERRORS.get(msg.kind)
+            exc: Exception = cls(msg.message, msg.field_name) if cls else EngineDeadError(msg.message)
+            self._deliver(msg.request_id, exc)
+        elif isinstance(msg, WorkerFailed):
+            self._error = msg.error
+
+    def _deliver(self, request_id: str, item: Any) -> None:
+        with self._lock:
+            target = self._streams.get(request_id)
+            if target is not None and isinstance(item, RequestOutput) and request_id in self._live:
+                self._live[request_id].state = "finished" if item.finished else "running"
+        if target is not None:
+            loop, q = target
+            # RuntimeError: the consumer's event loop is already closed.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(q.put_nowait, item)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self._alive = False
+        with self._lock:
+            ids = list(self._streams)
+        for request_id in ids:
+            self._deliver(request_id, exc)
