@@ -277,6 +277,11 @@ class BillingStore:
                 for r in session.scalars(query)
             ]
 
+    def usage_exists(self, request_id: str) -> bool:
+        """True when the ledger already holds a row for `request_id` (a client reusing its X-Request-Id)."""
+        with self._session() as session:
+            return session.get(UsageRow, request_id) is not None
+
     def list_audit(self, limit: int = 100, tenant_id: str | None = None) -> list[AuditEntry]:
         """The newest audit entries first, optionally for one tenant."""
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:

@@ -27,6 +27,18 @@ from gateway.runs import Outcome, Run, RunSpec, drive
 from gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
+FINISHED_IDS_KEPT = 100_000  # far more than one ledger flush interval's worth of requests
+
+
+async def _id_already_used(state: GatewayState, request_id: str) -> bool:
+    """A client-chosen request id that already has a ledger row (recent in this process, or in SQL)."""
+    if request_id in state.finished_ids:
+        return True
+    try:
+        return await asyncio.to_thread(state.store.usage_exists, request_id)
+    except Exception:  # a database outage must not turn every request with an X-Request-Id away
+        log.warning("could not check request id %s against the ledger", request_id, exc_info=True)
+        return False
 
 
 def _quota_headers(decision: QuotaDecision | None) -> dict[str, str]:
@@ -107,6 +119,12 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
             await state.idempotency.abandon(tenant_id, key)
         raise APIError(409, f"request id {ident.request_id!r} is already in flight", "duplicate_request_id",
                        "X-Request-Id")
+    if request.headers.get("x-request-id") == ident.request_id and await _id_already_used(state, ident.request_id):
+        # The ledger keeps one row per request id; a second request under the same id would lose its row.
+        if key is not None:
+            await state.idempotency.abandon(tenant_id, key)
+        raise APIError(409, f"request id {ident.request_id!r} was already used; send a new X-Request-Id",
+                       "duplicate_request_id", "X-Request-Id")
     try:
         return _admit_and_start(state, caller, ident, deadline, now, body, inputs, chat, headers)
     except APIError:
@@ -217,3 +235,6 @@ def _record(state: GatewayState, run: Run, outcome: Outcome, meta: RequestMeta, 
         state.ledger.record(row)
     except Exception:  # the ledger spills on its own; a full buffer must not fail the response
         log.warning("ledger refused row %s", row.request_id, exc_info=True)
+    state.finished_ids[row.request_id] = None
+    if len(state.finished_ids) > FINISHED_IDS_KEPT:
+        state.finished_ids.popitem(last=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -40,6 +41,9 @@ class GatewayState:
     admin_token: str
     runs: RunRegistry = field(default_factory=RunRegistry)
     rejections: RejectionLog = field(default_factory=RejectionLog)  # recent ones, for /admin
+    # Request ids whose ledger row this process wrote recently: the ledger writes behind, so a reused
+    # X-Request-Id must be caught here before its first row reaches SQL.
+    finished_ids: OrderedDict[str, None] = field(default_factory=OrderedDict)
     draining: bool = False
     engine_failed: bool = False
     _tenants_at: float = 0.0

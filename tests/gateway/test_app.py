@@ -115,6 +115,11 @@ def test_identity_headers_reach_the_ledger(server: Server, client: httpx.Client)
     assert (row["task_id"], row["workflow_run_id"], row["attempt"]) == ("task-ident", "wf-9", 3)
     assert row["tenant_id"] == server.tenants["alice"].id
     assert row["status"] == "completed" and row["completion_tokens"] == 2
+    # Reusing the id would lose the second request's ledger row: refused, found both in this process's
+    # recent ids and (after the flush above) in SQL.
+    again = client.post("/v1/completions", json={"model": server.model, "prompt": "hi", "max_tokens": 2}, headers=h)
+    _assert_error(again, 409, "duplicate_request_id", "X-Request-Id")
+    assert len(server.usage_rows("request_id = :r", r="ident-1")) == 1
     _assert_error(client.post("/v1/completions", json={"model": server.model, "prompt": "hi"},
                               headers=server.headers("alice", **{"X-Attempt": "-1"})), 400, "invalid_header", "X-Attempt")
 
