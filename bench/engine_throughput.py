@@ -153,15 +153,25 @@ def hf_static_runner(model: Any, batch_size: int) -> Callable[[Workload], int]:
     return run
 
 
-def hf_continuous_runner(model: Any) -> Callable[[Workload], int]:
-    """A function that serves a workload with transformers' continuous-batching manager (generate_batch's engine)."""
+def hf_continuous_runner(model: Any, num_blocks: int | None = None,
+                         max_batch_tokens: int | None = None) -> Callable[[Workload], int]:
+    """A function that serves a workload with transformers' continuous-batching manager (generate_batch's engine).
+
+    Left unset, `num_blocks` and `max_batch_tokens` are sized by transformers from free memory: on CPU
+    that is most of the machine's RAM, so callers sharing a process (the product bench) bound them.
+    """
     from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     config = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=PAD_ID, max_new_tokens=1)
+    bounds = None
+    if num_blocks is not None or max_batch_tokens is not None:
+        bounds = ContinuousBatchingConfig(num_blocks=num_blocks, max_batch_tokens=max_batch_tokens)
 
     def run(w: Workload) -> int:
         produced = 0
-        with model.continuous_batching_context_manager(generation_config=config, block=True, timeout=30) as manager:
+        with model.continuous_batching_context_manager(generation_config=config, block=True, timeout=30,
+                                                       continuous_batching_config=bounds) as manager:
             ids = [manager.add_request(p, request_id=f"r{i}", max_new_tokens=n, eos_token_id=-1)
                    for i, (p, n) in enumerate(zip(w.prompts, w.max_tokens, strict=True))]
             pending = set(ids)
@@ -227,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2, help="timed rounds per system; the best one counts")
     parser.add_argument("--systems", default="fairserve,generate,generate_batch")
+    parser.add_argument("--hf-max-batch-tokens", type=int, default=None,
+                        help="bound generate_batch()'s token budget (default: transformers sizes it from free memory)")
+    parser.add_argument("--hf-num-blocks", type=int, default=None,
+                        help="bound generate_batch()'s KV cache blocks (default: transformers sizes it from free memory)")
     parser.add_argument("--out", type=Path, default=Path("artifacts/engine_throughput.json"))
     args = parser.parse_args(argv)
     if args.num_requests < 2 or args.prompt_len[0] < 1 or args.output_len[0] < 1 or args.repeats < 1:
@@ -255,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         if "generate" in systems:
             runs[f"transformers generate() (static, batch {args.batch_size})"] = hf_static_runner(hf, args.batch_size)
         if "generate_batch" in systems:
-            runs["transformers generate_batch() (continuous)"] = hf_continuous_runner(hf)
+            bounded = args.hf_max_batch_tokens is not None or args.hf_num_blocks is not None
+            label = "transformers generate_batch() (continuous" + (
+                f", {args.hf_max_batch_tokens} batch tokens, {args.hf_num_blocks} blocks)" if bounded else ")")
+            runs[label] = hf_continuous_runner(hf, args.hf_num_blocks, args.hf_max_batch_tokens)
         results = measure(runs, workload, warmup, args.repeats)
     header = (f"## Engine throughput, CPU ({args.threads} torch threads): {params / 1e6:.1f}M-param random Llama "
               f"({args.model}), fp32, {args.num_requests} requests, prompts {args.prompt_len[0]}-{args.prompt_len[1]} "
