@@ -22,7 +22,13 @@ from torch import nn
 
 from engine.models import ModelConfig, build_model
 from engine.models.config import eos_ids
-from engine.tokenizer import BYTE_SPECIAL_TOKENS, Tokenizer, byte_tokenizer_config, write_byte_tokenizer
+from engine.tokenizer import (
+    BYTE_SPECIAL_TOKENS,
+    Tokenizer,
+    byte_tokenizer_config,
+    read_json,
+    write_byte_tokenizer,
+)
 
 DEFAULT_MODEL_NAME = "fairserve-tiny"
 DEFAULT_MODEL_VERSION = "fairserve-tiny-v2"  # bump when the default model's files change
@@ -61,7 +67,7 @@ def load_model(
     except json.JSONDecodeError as exc:
         raise ValueError(f"{config_file}: invalid JSON ({exc})") from exc
     cfg = ModelConfig.from_hf_config(hf_config)
-    generation = _read_json(root / "generation_config.json")
+    generation = read_json(root / "generation_config.json")
     if generation.get("eos_token_id") is not None:
         cfg.eos_token_ids = eos_ids(generation["eos_token_id"])
     weight_files = safetensors_files(root)
@@ -92,7 +98,7 @@ def safetensors_files(root: Path) -> list[Path]:
     """The checkpoint shards: those of model.safetensors.index.json, else every *.safetensors file."""
     index = root / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = _read_json(index).get("weight_map")
+        weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise ValueError(f"{index}: missing or empty 'weight_map'")
         files = [root / name for name in sorted(set(weight_map.values()))]
@@ -217,11 +223,3 @@ def _default_weights(c: dict[str, Any]) -> dict[str, torch.Tensor]:
     return weights
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        loaded = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: invalid JSON ({exc})") from exc
-    return loaded if isinstance(loaded, dict) else {}

@@ -56,9 +56,9 @@ class Tokenizer:
         if not tk_file.is_file():
             raise FileNotFoundError(f"{root}: no tokenizer.json (only fast tokenizers are supported)")
         tk = tokenizers.Tokenizer.from_file(str(tk_file))
-        tk_cfg = _read_json(root / "tokenizer_config.json")
-        gen_cfg = _read_json(root / "generation_config.json")
-        model_cfg = _read_json(root / "config.json")
+        tk_cfg = read_json(root / "tokenizer_config.json")
+        gen_cfg = read_json(root / "generation_config.json")
+        model_cfg = read_json(root / "config.json")
 
         def token_id(entry: Any) -> int | None:
             text = entry.get("content") if isinstance(entry, dict) else entry
@@ -207,7 +207,8 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; {} when the file is absent, ValueError naming the file when it is malformed."""
     if not path.is_file():
         return {}
     try:
