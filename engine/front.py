@@ -56,6 +56,9 @@ class EngineFront:
         """Hand a message to the loop; raise EngineDeadError when it is gone."""
         raise NotImplementedError
 
+    def _attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Called on the event loop of every generate; a front that reads its loop's outputs there binds to it."""
+
     @property
     def is_alive(self) -> bool:
         """True while the loop runs."""
@@ -68,6 +71,7 @@ class EngineFront:
         if not self._alive or self._limits is None:
             raise EngineDeadError(self._error or "engine loop is not running")
         self._limits.validate(prompt_token_ids, params)
+        self._attach(asyncio.get_running_loop())
         q: asyncio.Queue[Any] = asyncio.Queue()
         with self._lock:
             if request_id in self._streams:
@@ -154,11 +158,19 @@ class EngineFront:
             target = self._streams.get(request_id)
             if target is not None and isinstance(item, RequestOutput) and request_id in self._live:
                 self._live[request_id].state = "finished" if item.finished else "running"
-        if target is not None:
-            loop, q = target
-            # RuntimeError: the consumer's event loop is already closed.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(q.put_nowait, item)
+        if target is None:
+            return
+        loop, q = target
+        try:
+            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if loop is here:  # dispatched on the consumer's own loop: no wake-up round trip
+            q.put_nowait(item)
+            return
+        # RuntimeError: the consumer's event loop is already closed.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(q.put_nowait, item)
 
     def _fail_all(self, exc: BaseException) -> None:
         self._alive = False

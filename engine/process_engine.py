@@ -1,13 +1,16 @@
 """`ProcessEngine`: the AsyncEngine boundary with the loop in its own process, so it never takes the gateway's GIL.
 
 The parent keeps only the tokenizer, the live-request table and the cached stats; it validates
-requests itself with the limits the worker reports once at startup, sends submit/abort/weight
-messages down one pipe, and one reader thread hands the worker's outputs to each request's asyncio
-queue exactly as AsyncEngine does.
+requests itself with the limits the worker reports once at startup and sends submit/abort/weight
+messages down one pipe. The worker's outputs are read on the event loop of the requests
+(`loop.add_reader` on the pipe and on the process sentinel), not on a reader thread: a thread would
+have to win the GIL from a busy event loop (up to the 5 ms switch interval) and then wake the loop
+again for every report, and both hops showed in the gateway's tail latency.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -25,6 +28,7 @@ from engine.limits import RequestLimits
 from engine.loader import DEFAULT_MODEL_NAME, default_model_dir
 from engine.messages import EngineDeadError, StopLoop, WorkerFailed, WorkerReady
 from engine.outputs import EngineStats
+from engine.pipe import PipeWriter, widen
 from engine.tokenizer import Tokenizer
 from engine.worker import default_worker_threads, run_worker
 
@@ -48,11 +52,12 @@ class ProcessEngine(EngineFront):
         # Provisional until the worker reports the engine's own figures at start().
         self.model_name = DEFAULT_MODEL_NAME if config.model is None else model_dir.resolve().name
         self.max_model_len = _context_length(model_dir, config.max_model_len)
-        self._send_lock = threading.Lock()
+        self._writer: PipeWriter | None = None
         self._proc: SpawnProcess | None = None
         self._to_worker: Connection | None = None
         self._from_worker: Connection | None = None
-        self._reader: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop that reads the worker's pipe
+        self._exited = threading.Event()
         self._stopping = False
         self._stats = EngineStats(alive=False, max_num_batched_tokens=config.max_num_batched_tokens,
                                   max_num_seqs=config.max_num_seqs)
@@ -81,12 +86,24 @@ class ProcessEngine(EngineFront):
             from_worker.close()
             raise
         self._proc, self._to_worker, self._from_worker = proc, to_worker, from_worker
+        self._writer = PipeWriter(to_worker.fileno())
+        widen(from_worker.fileno())
+        self._exited.clear()
+        self._stopping = False
         self._limits = RequestLimits(ready.vocab_size, ready.max_model_len, ready.block_size, ready.num_kv_blocks)
         self.model_name, self.max_model_len = ready.model_name, ready.max_model_len
         self._stats = ready.stats
         self._alive = True
-        self._reader = threading.Thread(target=self._read_outputs, name="fairserve-engine-reader", daemon=True)
-        self._reader.start()
+        with contextlib.suppress(RuntimeError):  # started on a loop: read there now, else at the first generate
+            self._attach(asyncio.get_running_loop())
+
+    @property
+    def is_alive(self) -> bool:
+        """True while the worker runs; polls the process itself until a live loop reads its pipe."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            return self._alive
+        return self._alive and self._proc is not None and self._proc.is_alive()
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the worker; in-flight requests end as cancelled (reason "shutdown")."""
@@ -95,47 +112,93 @@ class ProcessEngine(EngineFront):
             return
         self._stopping = True
         with contextlib.suppress(EngineDeadError):
-            self._send(StopLoop())
+            self._send(StopLoop(), block=True)
+        loop = self._loop
+        if loop is not None and loop.is_running() and not _runs_here(loop):
+            self._exited.wait(timeout_s)  # that loop reads the final reports and fails what is left
+        else:
+            self._detach()
+            self._read_until_exit(time.monotonic() + timeout_s)
         proc.join(timeout_s)
         if proc.is_alive():
             log.warning("engine worker did not stop within %.1fs; killing it", timeout_s)
             proc.kill()
             proc.join(5)
-        if self._reader is not None:
-            self._reader.join(timeout_s)
+        self._worker_exited()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         for conn in (self._to_worker, self._from_worker):
             if conn is not None:
                 conn.close()
         self._proc = None
 
     # -- the pipes --------------------------------------------------------------------------
-    def _send(self, msg: Any) -> None:
-        conn = self._to_worker
-        if conn is None:
+    def _send(self, msg: Any, block: bool = False) -> None:
+        writer = self._writer
+        if writer is None:
             raise EngineDeadError("engine worker is not running")
         try:
-            with self._send_lock:  # one writer at a time keeps pickled messages whole
-                conn.send(msg)
+            writer.send(msg, block)
         except OSError as exc:  # BrokenPipeError and a closed connection alike
             raise EngineDeadError(f"engine worker is gone: {exc}") from exc
 
-    def _read_outputs(self) -> None:
-        """Reader thread: dispatch worker messages until EOF or the process ends, then fail what is left."""
-        conn, proc = self._from_worker, self._proc
-        assert conn is not None and proc is not None
+    # -- reading the worker's outputs on the event loop -------------------------------------------
+    def _attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the worker's pipe on `loop` (the loop of the latest generate, once the previous one closed)."""
+        if loop is self._loop or self._from_worker is None or self._proc is None or self._exited.is_set():
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            return  # the loop that reads is still open; other loops get their outputs handed over
+        self._loop = loop
+        if self._writer is not None:
+            self._writer.bind(loop)
+        loop.add_reader(self._from_worker.fileno(), self._on_readable)
+        loop.add_reader(self._proc.sentinel, self._worker_exited)
+
+    def _detach(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is None or loop.is_closed() or self._from_worker is None or self._proc is None:
+            return
+        loop.remove_reader(self._from_worker.fileno())
+        loop.remove_reader(self._proc.sentinel)
+
+    def _on_readable(self) -> None:
+        """Dispatch every message already in the pipe (a writer sends each one whole, so recv does not wait)."""
+        conn = self._from_worker
+        assert conn is not None
         try:
-            while True:
-                ready = wait([conn, proc.sentinel])
-                if conn not in ready:
-                    # The process ended; deliver what it wrote before it went.
-                    while conn.poll(0):
-                        self._dispatch(conn.recv())
-                    break
+            while conn.poll(0):
                 self._dispatch(conn.recv())
         except (EOFError, OSError):
-            pass
+            self._worker_exited()
         except Exception:  # a bad message must not leave streams hanging
             log.exception("engine reader failed")
+            self._worker_exited()
+
+    def _read_until_exit(self, deadline: float) -> None:
+        """Off the loop (shutdown): dispatch messages until the worker's EOF or exit, or the deadline."""
+        conn, proc = self._from_worker, self._proc
+        assert conn is not None and proc is not None
+        with contextlib.suppress(EOFError, OSError):
+            while (left := deadline - time.monotonic()) > 0:
+                ready = wait([conn, proc.sentinel], timeout=left)
+                if conn in ready:
+                    self._dispatch(conn.recv())
+                elif ready:
+                    break
+
+    def _worker_exited(self) -> None:
+        """The worker ended (or shutdown gave up on it): deliver what it wrote, then fail what is left. Idempotent."""
+        if self._loop is not None and _runs_here(self._loop):
+            self._detach()  # first: a readable sentinel would call this again on every loop pass
+        if self._exited.is_set():
+            return
+        conn, proc = self._from_worker, self._proc
+        assert conn is not None and proc is not None
+        with contextlib.suppress(EOFError, OSError):
+            while conn.poll(0):
+                self._dispatch(conn.recv())
         self._alive = False
         if self._stopping:
             reason = "engine shut down"
@@ -144,6 +207,15 @@ class ProcessEngine(EngineFront):
             reason = self._error or f"engine worker died (exit code {proc.exitcode})"
             log.error("%s", reason)
         self._fail_all(EngineDeadError(reason))
+        self._exited.set()
+
+
+def _runs_here(loop: asyncio.AbstractEventLoop) -> bool:
+    """True when called on `loop`'s own thread while it runs."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def _await_ready(proc: SpawnProcess, conn: Connection, timeout_s: float) -> WorkerReady:

@@ -12,12 +12,11 @@ import logging
 import os
 import queue
 import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -34,6 +33,7 @@ from engine.messages import (
     WorkerReady,
 )
 from engine.outputs import RequestOutput
+from engine.pipe import PipeReader
 from engine.trace import IterationTrace
 
 log = logging.getLogger("fairserve.engine.worker")
@@ -47,10 +47,20 @@ def default_worker_threads() -> int:
     return max(1, (os.cpu_count() or 1) - 1)
 
 
+class Inbox(Protocol):
+    """Where the loop's messages wait: a queue.Queue on a thread, a PipeReader in a worker process."""
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        """The next message; raises queue.Empty when none came in time."""
+
+    def get_nowait(self) -> Any:
+        """The next message already there; raises queue.Empty."""
+
+
 class EngineLoop:
     """The engine loop without threads or asyncio: apply messages, step, publish a report per iteration."""
 
-    def __init__(self, engine: LLMEngine, inbox: queue.Queue[Any], publish: Callable[[Any], None]) -> None:
+    def __init__(self, engine: LLMEngine, inbox: Inbox, publish: Callable[[Any], None]) -> None:
         self.engine = engine
         self.inbox = inbox
         self.publish = publish
@@ -134,18 +144,6 @@ class EngineLoop:
             self._report(engine.step())  # retires the aborts and emits each stream's final output
 
 
-def _receive(conn: Connection, inbox: queue.Queue[Any]) -> None:
-    """Move messages from the parent's pipe to the loop's inbox, so the parent's sends never wait on a step."""
-    try:
-        while True:
-            msg = conn.recv()
-            inbox.put(msg)
-            if isinstance(msg, StopLoop):
-                return
-    except (EOFError, OSError):
-        inbox.put(StopLoop())  # the parent is gone: nobody is left to serve
-
-
 def run_worker(config: EngineConfig, inbox: Connection, outbox: Connection, num_threads: int) -> None:
     """Process main: build the engine, report ready (or the failure), serve messages until told to stop."""
     # The parent owns this process's lifetime: a terminal's Ctrl-C or a group SIGTERM must not kill
@@ -161,8 +159,8 @@ def run_worker(config: EngineConfig, inbox: Connection, outbox: Connection, num_
         return
     outbox.send(WorkerReady(engine.model_name, engine.max_model_len, engine.vocab_size, engine.pool.block_size,
                             engine.pool.num_blocks, engine.stats()))
-    box: queue.Queue[Any] = queue.Queue()
-    threading.Thread(target=_receive, args=(inbox, box), name="fairserve-engine-inbox", daemon=True).start()
+    # Read between iterations, not on a thread: see engine/pipe.py. End of file means the parent is gone.
+    box = PipeReader(inbox.fileno(), eof_message=StopLoop())
     try:
         EngineLoop(engine, box, outbox.send).run()
     except (BrokenPipeError, ConnectionResetError):
@@ -174,3 +172,4 @@ def run_worker(config: EngineConfig, inbox: Connection, outbox: Connection, num_
     finally:
         engine.close()
         outbox.close()
+        inbox.close()

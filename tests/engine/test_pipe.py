@@ -1,0 +1,64 @@
+"""The framed pipe between the gateway and the engine worker: order, back-pressure without blocking, EOF."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+from collections.abc import Iterator
+
+import pytest
+
+from engine.pipe import PipeReader, PipeWriter
+
+
+@pytest.fixture()
+def pipe() -> Iterator[tuple[PipeReader, PipeWriter]]:
+    r, w = os.pipe()
+    yield PipeReader(r, eof_message="eof"), PipeWriter(w)
+    os.close(r)
+    os.close(w)
+
+
+def test_messages_arrive_whole_and_in_order(pipe: tuple[PipeReader, PipeWriter]) -> None:
+    reader, writer = pipe
+    sent = [{"i": i, "pad": "x" * (i * 37 % 5000)} for i in range(300)]
+    for msg in sent:
+        writer.send(msg)  # off any loop: blocking when full, but 300 small frames fit in the widened pipe
+    got = [reader.get(timeout=5) for _ in sent]
+    assert got == sent
+    with pytest.raises(queue.Empty):
+        reader.get_nowait()
+    with pytest.raises(queue.Empty):
+        reader.get(timeout=0.01)
+
+
+def test_a_full_pipe_never_blocks_the_loop_and_nothing_is_lost(pipe: tuple[PipeReader, PipeWriter]) -> None:
+    reader, writer = pipe
+    big = b"y" * (3 << 20)  # larger than any pipe buffer: the rest must wait for room
+
+    async def scenario() -> list[object]:
+        writer.bind(asyncio.get_running_loop())
+        writer.send(("first", big))  # returns at once though only part of it fits
+        writer.send("second")
+        # The reader starts only after both sends returned, so they did not wait for it; the loop stays
+        # free while it reads and flushes the rest as room appears.
+        return await asyncio.to_thread(lambda: [reader.get(timeout=10) for _ in range(2)])
+
+    got = asyncio.run(scenario())
+    assert got == [("first", big), "second"]
+
+
+def test_end_of_file_reads_as_the_eof_message_and_a_gone_reader_raises() -> None:
+    r, w = os.pipe()
+    reader, writer = PipeReader(r, eof_message="eof"), PipeWriter(w)
+    writer.send("last words")
+    os.close(w)
+    assert reader.get(timeout=5) == "last words"
+    assert reader.get(timeout=5) == "eof" and reader.get_nowait() == "eof"
+    os.close(r)
+    r2, w2 = os.pipe()
+    os.close(r2)
+    with pytest.raises(BrokenPipeError):
+        PipeWriter(w2).send("nobody listens")
+    os.close(w2)
