@@ -46,7 +46,9 @@ class _Stream:
     def __init__(self, detokenizer: object, stops: list[str]) -> None:
         self.detokenizer = detokenizer
         self.stop = StopChecker(stops)
-        self.sent_tokens = 0
+        self.sent_tokens = 0  # tokens pushed through the detokenizer
+        self.emitted_tokens = 0  # tokens already carried by an output
+        self.held_delta = ""  # text decoded since the last output, when intermediate outputs are skipped
 
 
 class LLMEngine:
@@ -189,6 +191,12 @@ class LLMEngine:
             if not new_ids and not request.is_finished:
                 continue
             stream.sent_tokens = len(request.output_token_ids)
+            if not request.sampling.stream_outputs and stream.emitted_tokens and not request.is_finished:
+                stream.held_delta += delta
+                continue
+            delta, stream.held_delta = stream.held_delta + delta, ""
+            new_ids = request.output_token_ids[stream.emitted_tokens:]
+            stream.emitted_tokens = len(request.output_token_ids)
             outputs.append(RequestOutput(
                 request_id=request.request_id, prompt_token_ids=request.prompt_token_ids, new_token_ids=list(new_ids),
                 token_ids=list(request.output_token_ids), delta_text=delta, text=stream.stop.text[: stream.stop.emitted],

@@ -57,6 +57,10 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    # False: only the first output (the request started) and the last are emitted, each carrying the
+    # text since the previous one. A non-streaming caller needs nothing in between, and every skipped
+    # output is a message the engine does not send and the caller does not wake up for.
+    stream_outputs: bool = True
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field."""

@@ -127,6 +127,34 @@ def test_stop_string_cuts_text_and_finishes(loaded: LoadedModel) -> None:
     assert cut.text == free.text[: free.text.index(stop)]
 
 
+def _outputs(engine: LLMEngine, request_id: str) -> list:
+    outs = []
+    while engine.has_unfinished():
+        outs += [o for o in engine.step() if o.request_id == request_id]
+    return outs
+
+
+@pytest.mark.parametrize("stop", [[], "cut"])
+def test_unstreamed_outputs_are_the_first_and_the_last_with_the_same_text(loaded: LoadedModel,
+                                                                        stop: list[str] | str) -> None:
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    engine = make_engine(loaded)
+    ids = engine.tokenizer.encode("quiet until done")
+    engine.add_request("streamed", ids, params, RequestMeta())
+    streamed = _outputs(engine, "streamed")
+    stops = [streamed[-1].text[3:5]] if stop else []
+    if stops:  # a stop string found only across skipped outputs must still cut the text
+        engine.add_request("streamed-stop", ids, SamplingParams(**{**params.__dict__, "stop": stops}), RequestMeta())
+        streamed = _outputs(engine, "streamed-stop")
+    engine.add_request("whole", ids, SamplingParams(**{**params.__dict__, "stop": stops, "stream_outputs": False}),
+                       RequestMeta())
+    whole = _outputs(engine, "whole")
+    assert len(streamed) > 2 and len(whole) == 2 and not whole[0].finished and whole[1].finished
+    assert whole[1].text == streamed[-1].text and whole[1].finish_reason is streamed[-1].finish_reason
+    assert "".join(o.delta_text for o in whole) == whole[1].text
+    assert [t for o in whole for t in o.new_token_ids] == whole[1].token_ids == streamed[-1].token_ids
+
+
 def test_trace_rows_are_written_as_json_lines(loaded: LoadedModel, tmp_path: Path) -> None:
     path = tmp_path / "trace.jsonl"
     engine = make_engine(loaded, trace_path=str(path))
