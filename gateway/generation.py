@@ -187,6 +187,7 @@ async def _own(state: GatewayState, run: Run, outputs: object, slot: QueueSlot, 
     finally:
         slot.release()
         state.runs.remove(run)
+    await asyncio.sleep(0)  # the readers woke at the last notify: let them send the reply before the bookkeeping
     if run.error is not None and run.error.code == "engine_unavailable":
         state.engine_failed = True
     m = outcome.metrics

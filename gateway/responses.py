@@ -69,13 +69,25 @@ class RunResponse:
             else:
                 run.readers -= 1
 
+    def _timed(self) -> dict[str, str]:
+        timing = self.run.server_timing()
+        return self.headers if timing is None else {**self.headers, "Server-Timing": timing}
+
     async def _until_change(self, gone: asyncio.Future[None]) -> bool:
         """Wait for the run to change; False when the client left first."""
-        change: asyncio.Future[Any] = asyncio.ensure_future(self.run.changed().wait())
-        racing: list[asyncio.Future[Any]] = [change, gone]
-        await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
-        if not change.done():
-            change.cancel()
+        change = self.run.next_change()
+        if gone.done():
+            return False
+
+        def left(_: object) -> None:
+            if not change.done():
+                change.set_result(None)
+
+        gone.add_done_callback(left)
+        try:
+            await change
+        finally:
+            gone.remove_done_callback(left)
         return not gone.done()
 
     async def _send(self, send: Send, gone: asyncio.Future[None]) -> bool:
@@ -88,7 +100,7 @@ class RunResponse:
                 await _send_error(send, run.error, self.headers)
             else:
                 assert run.final is not None
-                await _send_json(send, run.final.status, run.final.chunks[0], self.headers)
+                await _send_json(send, run.final.status, run.final.chunks[0], self._timed())
             return True
         # Hold the headers until the first event or an error, so a failure is still a status code.
         while not run.chunks and not run.done:
@@ -98,7 +110,7 @@ class RunResponse:
             await _send_error(send, run.error, self.headers)
             return True
         await send({"type": "http.response.start", "status": 200,
-                    "headers": _raw({**self.headers, **_SSE_HEADERS}, "text/event-stream")})
+                    "headers": _raw({**self._timed(), **_SSE_HEADERS}, "text/event-stream")})
         sent = 0
         while True:
             source = run.final.chunks if run.final is not None else run.chunks

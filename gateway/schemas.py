@@ -99,6 +99,7 @@ class _Sampling(_Strict):
             stop=stop,
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
+            stream_outputs=bool(self.stream),  # a whole response needs only the start and the end
         )
 
     @property

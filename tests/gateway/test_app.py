@@ -209,3 +209,17 @@ def test_many_concurrent_streams_all_finish(server: Server) -> None:
     for events in results:
         assert events[-1] == "data: [DONE]"
         assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"  # 6 tokens, ignore_eos
+
+
+def test_server_timing_reports_the_engine_share(server: Server, client: httpx.Client) -> None:
+    body = {"model": server.model, "prompt": "x", "max_tokens": 3, "ignore_eos": True}
+    whole = client.post("/v1/completions", json=body, headers=server.headers("alice"))
+    assert whole.status_code == 200, whole.text
+    name, dur = whole.headers["server-timing"].split(";")
+    assert name == "engine" and 0 < float(dur.removeprefix("dur=")) < whole.elapsed.total_seconds() * 1e3
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True}, headers=server.headers("alice")) as s:
+        name, dur = s.headers["server-timing"].split(";")
+        assert name == "engine-first" and float(dur.removeprefix("dur=")) > 0
+        assert [line for line in s.iter_lines() if line][-1] == "data: [DONE]"
+    refused = client.post("/v1/completions", json={**body, "max_tokens": 0}, headers=server.headers("alice"))
+    assert refused.status_code == 400 and "server-timing" not in refused.headers  # no engine work, no share
