@@ -9,6 +9,12 @@ difference. Then saturates a small-queue gateway and measures how fast overload 
 (503 `overloaded`) are answered. `--engine-process` picks the engine mode: `off` (the loop on a
 thread of the gateway: AsyncEngine), `on` (the loop in its own process: ProcessEngine) or `both`,
 measured one after the other in the same run and reported side by side.
+
+Two overhead figures: *unpaired* is the literal comparison (gateway percentiles minus in-process
+percentiles of separate runs), noisy because the engine's own latency varies between runs; *paired*
+subtracts from each request's client latency the engine share the gateway reported for that same
+request in `Server-Timing` (submit to last output, or to the first output for streams). The load
+client is bench/http1.py unless `--client httpx` (which adds ~2 ms of its own per request).
 """
 
 from __future__ import annotations
@@ -18,7 +24,6 @@ import asyncio
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -30,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import uvloop
 
+from bench.http1 import Http1Pool
 from engine import AsyncEngine, EngineConfig, ProcessEngine, RequestMeta, SamplingParams
 
 PROMPT = "The batch never waits."
@@ -129,78 +136,93 @@ class Served:
             self.proc.kill()
 
 
-async def through_gateway(served: Served, model: str, rate: float, n: int, max_tokens: int, stream: bool,
-                          seen: dict[str, tuple[float, float]]) -> Sample:
-    """Latency of the same requests over HTTP through the gateway; `seen` gets (first, total) by request id."""
-    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
-    async with httpx.AsyncClient(base_url=served.url, headers=served.headers, timeout=120, limits=limits) as client:
-        body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
+class Poster:
+    """POSTs through one HTTP client kind; see `post` for what comes back."""
 
-        async def one(i: int) -> tuple[float, float]:
-            rid = f"bench-{'s' if stream else 'n'}-{i}-{time.monotonic_ns()}"
-            t0 = time.perf_counter()
-            if not stream:
-                resp = await client.post("/v1/completions", json=body, headers={"X-Request-Id": rid})
-                if resp.status_code != 200:
-                    return NAN, NAN
-                elapsed = time.perf_counter() - t0
-                seen[rid] = (elapsed, elapsed)
-                return elapsed, elapsed
-            first = None
-            async with client.stream("POST", "/v1/completions", json=body, headers={"X-Request-Id": rid}) as resp:
-                if resp.status_code != 200:
-                    return NAN, NAN
-                async for line in resp.aiter_lines():
-                    if line.startswith("data: {") and first is None:
-                        first = time.perf_counter() - t0
-            seen[rid] = (first or 0.0, time.perf_counter() - t0)
-            return seen[rid]
+    def __init__(self, served: Served, kind: str) -> None:
+        self.kind = kind
+        self.pool = Http1Pool(served.url, served.headers)
+        limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
+        self.httpx = httpx.AsyncClient(base_url=served.url, headers=served.headers, timeout=300, limits=limits)
 
-        await open_loop(rate, min(n, 50), one)
-        seen.clear()  # warm-up requests are not measured
-        return await open_loop(rate, n, one)
-
-
-def paired_overhead(db_path: Path, seen: dict[str, tuple[float, float]]) -> dict[str, float]:
-    """Per request: client latency minus the engine's own span from the ledger (arrival at the gateway
-    handler to the last token; arrival to first token for streams). Pairing cancels load noise."""
-    with sqlite3.connect(db_path) as db:
-        rows = {r[0]: (r[1], r[2]) for r in db.execute("SELECT request_id, ttft_ms, e2e_ms FROM usage")}
-    first, total = [], []
-    for rid, (c_first, c_total) in seen.items():
-        if rid in rows and rows[rid][1] is not None:
-            ttft_ms, e2e_ms = rows[rid]
-            total.append(c_total * 1e3 - e2e_ms)
-            if ttft_ms is not None:
-                first.append(c_first * 1e3 - ttft_ms)
-    return {"n": len(total), "first_p50_ms": pct(first, 0.5), "first_p99_ms": pct(first, 0.99),
-            "total_p50_ms": pct(total, 0.5), "total_p99_ms": pct(total, 0.99)}
-
-
-async def rejections(served: Served, model: str, rate: float, n: int, hogs: int) -> dict[str, float]:
-    """Saturate the engine and the queue, then measure how quickly overload rejections come back."""
-    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
-    async with httpx.AsyncClient(base_url=served.url, headers=served.headers, timeout=300, limits=limits) as client:
-        hog_body = {"model": model, "prompt": PROMPT, "max_tokens": 1500, "ignore_eos": True}
-        fillers = []
-        for _ in range(hogs):  # spaced so each is admitted: every slot busy, then the queue full
-            fillers.append(asyncio.create_task(client.post("/v1/completions", json=hog_body,
-                                                           headers={"X-Task-Id": "bench-hogs"})))
-            await asyncio.sleep(0.3)
-        statuses: list[int] = []
-
-        async def one(i: int) -> tuple[float, float]:
-            t0 = time.perf_counter()
-            resp = await client.post("/v1/completions", json={**hog_body, "max_tokens": 1})
-            statuses.append(resp.status_code)
-            elapsed = time.perf_counter() - t0
-            return elapsed, elapsed
-
+    async def post(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None,
+                   ) -> tuple[int, float | None, float, float]:
+        """Status, the engine's share in seconds (the gateway's `Server-Timing`), seconds to the first SSE
+        event and to the end."""
         t0 = time.perf_counter()
-        sample = await open_loop(rate, n, one)
-        wall = time.perf_counter() - t0
-        await client.post("/v1/tasks/bench-hogs/cancel")
-        await asyncio.gather(*fillers, return_exceptions=True)
+        if self.kind == "http1":
+            reply = await self.pool.request("POST", path, body, headers, marker=b"data: {")
+            end = time.perf_counter()
+            return reply.status, engine_share(reply.headers.get("server-timing")), (reply.marked_at or end) - t0, \
+                end - t0
+        first = None
+        async with self.httpx.stream("POST", path, json=body, headers=headers) as resp:
+            async for line in resp.aiter_lines():
+                if first is None and line.startswith("data: {"):
+                    first = time.perf_counter()
+        end = time.perf_counter()
+        return resp.status_code, engine_share(resp.headers.get("server-timing")), (first or end) - t0, end - t0
+
+    async def close(self) -> None:
+        await self.pool.close()
+        await self.httpx.aclose()
+
+
+def engine_share(server_timing: str | None) -> float | None:
+    """Seconds from the first `dur=` of a Server-Timing header, if any."""
+    for part in (server_timing or "").split(";"):
+        name, _, value = part.strip().partition("=")
+        if name == "dur":
+            return float(value) / 1e3
+    return None
+
+
+async def through_gateway(poster: Poster, model: str, rate: float, n: int, max_tokens: int, stream: bool,
+                          paired: list[float]) -> Sample:
+    """Latency of the same requests over HTTP through the gateway. `paired` gets, per request, the client's
+    latency (to the first event for streams) minus the engine's share the gateway reported for it: what the
+    gateway and the network added to that very request, free of the engine's own load noise."""
+    body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
+
+    async def one(i: int) -> tuple[float, float]:
+        status, engine_s, first, total = await poster.post("/v1/completions", body)
+        if status != 200:
+            return NAN, NAN
+        if engine_s is not None:
+            paired.append((first if stream else total) - engine_s)
+        return first, total
+
+    await poster.pool.prewarm(32)  # a load generator opens its connections before it measures
+    await open_loop(rate, min(n, 50), one)
+    paired.clear()  # warm-up requests are not measured
+    return await open_loop(rate, n, one)
+
+
+def paired_summary(paired: list[float]) -> dict[str, float]:
+    """p50/p99 in milliseconds of per-request gateway overheads."""
+    return {"n": len(paired), "p50_ms": pct(paired, 0.5) * 1e3, "p99_ms": pct(paired, 0.99) * 1e3}
+
+
+async def rejections(poster: Poster, model: str, rate: float, n: int, hogs: int) -> dict[str, float]:
+    """Saturate the engine and the queue, then measure how quickly overload rejections come back."""
+    hog_body = {"model": model, "prompt": PROMPT, "max_tokens": 1500, "ignore_eos": True}
+    await poster.pool.prewarm(32)
+    fillers = []
+    for _ in range(hogs):  # spaced so each is admitted: every slot busy, then the queue full
+        fillers.append(asyncio.create_task(poster.post("/v1/completions", hog_body, {"X-Task-Id": "bench-hogs"})))
+        await asyncio.sleep(0.3)
+    statuses: list[int] = []
+
+    async def one(i: int) -> tuple[float, float]:
+        status, _, _, elapsed = await poster.post("/v1/completions", {**hog_body, "max_tokens": 1})
+        statuses.append(status)
+        return elapsed, elapsed
+
+    t0 = time.perf_counter()
+    sample = await open_loop(rate, n, one)
+    wall = time.perf_counter() - t0
+    await poster.post("/v1/tasks/bench-hogs/cancel", {})
+    await asyncio.gather(*fillers, return_exceptions=True)
     rejected = [s for s in statuses if s in (429, 503)]
     return {"rejected": len(rejected), "sent": n, "rejected_per_s": len(rejected) / wall,
             "p50_ms": pct(sample.total, 0.5) * 1e3, "p99_ms": pct(sample.total, 0.99) * 1e3}
@@ -216,24 +238,26 @@ async def measure_mode(args: argparse.Namespace, tmp: str, process: bool) -> dic
     report["inproc_nonstream"] = (await in_process(cfg, process, args.rate, n, 1)).summary()
     report["inproc_stream"] = (await in_process(cfg, process, args.rate, n, args.stream_tokens)).summary()
     served = Served(str(Path(tmp) / f"{mode}-a"), "--max-num-seqs", str(args.max_num_seqs), flag)
-    seen_n: dict[str, tuple[float, float]] = {}
-    seen_s: dict[str, tuple[float, float]] = {}
+    paired_n: list[float] = []
+    paired_s: list[float] = []
+    poster = Poster(served, args.client)
     try:
-        async with httpx.AsyncClient(base_url=served.url, headers=served.headers) as c:
-            model = (await c.get("/v1/models")).json()["data"][0]["id"]
-        report["gateway_nonstream"] = (await through_gateway(served, model, args.rate, n, 1, False,
-                                                             seen_n)).summary()
-        report["gateway_stream"] = (await through_gateway(served, model, args.rate, n, args.stream_tokens,
-                                                          True, seen_s)).summary()
+        model = (await poster.pool.request("GET", "/v1/models")).json()["data"][0]["id"]  # type: ignore[index]
+        report["gateway_nonstream"] = (await through_gateway(poster, model, args.rate, n, 1, False,
+                                                             paired_n)).summary()
+        report["gateway_stream"] = (await through_gateway(poster, model, args.rate, n, args.stream_tokens,
+                                                          True, paired_s)).summary()
     finally:
+        await poster.close()
         served.stop()  # SIGTERM flushes the ledger
-    db_path = Path(tmp) / f"{mode}-a" / "fairserve.db"
-    report["paired_overhead_nonstream"] = paired_overhead(db_path, seen_n)
-    report["paired_overhead_stream"] = paired_overhead(db_path, seen_s)
+    report["paired_overhead_nonstream"] = paired_summary(paired_n)
+    report["paired_overhead_stream_first"] = paired_summary(paired_s)
     small = Served(str(Path(tmp) / f"{mode}-b"), "--max-num-seqs", "4", "--max-queued-requests", "4", flag)
+    poster = Poster(small, args.client)
     try:
-        report["overload"] = await rejections(small, model, args.reject_rate, int(args.reject_rate * 2), 4 + 4)
+        report["overload"] = await rejections(poster, model, args.reject_rate, int(args.reject_rate * 2), 4 + 4)
     finally:
+        await poster.close()
         small.stop()
     for kind in ("nonstream", "stream"):
         g, e = report[f"gateway_{kind}"], report[f"inproc_{kind}"]
@@ -244,7 +268,7 @@ async def measure_mode(args: argparse.Namespace, tmp: str, process: bool) -> dic
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
-    report: dict[str, object] = {"rate": args.rate, "requests": int(args.rate * args.duration)}
+    report: dict[str, object] = {"rate": args.rate, "requests": int(args.rate * args.duration), "client": args.client}
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.engine_process]
     with tempfile.TemporaryDirectory() as tmp:
         for process in modes:
@@ -255,19 +279,20 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
 def side_by_side(report: dict[str, object]) -> str:
     """A Markdown table of the headline figures, one column pair per measured engine mode."""
     measured: dict[str, dict[str, Any]] = {m: v for m in ("thread", "process") if isinstance(v := report.get(m), dict)}
-    rows = [("in-process, max_tokens=1", "inproc_nonstream", "total"),
-            ("gateway, max_tokens=1", "gateway_nonstream", "total"),
-            ("unpaired overhead, non-streaming", "overhead_nonstream", "total"),
-            ("paired overhead, non-streaming", "paired_overhead_nonstream", "total"),
-            ("paired overhead, stream first token", "paired_overhead_stream", "first"),
-            ("paired overhead, whole stream", "paired_overhead_stream", "total")]
+    rows = [("in-process, max_tokens=1", "inproc_nonstream", "total_"),
+            ("gateway, max_tokens=1", "gateway_nonstream", "total_"),
+            ("unpaired overhead, non-streaming", "overhead_nonstream", "total_"),
+            ("unpaired overhead, stream first token", "overhead_stream", "first_"),
+            ("unpaired overhead, whole stream", "overhead_stream", "total_"),
+            ("paired overhead, non-streaming", "paired_overhead_nonstream", ""),
+            ("paired overhead, stream first token", "paired_overhead_stream_first", "")]
     head = f"| {report['rate']:g} req/s, {report['requests']} requests | " + " | ".join(
         f"{m} p50 | {m} p99" for m in measured) + " |"
     lines = [head, "|---" * (1 + 2 * len(measured)) + "|"]
     for label, key, which in rows:
-        cells = [f"{r[key][f'{which}_{q}_ms']:.1f} ms" for r in measured.values() for q in ("p50", "p99")]
+        cells = [f"{r[key][f'{which}{q}_ms']:.2f} ms" for r in measured.values() for q in ("p50", "p99")]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    cells = [f"{r['overload'][f'{q}_ms']:.1f} ms" for r in measured.values() for q in ("p50", "p99")]
+    cells = [f"{r['overload'][f'{q}_ms']:.2f} ms" for r in measured.values() for q in ("p50", "p99")]
     refused = "; ".join(f"{m}: {r['overload']['rejected']}/{r['overload']['sent']} refused at "
                         f"{r['overload']['rejected_per_s']:.0f} /s" for m, r in measured.items())
     lines.append(f"| overload rejections ({refused}) | " + " | ".join(cells) + " |")
@@ -286,8 +311,10 @@ def main() -> None:
     p.add_argument("--reject-rate", type=float, default=500.0, help="offered rate during overload")
     p.add_argument("--engine-process", choices=["off", "on", "both"], default="both",
                    help="engine loop on a gateway thread (off), in its own process (on), or measure both")
+    p.add_argument("--client", choices=["http1", "httpx"], default="http1",
+                   help="load client: a minimal keep-alive HTTP/1.1 client, or httpx (about 2 ms of its own per request)")
     args = p.parse_args()
-    report = asyncio.run(main_async(args))
+    report = uvloop.run(main_async(args))  # the loop uvicorn uses too: the client's own cost stays small
     print(json.dumps(_rounded(report), indent=2))
     print(side_by_side(report))
 
