@@ -52,15 +52,15 @@ class Http1Pool:
         head = (f"{method} {path} HTTP/1.1\r\n{self._fixed}{extra}Content-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n").encode()
         for attempt in (0, 1):
-            reused = bool(self._idle)
-            reader, writer = self._idle.pop() if reused else await asyncio.open_connection(self.host, self.port)
+            conn = self._take() if attempt == 0 else None
+            reader, writer = conn or await asyncio.open_connection(self.host, self.port)
             try:
                 writer.write(head + body)
                 reply, keep = await _read_reply(reader, marker)
             except (ConnectionError, asyncio.IncompleteReadError):
                 writer.close()
-                if reused and attempt == 0:
-                    continue  # the server closed an idle connection; nothing was processed
+                if conn is not None:
+                    continue  # the server closed an idle connection as we used it; nothing was processed
                 raise
             if keep:
                 self._idle.append((reader, writer))
@@ -68,6 +68,15 @@ class Http1Pool:
                 writer.close()
             return reply
         raise AssertionError("unreachable")
+
+    def _take(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """An idle connection the server has not closed (uvicorn drops idle ones after 5 s), or None."""
+        while self._idle:
+            reader, writer = self._idle.pop()
+            if not reader.at_eof() and not writer.is_closing():
+                return reader, writer
+            writer.close()
+        return None
 
     async def prewarm(self, n: int) -> None:
         """Open connections until `n` are idle, so the measured requests do not pay for TCP set-up."""
