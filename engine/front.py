@@ -68,35 +68,42 @@ class EngineFront:
     async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams, meta: RequestMeta,
                        request_id: str) -> AsyncIterator[RequestOutput]:
         """Queue a request and yield its outputs; validation errors raise before anything is queued."""
+        stream = self.submit(prompt_token_ids, params, meta, request_id)
+        try:
+            async for item in stream:
+                yield item
+        finally:
+            stream.close()
+
+    def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams, meta: RequestMeta,
+               request_id: str) -> OutputStream:
+        """Validate and queue a request now, on the running loop; its outputs come from the returned stream.
+
+        Unlike `generate`, whose body waits for the consumer's first step, the Submit is on its way
+        before this returns: a caller that hands the stream to another task saves that task's turn.
+        """
         if not self._alive or self._limits is None:
             raise EngineDeadError(self._error or "engine loop is not running")
         self._limits.validate(prompt_token_ids, params)
-        self._attach(asyncio.get_running_loop())
-        q: asyncio.Queue[Any] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        self._attach(loop)
+        stream = OutputStream(self, request_id)
         with self._lock:
             if request_id in self._streams:
                 raise DuplicateRequestError(f"request id {request_id!r} is already live", "request_id")
-            self._streams[request_id] = (asyncio.get_running_loop(), q)
+            self._streams[request_id] = (loop, stream.queue)
             self._live[request_id] = RequestInfo(request_id, meta.tenant_id, meta.task_id, "waiting")
-        finished = False
         try:
             self._send(Submit(request_id, list(prompt_token_ids), params, meta))
-            while True:
-                item = await q.get()
-                if isinstance(item, BaseException):
-                    finished = True  # the loop already ended this request; aborting could hit a namesake
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
-        finally:
-            if not finished:
-                # The consumer went away (client disconnect): stop computing for nobody.
-                self.abort(request_id, "cancelled")
-            with self._lock:
-                self._streams.pop(request_id, None)
-                self._live.pop(request_id, None)
+        except BaseException:
+            self._forget(request_id)
+            raise
+        return stream
+
+    def _forget(self, request_id: str) -> None:
+        with self._lock:
+            self._streams.pop(request_id, None)
+            self._live.pop(request_id, None)
 
     def abort(self, request_id: str, reason: str = "cancelled") -> bool:
         """Cancel a live request at the next iteration boundary."""
@@ -178,3 +185,47 @@ class EngineFront:
             ids = list(self._streams)
         for request_id in ids:
             self._deliver(request_id, exc)
+
+
+class OutputStream:
+    """One submitted request's outputs in order, ending after the finished one (or raising the loop's error).
+
+    Closing it before the end aborts the request: the consumer went away (a client disconnect), so the
+    engine stops computing for nobody.
+    """
+
+    def __init__(self, front: EngineFront, request_id: str) -> None:
+        self.front = front
+        self.request_id = request_id
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._ended = False
+
+    def __aiter__(self) -> OutputStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._ended:
+            raise StopAsyncIteration
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            self._end(abort=False)  # the loop already ended this request; aborting could hit a namesake
+            raise item
+        if item.finished:
+            self._end(abort=False)
+        return item  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Stop reading; aborts the request unless it already ended. Idempotent."""
+        self._end(abort=True)
+
+    async def aclose(self) -> None:
+        """`close` for `async with contextlib.aclosing(...)` and other async-generator-shaped callers."""
+        self.close()
+
+    def _end(self, abort: bool) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        if abort:
+            self.front.abort(self.request_id, "cancelled")
+        self.front._forget(self.request_id)

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 from starlette.requests import Request
@@ -16,7 +17,7 @@ from admission.controller import Rejection
 from admission.queues import QueueSlot
 from admission.quota import QuotaDecision, QuotaLimits
 from billing import UsageRecord
-from engine import RequestMeta
+from engine import RequestMeta, RequestOutput
 from gateway import request_parsing as rp
 from gateway.auth import Caller, authenticate
 from gateway.errors import APIError
@@ -161,14 +162,24 @@ def _admit_and_start(state: GatewayState, caller: Caller, ident: rp.Identity, de
                    bool(body.stream), body.include_usage, ident.idempotency_key)
     engine = state.engine
     run = Run(spec, abort=lambda reason: engine.abort(spec.request_id, reason))
-    outputs = engine.generate(inputs.prompt_token_ids, inputs.params, meta, spec.request_id)
+    run.submitted_at = time.perf_counter()
+    outputs: AsyncIterator[RequestOutput]
+    try:  # submitted here, not when the task below first runs: the engine sees it one loop pass sooner
+        outputs = engine.submit(inputs.prompt_token_ids, inputs.params, meta, spec.request_id)
+    except Exception as exc:  # a race the edge checks missed, or a dead engine: `drive` reports it as usual
+        outputs = _raising(exc)
     state.runs.add(run)
     run.task = asyncio.create_task(_own(state, run, outputs, slot, quota, limits, meta, caller))
     headers = {**headers, **_quota_headers(quota), "X-Estimated-Start-Ms": str(verdict.estimated_start_ms)}
     return RunResponse(run, headers)
 
 
-async def _own(state: GatewayState, run: Run, outputs: object, slot: QueueSlot, quota: QuotaDecision | None,
+async def _raising(exc: Exception) -> AsyncIterator[RequestOutput]:
+    raise exc
+    yield  # an async generator that fails on its first step
+
+
+async def _own(state: GatewayState, run: Run, outputs: AsyncIterator[RequestOutput], slot: QueueSlot, quota: QuotaDecision | None,
                limits: QuotaLimits, meta: RequestMeta, caller: Caller) -> None:
     """Drive the run to its end, then settle quota, write the ledger row and the idempotency record."""
     spec = run.spec
@@ -178,7 +189,7 @@ async def _own(state: GatewayState, run: Run, outputs: object, slot: QueueSlot, 
         async def publish(chunk: str) -> None:
             await state.idempotency.append(spec.tenant_id, key, chunk)
     try:
-        outcome = await drive(run, outputs, slot.start, publish)  # type: ignore[arg-type]
+        outcome = await drive(run, outputs, slot.start, publish)
     except Exception:  # a gateway bug must still end the readers and free the slot
         log.exception("run %s failed", spec.request_id)
         run.error = APIError(500, "internal error while generating", "internal_error")

@@ -142,7 +142,8 @@ async def drive(
     """Consume the engine's outputs into `run`; returns how it ended. Never raises for engine failures."""
     spec = run.spec
     last: RequestOutput | None = None
-    run.submitted_at = time.perf_counter()  # the generator submits on its first step, just below
+    if run.submitted_at is None:  # a lazy generator submits on its first step, just below
+        run.submitted_at = time.perf_counter()
     try:
         async for out in outputs:
             if out.finished:

@@ -202,6 +202,38 @@ def test_async_engine_streams_and_cancels(loaded: LoadedModel) -> None:
     assert not engine.is_alive
 
 
+def test_submit_queues_at_once_and_closing_early_aborts(loaded: LoadedModel) -> None:
+    engine = AsyncEngine(EngineConfig(num_kv_blocks=64), engine=make_engine(loaded))
+    engine.start()
+
+    async def scenario() -> None:
+        with pytest.raises(InvalidRequestError):  # raised by the call itself, nothing registered
+            engine.submit([], SamplingParams(), RequestMeta(), "bad")
+        assert engine.live_request("bad") is None
+        stream = engine.submit([1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True), RequestMeta(), "early")
+        info = engine.live_request("early")
+        assert info is not None and info.state == "waiting"  # live before anyone reads the stream
+        with pytest.raises(DuplicateRequestError):
+            engine.submit([1], SamplingParams(), RequestMeta(), "early")
+        first = await anext(stream)
+        assert not first.finished
+        stream.close()  # the reader went away mid-request
+        assert engine.live_request("early") is None
+        with pytest.raises(StopAsyncIteration):
+            await anext(stream)
+        # Messages reach the loop in order: once a later request has run to its end, the abort has
+        # been applied and the 400-token request holds nothing (checked below).
+        after = [out async for out in engine.submit([1, 2], SamplingParams(max_tokens=3, ignore_eos=True),
+                                                   RequestMeta(), "after")]
+        assert after[-1].finished and len(after[-1].token_ids) == 3
+        assert engine.stats().running == 0
+
+    asyncio.run(scenario())
+    stats = engine.stats()
+    assert stats.running == 0 and stats.kv_blocks_used == 0
+    engine.shutdown()
+
+
 def test_async_engine_death_fails_streams(loaded: LoadedModel) -> None:
     inner = make_engine(loaded)
     engine = AsyncEngine(EngineConfig(), engine=inner)
