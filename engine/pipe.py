@@ -60,7 +60,7 @@ class PipeWriter:
             if not self._pending:
                 return
             loop = self._loop
-            if not block and loop is not None and _runs_here(loop):
+            if not block and loop is not None and runs_here(loop):
                 if not self._watching:
                     loop.add_writer(self.fd, self._on_writable)
                     self._watching = True
@@ -145,7 +145,8 @@ class PipeReader:
         del buf[:start]
 
 
-def _runs_here(loop: asyncio.AbstractEventLoop) -> bool:
+def runs_here(loop: asyncio.AbstractEventLoop) -> bool:
+    """True when called on `loop`'s own thread while it runs."""
     try:
         return asyncio.get_running_loop() is loop
     except RuntimeError:

@@ -28,7 +28,7 @@ from engine.limits import RequestLimits
 from engine.loader import DEFAULT_MODEL_NAME, default_model_dir
 from engine.messages import EngineDeadError, StopLoop, WorkerFailed, WorkerReady
 from engine.outputs import EngineStats
-from engine.pipe import PipeWriter, widen
+from engine.pipe import PipeWriter, runs_here, widen
 from engine.tokenizer import Tokenizer
 from engine.worker import default_worker_threads, run_worker
 
@@ -114,7 +114,7 @@ class ProcessEngine(EngineFront):
         with contextlib.suppress(EngineDeadError):
             self._send(StopLoop(), block=True)
         loop = self._loop
-        if loop is not None and loop.is_running() and not _runs_here(loop):
+        if loop is not None and loop.is_running() and not runs_here(loop):
             self._exited.wait(timeout_s)  # that loop reads the final reports and fails what is left
         else:
             self._detach()
@@ -190,7 +190,7 @@ class ProcessEngine(EngineFront):
 
     def _worker_exited(self) -> None:
         """The worker ended (or shutdown gave up on it): deliver what it wrote, then fail what is left. Idempotent."""
-        if self._loop is not None and _runs_here(self._loop):
+        if self._loop is not None and runs_here(self._loop):
             self._detach()  # first: a readable sentinel would call this again on every loop pass
         if self._exited.is_set():
             return
@@ -208,14 +208,6 @@ class ProcessEngine(EngineFront):
             log.error("%s", reason)
         self._fail_all(EngineDeadError(reason))
         self._exited.set()
-
-
-def _runs_here(loop: asyncio.AbstractEventLoop) -> bool:
-    """True when called on `loop`'s own thread while it runs."""
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
 
 
 def _await_ready(proc: SpawnProcess, conn: Connection, timeout_s: float) -> WorkerReady:
