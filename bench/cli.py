@@ -12,10 +12,12 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bench.run import BenchOptions, run_bench
 from bench.workloads import WORKLOADS
+
+if TYPE_CHECKING:
+    from bench.run import BenchOptions
 
 API_KEY_ENV = "FAIRSERVE_API_KEY"
 
@@ -68,6 +70,9 @@ def retyped(args: argparse.Namespace) -> str:
 
 def options(args: argparse.Namespace) -> BenchOptions:
     """BenchOptions from parsed flags (not yet validated)."""
+    # Imported here: every `fairserve` command builds this parser, and bench.run pulls in matplotlib.
+    from bench.run import BenchOptions
+
     overrides: dict[str, Any] = {
         "url": args.url, "api_key": args.api_key or os.environ.get(API_KEY_ENV), "out": Path(args.out),
         "seed": args.seed, "rate_scale": args.rate_scale, "comparisons": not args.no_comparisons,
@@ -90,6 +95,8 @@ def bench_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"fairserve bench: {exc}", file=sys.stderr)
         return 2
+    from bench.run import run_bench
+
     for kind, path in run_bench(opts).items():
         print(f"{kind}: {path}", flush=True)
     return 0
