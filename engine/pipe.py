@@ -19,6 +19,7 @@ import queue
 import select
 import struct
 import threading
+import time
 from typing import Any
 
 _HEADER = struct.Struct("!I")
@@ -50,8 +51,9 @@ class PipeWriter:
             self._loop = loop
             self._watching = False
 
-    def send(self, msg: Any, block: bool = False) -> None:
-        """Queue one message (`block`: wait until it is all in the pipe); raises OSError once the reader is gone."""
+    def send(self, msg: Any, block: bool = False, timeout: float | None = None) -> None:
+        """Queue one message (`block`: wait up to `timeout` until it is all in the pipe, else TimeoutError);
+        raises OSError once the reader is gone."""
         payload = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
             self._pending += _HEADER.pack(len(payload))
@@ -66,8 +68,12 @@ class PipeWriter:
                     self._watching = True
                 return
             # Off the loop (shutdown, another thread): wait for room rather than leave bytes behind.
+            deadline = None if timeout is None else time.monotonic() + timeout
             while self._pending:
-                select.select([], [self.fd], [])
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError("the reader took nothing from a full pipe in time")
+                select.select([], [self.fd], [], left)
                 self._flush()
 
     def _flush(self) -> None:

@@ -57,6 +57,7 @@ class ProcessEngine(EngineFront):
         self._to_worker: Connection | None = None
         self._from_worker: Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop that reads the worker's pipe
+        self._watched: tuple[int, ...] = ()  # its descriptors: the pipe and the process sentinel
         self._exited = threading.Event()
         self._stopping = False
         self._stats = EngineStats(alive=False, max_num_batched_tokens=config.max_num_batched_tokens,
@@ -112,10 +113,19 @@ class ProcessEngine(EngineFront):
             return
         self._stopping = True
         with contextlib.suppress(EngineDeadError):
-            self._send(StopLoop(), block=True)
+            self._send(StopLoop(), block=True, timeout=timeout_s)  # a hung worker is killed below
         loop = self._loop
         if loop is not None and loop.is_running() and not runs_here(loop):
             self._exited.wait(timeout_s)  # that loop reads the final reports and fails what is left
+            detached = threading.Event()
+
+            def detach_there() -> None:
+                self._detach()
+                detached.set()
+
+            with contextlib.suppress(RuntimeError):  # and it lets go of the descriptors before they close
+                loop.call_soon_threadsafe(detach_there)
+                detached.wait(timeout_s)
         else:
             self._detach()
             self._read_until_exit(time.monotonic() + timeout_s)
@@ -134,12 +144,12 @@ class ProcessEngine(EngineFront):
         self._proc = None
 
     # -- the pipes --------------------------------------------------------------------------
-    def _send(self, msg: Any, block: bool = False) -> None:
+    def _send(self, msg: Any, block: bool = False, timeout: float | None = None) -> None:
         writer = self._writer
         if writer is None:
             raise EngineDeadError("engine worker is not running")
         try:
-            writer.send(msg, block)
+            writer.send(msg, block, timeout)
         except OSError as exc:  # BrokenPipeError and a closed connection alike
             raise EngineDeadError(f"engine worker is gone: {exc}") from exc
 
@@ -153,15 +163,16 @@ class ProcessEngine(EngineFront):
         self._loop = loop
         if self._writer is not None:
             self._writer.bind(loop)
-        loop.add_reader(self._from_worker.fileno(), self._on_readable)
-        loop.add_reader(self._proc.sentinel, self._worker_exited)
+        self._watched = (self._from_worker.fileno(), self._proc.sentinel)
+        loop.add_reader(self._watched[0], self._on_readable)
+        loop.add_reader(self._watched[1], self._worker_exited)
 
     def _detach(self) -> None:
         loop, self._loop = self._loop, None
-        if loop is None or loop.is_closed() or self._from_worker is None or self._proc is None:
+        if loop is None or loop.is_closed():
             return
-        loop.remove_reader(self._from_worker.fileno())
-        loop.remove_reader(self._proc.sentinel)
+        for fd in self._watched:
+            loop.remove_reader(fd)
 
     def _on_readable(self) -> None:
         """Dispatch every message already in the pipe (a writer sends each one whole, so recv does not wait)."""
@@ -192,10 +203,9 @@ class ProcessEngine(EngineFront):
         """The worker ended (or shutdown gave up on it): deliver what it wrote, then fail what is left. Idempotent."""
         if self._loop is not None and runs_here(self._loop):
             self._detach()  # first: a readable sentinel would call this again on every loop pass
-        if self._exited.is_set():
-            return
         conn, proc = self._from_worker, self._proc
-        assert conn is not None and proc is not None
+        if self._exited.is_set() or conn is None or proc is None:
+            return
         with contextlib.suppress(EOFError, OSError):
             while conn.poll(0):
                 self._dispatch(conn.recv())

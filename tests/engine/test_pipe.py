@@ -62,3 +62,9 @@ def test_end_of_file_reads_as_the_eof_message_and_a_gone_reader_raises() -> None
     with pytest.raises(BrokenPipeError):
         PipeWriter(w2).send("nobody listens")
     os.close(w2)
+
+
+def test_a_blocking_send_to_a_reader_that_never_reads_times_out(pipe: tuple[PipeReader, PipeWriter]) -> None:
+    _, writer = pipe
+    with pytest.raises(TimeoutError):
+        writer.send(b"z" * (3 << 20), block=True, timeout=0.2)  # more than the pipe holds, nobody reading
