@@ -1,5 +1,10 @@
 """Pickled messages framed over a pipe: a sender that never blocks its event loop, a reader without a thread.
 
+Both directions between the gateway and the engine worker use this framing. The gateway reads the
+worker's outputs in an event loop callback, and uvloop makes a watched descriptor non-blocking, so the
+reader must take half a frame and wait for the rest: `multiprocessing.Connection.recv` would raise
+BlockingIOError mid-message there, which once read as a dead worker.
+
 The gateway sends every Submit down this pipe. A reader thread blocked on the other end had to be
 woken for each message (a cross-CPU wake-up that cost the sender ~170 us per write on a 2-core VM)
 and then fought the engine loop for the GIL. Instead the engine loop reads between iterations, so
@@ -136,6 +141,24 @@ class PipeReader:
     def get_nowait(self) -> Any:
         """The next message if one has fully arrived; raises queue.Empty."""
         return self.get(block=False)
+
+    def take_ready(self) -> list[Any]:
+        """Every message that has fully arrived, without ever waiting: a half-written frame stays buffered
+        for the next call. Ends with `eof_message` once the writer is gone. For an event loop's reader callback."""
+        while not self._eof and select.select([self.fd], [], [], 0)[0]:
+            try:
+                chunk = os.read(self.fd, _PIPE_BYTES)
+            except BlockingIOError:  # an event loop may have made the descriptor non-blocking
+                break
+            if not chunk:
+                self._eof = True
+            else:
+                self._feed(chunk)
+        ready = list(self._ready)
+        self._ready.clear()
+        if self._eof:
+            ready.append(self.eof_message)
+        return ready
 
     def _feed(self, chunk: bytes) -> None:
         buf = self._buffer

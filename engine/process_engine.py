@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import multiprocessing
+import queue
 import threading
 import time
 from multiprocessing.connection import Connection, wait
@@ -28,11 +29,12 @@ from engine.limits import RequestLimits
 from engine.loader import DEFAULT_MODEL_NAME, default_model_dir
 from engine.messages import EngineDeadError, StopLoop, WorkerFailed, WorkerReady
 from engine.outputs import EngineStats
-from engine.pipe import PipeWriter, runs_here, widen
+from engine.pipe import PipeReader, PipeWriter, runs_here, widen
 from engine.tokenizer import Tokenizer
 from engine.worker import default_worker_threads, run_worker
 
 log = logging.getLogger("fairserve.engine")
+_EOF = object()  # what the worker's pipe reads as once the worker is gone
 
 class EngineStartError(RuntimeError):
     """The engine worker process failed to build its engine or did not report ready in time."""
@@ -56,6 +58,7 @@ class ProcessEngine(EngineFront):
         self._proc: SpawnProcess | None = None
         self._to_worker: Connection | None = None
         self._from_worker: Connection | None = None
+        self._reader: PipeReader | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop that reads the worker's pipe
         self._watched: tuple[int, ...] = ()  # its descriptors: the pipe and the process sentinel
         self._exited = threading.Event()
@@ -77,8 +80,9 @@ class ProcessEngine(EngineFront):
         # Only the worker may hold its ends, so its death reads as EOF here.
         worker_in.close()
         worker_out.close()
+        reader = PipeReader(from_worker.fileno(), eof_message=_EOF)
         try:
-            ready = _await_ready(proc, from_worker, self.start_timeout_s)
+            ready = _await_ready(proc, reader, self.start_timeout_s)
         except BaseException:
             if proc.is_alive():
                 proc.kill()
@@ -87,6 +91,7 @@ class ProcessEngine(EngineFront):
             from_worker.close()
             raise
         self._proc, self._to_worker, self._from_worker = proc, to_worker, from_worker
+        self._reader = reader
         self._writer = PipeWriter(to_worker.fileno())
         widen(from_worker.fileno())
         self._exited.clear()
@@ -175,13 +180,17 @@ class ProcessEngine(EngineFront):
             loop.remove_reader(fd)
 
     def _on_readable(self) -> None:
-        """Dispatch every message already in the pipe (a writer sends each one whole, so recv does not wait)."""
-        conn = self._from_worker
-        assert conn is not None
+        """Dispatch every message that has fully arrived; a half-written one waits for the next call."""
+        reader = self._reader
+        assert reader is not None
         try:
-            while conn.poll(0):
-                self._dispatch(conn.recv())
-        except (EOFError, OSError):
+            for msg in reader.take_ready():
+                if msg is _EOF:
+                    self._worker_exited()
+                    return
+                self._dispatch(msg)
+        except OSError:
+            log.exception("reading the engine worker's pipe failed")
             self._worker_exited()
         except Exception:  # a bad message must not leave streams hanging
             log.exception("engine reader failed")
@@ -189,13 +198,16 @@ class ProcessEngine(EngineFront):
 
     def _read_until_exit(self, deadline: float) -> None:
         """Off the loop (shutdown): dispatch messages until the worker's EOF or exit, or the deadline."""
-        conn, proc = self._from_worker, self._proc
-        assert conn is not None and proc is not None
-        with contextlib.suppress(EOFError, OSError):
+        reader, proc = self._reader, self._proc
+        assert reader is not None and proc is not None
+        with contextlib.suppress(OSError):
             while (left := deadline - time.monotonic()) > 0:
-                ready = wait([conn, proc.sentinel], timeout=left)
-                if conn in ready:
-                    self._dispatch(conn.recv())
+                ready = wait([reader.fd, proc.sentinel], timeout=left)
+                if reader.fd in ready:
+                    for msg in reader.take_ready():
+                        if msg is _EOF:
+                            return
+                        self._dispatch(msg)
                 elif ready:
                     break
 
@@ -203,42 +215,44 @@ class ProcessEngine(EngineFront):
         """The worker ended (or shutdown gave up on it): deliver what it wrote, then fail what is left. Idempotent."""
         if self._loop is not None and runs_here(self._loop):
             self._detach()  # first: a readable sentinel would call this again on every loop pass
-        conn, proc = self._from_worker, self._proc
-        if self._exited.is_set() or conn is None or proc is None:
+        reader, proc = self._reader, self._proc
+        if self._exited.is_set() or reader is None or proc is None:
             return
-        with contextlib.suppress(EOFError, OSError):
-            while conn.poll(0):
-                self._dispatch(conn.recv())
+        with contextlib.suppress(OSError):
+            for msg in reader.take_ready():
+                if msg is not _EOF:
+                    self._dispatch(msg)
         self._alive = False
         if self._stopping:
             reason = "engine shut down"
         else:
             proc.join(1.0)
-            reason = self._error or f"engine worker died (exit code {proc.exitcode})"
+            if proc.exitcode is None:  # its pipe failed under a live worker: no request could end now
+                proc.kill()
+                proc.join(5)
+                reason = self._error or "lost the engine worker's pipe; the worker was killed"
+            else:
+                reason = self._error or f"engine worker died (exit code {proc.exitcode})"
             log.error("%s", reason)
         self._fail_all(EngineDeadError(reason))
         self._exited.set()
 
 
-def _await_ready(proc: SpawnProcess, conn: Connection, timeout_s: float) -> WorkerReady:
+def _await_ready(proc: SpawnProcess, reader: PipeReader, timeout_s: float) -> WorkerReady:
     """The worker's ready message, or EngineStartError naming why it did not come."""
     deadline = time.monotonic() + timeout_s
     while True:
-        left = deadline - time.monotonic()
-        ready = wait([conn, proc.sentinel], timeout=max(0.0, left))
-        if not ready:
-            raise EngineStartError(f"engine worker did not report ready within {timeout_s:.0f}s")
-        if conn in ready:
-            try:
-                msg = conn.recv()
-            except EOFError:
-                msg = None
-            if isinstance(msg, WorkerReady):
-                return msg
-            if isinstance(msg, WorkerFailed):
-                raise EngineStartError(f"engine worker failed to start: {msg.error}")
-        proc.join(1.0)
-        raise EngineStartError(f"engine worker exited (code {proc.exitcode}) before it was ready")
+        try:
+            msg = reader.get(timeout=deadline - time.monotonic())
+        except queue.Empty:
+            raise EngineStartError(f"engine worker did not report ready within {timeout_s:.0f}s") from None
+        if isinstance(msg, WorkerReady):
+            return msg
+        if isinstance(msg, WorkerFailed):
+            raise EngineStartError(f"engine worker failed to start: {msg.error}")
+        if msg is _EOF:
+            proc.join(1.0)
+            raise EngineStartError(f"engine worker exited (code {proc.exitcode}) before it was ready")
 
 
 def _context_length(model_dir: Path, configured: int | None) -> int:

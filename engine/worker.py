@@ -33,7 +33,7 @@ from engine.messages import (
     WorkerReady,
 )
 from engine.outputs import RequestOutput
-from engine.pipe import PipeReader
+from engine.pipe import PipeReader, PipeWriter
 from engine.trace import IterationTrace
 
 log = logging.getLogger("fairserve.engine.worker")
@@ -151,24 +151,31 @@ def run_worker(config: EngineConfig, inbox: Connection, outbox: Connection, num_
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(num_threads)
+    # Our framing both ways (engine/pipe.py); sends block when the pipe is full, as there is no event loop here.
+    out = PipeWriter(outbox.fileno())
+
+    def tell(msg: Any) -> None:
+        out.send(msg, block=True)
+
     try:
         engine = LLMEngine(config)
     except BaseException as exc:
-        outbox.send(WorkerFailed(f"{type(exc).__name__}: {exc}"))
+        with contextlib.suppress(OSError):
+            tell(WorkerFailed(f"{type(exc).__name__}: {exc}"))
         outbox.close()
         return
-    outbox.send(WorkerReady(engine.model_name, engine.max_model_len, engine.vocab_size, engine.pool.block_size,
-                            engine.pool.num_blocks, engine.stats()))
+    tell(WorkerReady(engine.model_name, engine.max_model_len, engine.vocab_size, engine.pool.block_size,
+                     engine.pool.num_blocks, engine.stats()))
     # Read between iterations, not on a thread: see engine/pipe.py. End of file means the parent is gone.
     box = PipeReader(inbox.fileno(), eof_message=StopLoop())
     try:
-        EngineLoop(engine, box, outbox.send).run()
+        EngineLoop(engine, box, tell).run()
     except (BrokenPipeError, ConnectionResetError):
         pass  # the parent is gone: nobody is left to tell
     except BaseException as exc:  # the loop must never die silently
         log.exception("engine loop died")
         with contextlib.suppress(OSError):  # the parent may be gone too
-            outbox.send(WorkerFailed(f"engine loop died: {exc!r}"))
+            tell(WorkerFailed(f"engine loop died: {exc!r}"))
     finally:
         engine.close()
         outbox.close()

@@ -68,3 +68,29 @@ def test_a_blocking_send_to_a_reader_that_never_reads_times_out(pipe: tuple[Pipe
     _, writer = pipe
     with pytest.raises(TimeoutError):
         writer.send(b"z" * (3 << 20), block=True, timeout=0.2)  # more than the pipe holds, nobody reading
+
+
+def test_take_ready_never_waits_and_keeps_a_half_written_frame(pipe: tuple[PipeReader, PipeWriter]) -> None:
+    """An event loop's reader callback: uvloop makes the descriptor non-blocking, and the worker may be mid-frame."""
+    reader, _ = pipe
+    os.set_blocking(reader.fd, False)
+    raw_r, raw_w = os.pipe()  # frame one message by hand, then hand the reader its bytes in two pieces
+    PipeWriter(raw_w).send({"outputs": list(range(5000))})
+    os.close(raw_w)
+    frame = os.read(raw_r, 1 << 20)
+    os.close(raw_r)
+    assert reader.take_ready() == []  # nothing there: returns at once
+    os.write(pipe[1].fd, frame[: len(frame) // 2])
+    assert reader.take_ready() == []
+    os.write(pipe[1].fd, frame[len(frame) // 2:] + frame)
+    assert reader.take_ready() == [{"outputs": list(range(5000))}] * 2
+
+
+def test_take_ready_ends_with_the_eof_message() -> None:
+    r, w = os.pipe()
+    reader, writer = PipeReader(r, eof_message="eof"), PipeWriter(w)
+    writer.send("last words")
+    os.close(w)
+    assert reader.take_ready() == ["last words", "eof"]
+    assert reader.take_ready() == ["eof"]
+    os.close(r)

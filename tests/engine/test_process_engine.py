@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import uvloop
 
 from engine import (
     LLM,
@@ -82,6 +83,23 @@ def test_streams_the_same_greedy_tokens_as_llm(engine: ProcessEngine, reference:
     stats = engine.stats()
     assert stats.alive and stats.running == 0 and stats.kv_blocks_used == 0 and stats.iterations > 0
     assert engine.recent_traces(5) and engine.recent_traces(5)[-1].iteration == stats.iterations
+
+
+def test_streams_arrive_whole_under_uvloop(engine: ProcessEngine) -> None:
+    """`fairserve serve` runs on uvloop, whose readers make the watched pipe non-blocking (the half-frame
+    case itself is pinned in tests/engine/test_pipe.py)."""
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    prompts = [[(7 * i + j) % 200 + 3 for j in range(80)] for i in range(8)]
+
+    async def scenario() -> list[list[RequestOutput]]:
+        return await asyncio.gather(*(collect(engine, ids, params, f"uv-{i}", tenant_id=f"t{i % 3}")
+                                      for i, ids in enumerate(prompts)))
+
+    streams = uvloop.run(asyncio.wait_for(scenario(), timeout=120))
+    assert engine.is_alive
+    for outs in streams:
+        assert outs[-1].finish_reason is FinishReason.LENGTH and len(outs[-1].token_ids) == 40
+        assert [t for o in outs for t in o.new_token_ids] == outs[-1].token_ids
 
 
 def test_abort_and_cancel_task_end_streams_as_cancelled(engine: ProcessEngine) -> None:
@@ -172,6 +190,32 @@ def test_killed_worker_fails_in_flight_streams() -> None:
 
         with pytest.raises(EngineDeadError):
             asyncio.run(late())
+    finally:
+        engine.shutdown(timeout_s=5)
+
+
+def test_a_failed_pipe_under_a_live_worker_fails_streams_and_kills_the_worker() -> None:
+    engine, pid = started(config())
+
+    class BrokenPipeEnd:
+        """The worker's pipe as seen after a read error: the worker lives on, but nothing more can arrive."""
+
+        fd = engine._reader.fd  # type: ignore[union-attr]
+
+        def take_ready(self) -> list[object]:
+            raise OSError(5, "Input/output error")
+
+    try:
+        async def scenario() -> None:
+            stream = engine.generate([1, 2, 3], SamplingParams(max_tokens=1500, ignore_eos=True), RequestMeta(), "p")
+            await anext(stream)
+            engine._reader = BrokenPipeEnd()  # type: ignore[assignment]
+            with pytest.raises(EngineDeadError, match="pipe"):
+                async for _ in stream:
+                    pass
+
+        asyncio.run(asyncio.wait_for(scenario(), timeout=10.0))
+        assert not engine.is_alive and pid not in {p.pid for p in multiprocessing.active_children()}
     finally:
         engine.shutdown(timeout_s=5)
 
