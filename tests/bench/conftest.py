@@ -21,6 +21,11 @@ class LiveServer:
 
     url: str
     api_key: str
+    log: list[str]  # the server's output so far, for failure messages
+
+    def errors(self) -> str:
+        """The server's ERROR lines and tracebacks, to put beside an assertion about what it recorded."""
+        return "".join(line for line in self.log if "ERROR" in line or "Traceback" in line or "Error:" in line)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +54,7 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
     try:
         if not ready.wait(180) or "admin_token" not in banner:
             raise AssertionError("fairserve serve did not start:\n" + "".join(lines[-40:]))
-        yield LiveServer(banner["url"], banner["api_key"])
+        yield LiveServer(banner["url"], banner["api_key"], lines)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

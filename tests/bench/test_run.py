@@ -19,6 +19,7 @@ def test_quick_bench_against_a_live_server_is_consistent(live_server: LiveServer
     printed = capfd.readouterr().out
     assert f"json: {out / 'report.json'}" in printed
     report = json.loads((out / "report.json").read_text())
+    assert live_server.errors() == ""
     check_report(report, out)
     assert [s["workload"] for s in report["workloads"]] == ["chat", "mixed", "retrieval", "agent"]
     agent = report["workloads"][3]
