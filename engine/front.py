@@ -19,6 +19,7 @@ from engine.messages import (
     Abort,
     EngineDeadError,
     IterationReport,
+    OutputDelta,
     SetWeight,
     Submit,
     SubmitFailed,
@@ -39,11 +40,31 @@ _ERRORS: dict[str, type[InvalidRequestError]] = {
 _TRACES_KEPT = 256
 
 
+class OutputRoute:
+    """Where one request's outputs go, and its running totals (the loop sends only what is new)."""
+
+    __slots__ = ("loop", "queue", "prompt_token_ids", "token_ids", "text")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any], prompt_token_ids: list[int]) -> None:
+        self.loop = loop
+        self.queue = queue
+        self.prompt_token_ids = prompt_token_ids
+        self.token_ids: list[int] = []
+        self.text = ""
+
+    def expand(self, delta: OutputDelta) -> RequestOutput:
+        """The whole RequestOutput the consumer sees; each carries its own copy of the totals."""
+        self.token_ids += delta.new_token_ids
+        self.text += delta.delta_text
+        return RequestOutput(delta.request_id, self.prompt_token_ids, delta.new_token_ids, list(self.token_ids),
+                             delta.delta_text, self.text, delta.finished, delta.finish_reason, delta.metrics)
+
+
 class EngineFront:
     """Streams, live-request table and cached stats; the loop lives behind `_send`."""
 
     def __init__(self) -> None:
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
+        self._streams: dict[str, OutputRoute] = {}
         self._live: dict[str, RequestInfo] = {}
         self._lock = threading.Lock()
         self._alive = False
@@ -88,13 +109,14 @@ class EngineFront:
         loop = asyncio.get_running_loop()
         self._attach(loop)
         stream = OutputStream(self, request_id)
+        prompt = list(prompt_token_ids)
         with self._lock:
             if request_id in self._streams:
                 raise DuplicateRequestError(f"request id {request_id!r} is already live", "request_id")
-            self._streams[request_id] = (loop, stream.queue)
+            self._streams[request_id] = OutputRoute(loop, stream.queue, prompt)
             self._live[request_id] = RequestInfo(request_id, meta.tenant_id, meta.task_id, "waiting")
         try:
-            self._send(Submit(request_id, list(prompt_token_ids), params, meta))
+            self._send(Submit(request_id, prompt, params, meta))
         except BaseException:
             self._forget(request_id)
             raise
@@ -151,8 +173,8 @@ class EngineFront:
             self._stats = msg.stats
             if msg.traces:
                 self._traces = (self._traces + msg.traces)[-_TRACES_KEPT:]
-            for out in msg.outputs:
-                self._deliver(out.request_id, out)
+            for delta in msg.outputs:
+                self._deliver(delta.request_id, delta)
         elif isinstance(msg, SubmitFailed):
             cls = _ERRORS.get(msg.kind)
             exc: Exception = cls(msg.message, msg.field_name) if cls else EngineDeadError(msg.message)
@@ -160,24 +182,25 @@ class EngineFront:
         elif isinstance(msg, WorkerFailed):
             self._error = msg.error
 
-    def _deliver(self, request_id: str, item: Any) -> None:
+    def _deliver(self, request_id: str, item: OutputDelta | BaseException) -> None:
         with self._lock:
-            target = self._streams.get(request_id)
-            if target is not None and isinstance(item, RequestOutput) and request_id in self._live:
+            route = self._streams.get(request_id)
+            if route is not None and isinstance(item, OutputDelta) and request_id in self._live:
                 self._live[request_id].state = "finished" if item.finished else "running"
-        if target is None:
+        if route is None:
             return
-        loop, q = target
+        update = route.expand(item) if isinstance(item, OutputDelta) else item
+        loop, q = route.loop, route.queue
         try:
             here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             here = None
         if loop is here:  # dispatched on the consumer's own loop: no wake-up round trip
-            q.put_nowait(item)
+            q.put_nowait(update)
             return
         # RuntimeError: the consumer's event loop is already closed.
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(q.put_nowait, item)
+            loop.call_soon_threadsafe(q.put_nowait, update)
 
     def _fail_all(self, exc: BaseException) -> None:
         self._alive = False

@@ -25,6 +25,7 @@ from engine.llm_engine import LLMEngine
 from engine.messages import (
     Abort,
     IterationReport,
+    OutputDelta,
     SetWeight,
     StopLoop,
     Submit,
@@ -88,7 +89,7 @@ class EngineLoop:
 
     def _report(self, outputs: list[RequestOutput]) -> None:
         self._published_at = time.monotonic()
-        self.publish(IterationReport(outputs, self.engine.stats(), self._new_traces()))
+        self.publish(IterationReport([OutputDelta.of(o) for o in outputs], self.engine.stats(), self._new_traces()))
 
     def _new_traces(self) -> list[IterationTrace]:
         fresh: list[IterationTrace] = []

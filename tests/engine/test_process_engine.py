@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import multiprocessing
 import os
 import shutil
@@ -83,6 +84,28 @@ def test_streams_the_same_greedy_tokens_as_llm(engine: ProcessEngine, reference:
     stats = engine.stats()
     assert stats.alive and stats.running == 0 and stats.kv_blocks_used == 0 and stats.iterations > 0
     assert engine.recent_traces(5) and engine.recent_traces(5)[-1].iteration == stats.iterations
+
+
+def test_stop_strings_and_whole_responses_match_llm(engine: ProcessEngine, reference: LLM) -> None:
+    """Only deltas cross the pipe; the totals the front rebuilds must equal the engine's own."""
+    base = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    probe = reference.generate(["Fair share"], base)[0].text
+    stop = SamplingParams(**{**base.__dict__, "stop": [probe[len(probe) // 2:len(probe) // 2 + 2]]})
+    want = reference.generate(["Fair share"], stop)[0]
+    assert want.finish_reason is FinishReason.STOP and len(want.text) < len(probe)
+    ids = engine.tokenizer.encode("Fair share")
+
+    async def scenario() -> tuple[list[RequestOutput], list[RequestOutput]]:
+        whole = SamplingParams(**{**stop.__dict__, "stream_outputs": False})
+        return (await collect(engine, ids, stop, "stop-streamed"), await collect(engine, ids, whole, "stop-whole"))
+
+    streamed, whole = asyncio.run(scenario())
+    assert len(whole) == 2 and len(streamed) > 2
+    for outs in (streamed, whole):
+        last = outs[-1]
+        assert (last.text, last.token_ids, last.finish_reason) == (want.text, want.token_ids, want.finish_reason)
+        assert last.prompt_token_ids == ids and all(o.prompt_token_ids == ids for o in outs)
+        assert [len(o.token_ids) for o in outs] == list(itertools.accumulate(len(o.new_token_ids) for o in outs))
 
 
 def test_streams_arrive_whole_under_uvloop(engine: ProcessEngine) -> None:
