@@ -158,7 +158,9 @@ class EngineFront:
 
     def stats(self) -> EngineStats:
         """The snapshot the loop published after its last working iteration."""
-        s = replace(self._stats)
+        # A shallow copy, as dataclasses.replace made, at a fifth of its cost: admission asks twice a request.
+        s = object.__new__(EngineStats)
+        s.__dict__.update(self._stats.__dict__)
         s.alive = self._alive
         return s
 
