@@ -19,13 +19,12 @@ from engine.messages import (
     Abort,
     EngineDeadError,
     IterationReport,
-    OutputDelta,
     SetWeight,
     Submit,
     SubmitFailed,
     WorkerFailed,
 )
-from engine.outputs import EngineStats, RequestInfo, RequestOutput
+from engine.outputs import EngineStats, OutputDelta, RequestInfo, RequestOutput
 from engine.request import (
     DuplicateRequestError,
     InvalidRequestError,

@@ -23,7 +23,7 @@ from engine.kv_cache import BlockPool
 from engine.limits import RequestLimits
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner, kv_block_bytes
-from engine.outputs import EngineStats, RequestInfo, RequestMetrics, RequestOutput
+from engine.outputs import EngineStats, OutputDelta, RequestInfo, RequestMetrics, RequestOutput
 from engine.policy import build_policy
 from engine.request import (
     DuplicateRequestError,
@@ -49,6 +49,9 @@ class _Stream:
         self.sent_tokens = 0  # tokens pushed through the detokenizer
         self.emitted_tokens = 0  # tokens already carried by an output
         self.held_delta = ""  # text decoded since the last output, when intermediate outputs are skipped
+
+
+_Emitted = tuple[Request, _Stream, list[int], str]  # request, its stream, new token ids, new text
 
 
 class LLMEngine:
@@ -154,6 +157,20 @@ class LLMEngine:
     # -- one iteration ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one iteration; returns an output for every request that produced text or ended."""
+        return [RequestOutput(
+            request_id=r.request_id, prompt_token_ids=r.prompt_token_ids, new_token_ids=new_ids,
+            token_ids=list(r.output_token_ids), delta_text=delta, text=stream.stop.text[: stream.stop.emitted],
+            finished=r.is_finished, finish_reason=r.finish_reason, metrics=RequestMetrics.of(r),
+        ) for r, stream, new_ids, delta in self._iterate()]
+
+    def step_deltas(self) -> list[OutputDelta]:
+        """`step` without the running totals: no copy of every token and character so far, per stream, per
+        iteration (O(context) each). The engine loop uses this; its front rebuilds the totals."""
+        return [OutputDelta(r.request_id, new_ids, delta, r.is_finished, r.finish_reason, RequestMetrics.of(r))
+                for r, _, new_ids, delta in self._iterate()]
+
+    def _iterate(self) -> list[_Emitted]:
+        """Run one iteration; what each request has new to report."""
         t0 = time.time()
         out = self.scheduler.schedule(t0)
         tables = {c.request.request_id: self.pool.block_ids(c.request.request_id) for c in out.chunks}
@@ -168,7 +185,8 @@ class LLMEngine:
         self._record(out, t1 - t0, len(finished) + len(out.finished))
         return outputs
 
-    def _collect_outputs(self, out: SchedulerOutput, finished: list[Request]) -> list[RequestOutput]:
+    def _collect_outputs(self, out: SchedulerOutput, finished: list[Request]) -> list[_Emitted]:
+        """Every request with new tokens or text, or that ended (only the last for a whole response)."""
         touched: dict[str, Request] = {r.request_id: r for r in out.finished}
         for c in out.chunks:
             touched.setdefault(c.request.request_id, c.request)
@@ -197,11 +215,7 @@ class LLMEngine:
             delta, stream.held_delta = stream.held_delta + delta, ""
             new_ids = request.output_token_ids[stream.emitted_tokens:]
             stream.emitted_tokens = len(request.output_token_ids)
-            outputs.append(RequestOutput(
-                request_id=request.request_id, prompt_token_ids=request.prompt_token_ids, new_token_ids=list(new_ids),
-                token_ids=list(request.output_token_ids), delta_text=delta, text=stream.stop.text[: stream.stop.emitted],
-                finished=request.is_finished, finish_reason=request.finish_reason, metrics=RequestMetrics.of(request),
-            ))
+            outputs.append((request, stream, new_ids, delta))
             if request.is_finished:
                 self._forget(request.request_id)
         return outputs

@@ -6,8 +6,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from engine.outputs import EngineStats, RequestMetrics, RequestOutput
-from engine.request import FinishReason, RequestMeta, SamplingParams
+from engine.outputs import EngineStats, OutputDelta
+from engine.request import RequestMeta, SamplingParams
 from engine.trace import IterationTrace
 
 
@@ -46,24 +46,6 @@ class SetWeight:
 @dataclass
 class StopLoop:
     """Cancel everything still live (reason "shutdown"), report the final outputs and stop."""
-
-
-@dataclass
-class OutputDelta:
-    """A RequestOutput as it crosses the boundary: only what is new. The front keeps the running prompt,
-    token and text totals, so a report costs O(new tokens) to pickle, not O(context) per stream."""
-
-    request_id: str
-    new_token_ids: list[int]
-    delta_text: str
-    finished: bool
-    finish_reason: FinishReason | None
-    metrics: RequestMetrics
-
-    @classmethod
-    def of(cls, out: RequestOutput) -> OutputDelta:
-        """The new part of `out`."""
-        return cls(out.request_id, out.new_token_ids, out.delta_text, out.finished, out.finish_reason, out.metrics)
 
 
 @dataclass

@@ -59,6 +59,25 @@ class RequestOutput:
 
 
 @dataclass
+class OutputDelta:
+    """A RequestOutput without the running totals: only what is new. The engine loop emits these and the
+    front keeps the prompt, token and text totals, so neither the engine (copying every token so far)
+    nor the pipe (pickling them) pays O(context) per stream per iteration."""
+
+    request_id: str
+    new_token_ids: list[int]
+    delta_text: str
+    finished: bool
+    finish_reason: FinishReason | None
+    metrics: RequestMetrics
+
+    @classmethod
+    def of(cls, out: RequestOutput) -> OutputDelta:
+        """The new part of `out`."""
+        return cls(out.request_id, out.new_token_ids, out.delta_text, out.finished, out.finish_reason, out.metrics)
+
+
+@dataclass
 class RequestInfo:
     """Who owns a live request and where it is, for cancel checks at the edge."""
 

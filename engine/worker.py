@@ -25,7 +25,6 @@ from engine.llm_engine import LLMEngine
 from engine.messages import (
     Abort,
     IterationReport,
-    OutputDelta,
     SetWeight,
     StopLoop,
     Submit,
@@ -33,7 +32,7 @@ from engine.messages import (
     WorkerFailed,
     WorkerReady,
 )
-from engine.outputs import RequestOutput
+from engine.outputs import OutputDelta
 from engine.pipe import PipeReader, PipeWriter
 from engine.trace import IterationTrace
 
@@ -77,7 +76,7 @@ class EngineLoop:
                 break
             if not engine.has_unfinished():
                 continue
-            outputs = engine.step()
+            outputs = engine.step_deltas()
             last = engine.traces[-1]
             busy = bool(outputs) or last.prefill_tokens + last.decode_tokens > 0
             if busy or time.monotonic() - self._published_at >= STATS_INTERVAL_S:
@@ -87,9 +86,9 @@ class EngineLoop:
                 self._drain(block=True, timeout=0.005)
         self._cancel_everything()
 
-    def _report(self, outputs: list[RequestOutput]) -> None:
+    def _report(self, outputs: list[OutputDelta]) -> None:
         self._published_at = time.monotonic()
-        self.publish(IterationReport([OutputDelta.of(o) for o in outputs], self.engine.stats(), self._new_traces()))
+        self.publish(IterationReport(outputs, self.engine.stats(), self._new_traces()))
 
     def _new_traces(self) -> list[IterationTrace]:
         fresh: list[IterationTrace] = []
@@ -142,7 +141,7 @@ class EngineLoop:
         for request_id in list(engine.scheduler.requests):
             engine.abort_request(request_id, "shutdown")
         if engine.has_unfinished():
-            self._report(engine.step())  # retires the aborts and emits each stream's final output
+            self._report(engine.step_deltas())  # retires the aborts and emits each stream's final output
 
 
 def run_worker(config: EngineConfig, inbox: Connection, outbox: Connection, num_threads: int) -> None:

@@ -21,14 +21,14 @@ def test_engine_death_fails_in_flight_requests_and_readiness(tmp_path: Path) -> 
     try:
         srv.add_tenant("t")
         crash = threading.Event()
-        real_step = engine.engine.step
+        real_step = engine.engine.step_deltas  # what the engine loop calls each iteration
 
         def step() -> Any:
             if crash.is_set():
                 raise RuntimeError("injected accelerator fault")
             return real_step()
 
-        engine.engine.step = step  # type: ignore[method-assign]
+        engine.engine.step_deltas = step  # type: ignore[method-assign]
         results: dict[str, Any] = {}
         body = {"model": srv.model, "prompt": "doomed", "max_tokens": 500, "ignore_eos": True}
 
