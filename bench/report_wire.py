@@ -1,11 +1,12 @@
-"""What one iteration's report costs to send from the engine worker to the gateway, whole outputs vs deltas.
+"""What one iteration's outputs cost from the engine loop to the gateway, whole outputs vs deltas.
 
     .venv/bin/python -m bench.report_wire
 
-In process mode every iteration's outputs are pickled in the worker and unpickled on the gateway's
-event loop. A whole RequestOutput carries the prompt, every token so far and the text so far, so a
-report grows with context x batch. The wire form is `OutputDelta` (new tokens and text only); the
-front rebuilds the totals. Both are measured here in the same run, the deltas including that rebuild.
+A whole RequestOutput carries the prompt, every token so far and the text so far: the engine copies
+the tokens and text for it, the worker pickles all of it and the gateway's event loop unpickles it,
+every iteration, for every running stream. The engine loop emits `OutputDelta` instead (new tokens
+and text only) and the front rebuilds the totals. Both are measured here in the same run, the deltas
+including that rebuild.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import time
 from dataclasses import dataclass
 
 from engine.front import OutputRoute
-from engine.messages import IterationReport, OutputDelta
-from engine.outputs import EngineStats, RequestMetrics, RequestOutput
+from engine.messages import IterationReport
+from engine.outputs import EngineStats, OutputDelta, RequestMetrics, RequestOutput
 
 SHAPES = [(64, 16, 8), (1000, 128, 32), (4000, 512, 64)]  # (prompt tokens, tokens so far, streams in the batch)
 
@@ -30,20 +31,36 @@ class WireCost:
     """Bytes and CPU for one report in one wire form."""
 
     bytes: int
+    build_us: float  # the engine making the outputs from its requests
     send_us: float  # pickle in the worker
     receive_us: float  # unpickle (and, for deltas, rebuild) on the gateway's loop
 
 
-def outputs(prompt: int, so_far: int, batch: int, rng: random.Random) -> list[RequestOutput]:
-    """One decode iteration's outputs: every stream got one token."""
-    now = time.time()
-    metrics = RequestMetrics(prompt, 0, so_far, float(prompt + so_far), 0, 0, 0, None, now, now, now, None)
-    outs = []
-    for i in range(batch):
-        ids = [rng.randrange(32000) for _ in range(so_far)]
-        outs.append(RequestOutput(f"req-{i}", [rng.randrange(32000) for _ in range(prompt)], ids[-1:], ids,
-                                  " tok", " tok" * so_far, False, None, metrics))
-    return outs
+@dataclass
+class _Running:
+    """What the engine holds for one running stream."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    text: str
+
+
+def running(prompt: int, so_far: int, batch: int, rng: random.Random) -> list[_Running]:
+    """`batch` streams with `prompt` tokens in and `so_far` out."""
+    return [_Running(f"req-{i}", [rng.randrange(32000) for _ in range(prompt)],
+                     [rng.randrange(32000) for _ in range(so_far)], " tok" * so_far) for i in range(batch)]
+
+
+def whole(streams: list[_Running], metrics: RequestMetrics) -> list[RequestOutput]:
+    """One decode iteration's outputs as LLMEngine.step makes them: copies of the totals."""
+    return [RequestOutput(r.request_id, r.prompt_token_ids, r.output_token_ids[-1:], list(r.output_token_ids),
+                          " tok", r.text[:], False, None, metrics) for r in streams]
+
+
+def deltas(streams: list[_Running], metrics: RequestMetrics) -> list[OutputDelta]:
+    """The same iteration as LLMEngine.step_deltas makes it."""
+    return [OutputDelta(r.request_id, r.output_token_ids[-1:], " tok", False, None, metrics) for r in streams]
 
 
 def _best(fn: object, repeat: int) -> float:
@@ -57,27 +74,32 @@ def _best(fn: object, repeat: int) -> float:
 
 def measure(prompt: int, so_far: int, batch: int, repeat: int = 30) -> dict[str, WireCost]:
     """The whole form (what crossed the pipe before) against deltas, the best of `repeat` timings each."""
-    outs = outputs(prompt, so_far, batch, random.Random(prompt * 7 + batch))
+    streams = running(prompt, so_far, batch, random.Random(prompt * 7 + batch))
+    now = time.time()
+    metrics = RequestMetrics(prompt, 0, so_far, float(prompt + so_far), 0, 0, 0, None, now, now, now, None)
+    outs = whole(streams, metrics)
     stats = EngineStats()
-    whole = pickle.dumps((outs, stats), protocol=pickle.HIGHEST_PROTOCOL)
-    report = IterationReport([OutputDelta.of(o) for o in outs], stats, [])
-    deltas = pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)
+    whole_wire = pickle.dumps((outs, stats), protocol=pickle.HIGHEST_PROTOCOL)
+    report = IterationReport(deltas(streams, metrics), stats, [])
+    delta_wire = pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)
     loop = asyncio.new_event_loop()
     routes = {o.request_id: OutputRoute(loop, asyncio.Queue(), o.prompt_token_ids) for o in outs}
     for o in outs:  # the front has seen every earlier token already
         routes[o.request_id].token_ids = list(o.token_ids[:-1])
 
     def receive_deltas() -> None:
-        for d in pickle.loads(deltas).outputs:
+        for d in pickle.loads(delta_wire).outputs:
             route = routes[d.request_id]
             route.expand(d)
             del route.token_ids[-1:]  # keep the route where it was for the next repeat
 
     try:
         return {
-            "whole": WireCost(len(whole), _best(lambda: pickle.dumps((outs, stats), protocol=5), repeat),
-                              _best(lambda: pickle.loads(whole), repeat)),
-            "delta": WireCost(len(deltas), _best(lambda: pickle.dumps(report, protocol=5), repeat),
+            "whole": WireCost(len(whole_wire), _best(lambda: whole(streams, metrics), repeat),
+                              _best(lambda: pickle.dumps((outs, stats), protocol=5), repeat),
+                              _best(lambda: pickle.loads(whole_wire), repeat)),
+            "delta": WireCost(len(delta_wire), _best(lambda: deltas(streams, metrics), repeat),
+                              _best(lambda: pickle.dumps(report, protocol=5), repeat),
                               _best(receive_deltas, repeat)),
         }
     finally:
@@ -96,14 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print("| prompt | tokens so far | batch | whole: bytes / send / receive | deltas: bytes / send / receive |"
-          " receive ratio |")
-    print("|---|---|---|---|---|---|")
+    print("| prompt | tokens so far | batch | whole: bytes / build / send / receive "
+          "| deltas: bytes / build / send / receive | engine ratio | gateway ratio |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['prompt']} | {r['so_far']} | {r['batch']} "
-              f"| {r['whole_bytes']:,} B / {r['whole_send_us']:.0f} us / {r['whole_receive_us']:.0f} us "
-              f"| {r['delta_bytes']:,} B / {r['delta_send_us']:.0f} us / {r['delta_receive_us']:.0f} us "
-              f"| {r['whole_receive_us'] / r['delta_receive_us']:.1f}x |")
+        engine = (r["whole_build_us"] + r["whole_send_us"]) / (r["delta_build_us"] + r["delta_send_us"])
+        print(f"| {r['prompt']} | {r['so_far']} | {r['batch']} | {r['whole_bytes']:,} B / {r['whole_build_us']:.0f}"
+              f" / {r['whole_send_us']:.0f} / {r['whole_receive_us']:.0f} us | {r['delta_bytes']:,} B / "
+              f"{r['delta_build_us']:.0f} / {r['delta_send_us']:.0f} / {r['delta_receive_us']:.0f} us "
+              f"| {engine:.1f}x | {r['whole_receive_us'] / r['delta_receive_us']:.1f}x |")
     return 0
 
 
