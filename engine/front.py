@@ -24,7 +24,7 @@ from engine.messages import (
     SubmitFailed,
     WorkerFailed,
 )
-from engine.outputs import EngineStats, OutputDelta, RequestInfo, RequestOutput
+from engine.outputs import EngineStats, OutputDelta, RequestInfo, RequestOutput, TokenPrefix
 from engine.request import (
     DuplicateRequestError,
     InvalidRequestError,
@@ -52,10 +52,11 @@ class OutputRoute:
         self.text = ""
 
     def expand(self, delta: OutputDelta) -> RequestOutput:
-        """The whole RequestOutput the consumer sees; each carries its own copy of the totals."""
+        """The whole RequestOutput the consumer sees: its token ids a snapshot of the totals, not a copy."""
         self.token_ids += delta.new_token_ids
         self.text += delta.delta_text
-        return RequestOutput(delta.request_id, self.prompt_token_ids, delta.new_token_ids, list(self.token_ids),
+        return RequestOutput(delta.request_id, self.prompt_token_ids, delta.new_token_ids,
+                             TokenPrefix(self.token_ids, len(self.token_ids)),
                              delta.delta_text, self.text, delta.finished, delta.finish_reason, delta.metrics)
 
 

@@ -66,6 +66,6 @@ class LLM:
             for out in self.engine.step():
                 if out.finished:
                     done[out.request_id] = CompletionOutput(
-                        out.request_id, out.prompt_token_ids, out.token_ids, out.text, out.finish_reason,
+                        out.request_id, out.prompt_token_ids, list(out.token_ids), out.text, out.finish_reason,
                         out.metrics.cached_tokens, out.metrics.preemptions)
         return [done[i] for i in ids]

@@ -1,0 +1,33 @@
+"""TokenPrefix: a snapshot of the tokens so far that stays put while its list grows, and reads like a list."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from engine.outputs import TokenPrefix
+
+
+def test_a_prefix_is_a_snapshot_of_a_growing_list() -> None:
+    ids = [5, 6, 7]
+    early = TokenPrefix(ids, len(ids))
+    ids += [8, 9]
+    late = TokenPrefix(ids, len(ids))
+    want = [5, 6, 7]
+    assert early == want and want == early and list(early) == want  # a list on either side
+    assert late == [5, 6, 7, 8, 9] and late != early and early != [5, 6, 7, 8]
+    assert len(early) == 3 and early[-1] == 7 and early[0] == 5 and early[1:] == [6, 7]
+    assert 8 not in early and 8 in late and early.index(6) == 1
+    with pytest.raises(IndexError):
+        early[3]
+    with pytest.raises(IndexError):
+        early[-4]
+    assert repr(early) == "[5, 6, 7]" and early != "567"
+
+
+def test_a_prefix_pickles_as_the_list_it_stands_for() -> None:
+    ids = [1, 2, 3, 4]
+    prefix = TokenPrefix(ids, 2)
+    copied = pickle.loads(pickle.dumps(prefix))
+    assert type(copied) is list and copied == [1, 2]
