@@ -19,5 +19,6 @@ def test_delta_reports_do_not_grow_with_context() -> None:
 def test_json_rows_cover_every_shape(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [(r["prompt"], r["so_far"], r["batch"]) for r in rows] == [(64, 16, 8), (1000, 128, 32), (4000, 512, 64)]
+    shapes = [(64, 16, 8), (1000, 128, 32), (4000, 512, 64), (256, 8000, 32)]
+    assert [(r["prompt"], r["so_far"], r["batch"]) for r in rows] == shapes
     assert all(r["delta_bytes"] < r["whole_bytes"] and r["delta_receive_us"] > 0 and r["whole_build_us"] > 0 for r in rows)
