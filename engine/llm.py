@@ -56,16 +56,22 @@ class LLM:
             params_list = list(params)
         if len(params_list) != len(plist):
             raise ValueError(f"got {len(plist)} prompts but {len(params_list)} sampling params")
-        ids = []
+        prompts_by_id: dict[str, list[int]] = {}
         for i, (prompt, p) in enumerate(zip(plist, params_list, strict=True)):
             request_id = f"llm-{next(self._ids)}"
-            self.engine.add_request(request_id, prompt, p, metas[i] if metas else None)
-            ids.append(request_id)
+            request = self.engine.add_request(request_id, prompt, p, metas[i] if metas else None)
+            prompts_by_id[request_id] = request.prompt_token_ids
+        # Deltas, summed here once per request: step() would copy every token so far, every iteration.
+        tokens: dict[str, list[int]] = {i: [] for i in prompts_by_id}
+        texts: dict[str, list[str]] = {i: [] for i in prompts_by_id}
         done: dict[str, CompletionOutput] = {}
         while self.engine.has_unfinished():
-            for out in self.engine.step():
+            for out in self.engine.step_deltas():
+                tokens[out.request_id] += out.new_token_ids
+                texts[out.request_id].append(out.delta_text)
                 if out.finished:
                     done[out.request_id] = CompletionOutput(
-                        out.request_id, out.prompt_token_ids, list(out.token_ids), out.text, out.finish_reason,
-                        out.metrics.cached_tokens, out.metrics.preemptions)
-        return [done[i] for i in ids]
+                        out.request_id, prompts_by_id[out.request_id], tokens.pop(out.request_id),
+                        "".join(texts.pop(out.request_id)), out.finish_reason, out.metrics.cached_tokens,
+                        out.metrics.preemptions)
+        return [done[i] for i in prompts_by_id]
