@@ -120,11 +120,6 @@ class OutputDelta:
     finish_reason: FinishReason | None
     metrics: RequestMetrics
 
-    @classmethod
-    def of(cls, out: RequestOutput) -> OutputDelta:
-        """The new part of `out`."""
-        return cls(out.request_id, out.new_token_ids, out.delta_text, out.finished, out.finish_reason, out.metrics)
-
 
 @dataclass
 class RequestInfo:

@@ -129,11 +129,7 @@ class PipeReader:
             readable, _, _ = select.select([self.fd], [], [], wait)
             if not readable:
                 raise queue.Empty
-            chunk = os.read(self.fd, _PIPE_BYTES)
-            if not chunk:
-                self._eof = True
-                continue
-            self._feed(chunk)
+            self._read()
             if self._buffer:
                 wait = None  # a frame is half here: its writer is mid-message, the rest follows at once
         return self._ready.popleft()
@@ -145,20 +141,25 @@ class PipeReader:
     def take_ready(self) -> list[Any]:
         """Every message that has fully arrived, without ever waiting: a half-written frame stays buffered
         for the next call. Ends with `eof_message` once the writer is gone. For an event loop's reader callback."""
-        while not self._eof and select.select([self.fd], [], [], 0)[0]:
-            try:
-                chunk = os.read(self.fd, _PIPE_BYTES)
-            except BlockingIOError:  # an event loop may have made the descriptor non-blocking
-                break
-            if not chunk:
-                self._eof = True
-            else:
-                self._feed(chunk)
+        while not self._eof and select.select([self.fd], [], [], 0)[0] and self._read():
+            pass
         ready = list(self._ready)
         self._ready.clear()
         if self._eof:
             ready.append(self.eof_message)
         return ready
+
+    def _read(self) -> bool:
+        """One read of a readable pipe into whole messages; False when it had nothing after all."""
+        try:
+            chunk = os.read(self.fd, _PIPE_BYTES)
+        except BlockingIOError:  # an event loop may have made the descriptor non-blocking
+            return False
+        if not chunk:
+            self._eof = True
+        else:
+            self._feed(chunk)
+        return True
 
     def _feed(self, chunk: bytes) -> None:
         buf = self._buffer

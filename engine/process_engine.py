@@ -29,7 +29,7 @@ from engine.limits import RequestLimits
 from engine.loader import DEFAULT_MODEL_NAME, default_model_dir
 from engine.messages import EngineDeadError, StopLoop, WorkerFailed, WorkerReady
 from engine.outputs import EngineStats
-from engine.pipe import PipeReader, PipeWriter, runs_here, widen
+from engine.pipe import PipeReader, PipeWriter, runs_here
 from engine.tokenizer import Tokenizer
 from engine.worker import default_worker_threads, run_worker
 
@@ -93,7 +93,6 @@ class ProcessEngine(EngineFront):
         self._proc, self._to_worker, self._from_worker = proc, to_worker, from_worker
         self._reader = reader
         self._writer = PipeWriter(to_worker.fileno())
-        widen(from_worker.fileno())
         self._exited.clear()
         self._stopping = False
         self._limits = RequestLimits(ready.vocab_size, ready.max_model_len, ready.block_size, ready.num_kv_blocks)
