@@ -83,7 +83,7 @@ def measure(prompt: int, so_far: int, batch: int, repeat: int = 30) -> dict[str,
     report = IterationReport(deltas(streams, metrics), stats, [])
     delta_wire = pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)
     loop = asyncio.new_event_loop()
-    routes = {o.request_id: OutputRoute(loop, asyncio.Queue(), o.prompt_token_ids) for o in outs}
+    routes = {o.request_id: OutputRoute(loop, lambda _: None, o.prompt_token_ids) for o in outs}
     for o in outs:  # the front has seen every earlier token already
         routes[o.request_id].token_ids = list(o.token_ids[:-1])
 

@@ -2,6 +2,7 @@
 
 from engine.async_engine import AsyncEngine, EngineDeadError
 from engine.config import EngineConfig, FairnessSettings
+from engine.front import OutputStream
 from engine.llm import LLM, CompletionOutput
 from engine.llm_engine import LLMEngine
 from engine.outputs import EngineStats, RequestInfo, RequestMetrics, RequestOutput
@@ -32,6 +33,7 @@ __all__ = [
     "InvalidRequestError",
     "IterationTrace",
     "LLMEngine",
+    "OutputStream",
     "ProcessEngine",
     "PromptTooLongError",
     "Request",

@@ -1,16 +1,17 @@
 """`EngineFront`: the asyncio side of the engine boundary, shared by the thread and the process engines.
 
 A front validates a request, registers its stream, sends a Submit, and turns the loop's
-IterationReports into per-request asyncio queues. Subclasses only say how messages travel (`_send`)
-and how the loop is started and stopped.
+IterationReports into per-request asyncio queues, or calls to a consumer's sink. Subclasses only say
+how messages travel (`_send`) and how the loop is started and stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -37,16 +38,19 @@ from engine.trace import IterationTrace
 _ERRORS: dict[str, type[InvalidRequestError]] = {
     cls.__name__: cls for cls in (InvalidRequestError, DuplicateRequestError, PromptTooLongError)}
 _TRACES_KEPT = 256
+log = logging.getLogger("fairserve.engine")
+# Called inside the front's delivery, so it must not wait; what it raises is logged and goes no further.
+Sink = Callable[[RequestOutput | BaseException], None]
 
 
 class OutputRoute:
     """Where one request's outputs go, and its running totals (the loop sends only what is new)."""
 
-    __slots__ = ("loop", "queue", "prompt_token_ids", "token_ids", "text")
+    __slots__ = ("loop", "put", "prompt_token_ids", "token_ids", "text")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any], prompt_token_ids: list[int]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, put: Sink, prompt_token_ids: list[int]) -> None:
         self.loop = loop
-        self.queue = queue
+        self.put = put
         self.prompt_token_ids = prompt_token_ids
         self.token_ids: list[int] = []
         self.text = ""
@@ -97,23 +101,25 @@ class EngineFront:
             stream.close()
 
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams, meta: RequestMeta,
-               request_id: str) -> OutputStream:
+               request_id: str, sink: Sink | None = None) -> OutputStream:
         """Validate and queue a request now, on the running loop; its outputs come from the returned stream.
 
         Unlike `generate`, whose body waits for the consumer's first step, the Submit is on its way
         before this returns: a caller that hands the stream to another task saves that task's turn.
+        With a `sink`, each output (or the error that ends the stream) is instead handed to it on this
+        loop as it arrives, and the stream is only the handle that aborts the request when closed.
         """
         if not self._alive or self._limits is None:
             raise EngineDeadError(self._error or "engine loop is not running")
         self._limits.validate(prompt_token_ids, params)
         loop = asyncio.get_running_loop()
         self._attach(loop)
-        stream = OutputStream(self, request_id)
+        stream = OutputStream(self, request_id, sink)
         prompt = list(prompt_token_ids)
         with self._lock:
             if request_id in self._streams:
                 raise DuplicateRequestError(f"request id {request_id!r} is already live", "request_id")
-            self._streams[request_id] = OutputRoute(loop, stream.queue, prompt)
+            self._streams[request_id] = OutputRoute(loop, stream.put, prompt)
             self._live[request_id] = RequestInfo(request_id, meta.tenant_id, meta.task_id, "waiting")
         try:
             self._send(Submit(request_id, prompt, params, meta))
@@ -192,17 +198,16 @@ class EngineFront:
         if route is None:
             return
         update = route.expand(item) if isinstance(item, OutputDelta) else item
-        loop, q = route.loop, route.queue
         try:
             here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             here = None
-        if loop is here:  # dispatched on the consumer's own loop: no wake-up round trip
-            q.put_nowait(update)
+        if route.loop is here:  # dispatched on the consumer's own loop: no wake-up round trip
+            route.put(update)
             return
         # RuntimeError: the consumer's event loop is already closed.
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(q.put_nowait, update)
+            route.loop.call_soon_threadsafe(route.put, update)
 
     def _fail_all(self, exc: BaseException) -> None:
         self._alive = False
@@ -219,11 +224,26 @@ class OutputStream:
     engine stops computing for nobody.
     """
 
-    def __init__(self, front: EngineFront, request_id: str) -> None:
+    def __init__(self, front: EngineFront, request_id: str, sink: Sink | None = None) -> None:
         self.front = front
         self.request_id = request_id
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._sink = sink
         self._ended = False
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        """Take one output (or the stream's error) from the front, on the consumer's loop."""
+        if self._sink is None:
+            self.queue.put_nowait(item)
+            return
+        if self._ended:
+            return
+        if isinstance(item, BaseException) or item.finished:
+            self._end(abort=False)
+        try:
+            self._sink(item)
+        except Exception:  # one consumer's bug must not cost the other streams in the same report
+            log.exception("the output sink of %s raised", self.request_id)
 
     def __aiter__(self) -> OutputStream:
         return self

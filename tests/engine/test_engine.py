@@ -20,6 +20,7 @@ from engine import (
     LLMEngine,
     PromptTooLongError,
     RequestMeta,
+    RequestOutput,
     RequestState,
     SamplingParams,
 )
@@ -231,6 +232,36 @@ def test_submit_queues_at_once_and_closing_early_aborts(loaded: LoadedModel) -> 
     asyncio.run(scenario())
     stats = engine.stats()
     assert stats.running == 0 and stats.kv_blocks_used == 0
+    engine.shutdown()
+
+
+def test_a_sink_on_the_thread_engine_takes_outputs_on_its_loop_and_closing_aborts(loaded: LoadedModel) -> None:
+    engine = AsyncEngine(EngineConfig(num_kv_blocks=64), engine=make_engine(loaded))
+    engine.start()
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        taken: list[RequestOutput | BaseException] = []
+        first: asyncio.Future[None] = loop.create_future()
+
+        def sink(item: RequestOutput | BaseException) -> None:
+            assert asyncio.get_running_loop() is loop  # handed over from the engine thread
+            taken.append(item)
+            if not first.done():
+                first.set_result(None)
+
+        stream = engine.submit([1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True), RequestMeta(), "s",
+                               sink=sink)
+        await asyncio.wait_for(first, 30)
+        stream.close()  # the consumer went away mid-request
+        assert engine.live_request("s") is None
+        after = [out async for out in engine.submit([1, 2], SamplingParams(max_tokens=3, ignore_eos=True),
+                                                   RequestMeta(), "after")]
+        assert after[-1].finished and engine.stats().running == 0  # the abort reached the loop first
+        assert all(isinstance(o, RequestOutput) and not o.finished for o in taken)
+
+    asyncio.run(scenario())
+    assert engine.stats().kv_blocks_used == 0
     engine.shutdown()
 
 

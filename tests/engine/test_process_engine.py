@@ -8,7 +8,7 @@ import multiprocessing
 import os
 import shutil
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -123,6 +123,44 @@ def test_streams_arrive_whole_under_uvloop(engine: ProcessEngine) -> None:
     for outs in streams:
         assert outs[-1].finish_reason is FinishReason.LENGTH and len(outs[-1].token_ids) == 40
         assert [t for o in outs for t in o.new_token_ids] == outs[-1].token_ids
+
+
+def test_sinks_take_what_streams_yield_and_a_raising_sink_costs_nobody_else(engine: ProcessEngine,
+                                                                            reference: LLM) -> None:
+    """The gateway feeds its runs through `submit(sink=...)`: each output arrives in order on the loop,
+    the stream ends itself at the finished one, and a sink that raises loses nothing for the others."""
+    want = reference.generate(PROMPTS[:2], GREEDY)
+
+    async def scenario() -> tuple[list[RequestOutput | BaseException], list[RequestOutput | BaseException]]:
+        loop = asyncio.get_running_loop()
+        good: list[RequestOutput | BaseException] = []
+        bad: list[RequestOutput | BaseException] = []
+        ends = [loop.create_future(), loop.create_future()]
+
+        def take(into: list[RequestOutput | BaseException], end: asyncio.Future[None],
+                 broken: bool) -> Callable[[RequestOutput | BaseException], None]:
+            def sink(item: RequestOutput | BaseException) -> None:
+                assert asyncio.get_running_loop() is loop
+                into.append(item)
+                if isinstance(item, BaseException) or item.finished:
+                    end.set_result(None)
+                if broken:
+                    raise RuntimeError("a consumer's bug")
+            return sink
+
+        ids = [engine.tokenizer.encode(p) for p in PROMPTS[:2]]
+        engine.submit(ids[1], GREEDY, RequestMeta(), "sink-bad", sink=take(bad, ends[1], True))
+        engine.submit(ids[0], GREEDY, RequestMeta(), "sink-good", sink=take(good, ends[0], False))
+        await asyncio.wait_for(asyncio.gather(*ends), 60)
+        return good, bad
+
+    good, bad = asyncio.run(scenario())
+    for outs, expected in ((good, want[0]), (bad, want[1])):
+        assert all(isinstance(o, RequestOutput) for o in outs)
+        last = outs[-1]
+        assert isinstance(last, RequestOutput) and last.finished and last.text == expected.text
+        assert [t for o in outs if isinstance(o, RequestOutput) for t in o.new_token_ids] == expected.token_ids
+    assert engine.live_request("sink-good") is None and engine.live_request("sink-bad") is None
 
 
 def test_abort_and_cancel_task_end_streams_as_cancelled(engine: ProcessEngine) -> None:
