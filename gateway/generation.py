@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 from starlette.requests import Request
@@ -17,14 +16,14 @@ from admission.controller import Rejection
 from admission.queues import QueueSlot
 from admission.quota import QuotaDecision, QuotaLimits
 from billing import UsageRecord
-from engine import RequestMeta, RequestOutput
+from engine import OutputStream, RequestMeta
 from gateway import request_parsing as rp
 from gateway.auth import Caller, authenticate
 from gateway.errors import APIError
 from gateway.idempotency import fingerprint
 from gateway.openai_format import Shape
 from gateway.responses import FollowResponse, RunResponse, StoredResponseSender
-from gateway.runs import Outcome, Run, RunSpec, drive
+from gateway.runs import Outcome, Run, RunFeed, RunSpec, publish_chunks
 from gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
@@ -163,39 +162,33 @@ def _admit_and_start(state: GatewayState, caller: Caller, ident: rp.Identity, de
     engine = state.engine
     run = Run(spec, abort=lambda reason: engine.abort(spec.request_id, reason))
     run.submitted_at = time.perf_counter()
-    outputs: AsyncIterator[RequestOutput]
+    feed = RunFeed(run, slot.start)
+    stream: OutputStream | None = None
     try:  # submitted here, not when the task below first runs: the engine sees it one loop pass sooner
-        outputs = engine.submit(inputs.prompt_token_ids, inputs.params, meta, spec.request_id)
-    except Exception as exc:  # a race the edge checks missed, or a dead engine: `drive` reports it as usual
-        outputs = _raising(exc)
+        stream = engine.submit(inputs.prompt_token_ids, inputs.params, meta, spec.request_id, sink=feed)
+    except Exception as exc:  # a race the edge checks missed, or a dead engine: the feed reports it as usual
+        feed(exc)
     state.runs.add(run)
-    run.task = asyncio.create_task(_own(state, run, outputs, slot, quota, limits, meta, caller))
+    run.task = asyncio.create_task(_own(state, run, feed, stream, slot, quota, limits, meta, caller))
     headers = {**headers, **_quota_headers(quota), "X-Estimated-Start-Ms": str(verdict.estimated_start_ms)}
     return RunResponse(run, headers)
 
 
-async def _raising(exc: Exception) -> AsyncIterator[RequestOutput]:
-    raise exc
-    yield  # an async generator that fails on its first step
-
-
-async def _own(state: GatewayState, run: Run, outputs: AsyncIterator[RequestOutput], slot: QueueSlot, quota: QuotaDecision | None,
-               limits: QuotaLimits, meta: RequestMeta, caller: Caller) -> None:
-    """Drive the run to its end, then settle quota, write the ledger row and the idempotency record."""
+async def _own(state: GatewayState, run: Run, feed: RunFeed, stream: OutputStream | None, slot: QueueSlot,
+               quota: QuotaDecision | None, limits: QuotaLimits, meta: RequestMeta, caller: Caller) -> None:
+    """Wait for the run to end, then settle quota, write the ledger row and the idempotency record."""
     spec = run.spec
     key = spec.idempotency_key
-    publish = None
+    publisher = None
     if key is not None and spec.stream:
         async def publish(chunk: str) -> None:
             await state.idempotency.append(spec.tenant_id, key, chunk)
+        publisher = asyncio.create_task(publish_chunks(run, publish))
     try:
-        outcome = await drive(run, outputs, slot.start, publish)
-    except Exception:  # a gateway bug must still end the readers and free the slot
-        log.exception("run %s failed", spec.request_id)
-        run.error = APIError(500, "internal error while generating", "internal_error")
-        run.notify()
-        outcome = Outcome("error", None, None, run.cancelled_by)
+        outcome = await feed.outcome
     finally:
+        if stream is not None:
+            stream.close()  # ended already, unless this task was cancelled: then it aborts the request
         slot.release()
         state.runs.remove(run)
     await asyncio.sleep(0)  # the readers woke at the last notify: let them send the reply before the bookkeeping
@@ -211,6 +204,11 @@ async def _own(state: GatewayState, run: Run, outputs: AsyncIterator[RequestOutp
     if outcome.status != "rejected" or m is not None:
         _record(state, run, outcome, meta, caller)
     if key is not None:
+        if publisher is not None:
+            try:
+                await publisher
+            except Exception:
+                log.warning("publishing stream events of %s failed", spec.request_id, exc_info=True)
         if run.final is not None and outcome.cancelled_by != "disconnect":
             await state.idempotency.finish(spec.tenant_id, key, run.final)
         else:

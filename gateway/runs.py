@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from engine import (
@@ -25,6 +26,8 @@ from engine import (
 from gateway.errors import APIError, error_body
 from gateway.idempotency import StoredResponse
 from gateway.openai_format import DONE, Shape
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -133,62 +136,90 @@ class Run:
 Publish = Callable[[str], Awaitable[None]]
 
 
-async def drive(
-    run: Run,
-    outputs: AsyncIterator[RequestOutput],
-    on_first: Callable[[], None],
-    publish: Publish | None,
-) -> Outcome:
-    """Consume the engine's outputs into `run`; returns how it ended. Never raises for engine failures."""
-    spec = run.spec
-    last: RequestOutput | None = None
-    if run.submitted_at is None:  # a lazy generator submits on its first step, just below
-        run.submitted_at = time.perf_counter()
-    try:
-        async for out in outputs:
-            if out.finished:
-                run.finished_at = time.perf_counter()
-            if not run.started:
-                run.started = True
-                run.first_output_at = run.finished_at or time.perf_counter()
-                on_first()
-            if spec.stream and (out.delta_text or out.finished or not run.chunks):
-                reason = out.finish_reason if out.finished else None
-                chunk = spec.shape.chunk(out.delta_text, reason, first=not run.chunks)
-                run.chunks.append(chunk)
-                if publish is not None:
-                    await publish(chunk)
-            last = out
+class RunFeed:
+    """Takes one engine request's outputs into its Run as the engine front delivers them (its `sink`).
+
+    It runs inside the front's delivery on the event loop, so a reply task wakes once per output with no
+    task in between; `outcome` resolves when the request has ended. It never raises.
+    """
+
+    def __init__(self, run: Run, on_first: Callable[[], None]) -> None:
+        self.run = run
+        self.on_first = on_first
+        self.last: RequestOutput | None = None
+        self.outcome: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        if run.submitted_at is None:
+            run.submitted_at = time.perf_counter()
+
+    def __call__(self, item: RequestOutput | BaseException) -> None:
+        if self.outcome.done():
+            return
+        try:
+            if isinstance(item, BaseException):
+                self._end(self._failed(item))
+            else:
+                self._take(item)
+        except Exception:  # a gateway bug must still end the readers and the run
+            log.exception("run %s failed", self.run.spec.request_id)
+            self.run.error = APIError(500, "internal error while generating", "internal_error")
+            self._end(Outcome("error", None, None, self.run.cancelled_by))
+
+    def _take(self, out: RequestOutput) -> None:
+        run, spec = self.run, self.run.spec
+        now = time.perf_counter()
+        if out.finished:
+            run.finished_at = now
+        if not run.started:
+            run.started = True
+            run.first_output_at = now
+            self.on_first()
+        if spec.stream and (out.delta_text or out.finished or not run.chunks):
+            reason = out.finish_reason if out.finished else None
+            run.chunks.append(spec.shape.chunk(out.delta_text, reason, first=not run.chunks))
+        self.last = out
+        if not out.finished:
             run.notify()
-    except DuplicateRequestError as exc:
-        run.error = APIError(409, str(exc), "duplicate_request_id", "X-Request-Id")
-        run.notify()
+            return
+        run.final = _final(run, out)
+        reason = out.finish_reason or FinishReason.ERROR
+        self._end(Outcome(_STATUS[reason], out.finish_reason, out.metrics, run.cancelled_by))
+
+    def _failed(self, exc: BaseException) -> Outcome:
+        run = self.run
+        if isinstance(exc, DuplicateRequestError):
+            run.error = APIError(409, str(exc), "duplicate_request_id", "X-Request-Id")
+        elif isinstance(exc, PromptTooLongError):
+            run.error = APIError(400, str(exc), "context_length_exceeded", exc.field_name)
+        elif isinstance(exc, InvalidRequestError):
+            run.error = APIError(400, str(exc), "invalid_value", exc.field_name)
+        elif isinstance(exc, EngineDeadError):
+            run.error = APIError(503, "the engine stopped; retry on another replica", "engine_unavailable",
+                                 headers={"Retry-After": "1"})
+            metrics = self.last.metrics if self.last else None
+            return Outcome("error", FinishReason.ERROR, metrics, run.cancelled_by)
+        else:  # a bug on this side of the engine, not the engine's death
+            log.error("run %s failed", run.spec.request_id, exc_info=exc)
+            run.error = APIError(500, "internal error while generating", "internal_error")
+            return Outcome("error", None, None, run.cancelled_by)
         return Outcome("rejected", None, None, None)
-    except PromptTooLongError as exc:
-        run.error = APIError(400, str(exc), "context_length_exceeded", exc.field_name)
-        run.notify()
-        return Outcome("rejected", None, None, None)
-    except InvalidRequestError as exc:
-        run.error = APIError(400, str(exc), "invalid_value", exc.field_name)
-        run.notify()
-        return Outcome("rejected", None, None, None)
-    except EngineDeadError:
-        run.error = APIError(503, "the engine stopped; retry on another replica", "engine_unavailable",
-                             headers={"Retry-After": "1"})
-        run.notify()
-        return Outcome("error", FinishReason.ERROR, last.metrics if last else None, run.cancelled_by)
-    finally:
-        aclose = getattr(outputs, "aclose", None)
-        if aclose is not None:
-            await aclose()
-    if last is None or not last.finished:
-        run.error = APIError(503, "the engine ended the request without a result", "engine_unavailable")
-        run.notify()
-        return Outcome("error", FinishReason.ERROR, last.metrics if last else None, run.cancelled_by)
-    run.final = _final(run, last)
-    run.notify()
-    return Outcome(_STATUS[last.finish_reason or FinishReason.ERROR], last.finish_reason, last.metrics,
-                   run.cancelled_by)
+
+    def _end(self, outcome: Outcome) -> None:
+        self.run.notify()
+        self.outcome.set_result(outcome)
+
+
+async def publish_chunks(run: Run, publish: Publish) -> None:
+    """Hand a stream's events to `publish` in order as they appear, until the run is done (a reader of
+    its own, so a slow idempotency store never holds up the engine's outputs)."""
+    sent = 0
+    while True:
+        change = None if run.done else run.next_change()
+        while sent < len(run.chunks):
+            sent += 1
+            await publish(run.chunks[sent - 1])
+        if change is None:
+            return
+        await change
 
 
 def _final(run: Run, last: RequestOutput) -> StoredResponse:
