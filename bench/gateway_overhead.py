@@ -15,6 +15,10 @@ percentiles of separate runs), noisy because the engine's own latency varies bet
 subtracts from each request's client latency the engine share the gateway reported for that same
 request in `Server-Timing` (submit to last output, or to the first output for streams). The load
 client is bench/http1.py unless `--client httpx` (which adds ~2 ms of its own per request).
+
+Latency on a small shared machine moves with whatever else runs on its cores; the gateway process's
+CPU time per request (read from /proc over the same measured requests) does not, so it is reported
+too, as the figure to compare two versions of the gateway by.
 """
 
 from __future__ import annotations
@@ -59,12 +63,14 @@ class Sample:
     first: list[float]
     total: list[float]
     refused: int = 0
+    cpu_s: float = NAN  # CPU time the gateway process spent over the run, where measured
 
     def summary(self) -> dict[str, float]:
-        """p50/p99 in milliseconds."""
+        """p50/p99 in milliseconds, and the gateway's CPU per request when measured."""
         return {"first_p50_ms": pct(self.first, 0.5) * 1e3, "first_p99_ms": pct(self.first, 0.99) * 1e3,
                 "total_p50_ms": pct(self.total, 0.5) * 1e3, "total_p99_ms": pct(self.total, 0.99) * 1e3,
-                "n": len(self.total), "refused": self.refused}
+                "n": len(self.total), "refused": self.refused,
+                "cpu_ms_per_request": self.cpu_s / max(1, len(self.total) + self.refused) * 1e3}
 
 
 async def open_loop(rate: float, n: int, one: Callable[[int], Coroutine[Any, Any, tuple[float, float]]]) -> Sample:
@@ -133,6 +139,16 @@ class Served:
         self.url = self.banner["url"]
         self.headers = {"Authorization": f"Bearer {self.banner['api_key']}"}
 
+    def cpu_s(self) -> float:
+        """CPU seconds (user and system, every thread) the gateway process has used so far: with the engine
+        in its own process that is the gateway alone, with the engine on a thread it includes the engine
+        loop. NaN where /proc is missing."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            return NAN
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
     def stop(self) -> None:
         """SIGTERM and wait."""
         self.proc.send_signal(signal.SIGTERM)
@@ -183,8 +199,8 @@ def engine_share(server_timing: str | None) -> float | None:
     return None
 
 
-async def through_gateway(poster: Poster, model: str, rate: float, n: int, max_tokens: int, stream: bool,
-                          paired: list[float]) -> Sample:
+async def through_gateway(poster: Poster, served: Served, model: str, rate: float, n: int, max_tokens: int,
+                          stream: bool, paired: list[float]) -> Sample:
     """Latency of the same requests over HTTP through the gateway. `paired` gets, per request, the client's
     latency (to the first event for streams) minus the engine's share the gateway reported for it: what the
     gateway and the network added to that very request, free of the engine's own load noise."""
@@ -201,7 +217,10 @@ async def through_gateway(poster: Poster, model: str, rate: float, n: int, max_t
     await poster.pool.prewarm(32)  # a load generator opens its connections before it measures
     await open_loop(rate, warmup(rate), one)
     paired.clear()  # warm-up requests are not measured
-    return await open_loop(rate, n, one)
+    cpu = served.cpu_s()
+    sample = await open_loop(rate, n, one)
+    sample.cpu_s = served.cpu_s() - cpu
+    return sample
 
 
 def paired_summary(paired: list[float]) -> dict[str, float]:
@@ -249,9 +268,9 @@ async def measure_mode(args: argparse.Namespace, tmp: str, process: bool) -> dic
     poster = Poster(served, args.client)
     try:
         model = (await poster.pool.request("GET", "/v1/models")).json()["data"][0]["id"]  # type: ignore[index]
-        report["gateway_nonstream"] = (await through_gateway(poster, model, args.rate, n, 1, False,
+        report["gateway_nonstream"] = (await through_gateway(poster, served, model, args.rate, n, 1, False,
                                                              paired_n)).summary()
-        report["gateway_stream"] = (await through_gateway(poster, model, args.rate, n, args.stream_tokens,
+        report["gateway_stream"] = (await through_gateway(poster, served, model, args.rate, n, args.stream_tokens,
                                                           True, paired_s)).summary()
     finally:
         await poster.close()
@@ -304,7 +323,10 @@ def side_by_side(report: dict[str, object]) -> str:
     lines.append(f"| overload rejections ({refused}) | " + " | ".join(cells) + " |")
     queued_out = ", ".join(f"{m}: {r['gateway_nonstream']['refused']} / {r['gateway_stream']['refused']}"
                            for m, r in measured.items())
-    return "\n".join(lines) + f"\n\nrequests the gateway refused (non-streaming / streaming): {queued_out}\n"
+    cpu = ", ".join(f"{m}: {r['gateway_nonstream']['cpu_ms_per_request']:.3f} / "
+                    f"{r['gateway_stream']['cpu_ms_per_request']:.3f} ms" for m, r in measured.items())
+    return "\n".join(lines) + (f"\n\nrequests the gateway refused (non-streaming / streaming): {queued_out}\n"
+                               f"gateway process CPU per request (non-streaming / streaming): {cpu}\n")
 
 
 def main() -> None:
