@@ -102,5 +102,6 @@ def serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                             timeout_graceful_shutdown=int(settings.grace_period_s) + 1, lifespan="on")
     server = _Server(config, {"api_key": api_key, "admin_token": admin_token})
+    sys.setswitchinterval(settings.switch_interval_ms / 1e3)  # process-wide, so set here at the entry point
     server.run()
     return 0
