@@ -63,6 +63,7 @@ class ProcessEngine(EngineFront):
         self._watched: tuple[int, ...] = ()  # its descriptors: the pipe and the process sentinel
         self._exited = threading.Event()
         self._stopping = False
+        self._shutdowns = 0  # counts shutdown calls, so a restart can tell one happened while it loaded
         self._stats = EngineStats(alive=False, max_num_batched_tokens=config.max_num_batched_tokens,
                                   max_num_seqs=config.max_num_seqs)
 
@@ -112,6 +113,7 @@ class ProcessEngine(EngineFront):
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the worker; in-flight requests end as cancelled (reason "shutdown")."""
+        self._shutdowns += 1
         proc = self._proc
         if proc is None:
             return
@@ -139,12 +141,41 @@ class ProcessEngine(EngineFront):
             proc.kill()
             proc.join(5)
         self._worker_exited()
+        self._release()
+
+    def restart(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Replace a dead worker with a fresh one, reading its pipe on `loop` if given; a no-op while one runs.
+
+        It blocks for the spawn and the model load (seconds), so an event loop calls it on a thread. The new
+        worker starts with empty queues and fairness counters: what died with the old one was failed already.
+        """
+        if self._alive or (self._proc is not None and not self._exited.is_set()):
+            return  # running, or its death not yet handled (that handler fails its streams first)
+        shutdowns = self._shutdowns
+        self._release()
+        self._error = None
+        self.start()
+        if self._shutdowns != shutdowns:  # shut down while the new worker loaded: that one goes too
+            self.shutdown()
+            raise EngineStartError("the engine was shut down while a new worker started")
+        if loop is not None:
+            loop.call_soon_threadsafe(self._reattach, loop)
+
+    def _reattach(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._detach()
+        self._attach(loop)
+
+    def _release(self) -> None:
+        """Let go of an ended worker: its process, pipe ends and writer."""
+        if self._proc is not None:
+            self._proc.join(5)
         if self._writer is not None:
             self._writer.close()
             self._writer = None
         for conn in (self._to_worker, self._from_worker):
             if conn is not None:
                 conn.close()
+        self._to_worker = self._from_worker = None
         self._proc = None
 
     # -- the pipes --------------------------------------------------------------------------

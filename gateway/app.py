@@ -14,8 +14,9 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
-from engine import AsyncEngine
+from engine import AsyncEngine, ProcessEngine
 from gateway import routes_admin, routes_control, routes_openai, routes_ops
+from gateway.engine_watch import keep_engine_alive
 from gateway.errors import APIError, error_response
 from gateway.middleware import EdgeMiddleware
 from gateway.settings import GatewaySettings
@@ -57,9 +58,14 @@ def create_app(settings: GatewaySettings, engine: AsyncEngine | None = None) -> 
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state = await asyncio.to_thread(build_state, settings, engine)
         app.state.gateway = state
+        watch = None
+        if state.owns_engine and settings.restart_engine and isinstance(state.engine, ProcessEngine):
+            watch = asyncio.create_task(keep_engine_alive(state, state.engine))
         try:
             yield
         finally:
+            if watch is not None:
+                watch.cancel()
             await drain(state, settings.grace_period_s)
             await close_state(state)
 

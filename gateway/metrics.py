@@ -106,6 +106,8 @@ class GatewayMetrics:
         self.charged = Counter("fairserve_charged_service", "Charged fairness service", ["tenant"], registry=r)
         self.rejections = Counter("fairserve_admission_rejections", "Requests refused at the edge", ["reason"], registry=r)
         self.cancel_lag = Counter("fairserve_cancel_lag_tokens", "Tokens computed after a cancel signal", registry=r)
+        self.engine_restarts = Counter("fairserve_engine_restarts", "Engine workers started to replace a dead one",
+                                       ["result"], registry=r)
         if stats is not None:
             r.register(_EngineCollector(stats, labels))
 

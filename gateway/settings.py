@@ -36,6 +36,7 @@ class GatewaySettings(BaseModel):
     # The engine loop in its own process (ProcessEngine) rather than a thread sharing the gateway's GIL:
     # on by measurement (docs/gateway.md, "Benchmark: gateway overhead").
     engine_process: bool = True
+    restart_engine: bool = True  # replace a dead engine worker (process engine only; gateway/engine_watch.py)
     # How often CPython makes a running thread offer the GIL to a waiting one. The ledger writer and other
     # helper threads run Python for milliseconds at a time; at CPython's 5 ms the event loop can wait that
     # long for every turn (bench/loop_lag.py measures both).

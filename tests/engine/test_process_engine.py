@@ -255,6 +255,33 @@ def test_killed_worker_fails_in_flight_streams() -> None:
         engine.shutdown(timeout_s=5)
 
 
+def test_restart_replaces_a_dead_worker_and_leaves_a_live_one_alone() -> None:
+    engine, pid = started(config())
+    try:
+        engine.restart()  # alive: nothing happens
+        assert engine._proc is not None and engine._proc.pid == pid
+
+        async def dies() -> None:
+            stream = engine.generate([1, 2, 3], SamplingParams(max_tokens=1500, ignore_eos=True), RequestMeta(), "d")
+            await anext(stream)
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(EngineDeadError):
+                async for _ in stream:
+                    pass
+
+        asyncio.run(asyncio.wait_for(dies(), timeout=10.0))
+        engine.restart()
+        assert engine.is_alive and engine._proc is not None and engine._proc.pid != pid
+
+        async def serves() -> list[RequestOutput]:
+            return await collect(engine, [1, 2, 3], GREEDY, "after-restart")
+
+        outs = asyncio.run(asyncio.wait_for(serves(), timeout=60.0))
+        assert outs[-1].finished and len(outs[-1].token_ids) == GREEDY.max_tokens
+    finally:
+        engine.shutdown(timeout_s=5)
+
+
 def test_a_failed_pipe_under_a_live_worker_fails_streams_and_kills_the_worker() -> None:
     engine, pid = started(config())
 
