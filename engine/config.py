@@ -41,6 +41,10 @@ class EngineConfig:
     trace_path: str | None = None  # write one IterationTrace JSON line per iteration
     seed: int = 0
     cache_dir: str | None = None  # where the embedded default model is built
+    # ProcessEngine's worker runs under SCHED_BATCH where the OS has it: woken by a Submit it then waits for
+    # the writer to yield its CPU instead of preempting it, so the gateway's loop is not frozen for a whole
+    # iteration (bench/submit_wake.py measures both).
+    worker_batch_scheduling: bool = True
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""

@@ -151,6 +151,9 @@ def run_worker(config: EngineConfig, inbox: Connection, outbox: Connection, num_
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(num_threads)
+    if config.worker_batch_scheduling and hasattr(os, "SCHED_BATCH"):
+        with contextlib.suppress(OSError):  # best effort: a policy the platform refuses changes nothing
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     # Our framing both ways (engine/pipe.py); sends block when the pipe is full, as there is no event loop here.
     out = PipeWriter(outbox.fileno())
 
