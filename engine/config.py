@@ -41,10 +41,10 @@ class EngineConfig:
     trace_path: str | None = None  # write one IterationTrace JSON line per iteration
     seed: int = 0
     cache_dir: str | None = None  # where the embedded default model is built
-    # ProcessEngine's worker runs under SCHED_BATCH where the OS has it: woken by a Submit it then waits for
-    # the writer to yield its CPU instead of preempting it, so the gateway's loop is not frozen for a whole
-    # iteration (bench/submit_wake.py measures both).
-    worker_batch_scheduling: bool = True
+    # Run ProcessEngine's worker under SCHED_BATCH (Linux): woken by a Submit, it waits for the writer to
+    # yield its CPU instead of preempting it mid-write. Off by default: on the 2-core VM it cut how long a
+    # submit holds the loop at 20 req/s but cost the gateway a little at 200 (docs/gateway.md, submit_wake).
+    worker_batch_scheduling: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
