@@ -192,8 +192,8 @@ async def _own(state: GatewayState, run: Run, feed: RunFeed, stream: OutputStrea
         slot.release()
         state.runs.remove(run)
     await asyncio.sleep(0)  # the readers woke at the last notify: let them send the reply before the bookkeeping
-    if run.error is not None and run.error.code == "engine_unavailable":
-        state.engine_failed = True
+    if run.error is not None and run.error.code == "engine_unavailable" and not state.engine.is_alive:
+        state.engine_failed = True  # unless a new worker is already up (gateway/engine_watch.py)
     m = outcome.metrics
     if quota is not None and quota.reservation_id is not None:
         used = (m.prompt_tokens + m.completion_tokens) if m is not None else 0
