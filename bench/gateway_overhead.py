@@ -17,8 +17,8 @@ request in `Server-Timing` (submit to last output, or to the first output for st
 client is bench/http1.py unless `--client httpx` (which adds ~2 ms of its own per request).
 
 Latency on a small shared machine moves with whatever else runs on its cores; the gateway process's
-CPU time per request (read from /proc over the same measured requests) does not, so it is reported
-too, as the figure to compare two versions of the gateway by.
+CPU time per request (read from /proc over the same measured requests) moves much less, so it is
+reported too, as the figure to compare two versions of the gateway by (alternating runs, still).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ async def _segment(ledger: Ledger | None, tenant_id: str, seconds: float, rows_p
 def measure(seconds: float, rows_per_s: float, rounds: int) -> dict[str, dict[str, float]]:
     """Lateness percentiles (ms) per segment kind, and how many rows were recorded and reached SQL."""
     gateway_s = GatewaySettings().switch_interval_ms / 1e3
-    kinds = {"no ledger": (None, gateway_s), f"ledger, switch {CPYTHON_DEFAULT_S * 1e3:g} ms": (True, CPYTHON_DEFAULT_S),
+    kinds = {"no ledger": (False, gateway_s), f"ledger, switch {CPYTHON_DEFAULT_S * 1e3:g} ms": (True, CPYTHON_DEFAULT_S),
              f"ledger, switch {gateway_s * 1e3:g} ms": (True, gateway_s)}
     before = sys.getswitchinterval()
     late: dict[str, list[float]] = {k: [] for k in kinds}
