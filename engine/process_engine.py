@@ -149,7 +149,10 @@ class ProcessEngine(EngineFront):
         It blocks for the spawn and the model load (seconds), so an event loop calls it on a thread. The new
         worker starts with empty queues and fairness counters: what died with the old one was failed already.
         """
-        if self._alive or (self._proc is not None and not self._exited.is_set()):
+        proc = self._proc
+        if proc is not None and self._alive and not proc.is_alive() and (self._loop is None or self._loop.is_closed()):
+            self._worker_exited()  # it died with no loop reading its pipe to notice
+        if self._alive or (proc is not None and not self._exited.is_set()):
             return  # running, or its death not yet handled (that handler fails its streams first)
         shutdowns = self._shutdowns
         self._release()

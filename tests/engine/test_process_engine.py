@@ -278,6 +278,13 @@ def test_restart_replaces_a_dead_worker_and_leaves_a_live_one_alone() -> None:
 
         outs = asyncio.run(asyncio.wait_for(serves(), timeout=60.0))
         assert outs[-1].finished and len(outs[-1].token_ids) == GREEDY.max_tokens
+
+        second = engine._proc.pid
+        os.kill(second, signal.SIGKILL)  # this time with no loop reading: nothing has noticed the death
+        engine._proc.join(10)
+        assert not engine.is_alive
+        engine.restart()
+        assert engine.is_alive and engine._proc.pid not in (pid, second)
     finally:
         engine.shutdown(timeout_s=5)
 
