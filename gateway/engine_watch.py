@@ -43,6 +43,8 @@ async def keep_engine_alive(state: GatewayState, engine: ProcessEngine) -> None:
             state.metrics.engine_restarts.labels("failed").inc()
             backoff = min(backoff * 2, MAX_BACKOFF_S)
             continue
+        if not engine.is_alive:  # nothing was replaced (its death not yet handled): look again later
+            continue
         started = time.monotonic()
         state.engine_failed = False
         state.metrics.engine_restarts.labels("ok").inc()
