@@ -227,13 +227,15 @@ class OutputStream:
     def __init__(self, front: EngineFront, request_id: str, sink: Sink | None = None) -> None:
         self.front = front
         self.request_id = request_id
-        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        # With a sink, outputs go straight to it and nothing waits on a queue: none is made.
+        self.queue: asyncio.Queue[Any] | None = asyncio.Queue() if sink is None else None
         self._sink = sink
         self._ended = False
 
     def put(self, item: RequestOutput | BaseException) -> None:
         """Take one output (or the stream's error) from the front, on the consumer's loop."""
         if self._sink is None:
+            assert self.queue is not None
             self.queue.put_nowait(item)
             return
         if self._ended:
@@ -251,6 +253,8 @@ class OutputStream:
     async def __anext__(self) -> RequestOutput:
         if self._ended:
             raise StopAsyncIteration
+        if self.queue is None:
+            raise TypeError("a stream submitted with a sink hands its outputs to the sink; it is not iterated")
         item = await self.queue.get()
         if isinstance(item, BaseException):
             self._end(abort=False)  # the loop already ended this request; aborting could hit a namesake
