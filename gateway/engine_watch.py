@@ -41,6 +41,7 @@ async def keep_engine_alive(state: GatewayState, engine: ProcessEngine) -> None:
         except Exception:
             log.exception("could not start a new engine worker")
             state.metrics.engine_restarts.labels("failed").inc()
+            started = time.monotonic()  # a failed start is a worker that died young: the back-off keeps growing
             backoff = min(backoff * 2, MAX_BACKOFF_S)
             continue
         if not engine.is_alive:  # nothing was replaced (its death not yet handled): look again later
