@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.limits import RequestCaps
+
 
 @dataclass
 class FairnessSettings:
@@ -45,6 +47,8 @@ class EngineConfig:
     # yield its CPU instead of preempting it mid-write. Off by default: on the 2-core VM it cut how long a
     # submit holds the loop at 20 req/s but cost the gateway a little at 200 (docs/gateway.md, submit_wake).
     worker_batch_scheduling: bool = False
+    # Per-request host-work caps (stop strings, logit_bias, stop token ids, prompt bytes): engine/limits.py.
+    caps: RequestCaps = field(default_factory=RequestCaps)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""

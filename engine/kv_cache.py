@@ -1,13 +1,22 @@
 """The paged KV block pool: free list, per-request block tables, reference counts, prefix caching.
 
-A block is cached once it is full: its hash chains the parent block's hash with its tokens, so two
-requests share a block only when their whole prefix up to it is identical. A freed cached block goes
-to the tail of the free list with its hash kept, and is reused by a later hit until it is evicted
-from the head for a fresh allocation (LRU).
+A block is cached once it is full: its key is a BLAKE2b digest chaining the parent block's key with
+its token ids, so two requests share a block only when their whole prefix up to it is identical. The
+chain starts from a root digest of the request's *cache salt* (`prefix_root`): the tenant by default,
+an admin-set cache group when tenants should share, narrowed further by a per-request `cache_salt`.
+So a tenant hits only blocks its own group computed, and `cached_tokens` or time to first token tell
+it nothing about another tenant's prompts. The keys are cryptographic (not Python's `hash()`, which
+is neither collision-resistant nor meant for adversarial input: vLLM's CVE-2025-25183). Memory stays
+shared: isolation is in the keys, every block comes from one pool.
+
+A freed cached block goes to the tail of the free list with its key kept, and is reused by a later
+hit until it is evicted from the head for a fresh allocation (LRU).
 """
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,7 +28,7 @@ class Block:
 
     block_id: int
     ref_count: int = 0
-    block_hash: int | None = None
+    block_hash: bytes | None = None
 
 
 @dataclass
@@ -27,12 +36,29 @@ class BlockTable:
     """A request's logical-to-physical block list plus the hashes of its full blocks."""
 
     block_ids: list[int] = field(default_factory=list)
-    hashes: list[int] = field(default_factory=list)
+    hashes: list[bytes] = field(default_factory=list)
 
 
-def chain_hash(parent: int | None, tokens: Sequence[int]) -> int:
-    """Hash of a full block given its parent's hash, so equal hashes mean equal prefixes."""
-    return hash((parent, tuple(tokens)))
+_DIGEST = 32  # bytes of BLAKE2b output: 256 bits, collision-resistant
+DEFAULT_ROOT = hashlib.blake2b(b"fairserve-prefix-v1", digest_size=_DIGEST).digest()
+
+
+def prefix_root(tenant_id: str, cache_group: str | None = None, cache_salt: str | None = None) -> bytes:
+    """The digest every block key of a request chains from: its cache group (the tenant unless an admin
+    named a group) and its optional per-request salt. Length-prefixed parts, so no two inputs collide."""
+    group = f"group:{cache_group}" if cache_group else f"tenant:{tenant_id}"
+    h = hashlib.blake2b(b"fairserve-prefix-v1", digest_size=_DIGEST)
+    for part in (group, cache_salt or ""):
+        raw = part.encode("utf-8", "surrogatepass")
+        h.update(len(raw).to_bytes(8, "little"))
+        h.update(raw)
+    return h.digest()
+
+
+def chain_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
+    """Key of a full block: BLAKE2b over its parent's key and its token ids, so equal keys mean equal prefixes
+    under the same root."""
+    return hashlib.blake2b(parent + array("q", tokens).tobytes(), digest_size=_DIGEST).digest()
 
 
 class BlockPool:
@@ -45,7 +71,7 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         # Insertion order is eviction order: fresh frees go to the tail.
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self._cached: dict[int, int] = {}  # block hash -> block id
+        self._cached: dict[bytes, int] = {}  # block key -> block id
         self.tables: dict[str, BlockTable] = {}
         self.alloc_failures = 0
 
@@ -66,16 +92,16 @@ class BlockPool:
         return max(0, -(-num_tokens // self.block_size) - have)
 
     # -- prefix cache -----------------------------------------------------------------------
-    def match_prefix(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
-        """Longest run of cached full blocks at the start of `token_ids`: (block ids, hashes).
+    def match_prefix(self, token_ids: Sequence[int], root: bytes = DEFAULT_ROOT) -> tuple[list[int], list[bytes]]:
+        """Longest run of cached full blocks at the start of `token_ids` under `root`: (block ids, keys).
 
         At least one token is always left uncached so the request has a position to sample from.
         """
         if not self.enable_prefix_caching:
             return [], []
         ids: list[int] = []
-        hashes: list[int] = []
-        parent: int | None = None
+        hashes: list[bytes] = []
+        parent = root
         max_blocks = (len(token_ids) - 1) // self.block_size
         for i in range(max_blocks):
             h = chain_hash(parent, token_ids[i * self.block_size : (i + 1) * self.block_size])
@@ -87,7 +113,7 @@ class BlockPool:
             parent = h
         return ids, hashes
 
-    def attach_prefix(self, request_id: str, block_ids: list[int], hashes: list[int]) -> None:
+    def attach_prefix(self, request_id: str, block_ids: list[int], hashes: list[bytes]) -> None:
         """Give a new request the matched cached blocks (reference counted, pulled off the free list)."""
         table = self.tables.setdefault(request_id, BlockTable())
         assert not table.block_ids, "prefix attaches only to an empty table"
@@ -119,15 +145,17 @@ class BlockPool:
             table.block_ids.append(block_id)
         return True
 
-    def commit_full_blocks(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> None:
-        """Register the hashes of blocks that became full and computed, so later requests can share them."""
+    def commit_full_blocks(self, request_id: str, token_ids: Sequence[int], num_computed: int,
+                           root: bytes = DEFAULT_ROOT) -> None:
+        """Register the keys of blocks that became full and computed (chained from `root`, the request's
+        prefix_root), so later requests of the same cache group can share them."""
         if not self.enable_prefix_caching:
             return
         table = self.tables.get(request_id)
         if table is None:
             return
         full = min(num_computed // self.block_size, len(table.block_ids))
-        parent = table.hashes[-1] if table.hashes else None
+        parent = table.hashes[-1] if table.hashes else root
         for i in range(len(table.hashes), full):
             h = chain_hash(parent, token_ids[i * self.block_size : (i + 1) * self.block_size])
             table.hashes.append(h)

@@ -1,4 +1,10 @@
-"""The limits a request must fit before it is queued: vocabulary, model context and KV capacity."""
+"""The limits a request must fit before it is queued: per-request caps, vocabulary, context and KV capacity.
+
+`RequestCaps` is the one place the host-work caps live, with their documented defaults (docs/engine.md,
+"Request caps"). They bound what one request can make the engine do on the host, outside the forward
+pass that VTC charges: stop strings are matched per new token, a logit bias is applied per step, stop
+token ids are looked up per token. Beyond a cap the request is refused with a 400 naming the field.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,43 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.request import InvalidRequestError, PromptTooLongError, SamplingParams
+
+
+@dataclass(frozen=True)
+class RequestCaps:
+    """Per-request bounds on host work; each is checked before the request is queued."""
+
+    max_stop_strings: int = 16
+    max_stop_chars: int = 256  # per stop string; the stop matcher's work per token is O(this)
+    max_stop_token_ids: int = 64
+    max_logit_bias: int = 300  # entries; OpenAI documents token ids with a bias in [-100, 100]
+    max_prompt_bytes: int = 256 * 1024  # UTF-8 bytes of a text prompt, checked before tokenising
+
+    def check(self, params: SamplingParams) -> None:
+        """Raise InvalidRequestError naming the field that is over its cap."""
+        if len(params.stop) > self.max_stop_strings:
+            raise InvalidRequestError(
+                f"stop has {len(params.stop)} strings; at most {self.max_stop_strings} are allowed", "stop")
+        longest = max((len(s) for s in params.stop), default=0)
+        if longest > self.max_stop_chars:
+            raise InvalidRequestError(
+                f"a stop string has {longest} characters; at most {self.max_stop_chars} are allowed", "stop")
+        if len(params.stop_token_ids) > self.max_stop_token_ids:
+            raise InvalidRequestError(f"stop_token_ids has {len(params.stop_token_ids)} entries; at most "
+                                      f"{self.max_stop_token_ids} are allowed", "stop_token_ids")
+        if len(params.logit_bias) > self.max_logit_bias:
+            raise InvalidRequestError(f"logit_bias has {len(params.logit_bias)} entries; at most "
+                                      f"{self.max_logit_bias} are allowed", "logit_bias")
+
+    def check_prompt_text(self, prompt: str, field_name: str = "prompt") -> None:
+        """Refuse a text prompt over the byte cap before any tokenising work is spent on it."""
+        # A character is 1-4 UTF-8 bytes: encode (O(n) once) only when the length alone cannot decide.
+        size = len(prompt)
+        if size <= self.max_prompt_bytes < size * 4:
+            size = len(prompt.encode("utf-8", "surrogatepass"))
+        if size > self.max_prompt_bytes:
+            raise InvalidRequestError(
+                f"{field_name} is over {self.max_prompt_bytes} bytes (at least {size})", field_name)
 
 
 @dataclass
@@ -16,15 +59,22 @@ class RequestLimits:
     max_model_len: int
     block_size: int
     num_kv_blocks: int
+    caps: RequestCaps = RequestCaps()
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise the same InvalidRequestError (or subclass) LLMEngine.validate would, before anything is queued."""
         params.validate()
+        self.caps.check(params)
         if len(prompt_token_ids) == 0:
             raise InvalidRequestError("prompt must not be empty", "prompt")
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
             raise InvalidRequestError(f"token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})", "prompt")
+        for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias)):
+            outside = [t for t in ids if not 0 <= t < self.vocab_size]
+            if outside:
+                raise InvalidRequestError(
+                    f"{name}: token id {outside[0]} is outside the vocabulary [0, {self.vocab_size})", name)
         total = len(prompt_token_ids) + params.max_tokens
         if total > self.max_model_len:
             raise PromptTooLongError(

@@ -6,6 +6,10 @@
         run the model once on the mixed batch       (model_runner.execute)
         append tokens, stop, charge                 (scheduler.update)
         record one IterationTrace
+
+A failure that belongs to one request (its sampling, its detokenisation, its stop check) ends that
+request with finish_reason "error" and the iteration goes on (engine/isolation.py); only the batch's
+forward pass, or the scheduler itself, raising out of `step()` stops the loop.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ import os
 import time
 from collections import deque
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 
 from engine.attention import resolve_backend
 from engine.config import EngineConfig
+from engine.isolation import RequestFailures
 from engine.kv_cache import BlockPool
 from engine.limits import RequestLimits
 from engine.loader import LoadedModel, load_model
@@ -34,7 +40,7 @@ from engine.request import (
     SamplingParams,
 )
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from engine.stop import StopChecker
+from engine.stop import StopMatcher
 from engine.trace import IterationTrace, TraceWriter
 
 _EWMA = 0.2
@@ -45,7 +51,7 @@ class _Stream:
 
     def __init__(self, detokenizer: object, stops: list[str]) -> None:
         self.detokenizer = detokenizer
-        self.stop = StopChecker(stops)
+        self.stop = StopMatcher(stops)
         self.sent_tokens = 0  # tokens pushed through the detokenizer
         self.emitted_tokens = 0  # tokens already carried by an output
         self.held_delta = ""  # text decoded since the last output, when intermediate outputs are skipped
@@ -70,7 +76,7 @@ class LLMEngine:
         self.eos_token_ids = set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids)
         num_blocks = config.num_kv_blocks or self._blocks_from_memory()
         self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.limits = RequestLimits(self.vocab_size, self.max_model_len, config.block_size, num_blocks)
+        self.limits = RequestLimits(self.vocab_size, self.max_model_len, config.block_size, num_blocks, config.caps)
         self.policy = build_policy(config.fairness)
         sched_cfg = SchedulerConfig(
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -92,6 +98,8 @@ class LLMEngine:
         self._stats = EngineStats(kv_blocks_total=num_blocks, max_num_batched_tokens=config.max_num_batched_tokens,
                                   max_num_seqs=config.max_num_seqs)
         self._last_step: dict[str, tuple[int, float, float]] = {}  # request -> (tokens, start, end) of its last iteration
+        self._failures = RequestFailures()  # detokenisation and stop checks; the sampler keeps its own
+        self.failed_requests = 0  # requests ended alone by an exception of their own, since start
 
     def _blocks_from_memory(self) -> int:
         mc = self.loaded.config
@@ -176,6 +184,7 @@ class LLMEngine:
         tables = {c.request.request_id: self.pool.block_ids(c.request.request_id) for c in out.chunks}
         sampled = self.runner.execute(out, tables)
         t1 = time.time()
+        self._fail(self.runner.sampler.failures.take(), t1)
         for c in out.chunks:
             self._last_step[c.request.request_id] = (c.length, t0, t1)
             if c.request.cancel_time is not None and c.request.cancel_time < t0:
@@ -195,30 +204,48 @@ class LLMEngine:
             stream = self._streams.get(request.request_id)
             if stream is None:
                 continue
+            text = self._failures.run(request.request_id, partial(self._new_text, request, stream), None)
+            if text is None:  # its detokenisation or stop check raised: it ends alone, with what it had
+                self._fail(self._failures.take(), time.time())
+                request.finish_reason = FinishReason.ERROR  # also when it had just ended for another reason
+                text = ""
             new_ids = request.output_token_ids[stream.sent_tokens :]
-            delta = ""
-            if new_ids:
-                text = stream.detokenizer.push(new_ids)  # type: ignore[attr-defined]
-                delta, stopped = stream.stop.push(text)
-                if stopped and not request.is_finished:
-                    self.scheduler.finish(request, FinishReason.STOP)
-            if request.is_finished and not stream.stop.matched:
-                # Release held-back text: an incomplete UTF-8 tail and a partial stop-string match.
-                tail, _ = stream.stop.push(stream.detokenizer.finish())  # type: ignore[attr-defined]
-                delta += tail + stream.stop.flush()
             if not new_ids and not request.is_finished:
                 continue
             stream.sent_tokens = len(request.output_token_ids)
             if not request.sampling.stream_outputs and stream.emitted_tokens and not request.is_finished:
-                stream.held_delta += delta
+                stream.held_delta += text
                 continue
-            delta, stream.held_delta = stream.held_delta + delta, ""
+            delta, stream.held_delta = stream.held_delta + text, ""
             new_ids = request.output_token_ids[stream.emitted_tokens:]
             stream.emitted_tokens = len(request.output_token_ids)
             outputs.append((request, stream, new_ids, delta))
             if request.is_finished:
                 self._forget(request.request_id)
         return outputs
+
+    def _new_text(self, request: Request, stream: _Stream) -> str:
+        """Detokenise the request's new tokens and check its stop strings; the text it may release now."""
+        new_ids = request.output_token_ids[stream.sent_tokens :]
+        delta = ""
+        if new_ids:
+            text = stream.detokenizer.push(new_ids)  # type: ignore[attr-defined]
+            delta, stopped = stream.stop.push(text)
+            if stopped and not request.is_finished:
+                self.scheduler.finish(request, FinishReason.STOP)
+        if request.is_finished and not stream.stop.matched and request.finish_reason is not FinishReason.ERROR:
+            # Release held-back text: an incomplete UTF-8 tail and a partial stop-string match.
+            tail, _ = stream.stop.push(stream.detokenizer.finish())  # type: ignore[attr-defined]
+            delta += tail + stream.stop.flush()
+        return delta
+
+    def _fail(self, errors: dict[str, Exception], now: float) -> None:
+        """End each request whose own work raised, with finish_reason "error"; the others go on."""
+        for request_id in errors:
+            request = self.scheduler.requests.get(request_id)
+            if request is not None and not request.is_finished:
+                self.scheduler.finish(request, FinishReason.ERROR, now)
+                self.failed_requests += 1
 
     def _forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)

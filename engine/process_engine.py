@@ -96,7 +96,8 @@ class ProcessEngine(EngineFront):
         self._writer = PipeWriter(to_worker.fileno())
         self._exited.clear()
         self._stopping = False
-        self._limits = RequestLimits(ready.vocab_size, ready.max_model_len, ready.block_size, ready.num_kv_blocks)
+        self._limits = RequestLimits(ready.vocab_size, ready.max_model_len, ready.block_size, ready.num_kv_blocks,
+                                     self.config.caps)
         self.model_name, self.max_model_len = ready.model_name, ready.max_model_len
         self._stats = ready.stats
         self._alive = True

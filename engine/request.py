@@ -6,6 +6,9 @@ import enum
 import math
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
+
+from engine.kv_cache import prefix_root
 
 
 class RequestState(enum.Enum):
@@ -45,9 +48,17 @@ class PromptTooLongError(InvalidRequestError):
     """Prompt plus max_tokens does not fit in the model context."""
 
 
+# Below this temperature sampling is greedy (as vLLM does): dividing logits by a smaller number
+# overflows float32, and the distribution is argmax to within rounding anyway.
+GREEDY_TEMPERATURE = 1e-5
+# torch.Generator.manual_seed accepts exactly the 64-bit signed and unsigned ranges.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+LOGIT_BIAS_MAX = 100.0  # OpenAI's range for logit_bias values
+
+
 @dataclass
 class SamplingParams:
-    """How to pick tokens and when to stop. temperature=0 means greedy."""
+    """How to pick tokens and when to stop. temperature below GREEDY_TEMPERATURE (0 included) means greedy."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -57,32 +68,54 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     # False: only the first output (the request started) and the last are emitted, each carrying the
     # text since the previous one. A non-streaming caller needs nothing in between, and every skipped
     # output is a message the engine does not send and the caller does not wake up for.
     stream_outputs: bool = True
 
     def validate(self) -> None:
-        """Raise InvalidRequestError naming the first bad field."""
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+        """Raise InvalidRequestError naming the first field the sampler could not compute with.
+
+        Size caps (how many stop strings, bias entries) are RequestCaps' (engine/limits.py); vocabulary
+        bounds are RequestLimits'. Together they accept exactly what the engine can serve.
+        """
+        if not _integer(self.max_tokens) or self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be a positive integer, got {self.max_tokens!r}", "max_tokens")
         if not _finite(self.temperature) or self.temperature < 0:
             raise InvalidRequestError(f"temperature must be finite and >= 0, got {self.temperature!r}", "temperature")
         if not _finite(self.top_p) or not 0 < self.top_p <= 1:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _integer(self.top_k) or self.top_k < 0:
             raise InvalidRequestError(f"top_k must be an integer >= 0 (0 disables), got {self.top_k!r}", "top_k")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            raise InvalidRequestError(f"seed must be a non-negative integer, got {self.seed!r}", "seed")
-        if any(not isinstance(s, str) or not s for s in self.stop):
+        if self.seed is not None and (not _integer(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX):
+            raise InvalidRequestError(
+                f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed!r}", "seed")
+        if not isinstance(self.stop, list) or any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop must be a list of non-empty strings", "stop")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if not isinstance(self.stop_token_ids, list) or any(not _integer(t) or t < 0 for t in self.stop_token_ids):
             raise InvalidRequestError("stop_token_ids must be non-negative integers", "stop_token_ids")
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidRequestError("ignore_eos must be a boolean", "ignore_eos")
+        self._validate_logit_bias()
+
+    def _validate_logit_bias(self) -> None:
+        if not isinstance(self.logit_bias, dict):
+            raise InvalidRequestError("logit_bias must map token ids to numbers", "logit_bias")
+        for token, bias in self.logit_bias.items():
+            if not _integer(token) or token < 0:
+                raise InvalidRequestError(f"logit_bias key {token!r} is not a token id", "logit_bias")
+            if not _finite(bias) or abs(bias) > LOGIT_BIAS_MAX:
+                raise InvalidRequestError(f"logit_bias values must be in [-100, 100], got {bias!r}", "logit_bias")
 
     @property
     def greedy(self) -> bool:
         """True when sampling degenerates to argmax."""
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
+
+
+def _integer(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _finite(x: object) -> bool:
@@ -94,6 +127,10 @@ class RequestMeta:
     """Who asked and under what contract. Lower `priority` values are more important classes."""
 
     tenant_id: str = "default"
+    # Prefix-cache isolation (engine/kv_cache.py): blocks are shared only between requests of the same
+    # group (the tenant's own id unless an admin put it in a named group) and the same cache_salt.
+    cache_group: str | None = None
+    cache_salt: str | None = None
     api_key_id: str | None = None
     user: str | None = None
     task_id: str | None = None
@@ -171,6 +208,11 @@ class Request:
     def in_prefill(self) -> bool:
         """True while prompt (or recomputed) tokens remain to be computed beyond the next decode."""
         return self.num_tokens - self.num_computed_tokens > 1 or self.num_computed_tokens < self.num_prompt_tokens
+
+    @cached_property
+    def prefix_root(self) -> bytes:
+        """Where this request's prefix-cache keys chain from: its cache group and salt (engine/kv_cache.py)."""
+        return prefix_root(self.meta.tenant_id, self.meta.cache_group, self.meta.cache_salt)
 
     @property
     def arrival_time(self) -> float:

@@ -1,14 +1,20 @@
-"""Token selection: greedy, temperature, top-k, top-p, with per-request seeded generators.
+"""Token selection: logit bias, greedy, temperature, top-k, top-p, with per-request seeded generators.
 
 A seeded request draws from its own torch.Generator, so its samples do not depend on what else
-shares the batch.
+shares the batch. Each row is one request's work: a row that raises is recorded in `failures`
+(engine/isolation.py) and gets a placeholder token, and the engine ends that request alone.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
+from engine.isolation import RequestFailures
 from engine.request import Request
+
+FAILED_TOKEN = 0  # placeholder for a row whose sampling raised; its request is ended with an error
 
 
 class Sampler:
@@ -17,6 +23,7 @@ class Sampler:
     def __init__(self, seed: int = 0) -> None:
         self._global = torch.Generator().manual_seed(seed)
         self._per_request: dict[str, torch.Generator] = {}
+        self.failures = RequestFailures()
 
     def forget(self, request_id: str) -> None:
         """Drop a finished request's generator."""
@@ -34,24 +41,37 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
         """logits: [len(requests), vocab] float32 on any device; returns one token id per request."""
+        plain = all(r.sampling.greedy and not r.sampling.logit_bias for r in requests)
         tokens = logits.argmax(dim=-1).cpu()
-        if all(r.sampling.greedy for r in requests):
+        if plain:
             return tokens.tolist()  # type: ignore[no-any-return]
         logits = logits.float().cpu()
+        out = [int(t) for t in tokens.tolist()]
         for row, request in enumerate(requests):
             params = request.sampling
-            if params.greedy:
+            if params.greedy and not params.logit_bias:
                 continue
-            scores = logits[row] / params.temperature
-            if params.top_k > 0 and params.top_k < scores.numel():
-                kth = torch.topk(scores, params.top_k).values[-1]
-                scores = scores.masked_fill(scores < kth, float("-inf"))
-            probs = torch.softmax(scores, dim=-1)
-            if params.top_p < 1.0:
-                sorted_probs, order = probs.sort(descending=True)
-                # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-                drop = sorted_probs.cumsum(0) - sorted_probs > params.top_p
-                sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-                probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-            tokens[row] = torch.multinomial(probs, 1, generator=self._generator(request))[0]
-        return [int(t) for t in tokens.tolist()]
+            out[row] = self.failures.run(request.request_id, partial(self._sample_row, logits[row], request), FAILED_TOKEN)
+        return out
+
+    def _sample_row(self, scores: torch.Tensor, request: Request) -> int:
+        params = request.sampling
+        if params.logit_bias:
+            ids = torch.tensor(list(params.logit_bias.keys()), dtype=torch.long)
+            scores = scores.index_add(0, ids, torch.tensor(list(params.logit_bias.values()), dtype=scores.dtype))
+        if params.greedy:
+            return int(scores.argmax())
+        # Shift so the largest score is 0 before dividing: a tiny temperature then yields very negative
+        # numbers (exp -> 0), never +inf (softmax -> nan), so every validated temperature samples.
+        scores = (scores - scores.max()) / params.temperature
+        if 0 < params.top_k < scores.numel():
+            kth = torch.topk(scores, params.top_k).values[-1]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        if params.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+            drop = sorted_probs.cumsum(0) - sorted_probs > params.top_p
+            sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        return int(torch.multinomial(probs, 1, generator=self._generator(request))[0])

@@ -197,7 +197,7 @@ class Scheduler:
                 self._enter_running(request)
                 continue
             if self.pool.enable_prefix_caching:
-                hit_ids, hit_hashes = self.pool.match_prefix(request.all_token_ids)
+                hit_ids, hit_hashes = self.pool.match_prefix(request.all_token_ids, request.prefix_root)
             else:
                 hit_ids, hit_hashes = [], []
             cached = len(hit_ids) * self.pool.block_size
@@ -323,7 +323,7 @@ class Scheduler:
             output = request.output_token_ids
             # Hash blocks only when one filled: a one-token chunk fills one only on a block boundary.
             if caching and (chunk.length > 1 or computed % block_size == 0):
-                pool.commit_full_blocks(request.request_id, request.all_token_ids, computed)
+                pool.commit_full_blocks(request.request_id, request.all_token_ids, computed, request.prefix_root)
             if computed != len(request.prompt_token_ids) + len(output):
                 continue  # a prefill chunk that does not reach the end samples nothing
             token = sampled[request.request_id]

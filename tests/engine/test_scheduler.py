@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -147,11 +148,44 @@ def test_prefix_cache_hit_skips_prefill_and_counts_cached_tokens() -> None:
     s.add(shared)
     while s.has_unfinished():
         run_step(s)
-    twin = Request("b", list(shared.prompt_token_ids), SamplingParams(max_tokens=1), RequestMeta())
+    twin = Request("b", list(shared.prompt_token_ids), SamplingParams(max_tokens=1), RequestMeta(tenant_id="t"))
     s.add(twin)
     out, _ = run_step(s)
     assert twin.num_cached_tokens == 16  # four full blocks of four, last token left to compute
     assert out.chunks[0].start == 16 and out.chunks[0].length == 4
+
+
+@pytest.mark.parametrize(("meta", "cached"), [
+    (RequestMeta(tenant_id="other"), 0),  # another tenant: the same tokens, different keys
+    (RequestMeta(tenant_id="t", cache_salt="narrower"), 0),  # the owner, under a per-request salt
+    (RequestMeta(tenant_id="other", cache_group="org"), 0),  # a group the owner is not in
+])
+def test_prefix_cache_is_isolated_by_tenant_and_salt(meta: RequestMeta, cached: int) -> None:
+    s = make_scheduler(budget=64)
+    s.add(make_request("a", 20, 1))
+    while s.has_unfinished():
+        run_step(s)
+    probe = Request("b", _prompt_of("a", 20), SamplingParams(max_tokens=1), meta)
+    s.add(probe)
+    run_step(s)
+    assert probe.num_cached_tokens == cached
+
+
+def test_prefix_cache_is_shared_inside_a_cache_group() -> None:
+    s = make_scheduler(budget=64)
+    first = make_request("a", 20, 1)
+    first.meta = RequestMeta(tenant_id="t", cache_group="org")
+    s.add(first)
+    while s.has_unfinished():
+        run_step(s)
+    peer = Request("b", _prompt_of("a", 20), SamplingParams(max_tokens=1), RequestMeta(tenant_id="u", cache_group="org"))
+    s.add(peer)
+    run_step(s)
+    assert peer.num_cached_tokens == 16
+
+
+def _prompt_of(rid: str, prompt_len: int) -> list[int]:
+    return make_request(rid, prompt_len, 1).prompt_token_ids
 
 
 @settings(max_examples=40, deadline=None)
