@@ -19,6 +19,7 @@ class FairnessSettings:
     priority_classes: bool = True
     max_queue_age_s: float = 30.0
     edf: bool = False
+    lift_allowance: float = 1024.0  # service units a returning key may trail the backlogged minimum by
 
 
 @dataclass

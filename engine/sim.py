@@ -175,6 +175,15 @@ class Simulator:
                            deadline=spec.deadline, arrival_time=spec.arrival)
         return Request(spec.name, prompt, SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True), meta)
 
+    def submit(self, spec: SimRequest) -> Request:
+        """Queue `spec` now, from inside a run (an `on_iteration` hook): how closed-loop clients are simulated."""
+        if spec.name in self._specs:
+            raise SimulationError(f"duplicate request name {spec.name!r}")
+        self._specs[spec.name] = spec
+        request = self.make_request(spec)
+        self.scheduler.add(request, self.clock)
+        return request
+
     # -- the loop ---------------------------------------------------------------------------
     def run(self, workload: Iterable[SimRequest], until: float | None = None, max_iterations: int | None = None,
             service_every: float | None = None, track_service: bool = False,

@@ -28,6 +28,9 @@ class FairnessConfig(BaseModel):
     priority_classes: bool = True
     max_queue_age_s: float = Field(default=30.0, gt=0, description="aging period; inf disables promotion")
     edf: bool = False
+    # Service a key that becomes backlogged may keep below the backlogged minimum (fairness/vtc.py): the
+    # most credit any key can bank. 0 is the paper's lift; 1024 is one 512-token answer at w_out=2.
+    lift_allowance: float = Field(default=1024.0, ge=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _counters_can_grow(self) -> FairnessConfig:
@@ -58,7 +61,7 @@ def make_policy(config: FairnessConfig | None = None) -> Any:
     key_fn = key_function(config.key)
 
     def make_base() -> Any:
-        base: Any = VTCPolicy(cost, key_fn) if config.policy == "vtc" else FCFSPolicy(cost, key_fn)
+        base: Any = VTCPolicy(cost, key_fn, config.lift_allowance) if config.policy == "vtc" else FCFSPolicy(cost, key_fn)
         return EDFPolicy(base) if config.edf else base
 
     if config.priority_classes:

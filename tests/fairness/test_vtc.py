@@ -90,7 +90,8 @@ def test_set_weight_changes_the_share_live() -> None:
 
 def test_idle_tenant_is_lifted_and_cannot_monopolise_when_it_returns() -> None:
     cost = TokenCost()
-    policy: VTCPolicy[Any] = VTCPolicy(cost)
+    # An allowance of half the bound (one max request, U) keeps a returning key within the bound.
+    policy: VTCPolicy[Any] = VTCPolicy(cost, lift_allowance=bound(cost) / 2)
     rng = random.Random(11)
     server = Server(policy, CAPACITY)
     for item in random_jobs("busy", 600, rng, MAX_IN, MAX_OUT):
@@ -100,7 +101,8 @@ def test_idle_tenant_is_lifted_and_cannot_monopolise_when_it_returns() -> None:
     start = policy.service()
     for item in random_jobs("late", 200, rng, MAX_IN, MAX_OUT):
         server.submit(item)
-    assert policy.counters()["late"] >= policy.counters()["busy"] - 1e-9
+    # Lifted to the backlogged minimum less the allowance: at most that much credit was kept.
+    assert policy.counters()["late"] >= policy.counters()["busy"] - policy.lift_allowance - 1e-9
     while server.backlogged("busy", "late"):
         server.step()
         service = policy.service()
@@ -109,7 +111,7 @@ def test_idle_tenant_is_lifted_and_cannot_monopolise_when_it_returns() -> None:
 
 
 def test_newcomer_is_lifted_to_the_smallest_backlogged_counter_and_never_lowered() -> None:
-    policy: VTCPolicy[Any] = VTCPolicy(TokenCost(1.0, 2.0, 0.0))
+    policy: VTCPolicy[Any] = VTCPolicy(TokenCost(1.0, 2.0, 0.0), lift_allowance=0.0)  # the paper's lift
     low, high, rich = job("l1", "low"), job("h1", "high"), job("r0", "rich")
     policy.add(rich, 0.0)
     policy.pop(rich)
@@ -132,7 +134,7 @@ def test_newcomer_is_lifted_to_the_smallest_backlogged_counter_and_never_lowered
 
 
 def test_with_nobody_backlogged_a_newcomer_starts_at_the_last_key_to_leave() -> None:
-    policy: VTCPolicy[Any] = VTCPolicy()
+    policy: VTCPolicy[Any] = VTCPolicy(lift_allowance=0.0)
     first = job("a1", "a")
     policy.add(first, 0.0)
     policy.pop(first)  # a leaves the queue but keeps running
@@ -288,9 +290,10 @@ def test_vtc_admission_cost_does_not_grow_with_ten_times_more_keys() -> None:
     assert large <= 1.25 * small
 
 
-def test_key_with_running_requests_is_not_lifted() -> None:
-    """A weight-3 tenant whose streams are all admitted keeps its lower counter when it sends the next one."""
-    policy: VTCPolicy[Any] = VTCPolicy(TokenCost(1.0, 2.0, 0.0))
+def test_key_with_running_requests_is_lifted_less_its_allowance() -> None:
+    """Running requests do not exempt a key from the lift (that banked credit); the allowance, divided by
+    its weight, is what it may still trail by, so a weight-3 tenant's streams keep their edge."""
+    policy: VTCPolicy[Any] = VTCPolicy(TokenCost(1.0, 2.0, 0.0), lift_allowance=150.0)
     heavy = job("h1", "heavy", weight=3.0)
     light = job("l1", "light")
     policy.add(heavy, 0.0)
@@ -298,13 +301,18 @@ def test_key_with_running_requests_is_not_lifted() -> None:
     policy.charge(heavy, 300, 0, 0)  # running: counter 100
     policy.add(light, 0.0)
     policy.pop(light)
-    policy.charge(light, 300, 0, 0)  # lifted to heavy's 100 on arrival, then 400
-    policy.add(job("l2", "light"), 0.0)  # light backlogged at 400
-    policy.add(job("h2", "heavy", weight=3.0), 0.0)  # heavy still has h1 running: no lift
-    assert policy.counters()["heavy"] == 100
+    policy.charge(light, 300, 0, 0)  # lifted to 100 - 150 (no change) on arrival, then 300
+    policy.add(job("l2", "light"), 0.0)  # light backlogged at 300
+    policy.charge(heavy, 600, 0, 0)  # heavy's h1 keeps running: 100 + 200 = 300
+    policy.charge(light, 300, 0, 0)  # light 600
+    policy.add(job("h2", "heavy", weight=3.0), 0.0)  # h1 still running: lifted to 600 - 150/3 = 550
+    assert policy.counters()["heavy"] == 550
     assert policy.peek(0.0).request_id == "h2"  # type: ignore[union-attr]
-    policy.finish(heavy)
-    policy.pop(job("h2", "heavy", weight=3.0))
-    policy.finish(job("h2", "heavy", weight=3.0))
-    policy.add(job("h3", "heavy", weight=3.0), 0.0)  # now idle: lifted to the backlogged minimum
-    assert policy.counters()["heavy"] == policy.counters()["light"] == 400
+    policy.add(job("x1", "x"), 0.0)  # a weight-1 newcomer: 550 - 150 = 400, below heavy
+    assert policy.counters()["x"] == 400
+
+
+def test_lift_allowance_must_be_finite_and_not_negative() -> None:
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="lift_allowance"):
+            VTCPolicy(lift_allowance=bad)
