@@ -66,6 +66,8 @@ class TenantRow(Base):
     tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     tokens_per_day: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     max_queued_requests: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Tenants with the same cache group share prefix-cache blocks; None: the tenant shares with nobody.
+    cache_group: Mapped[str | None] = mapped_column(String(64), nullable=True)
     disabled: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)

@@ -25,6 +25,7 @@ class Tenant:
     disabled: bool
     created_at: datetime
     updated_at: datetime
+    cache_group: str | None = None  # prefix-cache sharing group (engine/kv_cache.py); None: own blocks only
 
 
 @dataclass

@@ -32,6 +32,7 @@ def _tenant(row: TenantRow) -> Tenant:
         tokens_per_minute=row.tokens_per_minute,
         tokens_per_day=row.tokens_per_day,
         max_queued_requests=row.max_queued_requests,
+        cache_group=row.cache_group,
         disabled=row.disabled,
         created_at=row.created_at,
         updated_at=row.updated_at,
@@ -88,6 +89,7 @@ class BillingStore:
         tokens_per_minute: int | None = None,
         tokens_per_day: int | None = None,
         max_queued_requests: int | None = None,
+        cache_group: str | None = None,
         actor: str = "cli",
     ) -> Tenant:
         """Create a tenant; raises TenantExists when the name is taken, ValueError on bad fields."""
@@ -99,6 +101,7 @@ class BillingStore:
                 "tokens_per_minute": tokens_per_minute,
                 "tokens_per_day": tokens_per_day,
                 "max_queued_requests": max_queued_requests,
+                "cache_group": cache_group,
             }
         )
         now = utcnow()

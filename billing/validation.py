@@ -13,7 +13,9 @@ TENANT_FIELDS = (
     "tokens_per_day",
     "max_queued_requests",
     "disabled",
+    "cache_group",
 )
+MAX_CACHE_GROUP_LENGTH = 64
 MAX_NAME_LENGTH = 128
 MAX_PRIORITY_CLASS = 9
 
@@ -55,6 +57,17 @@ def check_optional_count(field_name: str, value: object) -> int | None:
     return int(value)  # type: ignore[call-overload]
 
 
+def check_cache_group(value: object) -> str | None:
+    """A prefix-cache group: None (the tenant's own blocks only) or 1-64 letters, digits and ._:-"""
+    if value is None or value == "":
+        return None
+    if (not isinstance(value, str) or len(value) > MAX_CACHE_GROUP_LENGTH
+            or not all(c.isascii() and (c.isalnum() or c in "._:-") for c in value)):
+        raise ValueError(f"cache_group must be 1-{MAX_CACHE_GROUP_LENGTH} letters, digits or ._:- (or null), "
+                         f"got {value!r}")
+    return value
+
+
 def check_tenant_fields(fields: dict[str, Any]) -> dict[str, Any]:
     """Validate a partial tenant update; raises ValueError naming the first unknown or bad field."""
     unknown = sorted(set(fields) - set(TENANT_FIELDS))
@@ -68,6 +81,8 @@ def check_tenant_fields(fields: dict[str, Any]) -> dict[str, Any]:
             clean[key] = check_weight(value)
         elif key == "priority_class":
             clean[key] = check_priority_class(value)
+        elif key == "cache_group":
+            clean[key] = check_cache_group(value)
         elif key == "disabled":
             if not isinstance(value, bool):
                 raise ValueError(f"disabled must be a boolean, got {value!r}")

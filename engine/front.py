@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from engine.limits import RequestLimits
+from engine.limits import RequestCaps, RequestLimits
 from engine.messages import (
     Abort,
     EngineDeadError,
@@ -83,6 +83,11 @@ class EngineFront:
 
     def _attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Called on the event loop of every generate; a front that reads its loop's outputs there binds to it."""
+
+    @property
+    def caps(self) -> RequestCaps:
+        """The per-request caps the engine enforces (engine/limits.py), for checks at the edge."""
+        return self._limits.caps if self._limits is not None else RequestCaps()
 
     @property
     def is_alive(self) -> bool:

@@ -49,7 +49,7 @@ def _tenant_json(t: Tenant, active_keys: int | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {
         "id": t.id, "name": t.name, "weight": t.weight, "priority_class": t.priority_class,
         "tokens_per_minute": t.tokens_per_minute, "tokens_per_day": t.tokens_per_day,
-        "max_queued_requests": t.max_queued_requests, "disabled": t.disabled,
+        "max_queued_requests": t.max_queued_requests, "cache_group": t.cache_group, "disabled": t.disabled,
         "created_at": t.created_at, "updated_at": t.updated_at,
     }
     if active_keys is not None:

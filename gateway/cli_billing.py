@@ -93,7 +93,7 @@ def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], columns: list[st
 
 
 TENANT_COLUMNS = ["id", "name", "weight", "priority_class", "tokens_per_minute", "tokens_per_day",
-                  "max_queued_requests", "disabled"]
+                  "max_queued_requests", "cache_group", "disabled"]
 KEY_COLUMNS = ["id", "tenant_id", "prefix", "name", "created_at", "last_used_at", "revoked_at"]
 
 
@@ -116,7 +116,8 @@ def cmd_tenants(args: argparse.Namespace) -> int:
         return 0
     fields = {
         k: getattr(args, k)
-        for k in ("weight", "priority_class", "tokens_per_minute", "tokens_per_day", "max_queued_requests")
+        for k in ("weight", "priority_class", "tokens_per_minute", "tokens_per_day", "max_queued_requests",
+                  "cache_group")
         if getattr(args, k) is not _UNSET
     }
     if args.tenants_action == "add":
@@ -128,7 +129,8 @@ def cmd_tenants(args: argparse.Namespace) -> int:
             fields["disabled"] = args.disabled
         if not fields:
             raise ValueError("nothing to change: give at least one of --weight, --priority-class, --tokens-per-minute, "
-                             "--tokens-per-day, --max-queued-requests, --rename, --disable/--enable")
+                             "--tokens-per-day, --max-queued-requests, --cache-group, --rename, "
+                             "--disable/--enable")
         tenant = store.update_tenant(args.tenant, actor=args.actor, **fields)
     _emit(args, [asdict(tenant)], TENANT_COLUMNS)
     return 0
@@ -205,6 +207,12 @@ def _tenant_fields(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens-per-minute", type=quota_arg, default=_UNSET, help="token quota per minute, or none")
     p.add_argument("--tokens-per-day", type=quota_arg, default=_UNSET, help="token quota per day, or none")
     p.add_argument("--max-queued-requests", type=quota_arg, default=_UNSET, help="queue bound, or none")
+    p.add_argument("--cache-group", type=_cache_group_arg, default=_UNSET,
+                   help="share prefix-cache blocks with the tenants of this group, or none (own blocks only)")
+
+
+def _cache_group_arg(value: str) -> str | None:
+    return None if value.lower() in ("none", "") else value
 
 
 def register(subparsers: Any) -> None:

@@ -94,7 +94,7 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
                                                          "deadline_passed", "X-Deadline"))
     if not state.engine.is_alive or state.engine_failed:
         raise APIError(503, "the engine is not running", "engine_unavailable", headers={"Retry-After": "1"})
-    inputs = rp.engine_input(body, state.engine)
+    inputs = await rp.engine_input_async(body, state.engine)
     headers = {"X-Request-Id": ident.request_id}
     key = ident.idempotency_key
     tenant_id = caller.tenant.id
@@ -156,7 +156,8 @@ def _admit_and_start(state: GatewayState, caller: Caller, ident: rp.Identity, de
                 headers={**_quota_headers(quota), "Retry-After": retry}))
     meta = RequestMeta(tenant_id=tenant.id, api_key_id=caller.key.id, user=body.user, task_id=ident.task_id,
                        workflow_run_id=ident.workflow_run_id, attempt=ident.attempt, priority=tenant.priority_class,
-                       weight=tenant.weight, deadline=deadline, arrival_time=now)
+                       weight=tenant.weight, deadline=deadline, arrival_time=now, cache_group=tenant.cache_group,
+                       cache_salt=body.cache_salt)
     spec = RunSpec(ident.request_id, tenant.id, ident.task_id, Shape(chat, ident.request_id, body.model, int(now)),
                    bool(body.stream), body.include_usage, ident.idempotency_key)
     engine = state.engine

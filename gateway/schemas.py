@@ -69,6 +69,8 @@ class _Sampling(_Strict):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    # Narrows prefix-cache sharing below the tenant's cache group (engine/kv_cache.py), as vLLM's field does.
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
 
     @field_validator("n")
     @classmethod
@@ -82,9 +84,10 @@ class _Sampling(_Strict):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        if v:
-            raise ValueError("logit_bias is not supported")
+    def _bias_keys_are_token_ids(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key in v or {}:
+            if not key.isascii() or not key.isdigit() or len(key) > 9:
+                raise ValueError(f"keys must be token ids (decimal strings), got {key[:20]!r}")
         return v
 
     def sampling(self, max_tokens: int | None) -> SamplingParams:
@@ -99,6 +102,7 @@ class _Sampling(_Strict):
             stop=stop,
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
+            logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()},
             stream_outputs=bool(self.stream),  # a whole response needs only the start and the end
         )
 
