@@ -78,6 +78,8 @@ class WorkerReady:
     num_kv_blocks: int
     stats: EngineStats
     pid: int = field(default_factory=os.getpid)
+    entered_at: float = 0.0  # wall time run_worker began: after the spawn, the interpreter and the imports
+    build_seconds: float = 0.0  # building the LLMEngine: model load, KV cache, warm-up
 
 
 @dataclass

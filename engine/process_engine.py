@@ -66,6 +66,7 @@ class ProcessEngine(EngineFront):
         self._shutdowns = 0  # counts shutdown calls, so a restart can tell one happened while it loaded
         self._stats = EngineStats(alive=False, max_num_batched_tokens=config.max_num_batched_tokens,
                                   max_num_seqs=config.max_num_seqs)
+        self.last_start: dict[str, float] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -75,6 +76,7 @@ class ProcessEngine(EngineFront):
         ctx = multiprocessing.get_context("spawn")  # never fork a process that holds threads and torch state
         worker_in, to_worker = ctx.Pipe(duplex=False)
         from_worker, worker_out = ctx.Pipe(duplex=False)
+        spawned_at = time.time()
         proc = ctx.Process(target=run_worker, args=(self.config, worker_in, worker_out, default_worker_threads()),
                            name="fairserve-engine", daemon=True)
         proc.start()
@@ -100,6 +102,9 @@ class ProcessEngine(EngineFront):
                                      self.config.caps)
         self.model_name, self.max_model_len = ready.model_name, ready.max_model_len
         self._stats = ready.stats
+        # Where the last start's time went (docs/engine.md, "Kill to ready").
+        self.last_start = {"spawn_and_imports_s": ready.entered_at - spawned_at, "build_s": ready.build_seconds,
+                           "total_s": time.time() - spawned_at}
         self._alive = True
         with contextlib.suppress(RuntimeError):  # started on a loop: read there now, else at the first generate
             self._attach(asyncio.get_running_loop())

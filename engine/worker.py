@@ -150,6 +150,7 @@ def run_worker(config: EngineConfig, inbox: Connection, outbox: Connection, num_
     # the loop under a gateway that is still draining.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    entered_at = time.time()
     torch.set_num_threads(num_threads)
     if config.worker_batch_scheduling and hasattr(os, "SCHED_BATCH"):
         with contextlib.suppress(OSError):  # best effort: a policy the platform refuses changes nothing
@@ -168,7 +169,8 @@ def run_worker(config: EngineConfig, inbox: Connection, outbox: Connection, num_
         outbox.close()
         return
     tell(WorkerReady(engine.model_name, engine.max_model_len, engine.vocab_size, engine.pool.block_size,
-                     engine.pool.num_blocks, engine.stats()))
+                     engine.pool.num_blocks, engine.stats(), entered_at=entered_at,
+                     build_seconds=time.time() - entered_at))
     # Read between iterations, not on a thread: see engine/pipe.py. End of file means the parent is gone.
     box = PipeReader(inbox.fileno(), eof_message=StopLoop())
     try:

@@ -1,16 +1,26 @@
 """Engine supervision: a dead engine worker is replaced, so a crash costs the requests in flight, not the replica.
 
 When the worker dies, the front fails every stream in flight (503 `engine_unavailable`, rows recorded)
-and readiness drops. This task then starts a new worker after a back-off, which doubles while workers
-keep dying young, and readiness returns once it is up. Only the process engine can be replaced: a
-thread engine that died took its state with it, and its gateway stays unready until restarted.
+and readiness drops. This task then starts a new worker and readiness returns once it is up.
+
+How long it waits first depends on what died. A worker that had served requests is replaced at once,
+every time: it was a working engine, so a crash loop driven by requests (one tenant repeating a request
+that kills the worker) must not grow a back-off that keeps every other tenant out; the replacement is
+ready as fast as the machine allows (docs/engine.md, "Kill to ready"). A worker that died before it
+served anything (a broken model, no memory) waits an exponential back-off that grows with each such
+death in a row, and so does a failed start: those repeat whatever anyone sends. tenacity runs the start
+attempts and their back-off.
+
+Only the process engine can be replaced: a thread engine that died took its state with it, and its
+gateway stays unready until restarted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from engine import ProcessEngine
 from gateway.state import GatewayState
@@ -18,36 +28,60 @@ from gateway.state import GatewayState
 log = logging.getLogger(__name__)
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
-LIVED_LONG_S = 60.0  # a worker that ran this long before dying resets the back-off
-POLL_S = 0.25
+POLL_S = 0.05  # how often a running worker is checked; a death is noticed within this
+START_BACKOFF = wait_exponential(multiplier=FIRST_BACKOFF_S, max=MAX_BACKOFF_S)
+
+
+def restart_delay(served: bool, young_deaths: int) -> float:
+    """Seconds to wait before replacing a dead worker: none if it had served requests, else a back-off that
+    doubles with each worker in a row that died before serving anything."""
+    if served:
+        return 0.0
+    return min(FIRST_BACKOFF_S * 2 ** max(young_deaths - 1, 0), MAX_BACKOFF_S)
 
 
 async def keep_engine_alive(state: GatewayState, engine: ProcessEngine) -> None:
     """Run until cancelled or the gateway drains: replace the engine worker whenever it is found dead."""
-    loop = asyncio.get_running_loop()
-    backoff = FIRST_BACKOFF_S
-    started = time.monotonic()
+    young_deaths = 0
     while not state.draining:
         if engine.is_alive:
-            await asyncio.sleep(POLL_S)  # a poll: death is rare, and a restart waits a back-off anyway
+            await asyncio.sleep(POLL_S)  # a poll: cheap, and it bounds how late a death is noticed
             continue
-        backoff = FIRST_BACKOFF_S if time.monotonic() - started >= LIVED_LONG_S else backoff
-        log.warning("engine worker is down; starting a new one in %.0f s", backoff)
-        await asyncio.sleep(backoff)
-        if state.draining:
+        served = engine.stats().iterations > 0
+        young_deaths = 0 if served else young_deaths + 1
+        delay = restart_delay(served, young_deaths)
+        log.warning("engine worker is down; starting a new one in %.0f s", delay)
+        await asyncio.sleep(delay)
+        if state.draining or not await _start_worker(state, engine):
             return
-        try:
-            await asyncio.to_thread(engine.restart, loop)
-        except Exception:
-            log.exception("could not start a new engine worker")
-            state.metrics.engine_restarts.labels("failed").inc()
-            started = time.monotonic()  # a failed start is a worker that died young: the back-off keeps growing
-            backoff = min(backoff * 2, MAX_BACKOFF_S)
-            continue
         if not engine.is_alive:  # nothing was replaced (its death not yet handled): look again later
             continue
-        started = time.monotonic()
         state.engine_failed = False
         state.metrics.engine_restarts.labels("ok").inc()
-        log.warning("engine worker replaced; admitting again")
-        backoff = min(backoff * 2, MAX_BACKOFF_S)  # the next wait, unless this worker lives LIVED_LONG_S
+        took = engine.last_start
+        log.warning("engine worker replaced (start %.2f s: spawn and imports %.2f s, engine build %.2f s); "
+                    "admitting again", took.get("total_s", 0.0), took.get("spawn_and_imports_s", 0.0),
+                    took.get("build_s", 0.0))
+
+
+async def _start_worker(state: GatewayState, engine: ProcessEngine) -> bool:
+    """Start a new worker, retrying failed starts with a growing back-off; False if the gateway drained first."""
+    loop = asyncio.get_running_loop()
+
+    def failed(retry: RetryCallState) -> None:
+        log.error("could not start a new engine worker (attempt %d): %s", retry.attempt_number,
+                  retry.outcome.exception() if retry.outcome else None)
+        state.metrics.engine_restarts.labels("failed").inc()
+
+    def draining(retry: RetryCallState) -> bool:
+        return state.draining
+
+    try:
+        async for attempt in AsyncRetrying(wait=START_BACKOFF, retry=retry_if_exception_type(Exception),
+                                           stop=draining, before_sleep=failed, reraise=True):
+            with attempt:
+                await asyncio.to_thread(engine.restart, loop)
+    except Exception:
+        log.exception("gave up starting a new engine worker: the gateway is draining")
+        return False
+    return not state.draining

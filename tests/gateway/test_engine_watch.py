@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 
+from gateway.engine_watch import restart_delay
 from tests.gateway.conftest import wait_for
 from tests.gateway.serve_process import ServeProcess
 
@@ -56,3 +57,34 @@ def test_a_killed_worker_fails_its_streams_and_is_replaced(tmp_path: Path) -> No
         serve.stop()
     assert serve.proc.returncode == 0
     assert "engine worker died" in "".join(serve.output) and "engine worker replaced" in "".join(serve.output)
+
+
+def test_restart_delay_grows_only_for_workers_that_never_served() -> None:
+    assert [restart_delay(True, 0) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert [restart_delay(False, n) for n in (1, 2, 3, 4, 10)] == [1.0, 2.0, 4.0, 8.0, 30.0]
+
+
+def test_a_crash_loop_of_serving_workers_gets_no_back_off(tmp_path: Path) -> None:
+    """Three workers in a row die right after serving a request: each is replaced at once (delay 0), never
+    after a growing back-off, and the gateway serves again after every one."""
+    serve = ServeProcess(tmp_path)
+    try:
+        headers = serve.headers(serve.banner["api_key"])
+        with httpx.Client(base_url=serve.url, timeout=60) as client:
+            model = client.get("/v1/models", headers=headers).json()["data"][0]["id"]
+            body = {"model": model, "prompt": "served", "max_tokens": 2}
+            workers = []
+            for _ in range(3):
+                assert client.post("/v1/completions", json=body, headers=headers).status_code == 200
+                (worker,) = engine_workers(serve.proc.pid)
+                workers.append(worker)
+                os.kill(worker, signal.SIGKILL)
+                wait_for(lambda w=worker: client.get("/readyz").status_code == 200
+                         and engine_workers(serve.proc.pid) not in ([], [w]), 60, "a replacement worker")
+            assert client.post("/v1/completions", json=body, headers=headers).status_code == 200
+            assert 'fairserve_engine_restarts_total{result="ok"} 3.0' in client.get("/metrics").text
+    finally:
+        serve.stop()
+    out = "".join(serve.output)
+    assert out.count("starting a new one in 0 s") == 3
+    assert "starting a new one in 1 s" not in out and len(set(workers)) == 3
