@@ -23,11 +23,13 @@ class Sampler:
     def __init__(self, seed: int = 0) -> None:
         self._global = torch.Generator().manual_seed(seed)
         self._per_request: dict[str, torch.Generator] = {}
+        self._bias: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # request -> (token ids, biases), built once
         self.failures = RequestFailures()
 
     def forget(self, request_id: str) -> None:
         """Drop a finished request's generator."""
         self._per_request.pop(request_id, None)
+        self._bias.pop(request_id, None)
 
     def _generator(self, request: Request) -> torch.Generator:
         seed = request.sampling.seed
@@ -57,8 +59,12 @@ class Sampler:
     def _sample_row(self, scores: torch.Tensor, request: Request) -> int:
         params = request.sampling
         if params.logit_bias:
-            ids = torch.tensor(list(params.logit_bias.keys()), dtype=torch.long)
-            scores = scores.index_add(0, ids, torch.tensor(list(params.logit_bias.values()), dtype=scores.dtype))
+            bias = self._bias.get(request.request_id)
+            if bias is None:
+                bias = self._bias[request.request_id] = (
+                    torch.tensor(list(params.logit_bias.keys()), dtype=torch.long),
+                    torch.tensor(list(params.logit_bias.values()), dtype=scores.dtype))
+            scores = scores.index_add(0, bias[0], bias[1])
         if params.greedy:
             return int(scores.argmax())
         # Shift so the largest score is 0 before dividing: a tiny temperature then yields very negative

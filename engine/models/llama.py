@@ -135,9 +135,9 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.dtype = dtype
-        self.embed_tokens = torch.nn.utils.skip_init(
-            nn.Embedding, cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device
-        )
+        # An uninitialised weight (the loader fills it) handed in directly, not skip_init: see _linear.
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(
+            cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device))
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, dtype, device) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.lm_head = _linear(cfg.hidden_size, cfg.vocab_size, False, dtype, device)
@@ -230,6 +230,16 @@ class LlamaForCausalLM(nn.Module):
         return targets
 
 
+class _UninitialisedLinear(nn.Linear):
+    """nn.Linear whose parameters are allocated but not initialised: load_weights fills every one of them.
+
+    Not torch.nn.utils.skip_init: that runs the random init on the meta device, through torch's Python
+    reference implementations, which cost about a second of every engine worker start (docs/engine.md).
+    """
+
+    def reset_parameters(self) -> None:
+        """Nothing: the weights come from the checkpoint or the seeded default model."""
+
+
 def _linear(n_in: int, n_out: int, bias: bool, dtype: torch.dtype, device: torch.device) -> nn.Linear:
-    # Parameters are left uninitialised: load_weights fills every one of them.
-    return torch.nn.utils.skip_init(nn.Linear, n_in, n_out, bias=bias, dtype=dtype, device=device)
+    return _UninitialisedLinear(n_in, n_out, bias=bias, dtype=dtype, device=device)
