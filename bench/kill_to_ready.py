@@ -49,16 +49,26 @@ def bare_spawn_seconds(n: int = 3) -> float:
     return statistics.median(times)
 
 
-def engine_worker(pid: int) -> int | None:
-    """The serve process's engine worker (a spawned multiprocessing child, not its resource tracker)."""
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            try:
-                cmd = Path(f"/proc/{child}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"spawn_main" in cmd and b"resource_tracker" not in cmd:
-                return int(child)
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def engine_worker(pid: int) -> int | None:
+    """The serve process's engine worker: a child of its multiprocessing forkserver, or a spawned child."""
+    for child in _children(pid):
+        try:
+            cmd = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"forkserver" in cmd:
+            workers = _children(child)
+            if workers:
+                return workers[0]
+        elif b"spawn_main" in cmd and b"resource_tracker" not in cmd:
+            return child
     return None
 
 

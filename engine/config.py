@@ -48,6 +48,10 @@ class EngineConfig:
     # yield its CPU instead of preempting it mid-write. Off by default: on the 2-core VM it cut how long a
     # submit holds the loop at 20 req/s but cost the gateway a little at 200 (docs/gateway.md, submit_wake).
     worker_batch_scheduling: bool = False
+    # How ProcessEngine starts its worker. "forkserver": a server process imports the engine (torch) once and
+    # every worker, the first and each replacement, is forked from it, so replacing a dead worker skips the
+    # interpreter start and the imports (docs/engine.md, "Kill to ready"). "spawn": a fresh interpreter each time.
+    worker_start_method: str = "forkserver"
     # Per-request host-work caps (stop strings, logit_bias, stop token ids, prompt bytes): engine/limits.py.
     caps: RequestCaps = field(default_factory=RequestCaps)
 
@@ -67,5 +71,7 @@ class EngineConfig:
             raise ValueError("preemption_mode must be recompute or swap")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError("dtype must be auto, float32, float16 or bfloat16")
+        if self.worker_start_method not in ("forkserver", "spawn"):
+            raise ValueError("worker_start_method must be forkserver or spawn")
         if self.watermark_blocks < 0:
             raise ValueError("watermark_blocks must be >= 0")

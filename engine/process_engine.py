@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from multiprocessing.connection import Connection, wait
-from multiprocessing.context import SpawnProcess
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ class ProcessEngine(EngineFront):
         self.model_name = DEFAULT_MODEL_NAME if config.model is None else model_dir.resolve().name
         self.max_model_len = _context_length(model_dir, config.max_model_len)
         self._writer: PipeWriter | None = None
-        self._proc: SpawnProcess | None = None
+        self._proc: BaseProcess | None = None
         self._to_worker: Connection | None = None
         self._from_worker: Connection | None = None
         self._reader: PipeReader | None = None
@@ -73,7 +73,7 @@ class ProcessEngine(EngineFront):
         """Spawn the worker and wait (bounded) for its ready message; raises EngineStartError if it never comes."""
         if self._proc is not None:
             return
-        ctx = multiprocessing.get_context("spawn")  # never fork a process that holds threads and torch state
+        ctx = _worker_context(self.config.worker_start_method)
         worker_in, to_worker = ctx.Pipe(duplex=False)
         from_worker, worker_out = ctx.Pipe(duplex=False)
         spawned_at = time.time()
@@ -277,7 +277,18 @@ class ProcessEngine(EngineFront):
         self._exited.set()
 
 
-def _await_ready(proc: SpawnProcess, reader: PipeReader, timeout_s: float) -> WorkerReady:
+def _worker_context(method: str) -> Any:
+    """The multiprocessing context workers start from. Never plain fork: the gateway holds threads and torch
+    state. A forkserver is a fresh interpreter that only imported engine.worker (no threads, no CUDA), which
+    is what makes forking from it safe."""
+    if method == "forkserver":
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["engine.worker"])  # read when the server starts (at the first worker)
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def _await_ready(proc: BaseProcess, reader: PipeReader, timeout_s: float) -> WorkerReady:
     """The worker's ready message, or EngineStartError naming why it did not come."""
     deadline = time.monotonic() + timeout_s
     while True:

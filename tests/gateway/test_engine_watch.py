@@ -14,18 +14,32 @@ from tests.gateway.conftest import wait_for
 from tests.gateway.serve_process import ServeProcess
 
 
-def engine_workers(pid: int) -> list[int]:
-    """Child processes of `pid` that are multiprocessing workers (not its resource tracker)."""
+def _children(pid: int) -> list[int]:
     children: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children += [int(c) for c in (task / "children").read_text().split()]
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            children += [int(c) for c in (task / "children").read_text().split()]
+    except OSError:
+        pass  # already gone
+    return children
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return b""
+
+
+def engine_workers(pid: int) -> list[int]:
+    """The engine worker processes of `pid`: spawned children, or children of its multiprocessing forkserver
+    (not its resource tracker, not the forkserver itself)."""
     workers = []
-    for child in children:
-        try:
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue  # already gone
-        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+    for child in _children(pid):
+        cmdline = _cmdline(child)
+        if b"forkserver" in cmdline:
+            workers += _children(child)
+        elif b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
             workers.append(child)
     return workers
 
