@@ -227,6 +227,8 @@ def _final(run: Run, last: RequestOutput) -> StoredResponse:
     headers = {"X-Request-Id": spec.request_id}
     if spec.stream:
         tail = [spec.shape.usage_chunk(last.metrics)] if spec.include_usage else []
+        if last.finish_reason is FinishReason.ERROR:  # it failed alone (engine/isolation.py): say so on the stream
+            tail.append(json.dumps(error_body(500, "the engine failed while generating this request", "engine_error")))
         return StoredResponse(200, "sse", [*run.chunks, *tail, DONE], headers)
     if last.finish_reason is FinishReason.DEADLINE:
         body = error_body(504, "the deadline passed before the request finished", "deadline_exceeded")

@@ -144,3 +144,43 @@ def test_poison_values_fail_alone_while_another_tenant_streams(tmp_path: Path) -
     finally:
         stop.set()
         serve.stop()
+
+
+def test_a_request_whose_sampling_raises_ends_alone_with_an_error(server: Server, client: httpx.Client,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injected into the real engine's sampler for bob's requests only: bob's stream gets finish_reason
+    "error", an error event and a ledger row with status error; alice's concurrent request completes."""
+    sampler = server.state.engine.engine.runner.sampler  # type: ignore[attr-defined]
+    real = sampler._sample_row
+    bob = server.tenants["bob"].id
+
+    def faulty(scores: Any, request: Any) -> int:
+        if request.meta.tenant_id == bob:
+            raise RuntimeError("injected sampling fault")
+        return int(real(scores, request))
+
+    monkeypatch.setattr(sampler, "_sample_row", faulty)
+    result: dict[str, Any] = {}
+
+    def alice() -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as own:
+            result["alice"] = _complete(own, server, "alice", prompt="fine", max_tokens=24, ignore_eos=True,
+                                        temperature=0.9)
+
+    thread = threading.Thread(target=alice)
+    thread.start()
+    request_id = f"faulty-{uuid.uuid4().hex[:8]}"
+    body = {"model": server.model, "prompt": "doomed", "max_tokens": 24, "ignore_eos": True, "temperature": 0.9,
+            "stream": True}
+    with client.stream("POST", "/v1/completions", json=body,
+                       headers=server.headers("bob", **{"X-Request-Id": request_id})) as resp:
+        events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    thread.join(60)
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "engine_error"
+    assert json.loads(events[-3])["choices"][0]["finish_reason"] == "error"
+    assert result["alice"].status_code == 200
+    assert result["alice"].json()["choices"][0]["finish_reason"] == "length"
+    rows = server.usage_rows("request_id = :rid", rid=request_id)
+    assert [r["status"] for r in rows] == ["error"]
+    assert server.state.engine.is_alive
