@@ -117,6 +117,13 @@ def test_dashboard_end_to_end(server: Server, browser: Any) -> None:
         assert tenant["weight"] == 3.0
         audit = admin.get("/admin/api/audit", params={"tenant": tenant["id"], "limit": 1}).json()["entries"][0]
         assert audit["actor"] == "admin:browser-test" and audit["after"]["weight"] == 3.0
+        row = f"#tenants tr[data-name='{name}']"
+        page.fill(f"{row} [name=cache_group]", "acme")  # share prefix-cache blocks with group acme
+        page.eval_on_selector(row, "r => r.dataset.stale = '1'")  # the save re-renders the row: wait for that
+        page.click(f"{row} button.save")
+        page.wait_for_function(f"() => {{ const r = document.querySelector(\"{row}\"); "
+                               "return r && !r.dataset.stale && r.querySelector('.row-msg').textContent.includes('saved'); }")
+        assert admin.get(f"/admin/api/tenants/{name}").json()["cache_group"] == "acme"
         page.fill(f"{row} [name=weight]", "0")
         page.click(f"{row} button.save")
         page.wait_for_function(f"() => document.querySelector(\"{row} .row-msg\").textContent.includes('weight must be')")

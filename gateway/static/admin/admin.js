@@ -67,6 +67,8 @@ function tenantRow(t) {
     el("td", {}, el("input", { name: "weight", type: "number", step: "any", min: "0", value: String(t.weight) })),
     el("td", {}, classSelect),
     ...COUNT_FIELDS.map((f) => el("td", {}, countInput(f, t[f]))),
+    el("td", {}, el("input", { name: "cache_group", type: "text", maxlength: "64", placeholder: "own blocks",
+      value: t.cache_group ?? "" })),
     el("td", {}, t.active_keys ?? "–"),
     el("td", { class: "c-waiting" }, "0"), el("td", { class: "c-running" }, "0"), el("td", { class: "c-service" }, "0"),
     status,
@@ -85,6 +87,8 @@ function changedFields(row, t) {
   if (weight !== t.weight) out.weight = Number.isNaN(weight) ? weightText : weight;
   const cls = Number(row.querySelector('[name="priority_class"]').value);
   if (cls !== t.priority_class) out.priority_class = cls;
+  const group = row.querySelector('[name="cache_group"]').value.trim() || null;
+  if (group !== (t.cache_group ?? null)) out.cache_group = group;
   for (const f of COUNT_FIELDS) {
     const text = row.querySelector(`[name="${f}"]`).value.trim();
     const value = text === "" ? null : Number(text);
