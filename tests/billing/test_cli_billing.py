@@ -59,3 +59,14 @@ def test_bad_inputs_exit_with_messages(tmp_path: Path, capsys: pytest.CaptureFix
     assert code == 1 and "unsupported database" in err
     with pytest.raises(SystemExit):
         main(["tenants", "add", "x", "--tokens-per-day", "-5", "--data-dir", str(tmp_path)])
+
+
+def test_tenants_set_cache_group(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = ["--data-dir", str(tmp_path / "data")]
+    assert run(capsys, "tenants", "add", "acme", "--cache-group", "org-1", "--json", *d)[0] == 0
+    code, out, _ = run(capsys, "tenants", "set", "acme", "--cache-group", "org-2", "--json", *d)
+    assert code == 0 and json.loads(out)[0]["cache_group"] == "org-2"
+    code, out, _ = run(capsys, "tenants", "set", "acme", "--cache-group", "none", "--json", *d)
+    assert code == 0 and json.loads(out)[0]["cache_group"] is None
+    code, _, err = run(capsys, "tenants", "set", "acme", "--cache-group", "has space", *d)
+    assert code == 1 and "cache_group" in err
