@@ -62,7 +62,6 @@ class VTCPolicy(Generic[T]):
         self._backlog_seq: dict[str, int] = {}  # backlogged key -> when it became backlogged (tie-break)
         self._next_seq = 0
         self._last_left: str | None = None
-        self._running: dict[str, str] = {}  # admitted (charged) request_id -> key, until finish/preempt
 
     # -- queue -----------------------------------------------------------------------------------
 
@@ -73,7 +72,6 @@ class VTCPolicy(Generic[T]):
             raise DuplicateItemError(f"request {rid!r} is already queued")
         key = self.key_fn(item)
         self._weights[key] = check_weight(key, item.meta.weight)  # the latest seen weight wins
-        self._stop_running(rid)  # a preempted request comes back to the queue
         queue = self._queues.get(key)
         if queue is None:
             self._lift(key)
@@ -139,8 +137,6 @@ class VTCPolicy(Generic[T]):
         """Charge the item's key for tokens just scheduled; returns the (unweighted) service charged."""
         cost = self.cost(prefill, decode, cached)
         key = self.key_fn(item)
-        if item.request_id not in self._running and item.request_id not in self._key_of:
-            self._running[item.request_id] = key
         self._service[key] += cost
         if cost:
             weight = self._weights.get(key)
@@ -152,11 +148,7 @@ class VTCPolicy(Generic[T]):
         return cost
 
     def finish(self, item: T) -> None:
-        """The scheduler says `item` ended: its key may become idle (and then be lifted on return)."""
-        self._stop_running(item.request_id)
-
-    def _stop_running(self, request_id: str) -> None:
-        self._running.pop(request_id, None)
+        """The scheduler says `item` ended. Nothing to do: the lift does not depend on running requests."""
 
     def set_weight(self, key: str, weight: float) -> None:
         """Change a key's weight live (the gateway's admin API); applies to service charged from now on."""
