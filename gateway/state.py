@@ -43,7 +43,7 @@ class GatewayState:
     rejections: RejectionLog = field(default_factory=RejectionLog)  # recent ones, for /admin
     # Request ids whose ledger row this process wrote recently: the ledger writes behind, so a reused
     # X-Request-Id must be caught here before its first row reaches SQL.
-    finished_ids: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    finished_ids: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)  # (tenant, id)
     draining: bool = False
     engine_failed: bool = False
     _tenants_at: float = 0.0
