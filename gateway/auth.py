@@ -14,6 +14,7 @@ from billing import ApiKeyInfo, BillingStore, KeyCache, StoreUnavailable, Tenant
 from gateway.errors import APIError
 
 ADMIN_TOKEN_FILE = "admin_token"
+METRICS_TOKEN_FILE = "metrics_token"
 API_KEY_FILE = "api_key"
 
 
@@ -58,16 +59,43 @@ def _write_private(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
-def ensure_admin_token(data_dir: Path) -> str:
-    """The admin token stored in `data_dir`, generated on first start."""
-    path = data_dir / ADMIN_TOKEN_FILE
+def _ensure_token(path: Path, prefix: str) -> str:
     if path.exists():
         token = path.read_text().strip()
         if token:
             return token
-    token = "fsa-" + secrets.token_urlsafe(32)
+    token = prefix + secrets.token_urlsafe(32)
     _write_private(path, token)
     return token
+
+
+def ensure_admin_token(data_dir: Path) -> str:
+    """The admin token stored in `data_dir`, generated on first start."""
+    return _ensure_token(data_dir / ADMIN_TOKEN_FILE, "fsa-")
+
+
+def ensure_metrics_token(data_dir: Path) -> str:
+    """The scrape-only metrics token stored in `data_dir`, generated on first start.
+
+    /metrics names tenants and counts their requests and tokens, so it is not open; a Prometheus server gets
+    this token (it can read metrics and nothing else) rather than the admin token.
+    """
+    return _ensure_token(data_dir / METRICS_TOKEN_FILE, "fsm-")
+
+
+def check_metrics(request: Request, metrics_token: str, admin_token: str) -> None:
+    """Allow the metrics token or the admin token: 401 without credentials, 403 for any other token."""
+    token = bearer(request)
+    if token is None:
+        raise APIError(401, "missing metrics token: send 'Authorization: Bearer <metrics_token>'",
+                       "invalid_metrics_token")
+    given = token.encode()
+    # Both compared, each in constant time, so timing tells neither which token nor how much of it matched.
+    ok_metrics = hmac.compare_digest(given, metrics_token.encode())
+    ok_admin = hmac.compare_digest(given, admin_token.encode())
+    if ok_metrics or ok_admin:
+        return
+    raise APIError(403, "this endpoint needs the metrics token or the admin token", "forbidden")
 
 
 def check_admin(request: Request, admin_token: str) -> None:

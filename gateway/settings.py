@@ -32,6 +32,10 @@ class GatewaySettings(BaseModel):
     key_cache_ttl_s: float = Field(default=5.0, gt=0)
     demo_tenant: str = "demo"  # created with a key on first start so the printed api_key works
     metrics_tenants: int = Field(default=50, ge=0)  # tenants given their own metric labels
+    # /metrics on the main port needs the metrics (or admin) token. A metrics port, if set, serves the same
+    # registry without a credential, so it listens on loopback unless told otherwise.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     # The engine loop in its own process (ProcessEngine) rather than a thread sharing the gateway's GIL:
     # on by measurement (docs/gateway.md, "Benchmark: gateway overhead").
