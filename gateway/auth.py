@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import os
 import secrets
@@ -11,6 +12,7 @@ from pathlib import Path
 from starlette.requests import Request
 
 from billing import ApiKeyInfo, BillingStore, KeyCache, StoreUnavailable, Tenant
+from gateway.auth_guard import FailureBudget
 from gateway.errors import APIError
 
 ADMIN_TOKEN_FILE = "admin_token"
@@ -35,19 +37,38 @@ def bearer(request: Request) -> str | None:
     return token.strip()
 
 
-def authenticate(request: Request, keys: KeyCache) -> Caller:
-    """The calling tenant, or 401 `invalid_api_key` (503 if the key store is down with nothing cached)."""
+def _client_address(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"
+
+
+async def authenticate(request: Request, keys: KeyCache, budget: FailureBudget) -> Caller:
+    """The calling tenant, or 401 `invalid_api_key` (503 if the key store is down with nothing cached).
+
+    A cached key is answered on the event loop; only a key the cache cannot answer is looked up, on a
+    worker thread, and only while the client address has authentication-failure budget left (else 429
+    `too_many_auth_failures` with Retry-After, before any lookup). Every failure is charged to the address.
+    """
     token = bearer(request)
+    known, found = (False, None) if token is None else keys.peek(token)
+    if found is not None:
+        return Caller(*found)
+    address = _client_address(request)
+    wait = budget.retry_after(address)
+    if wait is not None:
+        raise APIError(429, "too many failed authentications from this address", "too_many_auth_failures",
+                       headers={"Retry-After": str(wait)})
+    if token is not None and not known:
+        try:
+            found = await asyncio.to_thread(keys.verify, token)
+        except StoreUnavailable:
+            raise APIError(503, "the key store is unavailable", "store_unavailable",
+                           headers={"Retry-After": "1"}) from None
+    if found is not None:
+        return Caller(*found)
+    budget.charge(address)
     if token is None:
         raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", "invalid_api_key")
-    try:
-        found = keys.verify(token)
-    except StoreUnavailable:
-        raise APIError(503, "the key store is unavailable", "store_unavailable", headers={"Retry-After": "1"}) from None
-    if found is None:
-        raise APIError(401, "invalid API key", "invalid_api_key")
-    tenant, key = found
-    return Caller(tenant, key)
+    raise APIError(401, "invalid API key", "invalid_api_key")
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -40,6 +40,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--metrics-port", type=int, default=None,
                    help="also serve /metrics here without a credential (the main port's /metrics needs the "
                         "metrics or admin token)")
+    p.add_argument("--auth-failure-burst", type=int, default=20,
+                   help="failed authentications a client address may make at once before 429")
+    p.add_argument("--auth-failure-rate", type=float, default=2.0,
+                   help="failed authentications per second a client address may sustain")
     p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
                    help="run the engine loop in its own process instead of a thread of the gateway")
     p.set_defaults(func=serve)
@@ -59,7 +63,8 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
         host=args.host, port=args.port, data_dir=Path(args.data_dir), db_url=args.db, redis_url=args.redis,
         model=args.model, grace_period_s=args.grace_period, max_queued_requests=args.max_queued_requests,
         max_queued_tokens=args.max_queued_tokens, idempotency_ttl_s=args.idempotency_ttl, engine=engine,
-        metrics_host=args.metrics_host, metrics_port=args.metrics_port, **extra,
+        metrics_host=args.metrics_host, metrics_port=args.metrics_port, auth_failure_burst=args.auth_failure_burst,
+        auth_failure_rate_per_s=args.auth_failure_rate, **extra,
     )
 
 

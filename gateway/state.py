@@ -16,6 +16,7 @@ from billing import BillingStore, Database, KeyCache, Ledger, LedgerConfig, defa
 from engine import AsyncEngine, ProcessEngine
 from gateway.admin_rejections import RejectionLog
 from gateway.auth import ensure_admin_token, ensure_metrics_token
+from gateway.auth_guard import FailureBudget
 from gateway.idempotency import IdempotencyStore, make_idempotency_store
 from gateway.metrics import GatewayMetrics, TenantLabels
 from gateway.runs import RunRegistry
@@ -42,6 +43,7 @@ class GatewayState:
     metrics: GatewayMetrics
     admin_token: str
     metrics_token: str
+    auth_budget: FailureBudget
     runs: RunRegistry = field(default_factory=RunRegistry)
     rejections: RejectionLog = field(default_factory=RejectionLog)  # recent ones, for /admin
     # Request ids whose ledger row this process wrote recently: the ledger writes behind, so a reused
@@ -103,6 +105,7 @@ def build_state(settings: GatewaySettings, engine: AsyncEngine | None) -> Gatewa
         metrics=metrics,
         admin_token=ensure_admin_token(settings.data_dir),
         metrics_token=ensure_metrics_token(settings.data_dir),
+        auth_budget=FailureBudget(settings.auth_failure_burst, settings.auth_failure_rate_per_s),
     )
     state.refresh_tenant_labels(force=True)
     if settings.metrics_port is not None:
