@@ -18,6 +18,7 @@ from gateway.admin_rejections import RejectionLog
 from gateway.auth import ensure_admin_token, ensure_metrics_token
 from gateway.auth_guard import FailureBudget
 from gateway.idempotency import IdempotencyStore, make_idempotency_store
+from gateway.key_events import KeyEvents
 from gateway.metrics import GatewayMetrics, TenantLabels
 from gateway.runs import RunRegistry
 from gateway.settings import GatewaySettings
@@ -52,6 +53,7 @@ class GatewayState:
     draining: bool = False
     engine_failed: bool = False
     metrics_server: Any = None  # the unauthenticated --metrics-port listener (prometheus_client), if any
+    key_events: KeyEvents | None = None  # Redis pub/sub invalidation of the key cache (with --redis)
     _tenants_at: float = 0.0
 
     def refresh_tenant_labels(self, force: bool = False) -> None:
@@ -108,6 +110,9 @@ def build_state(settings: GatewaySettings, engine: AsyncEngine | None) -> Gatewa
         auth_budget=FailureBudget(settings.auth_failure_burst, settings.auth_failure_rate_per_s),
     )
     state.refresh_tenant_labels(force=True)
+    if settings.redis_url is not None:
+        state.key_events = KeyEvents(settings.redis_url, state.keys)
+        state.key_events.start()
     if settings.metrics_port is not None:
         # prometheus_client's own WSGI listener on a thread: a maintained server for a scrape-only port.
         state.metrics_server, _thread = start_http_server(settings.metrics_port, settings.metrics_host,
@@ -117,6 +122,8 @@ def build_state(settings: GatewaySettings, engine: AsyncEngine | None) -> Gatewa
 
 async def close_state(state: GatewayState) -> None:
     """Flush the ledger and release stores; stop the engine if this app started it."""
+    if state.key_events is not None:
+        state.key_events.close()
     if state.metrics_server is not None:
         state.metrics_server.shutdown()
         state.metrics_server.server_close()
