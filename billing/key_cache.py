@@ -80,6 +80,17 @@ class KeyCache:
                 return True, None
         return False, None
 
+    def recently_valid(self, secret: str) -> bool:
+        """True when the secret verified as a key before and its (perhaps expired) entry is still held.
+
+        Lets the gateway refresh a paying tenant's expired entry even while its address is over the
+        authentication-failure budget: a caller cycling through guessed keys never has such an entry.
+        """
+        if not is_well_formed(secret):
+            return False
+        with self._lock:
+            return hash_secret(secret) in self._entries
+
     def verify(self, secret: str) -> Verified | None:
         """The (tenant, key) for a secret, or None for malformed, unknown, revoked or disabled (may query SQL)."""
         known, answer = self.peek(secret)

@@ -46,7 +46,9 @@ async def authenticate(request: Request, keys: KeyCache, budget: FailureBudget) 
 
     A cached key is answered on the event loop; only a key the cache cannot answer is looked up, on a
     worker thread, and only while the client address has authentication-failure budget left (else 429
-    `too_many_auth_failures` with Retry-After, before any lookup). Every failure is charged to the address.
+    `too_many_auth_failures` with Retry-After, before any lookup) or the key verified before (an expired
+    entry is refreshed: a paying tenant sharing an address with a flood keeps working). Every failure is
+    charged to the address.
     """
     token = bearer(request)
     known, found = (False, None) if token is None else keys.peek(token)
@@ -54,7 +56,7 @@ async def authenticate(request: Request, keys: KeyCache, budget: FailureBudget) 
         return Caller(*found)
     address = _client_address(request)
     wait = budget.retry_after(address)
-    if wait is not None:
+    if wait is not None and not (token is not None and keys.recently_valid(token)):
         raise APIError(429, "too many failed authentications from this address", "too_many_auth_failures",
                        headers={"Retry-After": str(wait)})
     if token is not None and not known:

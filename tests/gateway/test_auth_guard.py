@@ -18,9 +18,9 @@ from tests.gateway.conftest import Server, start_server, wait_for
 
 @pytest.fixture()
 def guarded(engine: AsyncEngine, tmp_path: Path) -> Iterator[Server]:
-    """A gateway whose addresses may fail 5 times at once, then once per 10 s."""
+    """A gateway whose addresses may fail 5 times at once, then once per 10 s; keys cached for 2 s."""
     settings = GatewaySettings(data_dir=tmp_path, port=0, engine=engine.config, auth_failure_burst=5,
-                               auth_failure_rate_per_s=0.1)
+                               auth_failure_rate_per_s=0.1, key_cache_ttl_s=2.0)
     srv = start_server(settings, engine)
     srv.add_tenant("payer")
     yield srv
@@ -54,6 +54,11 @@ def test_failure_budget_gives_429_and_cached_keys_still_pass(guarded: Server) ->
         assert 1 <= int(limited.headers["retry-after"]) <= 10
         assert len(lookups) == 4  # no lookup once the address is over its budget
         assert c.get("/v1/models", headers=guarded.headers("payer")).status_code == 200  # cached: served
+        keys = guarded.state.keys
+        wait_for(lambda: not keys.peek(guarded.keys["payer"])[0], 10, "the payer's cache entry expired")
+        looked = len(lookups)
+        assert c.get("/v1/models", headers=guarded.headers("payer")).status_code == 200  # refreshed, not 429
+        assert len(lookups) == looked + 1
     assert not any(lookups), "a key lookup ran on the event loop"
 
 
