@@ -104,14 +104,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         alone: list[float] = []
         flooded: list[float] = []
         rounds: list[dict[str, float]] = []
+        flood_s = 0.0
         try:
             asyncio.run(_paying(served, args.rate, 2.0))  # warm-up, unmeasured
             for _ in range(args.rounds):
                 a = asyncio.run(_paying(served, args.rate, args.phase))
                 on.set()
+                flood_start = time.perf_counter()
                 time.sleep(0.5)  # let the flood reach its rate before measuring beside it
                 b = asyncio.run(_paying(served, args.rate, args.phase))
                 on.clear()
+                flood_s += time.perf_counter() - flood_start
                 alone += a
                 flooded += b
                 rounds.append({"alone_p50_ms": statistics.median(a) * 1e3, "flood_p50_ms": statistics.median(b) * 1e3})
@@ -124,7 +127,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ratio = statistics.median(flooded) / statistics.median(alone)
     return {"rate": args.rate, "flood_rate": args.flood_rate, "rounds": rounds, "auth_failure_burst": args.auth_failure_burst,
             "alone_p50_ms": statistics.median(alone) * 1e3, "flood_p50_ms": statistics.median(flooded) * 1e3,
-            "ratio": ratio, "n_alone": len(alone), "n_flood": len(flooded), "flood_replies": flood_replies}
+            "ratio": ratio, "n_alone": len(alone), "n_flood": len(flooded), "flood_replies": flood_replies,
+            "flood_sent_per_s": sum(flood_replies.values()) / flood_s}
 
 
 def main() -> None:
