@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import random
 import threading
 import time
 from collections import deque
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError
+from tenacity import RetryCallState, wait_random_exponential
 
 from billing.db import Database
 from billing.journal import Journal
@@ -93,7 +93,10 @@ class Ledger:
         self._replay_files: list[Path] = []
         self._replay_iter: Iterator[tuple[list[UsageRecord], int]] | None = None
         self._replay_batch: tuple[list[UsageRecord], int] | None = None
-        self._backoff = 0.0
+        # Full-jitter exponential back-off (tenacity's wait strategy; the loop itself is the writer's own,
+        # since a failed batch stays buffered and new rows keep arriving while it waits).
+        self._wait = wait_random_exponential(multiplier=0.05, max=self.config.max_backoff_s)
+        self._failures = 0
         self._last_warning = 0.0
         self.metrics.buffer_depth.set_function(lambda: len(self._buffer))
         self.metrics.spill_pending.set_function(lambda: self.spill.pending_rows)
@@ -252,11 +255,14 @@ class Ledger:
             self._sleep_backoff()
 
     def _sleep_backoff(self) -> None:
-        self._backoff = min(self.config.max_backoff_s, max(0.05, self._backoff * 2))
+        self._failures += 1
+        attempt = RetryCallState(None, None, (), {})  # type: ignore[arg-type]
+        attempt.attempt_number = self._failures
+        delay = max(0.01, self._wait(attempt))
         self.spill.sync()
         if self.journal is not None:
             self.journal.fsync()
-        self._stop.wait(self._backoff * random.uniform(0.5, 1.0))
+        self._stop.wait(delay)
 
     def _write(self, rows: list[UsageRecord], replay: bool = False) -> bool:
         """Store one batch; False (after counting a retry) when it must be retried later."""
@@ -281,7 +287,7 @@ class Ledger:
                 return False
         else:
             self.metrics.flush_seconds.observe(time.perf_counter() - started)
-        self._backoff = 0.0
+        self._failures = 0
         self.metrics.written_rows.inc(inserted)
         self.metrics.duplicate_rows.inc(max(0, len(rows) - inserted - rejected))
         if replay:
