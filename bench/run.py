@@ -27,8 +27,6 @@ from bench.workloads import WORKLOADS, Workload, plan
 from engine import EngineConfig, FairnessSettings
 from engine.loader import DEFAULT_MODEL_VERSION
 
-METRICS_TOKEN_ENV = "FAIRSERVE_METRICS_TOKEN"  # against --url: the server's metrics (or admin) token
-
 
 @dataclass
 class BenchOptions:
@@ -36,6 +34,7 @@ class BenchOptions:
 
     url: str | None = None
     api_key: str | None = None
+    metrics_token: str = ""  # with --url: the server's metrics (or admin) token, for /metrics
     quick: bool = False
     out: Path = Path("bench-report")
     workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
@@ -239,7 +238,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Path]:
                                headers={"Authorization": f"Bearer {opts.api_key}"})
             models.raise_for_status()
             target = Target(opts.url.rstrip("/"), models.json()["data"][0]["id"], {}, opts.api_key,
-                            metrics_token=os.environ.get(METRICS_TOKEN_ENV, ""))
+                            metrics_token=opts.metrics_token)
         try:
             report = asyncio.run(bench_async(opts, target, local, tmp))
         finally:
