@@ -97,6 +97,7 @@ class Ledger:
         # since a failed batch stays buffered and new rows keep arriving while it waits).
         self._wait = wait_random_exponential(multiplier=0.05, max=self.config.max_backoff_s)
         self._failures = 0
+        self._last_journal_warning = 0.0
         self._last_warning = 0.0
         self.metrics.buffer_depth.set_function(lambda: len(self._buffer))
         self.metrics.spill_pending.set_function(lambda: self.spill.pending_rows)
@@ -111,7 +112,7 @@ class Ledger:
         with self._lock:
             closed = self._closed
             if line is not None and not closed:
-                self.journal.append(line.encode())  # type: ignore[union-attr]
+                self._journal(line)
             if not closed and len(self._buffer) < self.config.buffer_size:
                 self._buffer.append(row)
                 if len(self._buffer) == self.config.batch_size:
@@ -122,6 +123,18 @@ class Ledger:
         self.metrics.spilled_rows.inc()
         if closed:  # no writer thread will sync it any more
             self.spill.sync()
+
+    def _journal(self, line: str) -> None:
+        """Append to the journal; a failing disk must not cost the row its place in the buffer."""
+        try:
+            self.journal.append(line.encode())  # type: ignore[union-attr]
+        except OSError as exc:
+            self.metrics.journal_errors.inc()
+            now = time.monotonic()
+            if now - self._last_journal_warning > 5.0:
+                self._last_journal_warning = now
+                log.error("ledger journal write failed (rows are buffered, but a kill -9 now would lose "
+                          "them): %s", exc)
 
     @property
     def depth(self) -> int:

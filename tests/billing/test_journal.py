@@ -106,3 +106,18 @@ def test_a_live_owners_journal_is_not_a_leftover(tmp_path: Path) -> None:
     assert other.leftovers() == [live.path]
     other.forget_leftovers()
     assert not (tmp_path / "j" / f"{live.owner}.lock").exists()
+
+
+def test_a_failing_journal_still_buffers_the_row(sqlite_db: Database, tmp_path: Path) -> None:
+    ledger = Ledger(sqlite_db, LedgerConfig(spill_path=str(tmp_path / "ledger.spill")), registry=CollectorRegistry())
+    ledger.start()
+    assert ledger.journal is not None
+    full = os.open("/dev/full", os.O_WRONLY)  # a real device whose every write fails (ENOSPC)
+    ledger.journal._fd = full
+    ledger.record(make_row(1))
+    assert ledger.metrics.journal_errors._value.get() == 1
+    ledger.journal._fd = None
+    os.close(full)
+    assert ledger.flush(timeout_s=30)
+    ledger.close()
+    assert _rows(sqlite_db) == (1, 1)
