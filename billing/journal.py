@@ -104,18 +104,28 @@ class Journal:
             with contextlib.suppress(OSError):  # closed by a concurrent rotate(), whose own fsync covered it
                 os.fsync(fd)
 
-    def rotate(self, mark: int) -> None:
-        """Close the live segment; it may be deleted once `mark` buffered rows are stored."""
+    def rotate(self, mark: int) -> int | None:
+        """Close the live segment for appends; it may be deleted once `mark` buffered rows are stored.
+
+        Returns the segment's descriptor for `seal()`, which the caller runs outside its lock: the fsync
+        must not hold up record() on the event loop.
+        """
         if self._fd is None or self._bytes == 0:
-            return
+            return None
         fd, self._fd = self._fd, None
-        os.fsync(fd)
-        os.close(fd)
-        closed = self.path.with_name(f"{self.path.name}.{time.time_ns():020d}")
+        closed = self.path.with_name(f"{self.path.name[:-len('.live')]}.{time.time_ns():020d}")
         self.path.rename(closed)
         self._closed.append((closed, mark))
         self._bytes = 0
         self._unsynced = False
+        return fd
+
+    @staticmethod
+    def seal(fd: int | None) -> None:
+        """Fsync and close a segment `rotate()` closed."""
+        if fd is not None:
+            os.fsync(fd)
+            os.close(fd)
 
     def release(self, stored: int) -> None:
         """Delete the closed segments whose rows are all stored (their mark <= `stored`)."""

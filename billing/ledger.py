@@ -214,13 +214,13 @@ class Ledger:
         if journal is None:
             return
         journal.fsync()
+        closed = None
         with self._lock:
-            if self._buffer and journal.live_bytes < self.config.journal_segment_bytes:
-                stored = self._stored
-            else:
-                journal.rotate(mark=self._stored + len(self._buffer))
-                stored = self._stored
+            if not self._buffer or journal.live_bytes >= self.config.journal_segment_bytes:
+                closed = journal.rotate(mark=self._stored + len(self._buffer))
+            stored = self._stored
             self.spill.sync()  # spilled rows of the closed segments reach the OS before the segments go
+        journal.seal(closed)
         journal.release(stored)
 
     # -- writer thread -----------------------------------------------------------------------------
