@@ -9,6 +9,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client import Counter
 from starlette.requests import Request
 
 from billing import ApiKeyInfo, BillingStore, KeyCache, StoreUnavailable, Tenant
@@ -41,14 +42,14 @@ def _client_address(request: Request) -> str:
     return request.client.host if request.client is not None else "unknown"
 
 
-async def authenticate(request: Request, keys: KeyCache, budget: FailureBudget) -> Caller:
+async def authenticate(request: Request, keys: KeyCache, budget: FailureBudget, failures: Counter | None = None) -> Caller:
     """The calling tenant, or 401 `invalid_api_key` (503 if the key store is down with nothing cached).
 
     A cached key is answered on the event loop; only a key the cache cannot answer is looked up, on a
     worker thread, and only while the client address has authentication-failure budget left (else 429
     `too_many_auth_failures` with Retry-After, before any lookup) or the key verified before (an expired
     entry is refreshed: a paying tenant sharing an address with a flood keeps working). Every failure is
-    charged to the address.
+    charged to the address and counted in `failures` (by outcome: missing, invalid, limited).
     """
     token = bearer(request)
     known, found = (False, None) if token is None else keys.peek(token)
@@ -57,6 +58,8 @@ async def authenticate(request: Request, keys: KeyCache, budget: FailureBudget) 
     address = _client_address(request)
     wait = budget.retry_after(address)
     if wait is not None and not (token is not None and keys.recently_valid(token)):
+        if failures is not None:
+            failures.labels("limited").inc()
         raise APIError(429, "too many failed authentications from this address", "too_many_auth_failures",
                        headers={"Retry-After": str(wait)})
     if token is not None and not known:
@@ -68,6 +71,8 @@ async def authenticate(request: Request, keys: KeyCache, budget: FailureBudget) 
     if found is not None:
         return Caller(*found)
     budget.charge(address)
+    if failures is not None:
+        failures.labels("missing" if token is None else "invalid").inc()
     if token is None:
         raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", "invalid_api_key")
     raise APIError(401, "invalid API key", "invalid_api_key")

@@ -84,7 +84,7 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
         raise _refused(state, None, APIError(503, "the server is shutting down; retry on another replica",
                                              "shutting_down",
                                              headers={"Retry-After": str(state.admission.retry_after(1.0))}))
-    caller = await authenticate(request, state.keys, state.auth_budget)
+    caller = await authenticate(request, state.keys, state.auth_budget, state.metrics.auth_failures)
     shed = state.admission.shed(state.engine.stats())
     if shed is not None:
         raise _reject(state, caller, QuotaLimits(caller.tenant.tokens_per_minute, caller.tenant.tokens_per_day), shed)

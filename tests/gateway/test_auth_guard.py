@@ -60,6 +60,10 @@ def test_failure_budget_gives_429_and_cached_keys_still_pass(guarded: Server) ->
         assert c.get("/v1/models", headers=guarded.headers("payer")).status_code == 200  # refreshed, not 429
         assert len(lookups) == looked + 1
     assert not any(lookups), "a key lookup ran on the event loop"
+    text = httpx.get(guarded.url + "/metrics", headers={"Authorization": f"Bearer {guarded.state.metrics_token}"}).text
+    assert 'fairserve_auth_failures_total{outcome="invalid"} 5.0' in text
+    assert 'outcome="missing"' not in text  # the request without a key came when the budget was spent: limited
+    assert 'fairserve_auth_failures_total{outcome="limited"} 2.0' in text
 
 
 def test_budget_refills_and_is_per_address() -> None:
