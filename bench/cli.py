@@ -20,12 +20,15 @@ if TYPE_CHECKING:
     from bench.run import BenchOptions
 
 API_KEY_ENV = "FAIRSERVE_API_KEY"
+METRICS_TOKEN_ENV = "FAIRSERVE_METRICS_TOKEN"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The bench flags."""
     p.add_argument("--url", default=None, help="a running server (default: start one in-process on a free port)")
     p.add_argument("--api-key", default=None, help=f"tenant API key for --url (or ${API_KEY_ENV})")
+    p.add_argument("--metrics-token", default=None,
+                   help=f"the server's metrics (or admin) token for scraping /metrics of --url (or ${METRICS_TOKEN_ENV})")
     p.add_argument("--quick", action="store_true", help="small sizes: the whole run takes under two minutes")
     p.add_argument("--out", default="bench-report", help="directory for report.json, report.md and the PNGs")
     p.add_argument("--workload", nargs="+", default=None, metavar="NAME",
@@ -53,6 +56,7 @@ def retyped(args: argparse.Namespace) -> str:
     """The invocation as a person would type it again; the API key is never written into the report."""
     argv: list[str] = ["--quick"] if args.quick else []
     for flag, value in (("--url", args.url), ("--api-key", f"${API_KEY_ENV}" if args.api_key else None),
+                        ("--metrics-token", f"${METRICS_TOKEN_ENV}" if args.metrics_token else None),
                         ("--out", args.out), ("--duration", args.duration), ("--seed", args.seed or None),
                         ("--litellm-bin", args.litellm_bin)):
         if value is not None:
@@ -65,7 +69,8 @@ def retyped(args: argparse.Namespace) -> str:
         argv += ["--sweep-rates", *(f"{r:g}" for r in args.sweep_rates)]
     if args.no_comparisons:
         argv.append("--no-comparisons")
-    return "fairserve bench " + shlex.join(argv).replace(f"'${API_KEY_ENV}'", f"${API_KEY_ENV}")
+    typed = shlex.join(argv).replace(f"'${API_KEY_ENV}'", f"${API_KEY_ENV}")
+    return "fairserve bench " + typed.replace(f"'${METRICS_TOKEN_ENV}'", f"${METRICS_TOKEN_ENV}")
 
 
 def options(args: argparse.Namespace) -> BenchOptions:
@@ -75,6 +80,7 @@ def options(args: argparse.Namespace) -> BenchOptions:
 
     overrides: dict[str, Any] = {
         "url": args.url, "api_key": args.api_key or os.environ.get(API_KEY_ENV), "out": Path(args.out),
+        "metrics_token": args.metrics_token or os.environ.get(METRICS_TOKEN_ENV, ""),
         "seed": args.seed, "rate_scale": args.rate_scale, "comparisons": not args.no_comparisons,
         "litellm_bin": args.litellm_bin, "command": retyped(args),
     }

@@ -30,6 +30,11 @@ class Target:
     model: str
     keys: dict[str, str]
     default_key: str = ""
+    metrics_token: str = ""  # for scraping /metrics (the gateway's metrics or admin token)
+
+    def metrics_headers(self) -> dict[str, str]:
+        """Authorization for /metrics, when a token is known."""
+        return {"Authorization": f"Bearer {self.metrics_token}"} if self.metrics_token else {}
 
     def key(self, tenant: str) -> str:
         """The tenant's key, else the shared one."""

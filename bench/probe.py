@@ -66,15 +66,16 @@ class Timeline:
 class Sampler:
     """Scrapes /metrics every `interval_s` on the caller's event loop until stopped."""
 
-    def __init__(self, url: str, interval_s: float = 0.25) -> None:
+    def __init__(self, url: str, interval_s: float = 0.25, headers: dict[str, str] | None = None) -> None:
         self.url = url
+        self.headers = headers or {}
         self.interval_s = interval_s
         self.timeline = Timeline()
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
 
     async def _loop(self) -> None:
-        async with httpx.AsyncClient(base_url=self.url, timeout=5.0) as client:
+        async with httpx.AsyncClient(base_url=self.url, timeout=5.0, headers=self.headers) as client:
             t0 = time.perf_counter()
             while not self._stop.is_set():
                 try:

@@ -34,6 +34,7 @@ class BenchOptions:
 
     url: str | None = None
     api_key: str | None = None
+    metrics_token: str = ""  # with --url: the server's metrics (or admin) token, for /metrics
     quick: bool = False
     out: Path = Path("bench-report")
     workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
@@ -85,9 +86,9 @@ async def measure(target: Target, workload: Workload, rate: float, duration_s: f
     """One run of a workload at one rate: metrics before, sampled during, settled after; summarised."""
     # A closed loop sends as fast as its clients get answers: give it more requests than it can use.
     planned = plan(workload, max(rate, 100.0) if closed_clients else rate, duration_s, seed)
-    async with httpx.AsyncClient(base_url=target.url, timeout=10.0) as client:
+    async with httpx.AsyncClient(base_url=target.url, timeout=10.0, headers=target.metrics_headers()) as client:
         before = await scrape(client)
-        sampler = Sampler(target.url)
+        sampler = Sampler(target.url, headers=target.metrics_headers())
         sampler.start()
         bar, tick = _progress(f"{workload.name} @ {rate:g}/s" + (" closed" if closed_clients else ""), len(planned))
         try:
@@ -149,7 +150,7 @@ async def _policy_rows(opts: BenchOptions, local: LocalServer | None, tmp: Path)
         server = local if i == 0 else await asyncio.to_thread(
             start_local_server, cfg, tmp / f"policy-{i}", [(t.name, t.weight) for t in workload.tenants])
         try:
-            target = Target(server.url, server.model, server.keys)
+            target = Target(server.url, server.model, server.keys, metrics_token=server.state.metrics_token)
             rows.append({"name": name, "changed": changed,
                          "run": await measure(target, workload, rate, opts.duration_s, opts.seed)})
         finally:
@@ -230,13 +231,14 @@ def run_bench(opts: BenchOptions) -> dict[str, Path]:
             tenants = {(t.name, t.weight) for n in opts.workloads for t in WORKLOADS[n].tenants}
             tenants |= {(t.name, t.weight) for t in WORKLOADS["chat"].tenants}
             local = start_local_server(bench_engine_config(str(tmp / "models")), tmp / "data", sorted(tenants))
-            target = Target(local.url, local.model, local.keys)
+            target = Target(local.url, local.model, local.keys, metrics_token=local.state.metrics_token)
         else:
             assert opts.api_key is not None
             models = httpx.get(f"{opts.url.rstrip('/')}/v1/models", timeout=10.0,
                                headers={"Authorization": f"Bearer {opts.api_key}"})
             models.raise_for_status()
-            target = Target(opts.url.rstrip("/"), models.json()["data"][0]["id"], {}, opts.api_key)
+            target = Target(opts.url.rstrip("/"), models.json()["data"][0]["id"], {}, opts.api_key,
+                            metrics_token=opts.metrics_token)
         try:
             report = asyncio.run(bench_async(opts, target, local, tmp))
         finally:

@@ -1,16 +1,17 @@
-"""Write-behind usage ledger: record() appends to a bounded buffer; one thread writes batches to SQL.
+"""Write-behind usage ledger: record() journals a row, appends it to a bounded buffer; one thread writes SQL.
 
-Nothing is lost: while the database is unreachable rows stay buffered and the write is retried with
-exponential backoff; rows that do not fit the buffer go to an append-only spill file that is replayed
-once writes succeed again; close() flushes and spills whatever could not be written in time. Inserts
-are idempotent (ON CONFLICT DO NOTHING on request_id), so a replay never stores a row twice.
+Nothing is lost: record() first appends the row to the local journal (billing/journal.py: one write(),
+so a kill -9 of the process right after cannot lose it; start() replays what a dead process left). While
+the database is unreachable rows stay buffered and the write is retried with exponential backoff; rows
+that do not fit the buffer go to an append-only spill file that is replayed once writes succeed again;
+close() flushes and spills whatever could not be written in time. Inserts are idempotent (ON CONFLICT DO
+NOTHING on (tenant_id, request_id)), so a replay never stores a row twice.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import random
 import threading
 import time
 from collections import deque
@@ -20,8 +21,10 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError
+from tenacity import RetryCallState, wait_random_exponential
 
 from billing.db import Database
+from billing.journal import Journal
 from billing.ledger_metrics import ledger_metrics
 from billing.ledger_sql import write_batch
 from billing.records import USAGE_STATUSES, UsageRecord
@@ -40,6 +43,8 @@ class LedgerConfig:
     spill_path: str | None = None
     max_backoff_s: float = 5.0
     data_dir: str | None = None
+    journal: bool = True  # directory <spill path minus suffix>.journal next to the spill file
+    journal_segment_bytes: int = 4 << 20  # the live journal segment is closed past this size
 
     def __post_init__(self) -> None:
         if self.buffer_size < 1 or self.batch_size < 1:
@@ -75,6 +80,8 @@ class Ledger:
         self.metrics = ledger_metrics(registry)
         self.spill = SpillFile(_default_spill_path(db, self.config))
         self.rejects_path = self.spill.path.with_name(self.spill.path.name + ".rejected")
+        self.journal = Journal(self.spill.path.with_suffix(".journal")) if self.config.journal else None
+        self._stored = 0  # buffered rows stored in SQL so far: the journal's release marks count these
         self._buffer: deque[UsageRecord] = deque()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -86,7 +93,11 @@ class Ledger:
         self._replay_files: list[Path] = []
         self._replay_iter: Iterator[tuple[list[UsageRecord], int]] | None = None
         self._replay_batch: tuple[list[UsageRecord], int] | None = None
-        self._backoff = 0.0
+        # Full-jitter exponential back-off (tenacity's wait strategy; the loop itself is the writer's own,
+        # since a failed batch stays buffered and new rows keep arriving while it waits).
+        self._wait = wait_random_exponential(multiplier=0.05, max=self.config.max_backoff_s)
+        self._failures = 0
+        self._last_journal_warning = 0.0
         self._last_warning = 0.0
         self.metrics.buffer_depth.set_function(lambda: len(self._buffer))
         self.metrics.spill_pending.set_function(lambda: self.spill.pending_rows)
@@ -97,17 +108,33 @@ class Ledger:
         """Queue one ended request for writing; never blocks on SQL and never raises on a database outage."""
         if row.status not in USAGE_STATUSES:
             raise ValueError(f"usage status must be one of {sorted(USAGE_STATUSES)}, got {row.status!r}")
+        line = encode_row(row) if self.journal is not None else None
         with self._lock:
             closed = self._closed
+            if line is not None and not closed:
+                self._journal(line)
             if not closed and len(self._buffer) < self.config.buffer_size:
                 self._buffer.append(row)
                 if len(self._buffer) == self.config.batch_size:
                     self._wake.set()
                 return
-        self.spill.append([row])
+            # Spilled under the lock, so the writer's journal trim (also under it) sees it in the spill file.
+            self.spill.append([row])
         self.metrics.spilled_rows.inc()
         if closed:  # no writer thread will sync it any more
             self.spill.sync()
+
+    def _journal(self, line: str) -> None:
+        """Append to the journal; a failing disk must not cost the row its place in the buffer."""
+        try:
+            self.journal.append(line.encode())  # type: ignore[union-attr]
+        except OSError as exc:
+            self.metrics.journal_errors.inc()
+            now = time.monotonic()
+            if now - self._last_journal_warning > 5.0:
+                self._last_journal_warning = now
+                log.error("ledger journal write failed (rows are buffered, but a kill -9 now would lose "
+                          "them): %s", exc)
 
     @property
     def depth(self) -> int:
@@ -122,8 +149,14 @@ class Ledger:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the writer thread (idempotent); spill files left by a previous run get replayed."""
+        """Replay the journal a previous process left into SQL, then start the writer thread (idempotent).
+
+        The replay is synchronous so that a gateway serves only once every row it answered before it died
+        is stored; it raises if the database refuses (the caller must not serve then). Spill files left by
+        a previous run are replayed by the writer thread.
+        """
         if self._thread is None:
+            self._replay_journal()
             self._thread = threading.Thread(target=self._run, name="fairserve-ledger", daemon=True)
             self._thread.start()
 
@@ -156,6 +189,39 @@ class Ledger:
             self.spill.append(leftover)
             self.metrics.spilled_rows.inc(len(leftover))
         self.spill.close()
+        if self.journal is not None:  # every row is now in SQL or in the fsynced spill file
+            self.journal.discard()
+
+    # -- journal -----------------------------------------------------------------------------------
+
+    def _replay_journal(self) -> None:
+        if self.journal is None:
+            return
+        for path in self.journal.leftovers():
+            stored = 0
+            for rows, _lines in read_batches(path, self.config.batch_size):
+                if rows:
+                    stored += write_batch(self.db.engine, rows)
+            self.metrics.replayed_rows.inc(stored)
+            self.metrics.written_rows.inc(stored)
+            log.info("replayed ledger journal %s: %d rows were missing from SQL", path, stored)
+            path.unlink()
+        self.journal.forget_leftovers()
+
+    def _trim_journal(self) -> None:
+        """Fsync the live segment, close it when large (or when nothing is buffered), delete stored segments."""
+        journal = self.journal
+        if journal is None:
+            return
+        journal.fsync()
+        closed = None
+        with self._lock:
+            if not self._buffer or journal.live_bytes >= self.config.journal_segment_bytes:
+                closed = journal.rotate(mark=self._stored + len(self._buffer))
+            stored = self._stored
+            self.spill.sync()  # spilled rows of the closed segments reach the OS before the segments go
+        journal.seal(closed)
+        journal.release(stored)
 
     # -- writer thread -----------------------------------------------------------------------------
 
@@ -182,7 +248,9 @@ class Ledger:
                         for _ in batch:
                             if self._buffer:  # close() may have spilled the buffer after a join timeout
                                 self._buffer.popleft()
+                                self._stored += 1
                         self._idle.notify_all()
+                    self._trim_journal()
                     last_write = time.monotonic()
                     continue
             elif self.spill.pending_rows and (not batch or due):
@@ -194,14 +262,20 @@ class Ledger:
                         self._flush_wanted = False
                     self._idle.notify_all()
                 self.spill.sync()
+                self._trim_journal()
                 self._wake.wait(self.config.flush_interval_s)
                 continue
             self._sleep_backoff()
 
     def _sleep_backoff(self) -> None:
-        self._backoff = min(self.config.max_backoff_s, max(0.05, self._backoff * 2))
+        self._failures += 1
+        attempt = RetryCallState(None, None, (), {})  # type: ignore[arg-type]
+        attempt.attempt_number = self._failures
+        delay = max(0.01, self._wait(attempt))
         self.spill.sync()
-        self._stop.wait(self._backoff * random.uniform(0.5, 1.0))
+        if self.journal is not None:
+            self.journal.fsync()
+        self._stop.wait(delay)
 
     def _write(self, rows: list[UsageRecord], replay: bool = False) -> bool:
         """Store one batch; False (after counting a retry) when it must be retried later."""
@@ -226,7 +300,7 @@ class Ledger:
                 return False
         else:
             self.metrics.flush_seconds.observe(time.perf_counter() - started)
-        self._backoff = 0.0
+        self._failures = 0
         self.metrics.written_rows.inc(inserted)
         self.metrics.duplicate_rows.inc(max(0, len(rows) - inserted - rejected))
         if replay:

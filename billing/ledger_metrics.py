@@ -38,12 +38,17 @@ class LedgerMetrics:
         )
         self.duplicate_rows = Counter(
             "fairserve_ledger_duplicate_rows_total",
-            "Usage rows skipped because their request_id was already stored.",
+            "Usage rows skipped because their (tenant_id, request_id) was already stored.",
             registry=registry,
         )
         self.rejected_rows = Counter(
             "fairserve_ledger_rejected_rows_total",
             "Usage rows the database refused as invalid, kept in the rejects file.",
+            registry=registry,
+        )
+        self.journal_errors = Counter(
+            "fairserve_ledger_journal_errors",
+            "Usage rows whose journal write failed (still buffered for SQL, but not safe from a kill -9).",
             registry=registry,
         )
 

@@ -55,34 +55,41 @@ _PG_TYPES = {
 _PG_ARRAYS = ", ".join("%s::" + _PG_TYPES.get(name, "text") + "[]" for name in _FIELDS)
 _PG_INSERT = (
     f"INSERT INTO usage ({', '.join(_FIELDS)}) SELECT * FROM unnest({_PG_ARRAYS}) "
-    "ON CONFLICT (request_id) DO NOTHING RETURNING request_id"
+    "ON CONFLICT (tenant_id, request_id) DO NOTHING RETURNING tenant_id, request_id"
 )
+RowKey = tuple[str, str]  # (tenant_id, request_id): request ids are the caller's, unique per tenant only
 
 
-def _insert_rows(conn: Connection, rows: list[UsageRecord]) -> set[str]:
+def row_key(row: UsageRecord) -> RowKey:
+    """The ledger's key of a usage row."""
+    return row.tenant_id, row.request_id
+
+
+def _insert_rows(conn: Connection, rows: list[UsageRecord]) -> set[RowKey]:
     if conn.dialect.name == "postgresql":
         columns = tuple([getattr(r, name) for r in rows] for name in _FIELDS)
-        return {r[0] for r in conn.exec_driver_sql(_PG_INSERT, columns)}
+        return {(r[0], r[1]) for r in conn.exec_driver_sql(_PG_INSERT, columns)}
     params = [{name: getattr(r, name) for name in _FIELDS} for r in rows]
-    stmt = sqlite.insert(_USAGE).on_conflict_do_nothing(index_elements=["request_id"]).returning(_USAGE.c.request_id)
-    return set(conn.execute(stmt, params).scalars())
+    stmt = (sqlite.insert(_USAGE).on_conflict_do_nothing(index_elements=["tenant_id", "request_id"])
+            .returning(_USAGE.c.tenant_id, _USAGE.c.request_id))
+    return {(r[0], r[1]) for r in conn.execute(stmt, params)}
 
 
 def insert_batch(conn: Connection, rows: list[UsageRecord]) -> int:
-    """Insert rows not yet stored (ON CONFLICT DO NOTHING) and add exactly those to the daily rollup.
+    """Insert rows not yet stored (ON CONFLICT (tenant_id, request_id) DO NOTHING) and add exactly those to the daily rollup.
 
     Returns how many rows were new. The caller owns the transaction.
     """
-    unique: dict[str, UsageRecord] = {}
+    unique: dict[RowKey, UsageRecord] = {}
     for row in rows:
-        unique.setdefault(row.request_id, row)
+        unique.setdefault(row_key(row), row)
     if not unique:
         return 0
     inserted = _insert_rows(conn, list(unique.values()))
     if not inserted:
         return 0
     insert = _insert(conn.dialect.name)
-    rollup = _rollup([r for rid, r in unique.items() if rid in inserted])
+    rollup = _rollup([r for key, r in unique.items() if key in inserted])
     upsert = insert(_DAILY)
     upsert = upsert.on_conflict_do_update(
         index_elements=["day", "tenant_id", "status"],

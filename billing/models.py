@@ -100,8 +100,9 @@ class UsageRow(Base):
         Index("ix_usage_task", "task_id"),
     )
 
+    # Request ids are the caller's choice, so they are unique only within a tenant (migration 0002).
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(String(128), nullable=False)
     api_key_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
     task_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     workflow_run_id: Mapped[str | None] = mapped_column(String(128), nullable=True)

@@ -8,6 +8,7 @@ this process's tenant lookups (weight, quotas, disabled) see the change on the n
 from __future__ import annotations
 
 import argparse
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -65,10 +66,12 @@ def _key_json(k: ApiKeyInfo, names: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _changed(request: Request, state: GatewayState) -> None:
-    """After any tenant or key change: this process must not keep serving the old answer."""
+async def _changed(request: Request, state: GatewayState, tenant_id: str) -> None:
+    """After any tenant or key change: neither this process nor (with Redis) any replica keeps the old answer."""
     state.keys.invalidate()
     runtime(request).forget_tenants()
+    if state.key_events is not None:
+        await asyncio.to_thread(state.key_events.publish, tenant_id)
 
 
 # -- tenants ----------------------------------------------------------------------------------------
@@ -91,7 +94,7 @@ async def create_tenant(request: Request, state: GatewayState) -> Response:
     if "name" not in body:
         raise APIError(400, "name is required", "invalid_value", "name")
     tenant = await in_store(state.store.create_tenant, actor=actor(request), **body)
-    _changed(request, state)
+    await _changed(request, state, tenant.id)
     state.metrics.labels.learn(tenant.id, tenant.name)
     return reply(_tenant_json(tenant, 0), 201)
 
@@ -109,7 +112,7 @@ async def _update(request: Request, state: GatewayState, fields: dict[str, Any])
     if pushed:
         # Reaches the scheduler's policy for requests not yet admitted and for service charged from now on.
         state.engine.set_tenant_weight(after.id, after.weight, after.priority_class)
-    _changed(request, state)
+    await _changed(request, state, after.id)
     if after.name != before.name:
         state.refresh_tenant_labels(force=True)
     return reply({**_tenant_json(after), "engine_updated": pushed})
@@ -167,7 +170,7 @@ async def create_key(request: Request, state: GatewayState) -> Response:
 async def revoke_key(request: Request, state: GatewayState) -> Response:
     """POST /admin/api/keys/{key}/revoke (key id or display prefix); idempotent."""
     info = await in_store(state.store.revoke_key, request.path_params["key"], actor=actor(request))
-    _changed(request, state)
+    await _changed(request, state, info.tenant_id)
     return reply(_key_json(info, await _names(state)))
 
 

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client import Counter
 from starlette.requests import Request
 
 from billing import ApiKeyInfo, BillingStore, KeyCache, StoreUnavailable, Tenant
+from gateway.auth_guard import FailureBudget
 from gateway.errors import APIError
 
 ADMIN_TOKEN_FILE = "admin_token"
+METRICS_TOKEN_FILE = "metrics_token"
 API_KEY_FILE = "api_key"
 
 
@@ -34,19 +38,44 @@ def bearer(request: Request) -> str | None:
     return token.strip()
 
 
-def authenticate(request: Request, keys: KeyCache) -> Caller:
-    """The calling tenant, or 401 `invalid_api_key` (503 if the key store is down with nothing cached)."""
+def _client_address(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"
+
+
+async def authenticate(request: Request, keys: KeyCache, budget: FailureBudget, failures: Counter | None = None) -> Caller:
+    """The calling tenant, or 401 `invalid_api_key` (503 if the key store is down with nothing cached).
+
+    A cached key is answered on the event loop; only a key the cache cannot answer is looked up, on a
+    worker thread, and only while the client address has authentication-failure budget left (else 429
+    `too_many_auth_failures` with Retry-After, before any lookup) or the key verified before (an expired
+    entry is refreshed: a paying tenant sharing an address with a flood keeps working). Every failure is
+    charged to the address and counted in `failures` (by outcome: missing, invalid, limited).
+    """
     token = bearer(request)
+    known, found = (False, None) if token is None else keys.peek(token)
+    if found is not None:
+        return Caller(*found)
+    address = _client_address(request)
+    wait = budget.retry_after(address)
+    if wait is not None and not (token is not None and keys.recently_valid(token)):
+        if failures is not None:
+            failures.labels("limited").inc()
+        raise APIError(429, "too many failed authentications from this address", "too_many_auth_failures",
+                       headers={"Retry-After": str(wait)})
+    if token is not None and not known:
+        try:
+            found = await asyncio.to_thread(keys.verify, token)
+        except StoreUnavailable:
+            raise APIError(503, "the key store is unavailable", "store_unavailable",
+                           headers={"Retry-After": "1"}) from None
+    if found is not None:
+        return Caller(*found)
+    budget.charge(address)
+    if failures is not None:
+        failures.labels("missing" if token is None else "invalid").inc()
     if token is None:
         raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", "invalid_api_key")
-    try:
-        found = keys.verify(token)
-    except StoreUnavailable:
-        raise APIError(503, "the key store is unavailable", "store_unavailable", headers={"Retry-After": "1"}) from None
-    if found is None:
-        raise APIError(401, "invalid API key", "invalid_api_key")
-    tenant, key = found
-    return Caller(tenant, key)
+    raise APIError(401, "invalid API key", "invalid_api_key")
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -58,16 +87,43 @@ def _write_private(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
-def ensure_admin_token(data_dir: Path) -> str:
-    """The admin token stored in `data_dir`, generated on first start."""
-    path = data_dir / ADMIN_TOKEN_FILE
+def _ensure_token(path: Path, prefix: str) -> str:
     if path.exists():
         token = path.read_text().strip()
         if token:
             return token
-    token = "fsa-" + secrets.token_urlsafe(32)
+    token = prefix + secrets.token_urlsafe(32)
     _write_private(path, token)
     return token
+
+
+def ensure_admin_token(data_dir: Path) -> str:
+    """The admin token stored in `data_dir`, generated on first start."""
+    return _ensure_token(data_dir / ADMIN_TOKEN_FILE, "fsa-")
+
+
+def ensure_metrics_token(data_dir: Path) -> str:
+    """The scrape-only metrics token stored in `data_dir`, generated on first start.
+
+    /metrics names tenants and counts their requests and tokens, so it is not open; a Prometheus server gets
+    this token (it can read metrics and nothing else) rather than the admin token.
+    """
+    return _ensure_token(data_dir / METRICS_TOKEN_FILE, "fsm-")
+
+
+def check_metrics(request: Request, metrics_token: str, admin_token: str) -> None:
+    """Allow the metrics token or the admin token: 401 without credentials, 403 for any other token."""
+    token = bearer(request)
+    if token is None:
+        raise APIError(401, "missing metrics token: send 'Authorization: Bearer <metrics_token>'",
+                       "invalid_metrics_token")
+    given = token.encode()
+    # Both compared, each in constant time, so timing tells neither which token nor how much of it matched.
+    ok_metrics = hmac.compare_digest(given, metrics_token.encode())
+    ok_admin = hmac.compare_digest(given, admin_token.encode())
+    if ok_metrics or ok_admin:
+        return
+    raise APIError(403, "this endpoint needs the metrics token or the admin token", "forbidden")
 
 
 def check_admin(request: Request, admin_token: str) -> None:

@@ -19,6 +19,7 @@ from billing import (
     TenantNotFound,
     default_db_url,
 )
+from gateway.key_events import publish_change
 
 _RELATIVE = re.compile(r"^(\d+)\s*([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -132,6 +133,7 @@ def cmd_tenants(args: argparse.Namespace) -> int:
                              "--tokens-per-day, --max-queued-requests, --cache-group, --rename, "
                              "--disable/--enable")
         tenant = store.update_tenant(args.tenant, actor=args.actor, **fields)
+        _announce(args, tenant.id)
     _emit(args, [asdict(tenant)], TENANT_COLUMNS)
     return 0
 
@@ -150,8 +152,17 @@ def cmd_keys(args: argparse.Namespace) -> int:
     elif args.keys_action == "list":
         _emit(args, [asdict(k) for k in store.list_keys(args.tenant)], KEY_COLUMNS)
     else:
-        _emit(args, [asdict(store.revoke_key(args.key_id, actor=args.actor))], KEY_COLUMNS)
+        info = store.revoke_key(args.key_id, actor=args.actor)
+        _announce(args, info.tenant_id)
+        _emit(args, [asdict(info)], KEY_COLUMNS)
     return 0
+
+
+def _announce(args: argparse.Namespace, tenant_id: str) -> None:
+    """With --redis, tell every gateway to drop the tenant's cached keys now (else their TTL applies)."""
+    if getattr(args, "redis", None) and not publish_change(args.redis, tenant_id):
+        print("warning: could not reach Redis; gateways see the change within their key cache TTL",
+              file=sys.stderr)
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
@@ -244,6 +255,7 @@ def register(subparsers: Any) -> None:
     set_.add_argument("--rename", default=None, help="new name")
     set_.add_argument("--disable", dest="disabled", action="store_const", const=True, default=None)
     set_.add_argument("--enable", dest="disabled", action="store_const", const=False)
+    set_.add_argument("--redis", default=None, help="redis:// URL of the gateways: they apply the change at once")
     tenants.set_defaults(func=_guarded(cmd_tenants))
 
     keys = subparsers.add_parser("keys", help="manage API keys")
@@ -255,6 +267,7 @@ def register(subparsers: Any) -> None:
     lst.add_argument("--tenant", default=None, help="only this tenant's keys")
     revoke = k_sub.add_parser("revoke", parents=[common], help="revoke a key by id or prefix")
     revoke.add_argument("key_id")
+    revoke.add_argument("--redis", default=None, help="redis:// URL of the gateways: they refuse the key at once")
     keys.set_defaults(func=_guarded(cmd_keys))
 
     usage = subparsers.add_parser("usage", parents=[common], help="per-tenant usage from the ledger")

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from billing import BillingStore, Database, default_db_url
 from engine import EngineConfig
 from gateway.app import create_app
-from gateway.auth import ensure_admin_token, ensure_demo_key
+from gateway.auth import ensure_admin_token, ensure_demo_key, ensure_metrics_token
 from gateway.settings import GatewaySettings
 
 
@@ -35,6 +35,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-queued-requests", type=int, default=256, help="global admission queue bound")
     p.add_argument("--max-queued-tokens", type=int, default=131072, help="global bound on queued prompt tokens")
     p.add_argument("--idempotency-ttl", type=float, default=86400.0, help="seconds records are kept")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address of the --metrics-port listener (it needs no credential: keep it private)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="also serve /metrics here without a credential (the main port's /metrics needs the "
+                        "metrics or admin token)")
+    p.add_argument("--auth-failure-burst", type=int, default=20,
+                   help="failed authentications a client address may make at once before 429")
+    p.add_argument("--auth-failure-rate", type=float, default=2.0,
+                   help="failed authentications per second a client address may sustain")
     p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
                    help="run the engine loop in its own process instead of a thread of the gateway")
     p.set_defaults(func=serve)
@@ -53,7 +62,9 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
     return GatewaySettings(
         host=args.host, port=args.port, data_dir=Path(args.data_dir), db_url=args.db, redis_url=args.redis,
         model=args.model, grace_period_s=args.grace_period, max_queued_requests=args.max_queued_requests,
-        max_queued_tokens=args.max_queued_tokens, idempotency_ttl_s=args.idempotency_ttl, engine=engine, **extra,
+        max_queued_tokens=args.max_queued_tokens, idempotency_ttl_s=args.idempotency_ttl, engine=engine,
+        metrics_host=args.metrics_host, metrics_port=args.metrics_port, auth_failure_burst=args.auth_failure_burst,
+        auth_failure_rate_per_s=args.auth_failure_rate, **extra,
     )
 
 
@@ -98,10 +109,12 @@ def serve(args: argparse.Namespace) -> int:
     api_key = ensure_demo_key(BillingStore(db), settings.data_dir, settings.demo_tenant)
     db.dispose()
     admin_token = ensure_admin_token(settings.data_dir)
+    metrics_token = ensure_metrics_token(settings.data_dir)
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                             timeout_graceful_shutdown=int(settings.grace_period_s) + 1, lifespan="on")
-    server = _Server(config, {"api_key": api_key, "admin_token": admin_token})
+    # admin_token stays last: scripts (tests/gateway/serve_process.py) take it as the end of the banner.
+    server = _Server(config, {"api_key": api_key, "metrics_token": metrics_token, "admin_token": admin_token})
     sys.setswitchinterval(settings.switch_interval_ms / 1e3)  # process-wide, so set here at the entry point
     server.run()
     return 0

@@ -21,6 +21,7 @@ from gateway import request_parsing as rp
 from gateway.auth import Caller, authenticate
 from gateway.errors import APIError
 from gateway.idempotency import fingerprint
+from gateway.middleware import new_request_id
 from gateway.openai_format import Shape
 from gateway.responses import FollowResponse, RunResponse, StoredResponseSender
 from gateway.runs import Outcome, Run, RunFeed, RunSpec, publish_chunks
@@ -30,12 +31,15 @@ log = logging.getLogger(__name__)
 FINISHED_IDS_KEPT = 100_000  # far more than one ledger flush interval's worth of requests
 
 
-async def _id_already_used(state: GatewayState, request_id: str) -> bool:
-    """A client-chosen request id that already has a ledger row (recent in this process, or in SQL)."""
-    if request_id in state.finished_ids:
+async def _id_already_used(state: GatewayState, tenant_id: str, request_id: str) -> bool:
+    """A client-chosen request id this tenant already used (recent in this process, or in SQL).
+
+    Scoped to the tenant: another tenant's use of the same string neither blocks nor shows here.
+    """
+    if (tenant_id, request_id) in state.finished_ids:
         return True
     try:
-        return await asyncio.to_thread(state.store.usage_exists, request_id)
+        return await asyncio.to_thread(state.store.usage_exists, tenant_id, request_id)
     except Exception:  # a database outage must not turn every request with an X-Request-Id away
         log.warning("could not check request id %s against the ledger", request_id, exc_info=True)
         return False
@@ -80,7 +84,7 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
         raise _refused(state, None, APIError(503, "the server is shutting down; retry on another replica",
                                              "shutting_down",
                                              headers={"Retry-After": str(state.admission.retry_after(1.0))}))
-    caller = authenticate(request, state.keys)
+    caller = await authenticate(request, state.keys, state.auth_budget, state.metrics.auth_failures)
     shed = state.admission.shed(state.engine.stats())
     if shed is not None:
         raise _reject(state, caller, QuotaLimits(caller.tenant.tokens_per_minute, caller.tenant.tokens_per_day), shed)
@@ -114,12 +118,12 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
             if local is not None:
                 return RunResponse(local, attached)
             return FollowResponse(state.idempotency.follow(tenant_id, key), bool(body.stream), attached)
-    if ident.request_id in state.runs.by_id:
+    if (tenant_id, ident.request_id) in state.runs.by_id:
         if key is not None:
             await state.idempotency.abandon(tenant_id, key)
         raise APIError(409, f"request id {ident.request_id!r} is already in flight", "duplicate_request_id",
                        "X-Request-Id")
-    if request.headers.get("x-request-id") == ident.request_id and await _id_already_used(state, ident.request_id):
+    if request.headers.get("x-request-id") == ident.request_id and await _id_already_used(state, tenant_id, ident.request_id):
         # The ledger keeps one row per request id; a second request under the same id would lose its row.
         if key is not None:
             await state.idempotency.abandon(tenant_id, key)
@@ -159,14 +163,14 @@ def _admit_and_start(state: GatewayState, caller: Caller, ident: rp.Identity, de
                        weight=tenant.weight, deadline=deadline, arrival_time=now, cache_group=tenant.cache_group,
                        cache_salt=body.cache_salt)
     spec = RunSpec(ident.request_id, tenant.id, ident.task_id, Shape(chat, ident.request_id, body.model, int(now)),
-                   bool(body.stream), body.include_usage, ident.idempotency_key)
+                   bool(body.stream), body.include_usage, ident.idempotency_key, engine_id=new_request_id())
     engine = state.engine
-    run = Run(spec, abort=lambda reason: engine.abort(spec.request_id, reason))
+    run = Run(spec, abort=lambda reason: engine.abort(spec.engine_id, reason))
     run.submitted_at = time.perf_counter()
-    feed = RunFeed(run, slot.start)
+    feed = RunFeed(run, slot.start, lambda outcome: _record(state, run, outcome, meta, caller))
     stream: OutputStream | None = None
     try:  # submitted here, not when the task below first runs: the engine sees it one loop pass sooner
-        stream = engine.submit(inputs.prompt_token_ids, inputs.params, meta, spec.request_id, sink=feed)
+        stream = engine.submit(inputs.prompt_token_ids, inputs.params, meta, spec.engine_id, sink=feed)
     except Exception as exc:  # a race the edge checks missed, or a dead engine: the feed reports it as usual
         feed(exc)
     state.runs.add(run)
@@ -202,8 +206,7 @@ async def _own(state: GatewayState, run: Run, feed: RunFeed, stream: OutputStrea
             state.quota.settle(spec.tenant_id, quota.reservation_id, used, limits)
         except Exception:
             log.warning("quota settle failed for %s", spec.request_id, exc_info=True)
-    if outcome.status != "rejected" or m is not None:
-        _record(state, run, outcome, meta, caller)
+    _observe(state, outcome, meta, caller)
     if key is not None:
         if publisher is not None:
             try:
@@ -220,15 +223,26 @@ def _ms(start: float | None, end: float | None) -> float | None:
     return None if start is None or end is None else max(end - start, 0.0) * 1000.0
 
 
+def _observe(state: GatewayState, outcome: Outcome, meta: RequestMeta, caller: Caller) -> None:
+    """Metrics of one ended run (after the reply: nothing here is needed before the last byte)."""
+    if outcome.status == "rejected" and outcome.metrics is None:
+        return
+    state.metrics.labels.learn(caller.tenant.id, caller.tenant.name)
+    if outcome.metrics is not None:
+        state.metrics.observe_finished(meta.tenant_id, outcome.status, outcome.metrics)
+    else:
+        state.metrics.requests.labels(state.metrics.labels.label(meta.tenant_id), outcome.status).inc()
+
+
 def _record(state: GatewayState, run: Run, outcome: Outcome, meta: RequestMeta, caller: Caller) -> None:
+    """The run's ledger row, called by its RunFeed as it ends and before any reader is woken to send the
+    reply's end: `Ledger.record` journals the row (one write()) first, so an answered request survives a
+    kill -9 of this process (docs/billing.md, "Journal")."""
     m = outcome.metrics
+    if outcome.status == "rejected" and m is None:
+        return  # refused by the engine before any work: nothing to bill, and the reply is an error
     finished = time.time()
     status = outcome.status
-    state.metrics.labels.learn(caller.tenant.id, caller.tenant.name)
-    if m is not None:
-        state.metrics.observe_finished(meta.tenant_id, status, m)
-    else:
-        state.metrics.requests.labels(state.metrics.labels.label(meta.tenant_id), status).inc()
     row = UsageRecord(
         request_id=run.spec.request_id, tenant_id=meta.tenant_id, api_key_id=caller.key.id, task_id=meta.task_id,
         workflow_run_id=meta.workflow_run_id, attempt=meta.attempt, model=run.spec.shape.model, status=status,
@@ -246,6 +260,6 @@ def _record(state: GatewayState, run: Run, outcome: Outcome, meta: RequestMeta, 
         state.ledger.record(row)
     except Exception:  # the ledger spills on its own; a full buffer must not fail the response
         log.warning("ledger refused row %s", row.request_id, exc_info=True)
-    state.finished_ids[row.request_id] = None
+    state.finished_ids[(row.tenant_id, row.request_id)] = None
     if len(state.finished_ids) > FINISHED_IDS_KEPT:
         state.finished_ids.popitem(last=False)

@@ -105,6 +105,9 @@ class GatewayMetrics:
         self.tokens = Counter("fairserve_tokens", "Tokens by kind", ["tenant", "kind"], registry=r)
         self.charged = Counter("fairserve_charged_service", "Charged fairness service", ["tenant"], registry=r)
         self.rejections = Counter("fairserve_admission_rejections", "Requests refused at the edge", ["reason"], registry=r)
+        self.auth_failures = Counter("fairserve_auth_failures", "Refused authentications: missing, invalid "
+                                     "(malformed, unknown, revoked, disabled) or limited (address over budget)",
+                                     ["outcome"], registry=r)
         self.cancel_lag = Counter("fairserve_cancel_lag_tokens", "Tokens computed after a cancel signal", registry=r)
         self.engine_restarts = Counter("fairserve_engine_restarts", "Engine workers started to replace a dead one",
                                        ["result"], registry=r)

@@ -14,7 +14,7 @@ from gateway.state import GatewayState
 async def cancel_request(request: Request) -> JSONResponse:
     """POST /v1/requests/{request_id}/cancel."""
     state: GatewayState = request.app.state.gateway
-    caller = authenticate(request, state.keys)
+    caller = await authenticate(request, state.keys, state.auth_budget, state.metrics.auth_failures)
     request_id = request.path_params["request_id"]
     run = state.runs.owned(caller.tenant.id, request_id)
     if run is None:
@@ -27,7 +27,7 @@ async def cancel_request(request: Request) -> JSONResponse:
 async def cancel_task(request: Request) -> JSONResponse:
     """POST /v1/tasks/{task_id}/cancel: every live request of the tenant with that X-Task-Id."""
     state: GatewayState = request.app.state.gateway
-    caller = authenticate(request, state.keys)
+    caller = await authenticate(request, state.keys, state.auth_budget, state.metrics.auth_failures)
     task_id = request.path_params["task_id"]
     runs = state.runs.of_task(caller.tenant.id, task_id)
     if not runs:

@@ -25,7 +25,7 @@ async def chat_completions(request: Request) -> ASGIApp:
 async def models(request: Request) -> JSONResponse:
     """GET /v1/models: the one model this engine serves."""
     state: GatewayState = request.app.state.gateway
-    authenticate(request, state.keys)
+    await authenticate(request, state.keys, state.auth_budget, state.metrics.auth_failures)
     return JSONResponse({
         "object": "list",
         "data": [{"id": state.engine.model_name, "object": "model", "created": 0, "owned_by": "fairserve",

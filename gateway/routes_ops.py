@@ -1,4 +1,7 @@
-"""Operational routes: Prometheus metrics, liveness, readiness."""
+"""Operational routes: Prometheus metrics (behind the metrics or admin token), liveness, readiness.
+
+/healthz and /readyz stay open for load balancers and carry no tenant data; /metrics names tenants.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +11,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.auth import check_metrics
 from gateway.state import GatewayState
 
 
 async def metrics(request: Request) -> Response:
-    """GET /metrics."""
+    """GET /metrics: needs `Authorization: Bearer <metrics_token or admin_token>`."""
     state: GatewayState = request.app.state.gateway
+    check_metrics(request, state.metrics_token, state.admin_token)
     await run_in_threadpool(state.refresh_tenant_labels)
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 

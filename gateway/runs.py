@@ -32,7 +32,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RunSpec:
-    """Everything a Run needs to know about the response it produces."""
+    """Everything a Run needs to know about the response it produces.
+
+    `request_id` is the caller's (its `X-Request-Id`, unique within its tenant only); `engine_id` is the
+    gateway's own unique id for the engine request, so no caller-chosen string ever names engine work.
+    """
 
     request_id: str
     tenant_id: str
@@ -41,6 +45,12 @@ class RunSpec:
     stream: bool
     include_usage: bool
     idempotency_key: str | None = None
+    engine_id: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(tenant_id, request_id): how runs, 409s, cancels and the ledger know a request."""
+        return self.tenant_id, self.request_id
 
 
 @dataclass
@@ -143,9 +153,11 @@ class RunFeed:
     task in between; `outcome` resolves when the request has ended. It never raises.
     """
 
-    def __init__(self, run: Run, on_first: Callable[[], None]) -> None:
+    def __init__(self, run: Run, on_first: Callable[[], None],
+                 on_end: Callable[[Outcome], None] = lambda outcome: None) -> None:
         self.run = run
         self.on_first = on_first
+        self.on_end = on_end
         self.last: RequestOutput | None = None
         self.outcome: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         if run.submitted_at is None:
@@ -204,6 +216,11 @@ class RunFeed:
         return Outcome("rejected", None, None, None)
 
     def _end(self, outcome: Outcome) -> None:
+        # on_end runs before any reader wakes: the ledger journals the row before the reply's last byte.
+        try:
+            self.on_end(outcome)
+        except Exception:
+            log.exception("end of run %s: bookkeeping failed", self.run.spec.request_id)
         self.run.notify()
         self.outcome.set_result(outcome)
 
@@ -240,28 +257,28 @@ def _final(run: Run, last: RequestOutput) -> StoredResponse:
 
 
 class RunRegistry:
-    """Live runs of this process, by request id and by (tenant, idempotency key)."""
+    """Live runs of this process, by (tenant, request id) and by (tenant, idempotency key)."""
 
     def __init__(self) -> None:
-        self.by_id: dict[str, Run] = {}
+        self.by_id: dict[tuple[str, str], Run] = {}
         self.by_key: dict[tuple[str, str], Run] = {}
 
     def add(self, run: Run) -> None:
         """Register a live run."""
-        self.by_id[run.spec.request_id] = run
+        self.by_id[run.spec.key] = run
         if run.spec.idempotency_key is not None:
             self.by_key[(run.spec.tenant_id, run.spec.idempotency_key)] = run
 
     def remove(self, run: Run) -> None:
         """Forget a finished run."""
-        self.by_id.pop(run.spec.request_id, None)
+        if self.by_id.get(run.spec.key) is run:
+            del self.by_id[run.spec.key]
         if run.spec.idempotency_key is not None:
             self.by_key.pop((run.spec.tenant_id, run.spec.idempotency_key), None)
 
     def owned(self, tenant_id: str, request_id: str) -> Run | None:
         """The tenant's live run with that id; another tenant's run is invisible."""
-        run = self.by_id.get(request_id)
-        return run if run is not None and run.spec.tenant_id == tenant_id else None
+        return self.by_id.get((tenant_id, request_id))
 
     def of_task(self, tenant_id: str, task_id: str) -> list[Run]:
         """The tenant's live runs carrying `task_id`."""

@@ -30,8 +30,15 @@ class GatewaySettings(BaseModel):
     idempotency_ttl_s: float = Field(default=86400.0, gt=0)
     grace_period_s: float = Field(default=10.0, ge=0)
     key_cache_ttl_s: float = Field(default=5.0, gt=0)
+    # Authentication failures allowed per client address (gateway/auth_guard.py): a burst, then a rate.
+    auth_failure_burst: int = Field(default=20, ge=1)
+    auth_failure_rate_per_s: float = Field(default=2.0, gt=0)
     demo_tenant: str = "demo"  # created with a key on first start so the printed api_key works
     metrics_tenants: int = Field(default=50, ge=0)  # tenants given their own metric labels
+    # /metrics on the main port needs the metrics (or admin) token. A metrics port, if set, serves the same
+    # registry without a credential, so it listens on loopback unless told otherwise.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     # The engine loop in its own process (ProcessEngine) rather than a thread sharing the gateway's GIL:
     # on by measurement (docs/gateway.md, "Benchmark: gateway overhead").

@@ -8,13 +8,17 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from prometheus_client import start_http_server
+
 from admission.controller import AdmissionController
 from admission.quota import make_quota
 from billing import BillingStore, Database, KeyCache, Ledger, LedgerConfig, default_db_url
 from engine import AsyncEngine, ProcessEngine
 from gateway.admin_rejections import RejectionLog
-from gateway.auth import ensure_admin_token
+from gateway.auth import ensure_admin_token, ensure_metrics_token
+from gateway.auth_guard import FailureBudget
 from gateway.idempotency import IdempotencyStore, make_idempotency_store
+from gateway.key_events import KeyEvents
 from gateway.metrics import GatewayMetrics, TenantLabels
 from gateway.runs import RunRegistry
 from gateway.settings import GatewaySettings
@@ -39,13 +43,17 @@ class GatewayState:
     admission: AdmissionController
     metrics: GatewayMetrics
     admin_token: str
+    metrics_token: str
+    auth_budget: FailureBudget
     runs: RunRegistry = field(default_factory=RunRegistry)
     rejections: RejectionLog = field(default_factory=RejectionLog)  # recent ones, for /admin
     # Request ids whose ledger row this process wrote recently: the ledger writes behind, so a reused
     # X-Request-Id must be caught here before its first row reaches SQL.
-    finished_ids: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    finished_ids: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)  # (tenant, id)
     draining: bool = False
     engine_failed: bool = False
+    metrics_server: Any = None  # the unauthenticated --metrics-port listener (prometheus_client), if any
+    key_events: KeyEvents | None = None  # Redis pub/sub invalidation of the key cache (with --redis)
     _tenants_at: float = 0.0
 
     def refresh_tenant_labels(self, force: bool = False) -> None:
@@ -98,13 +106,27 @@ def build_state(settings: GatewaySettings, engine: AsyncEngine | None) -> Gatewa
         admission=AdmissionController(settings.admission_settings()),
         metrics=metrics,
         admin_token=ensure_admin_token(settings.data_dir),
+        metrics_token=ensure_metrics_token(settings.data_dir),
+        auth_budget=FailureBudget(settings.auth_failure_burst, settings.auth_failure_rate_per_s),
     )
     state.refresh_tenant_labels(force=True)
+    if settings.redis_url is not None:
+        state.key_events = KeyEvents(settings.redis_url, state.keys)
+        state.key_events.start()
+    if settings.metrics_port is not None:
+        # prometheus_client's own WSGI listener on a thread: a maintained server for a scrape-only port.
+        state.metrics_server, _thread = start_http_server(settings.metrics_port, settings.metrics_host,
+                                                          registry=metrics.registry)
     return state
 
 
 async def close_state(state: GatewayState) -> None:
     """Flush the ledger and release stores; stop the engine if this app started it."""
+    if state.key_events is not None:
+        state.key_events.close()
+    if state.metrics_server is not None:
+        state.metrics_server.shutdown()
+        state.metrics_server.server_close()
     if state.owns_engine:
         state.engine.shutdown(timeout_s=state.settings.grace_period_s)
     state.ledger.close(timeout_s=10.0)

@@ -21,6 +21,7 @@ class LiveServer:
 
     url: str
     api_key: str
+    metrics_token: str
     log: list[str]  # the server's output so far, for failure messages
 
     def errors(self) -> str:
@@ -44,7 +45,7 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
         for line in proc.stdout:
             lines.append(line)
             key, sep, value = line.strip().partition(": ")
-            if sep and key in ("url", "api_key", "admin_token"):
+            if sep and key in ("url", "api_key", "metrics_token", "admin_token"):
                 banner[key] = value
                 if key == "admin_token":
                     ready.set()
@@ -54,7 +55,7 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
     try:
         if not ready.wait(180) or "admin_token" not in banner:
             raise AssertionError("fairserve serve did not start:\n" + "".join(lines[-40:]))
-        yield LiveServer(banner["url"], banner["api_key"], lines)
+        yield LiveServer(banner["url"], banner["api_key"], banner["metrics_token"], lines)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -14,7 +14,8 @@ from tests.bench.conftest import LiveServer, check_report, check_section
 def test_quick_bench_against_a_live_server_is_consistent(live_server: LiveServer, tmp_path: Path,
                                                           capfd: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report"
-    rc = main(["bench", "--quick", "--url", live_server.url, "--api-key", live_server.api_key, "--out", str(out)])
+    rc = main(["bench", "--quick", "--url", live_server.url, "--api-key", live_server.api_key,
+               "--metrics-token", live_server.metrics_token, "--out", str(out)])
     assert rc == 0
     printed = capfd.readouterr().out
     assert f"json: {out / 'report.json'}" in printed

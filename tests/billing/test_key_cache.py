@@ -100,3 +100,30 @@ def test_outage_serves_known_keys_stale_and_refuses_unknown(sqlite_db) -> None: 
     assert _wait_until(lambda: cache.verify(secret) is not None and counting.calls >= 2, timeout_s=2.0)
     with pytest.raises(StoreUnavailable):
         cache.verify(generate_secret())
+
+
+def test_unknown_key_flood_cannot_evict_good_keys_and_stays_bounded(sqlite_db) -> None:  # type: ignore[no-untyped-def]
+    store = BillingStore(sqlite_db)
+    store.create_tenant("acme")
+    secret, _ = store.create_key("acme")
+    counting = CountingStore(store)
+    cache = KeyCache(counting, ttl_s=60.0, max_entries=4, max_negative_entries=50)
+    assert cache.verify(secret) is not None
+    for _ in range(500):
+        assert cache.verify(generate_secret()) is None
+    assert len(cache) <= 4 + 50
+    calls = counting.calls
+    assert cache.peek(secret)[0] and cache.verify(secret) is not None
+    assert counting.calls == calls  # the good key was never evicted by the flood
+
+
+def test_invalidate_tenant_drops_only_that_tenants_keys(sqlite_db) -> None:  # type: ignore[no-untyped-def]
+    store = BillingStore(sqlite_db)
+    acme, other = store.create_tenant("acme"), store.create_tenant("other")
+    a, _ = store.create_key(acme.id)
+    b, _ = store.create_key(other.id)
+    cache = KeyCache(CountingStore(store), ttl_s=60.0)
+    assert cache.verify(a) and cache.verify(b)
+    assert cache.invalidate_tenant(acme.id) == 1
+    assert cache.peek(a) == (False, None)
+    assert cache.peek(b)[1] is not None

@@ -159,8 +159,10 @@ def test_store_summaries_read_the_ledger(any_db: Database, tmp_path: Path) -> No
     daily = store.daily_usage("t1")
     assert {d.day for d in daily} == {"2026-05-01", "2026-05-02"}
     assert sum(d.requests for d in daily) == len(mine)
-    assert store.usage_exists(make_row(7).request_id)
-    assert not store.usage_exists("never-recorded")
+    seven = make_row(7)
+    assert store.usage_exists(seven.tenant_id, seven.request_id)
+    assert not store.usage_exists("t0", seven.request_id)  # ids are scoped to the tenant
+    assert not store.usage_exists(seven.tenant_id, "never-recorded")
 
 
 def test_bad_status_is_refused_at_record(sqlite_db: Database, tmp_path: Path) -> None:

@@ -76,6 +76,12 @@ class Server:
         self.tenants[name] = tenant
         self.keys[name] = secret
 
+    def engine_id(self, tenant: str, request_id: str, timeout: float = 20.0) -> str:
+        """The engine's id of a tenant's live request: the gateway's own, never the caller's X-Request-Id."""
+        key = (self.tenants[tenant].id, request_id)
+        run = wait_for(lambda: self.state.runs.by_id.get(key), timeout, f"run {request_id} live")
+        return str(run.spec.engine_id)
+
     def usage_rows(self, where: str, **params: Any) -> list[Any]:
         """Ledger rows (flushed first) matching a SQL condition."""
         assert self.state.ledger.flush(10.0)

@@ -27,7 +27,7 @@ class ServeProcess:
             for line in self.proc.stdout:
                 self.output.append(line)
                 key, sep, value = line.strip().partition(": ")
-                if sep and key in ("url", "admin", "api_key", "admin_token"):
+                if sep and key in ("url", "admin", "api_key", "metrics_token", "admin_token"):
                     self.banner[key] = value
                     if key == "admin_token":
                         ready.set()

@@ -164,7 +164,7 @@ def test_ops_routes(server: Server, client: httpx.Client) -> None:
     assert ready.status_code == 200 and ready.json()["checks"] == {"engine": True, "database": True, "admitting": True}
     client.post("/v1/completions", json={"model": server.model, "prompt": "m", "max_tokens": 1},
                 headers=server.headers("bob"))
-    text = client.get("/metrics").text
+    text = client.get("/metrics", headers={"Authorization": f"Bearer {server.state.metrics_token}"}).text
     for name in ("fairserve_ttft_seconds_bucket", "fairserve_e2e_seconds_count", "fairserve_queue_seconds_count",
                  "fairserve_requests_total", "fairserve_tokens_total", "fairserve_charged_service_total",
                  "fairserve_kv_blocks_total", "fairserve_batch_size", "fairserve_waiting_requests",

@@ -65,7 +65,7 @@ def test_a_killed_worker_fails_its_streams_and_is_replaced(tmp_path: Path) -> No
             assert replacement != worker
             done = client.post("/v1/completions", json={**body, "stream": False, "max_tokens": 4}, headers=headers)
             assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 4
-            metrics = client.get("/metrics").text
+            metrics = client.get("/metrics", headers={"Authorization": f"Bearer {serve.banner['metrics_token']}"}).text
             assert 'fairserve_engine_restarts_total{result="ok"} 1.0' in metrics
     finally:
         serve.stop()

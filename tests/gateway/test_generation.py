@@ -145,5 +145,5 @@ def test_global_overload_is_503_and_quick(server: Server, tight: Server) -> None
     t.join(60)
     assert first[0].status_code == 200
     assert _rows_for(server, "overloaded-1") == 0
-    text = httpx.get(tight.url + "/metrics").text
+    text = httpx.get(tight.url + "/metrics", headers={"Authorization": f"Bearer {tight.state.admin_token}"}).text
     assert 'fairserve_admission_rejections_total{reason="overloaded"} 1.0' in text

@@ -104,7 +104,8 @@ def test_two_processes_share_replay_and_attach(server: Server, replicas: tuple[S
     out: dict[str, list[str]] = {}
     owner = threading.Thread(target=_stream, args=(a.url, headers, body, out, "a"))
     owner.start()
-    wait_for(lambda: server.state.engine.live_request("xproc-1") is not None, 20, "owner running on A")
+    eid = a.engine_id("alice", "xproc-1")
+    wait_for(lambda: server.state.engine.live_request(eid) is not None, 20, "owner running on A")
     follower = threading.Thread(target=_stream, args=(b.url, {**headers, "X-Request-Id": "xproc-2"}, body, out, "b"))
     follower.start()
     owner.join(60)

@@ -30,11 +30,13 @@ def test_cancel_request_own_tenant_only(server: Server, client: httpx.Client) ->
     events: list[str] = []
     t = _stream_in_thread(server, "alice", {"X-Request-Id": "cancel-me"}, events)
     engine = server.state.engine
-    wait_for(lambda: (info := engine.live_request("cancel-me")) is not None and info.state == "running", 20,
+    eid = server.engine_id("alice", "cancel-me")
+    assert eid != "cancel-me"  # the engine never sees the caller's string as its id
+    wait_for(lambda: (info := engine.live_request(eid)) is not None and info.state == "running", 20,
              "request running")
     other = client.post("/v1/requests/cancel-me/cancel", headers=server.headers("bob"))
     assert other.status_code == 404 and other.json()["error"]["code"] == "request_not_found"
-    assert engine.live_request("cancel-me") is not None
+    assert engine.live_request(eid) is not None
     mine = client.post("/v1/requests/cancel-me/cancel", headers=server.headers("alice"))
     assert mine.status_code == 200 and mine.json()["cancelled"] is True
     t.join(30)
@@ -51,7 +53,8 @@ def test_cancel_task_cancels_every_request_of_the_task(server: Server, client: h
     threads = [_stream_in_thread(server, "alice", {"X-Task-Id": "task-77", "X-Request-Id": f"t77-{i}"}, outs[i])
                for i in range(2)]
     engine = server.state.engine
-    wait_for(lambda: all(engine.live_request(f"t77-{i}") for i in range(2)), 20, "both live")
+    eids = [server.engine_id("alice", f"t77-{i}") for i in range(2)]
+    wait_for(lambda: all(engine.live_request(e) for e in eids), 20, "both live")
     assert client.post("/v1/tasks/task-77/cancel", headers=server.headers("bob")).status_code == 404
     resp = client.post("/v1/tasks/task-77/cancel", headers=server.headers("alice"))
     assert resp.status_code == 200 and resp.json()["cancelled"] == ["t77-0", "t77-1"]
@@ -70,13 +73,14 @@ def test_disconnect_mid_stream_frees_kv_blocks(server: Server) -> None:
         "POST", "/v1/completions", json=_long(server, stream=True, prompt="disconnect " * 40),
         headers=server.headers("alice", **{"X-Request-Id": "gone-1"})
     ) as resp:
+        eid = server.engine_id("alice", "gone-1")
         lines = resp.iter_lines()
         for line in lines:
             if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
                 break
         assert engine.stats().kv_blocks_used > baseline
     # Leaving the block closed the connection mid-stream.
-    wait_for(lambda: engine.live_request("gone-1") is None, 10, "engine request aborted")
+    wait_for(lambda: engine.live_request(eid) is None, 10, "engine request aborted")
     wait_for(lambda: engine.stats().kv_blocks_used <= baseline, 10, "KV blocks freed")
     row = wait_for(lambda: server.usage_rows("request_id = 'gone-1'"), 10, "ledger row")[0]
     assert row["status"] == "cancelled" and row["completion_tokens"] < 300
@@ -94,7 +98,8 @@ def test_disconnect_while_waiting_non_streaming_aborts(server: Server) -> None:
 
     t = threading.Thread(target=fire)
     t.start()
+    eid = server.engine_id("alice", "nb-1")
     t.join(30)
-    wait_for(lambda: engine.live_request("nb-1") is None, 10, "aborted after disconnect")
+    wait_for(lambda: engine.live_request(eid) is None, 10, "aborted after disconnect")
     row = wait_for(lambda: server.usage_rows("request_id = 'nb-1'"), 10, "ledger row")[0]
     assert row["status"] == "cancelled" and row["completion_tokens"] < 300

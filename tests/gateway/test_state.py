@@ -46,7 +46,8 @@ def test_engine_death_fails_in_flight_requests_and_readiness(tmp_path: Path) -> 
         threads = [threading.Thread(target=plain), threading.Thread(target=stream)]
         for t in threads:
             t.start()
-        wait_for(lambda: engine.live_request("dead-1") and engine.live_request("dead-2")
+        eids = [srv.engine_id("t", "dead-1"), srv.engine_id("t", "dead-2")]
+        wait_for(lambda: engine.live_request(eids[0]) and engine.live_request(eids[1])
                  and engine.stats().running == 2, 20, "both running")
         crash.set()
         for t in threads:
