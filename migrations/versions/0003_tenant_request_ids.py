@@ -3,8 +3,8 @@
 A request id is chosen by the caller (`X-Request-Id`); with `request_id` alone as the key, one tenant's
 id blocked (and revealed) another tenant's use of the same string.
 
-Revision ID: 0002_tenant_request_ids
-Revises: 0001_initial
+Revision ID: 0003_tenant_request_ids
+Revises: 0002_cache_group
 Create Date: 2026-11-30
 """
 
@@ -15,8 +15,8 @@ import warnings
 from alembic import op
 from sqlalchemy.exc import SAWarning
 
-revision = "0002_tenant_request_ids"
-down_revision = "0001_initial"
+revision = "0003_tenant_request_ids"
+down_revision = "0002_cache_group"
 branch_labels = None
 depends_on = None
 
