@@ -10,6 +10,7 @@ from typing import Any, cast
 
 from admission.controller import AdmissionController
 from admission.quota import QuotaStore, make_quota
+from admission.quota_redis import quota_metrics
 from admission.redis_link import RedisLink, connect
 from billing import BillingStore, Database, KeyCache, Ledger, LedgerConfig, default_db_url
 from engine import AsyncEngine, ProcessEngine
@@ -101,6 +102,7 @@ def build_state(settings: GatewaySettings, engine: AsyncEngine | None) -> Gatewa
     metrics = GatewayMetrics(labels, engine.stats)
     ledger = Ledger(db, LedgerConfig(data_dir=str(settings.data_dir)), registry=metrics.registry)
     ledger.start()
+    quota_metrics(metrics.registry)  # exported (at 0) with or without Redis, as documented
     link = connect(settings.redis_url, settings.redis_timeout_s, registry=metrics.registry) \
         if settings.redis_url else None
     state = GatewayState(
