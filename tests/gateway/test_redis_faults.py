@@ -1,0 +1,156 @@
+"""Redis faults over real HTTP against `fairserve serve` processes: a private redis-server killed, restarted and
+frozen (SIGSTOP). Nothing answers 500; requests without an Idempotency-Key are served; keyed ones get 503
+`idempotency_unavailable`; quotas fail open (header, counter) or closed (503 `quota_unavailable`); /readyz
+names the degraded dependency; the breaker closes again once Redis answers."""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.redis_server import RedisServer, redis_server_binary
+from billing import BillingStore, Database, default_db_url
+from tests.gateway.conftest import wait_for
+from tests.gateway.serve_process import ServeProcess
+
+METERED_TPM = 10**9  # a quota that never denies: every request still reserves and settles in Redis
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server of this module's own, on a free port."""
+    if redis_server_binary() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("redis-server is not installed (CI=true: Redis fault tests must run)")
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+def _seed(data_dir: Path) -> dict[str, str]:
+    """A tenant with a quota and one without, before the server starts; returns their keys."""
+    db = Database(default_db_url(data_dir))
+    db.upgrade()
+    store = BillingStore(db)
+    keys = {}
+    for name, tpm in (("metered", METERED_TPM), ("free", None)):
+        tenant = store.create_tenant(name, tokens_per_minute=tpm)
+        keys[name] = store.create_key(tenant.id)[0]
+    db.dispose()
+    return keys
+
+
+def _serve(tmp: Path, redis: RedisServer, *args: str) -> tuple[ServeProcess, dict[str, str]]:
+    keys = _seed(tmp)
+    proc = ServeProcess(tmp, "--redis", redis.url, "--no-engine-process", "--max-num-seqs", "8", *args)
+    return proc, keys
+
+
+def _post(c: httpx.Client, key: str, idem: str | None = None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"}
+    if idem is not None:
+        headers["Idempotency-Key"] = idem
+    return c.post("/v1/completions", json={"model": "fairserve-tiny", "prompt": "faults", "max_tokens": 2},
+                  headers=headers)
+
+
+def _metric(c: httpx.Client, name: str, labels: str) -> float:
+    match = re.search(rf"^{re.escape(name)}\{{{re.escape(labels)}\}} (\S+)$", c.get("/metrics").text, re.M)
+    assert match, f"{name}{{{labels}}} not exported"
+    return float(match.group(1))
+
+
+def _degraded(c: httpx.Client) -> list[str]:
+    ready = c.get("/readyz")
+    assert ready.status_code == 200, ready.text  # degraded is not unready
+    return list(ready.json()["degraded"])
+
+
+def _recovered(c: httpx.Client, redis: RedisServer, key: str) -> None:
+    """Redis is back: the background probe closes the breaker and keyed requests are served again."""
+    wait_for(lambda: _degraded(c) == [], 90, "the breaker to close after Redis came back")
+    again = _post(c, key, idem=uuid.uuid4().hex)
+    assert again.status_code == 200, again.text
+
+
+def _model_name(c: httpx.Client, key: str) -> str:
+    return str(c.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"][0]["id"])
+
+
+def test_killed_and_frozen_redis_degrade_without_500_fail_open(tmp_path: Path, redis_server: RedisServer) -> None:
+    proc, keys = _serve(tmp_path / "open", redis_server)
+    try:
+        with httpx.Client(base_url=proc.url, timeout=60) as c:
+            assert _model_name(c, keys["metered"]) == "fairserve-tiny"
+            healthy = _post(c, keys["metered"], idem=uuid.uuid4().hex)
+            assert healthy.status_code == 200 and "x-quota-status" not in healthy.headers
+            assert _degraded(c) == []
+            assert _metric(c, "fairserve_backend_circuit_open", 'backend="redis"') == 0
+
+            redis_server.kill()
+            _check_degraded(c, keys, "ConnectionError")
+            redis_server.start()
+            _recovered(c, redis_server, keys["metered"])
+
+            redis_server.freeze()
+            try:
+                _check_degraded(c, keys, "TimeoutError")
+            finally:
+                redis_server.thaw()
+            _recovered(c, redis_server, keys["metered"])
+            assert _metric(c, "fairserve_backend_circuit_trips_total", 'backend="redis"') == 2
+            assert _metric(c, "fairserve_backend_circuit_open", 'backend="redis"') == 0
+        assert "Traceback" not in "".join(proc.output), "".join(proc.output)[-4000:]
+    finally:
+        proc.stop()
+
+
+def _check_degraded(c: httpx.Client, keys: dict[str, str], error: str) -> None:
+    """While Redis is away: plain requests served (quota failing open, said and counted), keyed ones 503."""
+    before = _metric(c, "fairserve_quota_backend_unavailable_total", 'op="reserve",outcome="allowed"')
+    plain = [_post(c, keys["metered"]) for _ in range(8)] + [_post(c, keys["free"]) for _ in range(4)]
+    assert [r.status_code for r in plain] == [200] * 12, [r.text for r in plain if r.status_code != 200]
+    assert all(r.headers["x-quota-status"].startswith("unenforced") for r in plain[:8])
+    assert all("x-quota-status" not in r.headers for r in plain[8:])  # no quota, nothing unenforced
+    keyed = _post(c, keys["free"], idem=uuid.uuid4().hex)
+    assert keyed.status_code == 503, keyed.text
+    assert keyed.json()["error"]["code"] == "idempotency_unavailable"
+    assert keyed.json()["error"]["param"] == "Idempotency-Key" and int(keyed.headers["retry-after"]) >= 1
+    assert _metric(c, "fairserve_quota_backend_unavailable_total", 'op="reserve",outcome="allowed"') >= before + 8
+    assert _metric(c, "fairserve_idempotency_backend_unavailable_total", 'op="claim"') >= 1
+    assert _metric(c, "fairserve_backend_circuit_open", 'backend="redis"') == 1
+    ready = c.get("/readyz").json()
+    assert ready["ready"] is True and ready["degraded"] == ["redis"]
+    redis = ready["dependencies"]["redis"]
+    assert redis["state"] == "open" and redis["quota_on_failure"] == "open" and redis["last_error"] == error
+    assert "metered" not in c.get("/readyz").text and "free" not in c.get("/readyz").text  # no tenant data
+
+
+def test_quota_fails_closed_when_set(tmp_path: Path, redis_server: RedisServer) -> None:
+    proc, keys = _serve(tmp_path / "closed", redis_server, "--quota-on-redis-failure", "closed")
+    try:
+        with httpx.Client(base_url=proc.url, timeout=60) as c:
+            assert _post(c, keys["metered"]).status_code == 200
+            redis_server.freeze()
+            try:
+                refused = [_post(c, keys["metered"]) for _ in range(3)]
+                assert [r.status_code for r in refused] == [503] * 3, [r.text for r in refused]
+                assert all(r.json()["error"]["code"] == "quota_unavailable" for r in refused)
+                assert all(int(r.headers["retry-after"]) >= 1 for r in refused)
+                assert _post(c, keys["free"]).status_code == 200  # a tenant without quota needs no Redis
+                assert _metric(c, "fairserve_quota_backend_unavailable_total", 'op="reserve",outcome="denied"') == 3
+                assert c.get("/readyz").json()["dependencies"]["redis"]["quota_on_failure"] == "closed"
+            finally:
+                redis_server.thaw()
+            _recovered(c, redis_server, keys["metered"])
+            assert _post(c, keys["metered"]).status_code == 200
+        assert "Traceback" not in "".join(proc.output), "".join(proc.output)[-4000:]
+    finally:
+        proc.stop()
