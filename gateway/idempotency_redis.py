@@ -10,6 +10,11 @@ Every operation goes through the `RedisLink` breaker (short deadline, fail fast 
 record it cannot promise at-most-once); `append`, `finish` and `abandon` come after the answer was
 decided, so they log, count in `fairserve_idempotency_backend_unavailable_total{op}` and carry on (the
 in-flight lease then frees the key); a follower whose Redis goes away ends as if the owner had abandoned.
+
+A claim that timed out may still be executed by a frozen Redis once it thaws, leaving an in-flight record
+nobody owns: a retry with the same key would then attach to it and wait out the 15-minute lease. Such
+claims are remembered (bounded) and, once Redis answers again, their records are deleted if they still
+carry that claim's nonce and are still in flight (a compare-and-delete script, so nobody else's record goes).
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import json
 import logging
 import threading
 import time
+import uuid
 import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -34,6 +41,17 @@ from gateway.idempotency import INFLIGHT_LEASE_S, Claim, Followed, StoredRespons
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _OPS = ("claim", "append", "finish", "abandon", "follow")
+UNCERTAIN_KEPT = 10_000  # timed-out claims remembered for clean-up; beyond that the lease frees the key
+
+# KEYS: record, its events. ARGV: the claim's nonce. Deletes the record only if that claim left it in flight.
+_RELEASE_LUA = """
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 0 end
+local rec = cjson.decode(raw)
+if rec['state'] ~= 'inflight' or rec['nonce'] ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
+"""
 
 
 def redis_key(tenant_id: str, key: str) -> str:
@@ -71,6 +89,9 @@ class RedisIdempotencyStore:
         self._redis: Any = self.link.client
         self._unavailable = _unavailable_counter(registry)
         self._last_log = 0.0
+        self._release = self._redis.register_script(_RELEASE_LUA)
+        self._uncertain: OrderedDict[str, str] = OrderedDict()  # record key -> nonce of a timed-out claim
+        self._sweeper: asyncio.Task[None] | None = None
 
     async def _call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
         """`fn` under the breaker; an outage (or a Redis error, which must not 500) is counted and raised."""
@@ -98,11 +119,17 @@ class RedisIdempotencyStore:
 
     async def claim(self, tenant_id: str, key: str, fp: str, request_id: str) -> Claim:
         """`SET NX` an in-flight record; on conflict read the winner's record. Raises `BackendUnavailable`."""
-        return await self._call("claim", lambda: self._claim(tenant_id, key, fp, request_id))
+        nonce = uuid.uuid4().hex
+        try:
+            return await self._call("claim", lambda: self._claim(tenant_id, key, fp, request_id, nonce))
+        except BackendUnavailable as exc:
+            if exc.__cause__ is not None:  # it reached Redis (not failed fast): the SET NX may still run there
+                self._remember_uncertain(redis_key(tenant_id, key), nonce)
+            raise
 
-    async def _claim(self, tenant_id: str, key: str, fp: str, request_id: str) -> Claim:
+    async def _claim(self, tenant_id: str, key: str, fp: str, request_id: str, nonce: str) -> Claim:
         rkey = redis_key(tenant_id, key)
-        record = json.dumps({"fp": fp, "request_id": request_id, "state": "inflight"})
+        record = json.dumps({"fp": fp, "request_id": request_id, "state": "inflight", "nonce": nonce})
         lease_ms = int(min(self.ttl_s, INFLIGHT_LEASE_S) * 1000)
         for _ in range(3):
             if await self._redis.set(rkey, record, nx=True, px=lease_ms):
@@ -177,10 +204,38 @@ class RedisIdempotencyStore:
                 yield Followed([c.decode() for c in fresh])
             await asyncio.sleep(poll_s)
 
+    def _remember_uncertain(self, rkey: str, nonce: str) -> None:
+        self._uncertain[rkey] = nonce
+        while len(self._uncertain) > UNCERTAIN_KEPT:
+            self._uncertain.popitem(last=False)
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Once the breaker has closed, delete what timed-out claims left in flight (only their own records)."""
+        breaker = self.link.breaker
+        while self._uncertain:
+            if breaker.is_open:
+                await asyncio.sleep(max(0.05, breaker.retry_after_s()))  # until the breaker's own probe
+                continue
+            rkey, nonce = next(iter(self._uncertain.items()))
+            try:
+                await breaker.call(self._release_of(rkey, nonce))
+            except BackendUnavailable:
+                continue  # the breaker is open again: wait for it
+            except redis.RedisError:
+                log.warning("could not release idempotency record %s", rkey, exc_info=True)
+            self._uncertain.pop(rkey, None)
+
+    def _release_of(self, rkey: str, nonce: str) -> Callable[[], Awaitable[Any]]:
+        return lambda: self._release(keys=[rkey, rkey + ":events"], args=[nonce])  # type: ignore[no-any-return]
+
     def _events_from(self, rkey: str, offset: int) -> Callable[[], Awaitable[list[bytes]]]:
         return lambda: self._redis.lrange(rkey + ":events", offset, -1)  # type: ignore[no-any-return]
 
     async def close(self) -> None:
-        """Close the link if this store opened it (a shared one is closed by its owner)."""
+        """Stop the clean-up and close the link if this store opened it (a shared one is closed by its owner)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._owns_link:
             await self.link.close()
