@@ -21,7 +21,7 @@ from engine import OutputStream, RequestMeta
 from gateway import request_parsing as rp
 from gateway.auth import Caller, authenticate
 from gateway.errors import APIError
-from gateway.idempotency import fingerprint
+from gateway.idempotency import Claim, fingerprint
 from gateway.openai_format import Shape
 from gateway.responses import FollowResponse, RunResponse, StoredResponseSender
 from gateway.runs import Outcome, Run, RunFeed, RunSpec, publish_chunks
@@ -79,6 +79,20 @@ async def _reject(state: GatewayState, caller: Caller, limits: QuotaLimits, r: R
     return _refused(state, caller.tenant.id, APIError(r.status, r.message, r.code, headers=headers))
 
 
+async def _claim(state: GatewayState, tenant_id: str, key: str, fp: str, request_id: str) -> Claim:
+    """Claim the Idempotency-Key; 503 `idempotency_unavailable` when its store (Redis) is away.
+
+    Only keyed requests need the store, so only they are refused: the rest is served as usual.
+    """
+    try:
+        return await state.idempotency.claim(tenant_id, key, fp, request_id)
+    except BackendUnavailable as exc:
+        retry = str(state.admission.retry_after(exc.retry_after_s))
+        raise _refused(state, tenant_id, APIError(
+            503, "idempotency records are unavailable; retry later, or send the request without Idempotency-Key",
+            "idempotency_unavailable", "Idempotency-Key", headers={"Retry-After": retry})) from None
+
+
 async def generation(request: Request, chat: bool) -> ASGIApp:
     """Handle one completions or chat completions request; returns the ASGI response to send."""
     state: GatewayState = request.app.state.gateway
@@ -106,15 +120,7 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
     key = ident.idempotency_key
     tenant_id = caller.tenant.id
     if key is not None:
-        try:
-            claim = await state.idempotency.claim(tenant_id, key, fingerprint(request.url.path, json.loads(raw)),
-                                                  ident.request_id)
-        except BackendUnavailable as exc:  # the rest is served; only keyed requests need the store
-            retry = str(state.admission.retry_after(exc.retry_after_s))
-            raise _refused(state, tenant_id, APIError(
-                503, "idempotency records are unavailable; retry later, or send the request without "
-                "Idempotency-Key", "idempotency_unavailable", "Idempotency-Key",
-                headers={"Retry-After": retry})) from None
+        claim = await _claim(state, tenant_id, key, fingerprint(request.url.path, json.loads(raw)), ident.request_id)
         if claim.outcome == "mismatch":
             raise APIError(422, "Idempotency-Key was already used with a different request body",
                            "idempotency_key_reused", "Idempotency-Key")
@@ -147,9 +153,9 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
         raise
 
 
-async def _admit_and_start(state: GatewayState, caller: Caller, ident: rp.Identity, deadline: float | None, now: float,
-                     body: rp.CompletionRequest | rp.ChatCompletionRequest, inputs: rp.EngineInput, chat: bool,
-                     headers: dict[str, str]) -> ASGIApp:
+async def _admit_and_start(state: GatewayState, caller: Caller, ident: rp.Identity, deadline: float | None,
+                           now: float, body: rp.CompletionRequest | rp.ChatCompletionRequest, inputs: rp.EngineInput,
+                           chat: bool, headers: dict[str, str]) -> ASGIApp:
     tenant = caller.tenant
     limits = QuotaLimits(tenant.tokens_per_minute, tenant.tokens_per_day)
     n_prompt = len(inputs.prompt_token_ids)
