@@ -6,7 +6,8 @@ One gateway process, its own redis-server on a free port, one tenant whose quota
 request reserves and settles in Redis while it answers). Open-loop phases of `--phase-s` seconds at
 `--rate` requests/s alternate healthy / frozen (and killed once at the end); after each fault Redis is
 restored and the next phase starts only once /readyz no longer names it degraded. Reports each state's
-p50/p90/p99 and status counts, keyed requests' statuses under the fault, and the frozen/healthy ratios,
+p50/p90/p99 and status counts, keyed requests' statuses under the fault, the slowest /readyz at the
+end of a phase, and the frozen/healthy ratios,
 measured in the same run because this machine's speed drifts.
 """
 
@@ -57,9 +58,12 @@ async def _phase(c: httpx.AsyncClient, rate: float, seconds: float, keyed: int) 
         tasks.append(asyncio.create_task(one({})))
     plain = await asyncio.gather(*tasks)
     keyed_results = [await one({"Idempotency-Key": uuid.uuid4().hex}) for _ in range(keyed)]
+    t0 = time.perf_counter()
+    await c.get("/readyz")
+    readyz_s = time.perf_counter() - t0
     latencies = [lat for _, lat in plain]
     return {"latencies": latencies, "statuses": Counter(s for s, _ in plain),
-            "keyed_statuses": Counter(s for s, _ in keyed_results)}
+            "keyed_statuses": Counter(s for s, _ in keyed_results), "readyz_s": readyz_s}
 
 
 async def _until_healthy(c: httpx.AsyncClient, timeout_s: float = 120.0) -> None:
@@ -78,6 +82,7 @@ def _summary(phases: list[dict[str, Any]]) -> dict[str, Any]:
     keyed: Counter[int] = sum((p["keyed_statuses"] for p in phases), Counter())
     return {"n": len(lat), "p50_ms": round(pct(lat, 0.5) * 1e3, 2), "p90_ms": round(pct(lat, 0.9) * 1e3, 2),
             "p99_ms": round(pct(lat, 0.99) * 1e3, 2), "max_ms": round(max(lat) * 1e3, 2),
+            "readyz_max_ms": round(max(p["readyz_s"] for p in phases) * 1e3, 2),
             "statuses": {str(k): v for k, v in sorted(statuses.items())},
             "keyed_statuses": {str(k): v for k, v in sorted(keyed.items())}}
 
