@@ -62,6 +62,7 @@ class CircuitBreaker:
         self._opened_at: float | None = None
         self._next_try_at = 0.0
         self._recovery: asyncio.Task[None] | None = None
+        self._closed: asyncio.Event | None = None  # set when a probe closes the breaker; made on the loop
 
     @property
     def is_open(self) -> bool:
@@ -90,6 +91,11 @@ class CircuitBreaker:
             self._trip(exc)
             raise BackendUnavailable(self.name, self.retry_after_s(), type(exc).__name__) from exc
 
+    async def wait_closed(self) -> None:
+        """Return once the breaker is closed (at once if it is)."""
+        if self._opened_at is not None and self._closed is not None:
+            await self._closed.wait()
+
     async def check(self) -> bool:
         """Closed and answering a probe now (bounded by the timeout); never waits while open."""
         if self._opened_at is not None:
@@ -107,6 +113,7 @@ class CircuitBreaker:
         self.trips += 1
         self._opened_at = time.monotonic()
         self._next_try_at = self._opened_at + self._initial
+        self._closed = asyncio.Event()
         log.warning("%s unavailable (%s): failing fast, probing in the background", self.name, self.last_error)
         if self._on_change is not None:
             self._on_change(True)
@@ -121,6 +128,8 @@ class CircuitBreaker:
         await retrying(self._probe_once)
         self._opened_at = None
         self._recovery = None
+        if self._closed is not None:
+            self._closed.set()
         log.warning("%s answers again: circuit closed", self.name)
         if self._on_change is not None:
             self._on_change(False)

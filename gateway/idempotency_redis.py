@@ -215,14 +215,12 @@ class RedisIdempotencyStore:
         """Once the breaker has closed, delete what timed-out claims left in flight (only their own records)."""
         breaker = self.link.breaker
         while self._uncertain:
-            if breaker.is_open:
-                await asyncio.sleep(max(0.05, breaker.retry_after_s()))  # until the breaker's own probe
-                continue
+            await breaker.wait_closed()
             rkey, nonce = next(iter(self._uncertain.items()))
             try:
                 await breaker.call(self._release_of(rkey, nonce))
             except BackendUnavailable:
-                continue  # the breaker is open again: wait for it
+                continue  # the breaker opened again: wait for it to close
             except redis.RedisError:
                 log.warning("could not release idempotency record %s", rkey, exc_info=True)
             self._uncertain.pop(rkey, None)

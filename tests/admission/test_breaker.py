@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,9 +50,7 @@ def test_frozen_redis_opens_the_breaker_and_the_probe_closes_it(redis_server: Re
             assert snap["state"] == "open" and snap["trips"] == 1 and snap["last_error"] == "TimeoutError"
             assert registry.get_sample_value("fairserve_backend_circuit_open", {"backend": "redis"}) == 1
             redis_server.thaw()
-            deadline = time.monotonic() + 30
-            while breaker.is_open and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)  # polling the state the probe changes, with a deadline
+            await asyncio.wait_for(breaker.wait_closed(), 30)
             assert not breaker.is_open
             assert await breaker.call(lambda: link.client.get("k")) == b"v"
             assert registry.get_sample_value("fairserve_backend_circuit_open", {"backend": "redis"}) == 0
@@ -76,9 +73,7 @@ def test_killed_redis_fails_fast_and_reconnects_after_restart(redis_server: Redi
                 await link.breaker.call(lambda: link.client.ping())
             assert link.breaker.snapshot()["last_error"] == "ConnectionError"
             redis_server.start()
-            deadline = time.monotonic() + 30
-            while link.breaker.is_open and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)  # polling the state the probe changes, with a deadline
+            await asyncio.wait_for(link.breaker.wait_closed(), 30)
             assert await link.breaker.check()
         finally:
             await link.close()
