@@ -11,10 +11,9 @@ record it cannot promise at-most-once); `append`, `finish` and `abandon` come af
 decided, so they log, count in `fairserve_idempotency_backend_unavailable_total{op}` and carry on (the
 in-flight lease then frees the key); a follower whose Redis goes away ends as if the owner had abandoned.
 
-A claim that timed out may still be executed by a frozen Redis once it thaws, leaving an in-flight record
-nobody owns: a retry with the same key would then attach to it and wait out the 15-minute lease. Such
-claims are remembered (bounded) and, once Redis answers again, their records are deleted if they still
-carry that claim's nonce and are still in flight (a compare-and-delete script, so nobody else's record goes).
+Records an outage left in flight with no owner (a claim that timed out but ran when Redis thawed, a
+finish or abandon that could not be written) are put right by gateway/idempotency_repair.py once Redis
+answers again, so a retry replays or runs instead of attaching to nobody for the 15-minute lease.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ import threading
 import time
 import uuid
 import weakref
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -37,21 +35,11 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter
 from admission.breaker import BackendUnavailable
 from admission.redis_link import RedisLink, connect
 from gateway.idempotency import INFLIGHT_LEASE_S, Claim, Followed, StoredResponse
+from gateway.idempotency_repair import RecordRepair, response_json
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _OPS = ("claim", "append", "finish", "abandon", "follow")
-UNCERTAIN_KEPT = 10_000  # timed-out claims remembered for clean-up; beyond that the lease frees the key
-
-# KEYS: record, its events. ARGV: the claim's nonce. Deletes the record only if that claim left it in flight.
-_RELEASE_LUA = """
-local raw = redis.call('GET', KEYS[1])
-if not raw then return 0 end
-local rec = cjson.decode(raw)
-if rec['state'] ~= 'inflight' or rec['nonce'] ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1], KEYS[2])
-return 1
-"""
 
 
 def redis_key(tenant_id: str, key: str) -> str:
@@ -89,9 +77,8 @@ class RedisIdempotencyStore:
         self._redis: Any = self.link.client
         self._unavailable = _unavailable_counter(registry)
         self._last_log = 0.0
-        self._release = self._redis.register_script(_RELEASE_LUA)
-        self._uncertain: OrderedDict[str, str] = OrderedDict()  # record key -> nonce of a timed-out claim
-        self._sweeper: asyncio.Task[None] | None = None
+        self.repair = RecordRepair(self._redis, self.link.breaker, ttl_s)
+        self._owned: dict[str, str] = {}  # record key -> nonce, for the claims this process runs
 
     async def _call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
         """`fn` under the breaker; an outage (or a Redis error, which must not 500) is counted and raised."""
@@ -104,7 +91,8 @@ class RedisIdempotencyStore:
             self._unavailable.labels(op=op).inc()
             raise
 
-    async def _best_effort(self, op: str, fn: Callable[[], Awaitable[Any]]) -> None:
+    async def _best_effort(self, op: str, fn: Callable[[], Awaitable[Any]]) -> bool:
+        """Run `fn`; False (logged, counted) when Redis is away: the answer was already decided."""
         try:
             await self._call(op, fn)
         except BackendUnavailable as exc:
@@ -112,6 +100,8 @@ class RedisIdempotencyStore:
             if now - self._last_log > 5.0:  # at request rate, one line every few seconds is enough
                 self._last_log = now
                 log.warning("idempotency %s skipped: %s", op, exc)
+            return False
+        return True
 
     async def ping(self) -> bool:
         """True when Redis answers (bounded by the breaker's timeout; False at once while it is open)."""
@@ -120,12 +110,16 @@ class RedisIdempotencyStore:
     async def claim(self, tenant_id: str, key: str, fp: str, request_id: str) -> Claim:
         """`SET NX` an in-flight record; on conflict read the winner's record. Raises `BackendUnavailable`."""
         nonce = uuid.uuid4().hex
+        rkey = redis_key(tenant_id, key)
         try:
-            return await self._call("claim", lambda: self._claim(tenant_id, key, fp, request_id, nonce))
+            claim = await self._call("claim", lambda: self._claim(tenant_id, key, fp, request_id, nonce))
         except BackendUnavailable as exc:
             if exc.__cause__ is not None:  # it reached Redis (not failed fast): the SET NX may still run there
-                self._remember_uncertain(redis_key(tenant_id, key), nonce)
+                self.repair.later(rkey, nonce)
             raise
+        if claim.outcome == "new":
+            self._owned[rkey] = nonce
+        return claim
 
     async def _claim(self, tenant_id: str, key: str, fp: str, request_id: str, nonce: str) -> Claim:
         rkey = redis_key(tenant_id, key)
@@ -159,26 +153,36 @@ class RedisIdempotencyStore:
         await self._best_effort("append", push)
 
     async def finish(self, tenant_id: str, key: str, response: StoredResponse) -> None:
-        """Overwrite the record as finished (only if it still exists) and drop the event list."""
+        """Mark this process's claim finished with the response (kept for the TTL), and drop the event list."""
         rkey = redis_key(tenant_id, key)
-
-        async def store() -> None:
-            raw = await self._redis.get(rkey)
-            if raw is None:
-                return
-            record = json.loads(raw)
-            record.update(state="finished", response=response.to_json())
-            pipe = self._redis.pipeline()
-            pipe.set(rkey, json.dumps(record), xx=True, px=int(self.ttl_s * 1000))
-            pipe.delete(rkey + ":events")
-            await pipe.execute()
-
-        await self._best_effort("finish", store)
+        nonce = self._owned.pop(rkey, None)
+        if nonce is None:  # not claimed through this store: finish whatever record is there
+            await self._best_effort("finish", lambda: self._finish_any(rkey, response))
+            return
+        body = response_json(response)
+        if not await self._best_effort("finish", lambda: self.repair.finish(rkey, nonce, body)):
+            self.repair.later(rkey, nonce, body)  # a retry must replay it, not run it twice
 
     async def abandon(self, tenant_id: str, key: str) -> None:
-        """Delete the record and its events."""
+        """Delete this process's claim and its events, so a retry runs afresh."""
         rkey = redis_key(tenant_id, key)
-        await self._best_effort("abandon", lambda: self._redis.delete(rkey, rkey + ":events"))
+        nonce = self._owned.pop(rkey, None)
+        if nonce is None:  # not claimed through this store: delete whatever record is there
+            await self._best_effort("abandon", lambda: self._redis.delete(rkey, rkey + ":events"))
+            return
+        if not await self._best_effort("abandon", lambda: self.repair.release(rkey, nonce)):
+            self.repair.later(rkey, nonce)
+
+    async def _finish_any(self, rkey: str, response: StoredResponse) -> None:
+        raw = await self._redis.get(rkey)
+        if raw is None:
+            return
+        record = json.loads(raw)
+        record.update(state="finished", response=response.to_json())
+        pipe = self._redis.pipeline()
+        pipe.set(rkey, json.dumps(record), xx=True, px=int(self.ttl_s * 1000))
+        pipe.delete(rkey + ":events")
+        await pipe.execute()
 
     async def follow(self, tenant_id: str, key: str, poll_s: float = 0.02) -> AsyncIterator[Followed]:
         """Poll the owner's events and record until it finishes or abandons (or Redis goes away)."""
@@ -204,36 +208,11 @@ class RedisIdempotencyStore:
                 yield Followed([c.decode() for c in fresh])
             await asyncio.sleep(poll_s)
 
-    def _remember_uncertain(self, rkey: str, nonce: str) -> None:
-        self._uncertain[rkey] = nonce
-        while len(self._uncertain) > UNCERTAIN_KEPT:
-            self._uncertain.popitem(last=False)
-        if self._sweeper is None or self._sweeper.done():
-            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
-
-    async def _sweep(self) -> None:
-        """Once the breaker has closed, delete what timed-out claims left in flight (only their own records)."""
-        breaker = self.link.breaker
-        while self._uncertain:
-            await breaker.wait_closed()
-            rkey, nonce = next(iter(self._uncertain.items()))
-            try:
-                await breaker.call(self._release_of(rkey, nonce))
-            except BackendUnavailable:
-                continue  # the breaker opened again: wait for it to close
-            except redis.RedisError:
-                log.warning("could not release idempotency record %s", rkey, exc_info=True)
-            self._uncertain.pop(rkey, None)
-
-    def _release_of(self, rkey: str, nonce: str) -> Callable[[], Awaitable[Any]]:
-        return lambda: self._release(keys=[rkey, rkey + ":events"], args=[nonce])  # type: ignore[no-any-return]
-
     def _events_from(self, rkey: str, offset: int) -> Callable[[], Awaitable[list[bytes]]]:
         return lambda: self._redis.lrange(rkey + ":events", offset, -1)  # type: ignore[no-any-return]
 
     async def close(self) -> None:
         """Stop the clean-up and close the link if this store opened it (a shared one is closed by its owner)."""
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        await self.repair.close()
         if self._owns_link:
             await self.link.close()
