@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -40,6 +41,7 @@ from gateway.idempotency_repair import RecordRepair, response_json
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _OPS = ("claim", "append", "finish", "abandon", "follow")
+OWNED_KEPT = 100_000  # far more claims than run at once in one process
 
 
 def redis_key(tenant_id: str, key: str) -> str:
@@ -78,7 +80,9 @@ class RedisIdempotencyStore:
         self._unavailable = _unavailable_counter(registry)
         self._last_log = 0.0
         self.repair = RecordRepair(self._redis, self.link.breaker, ttl_s)
-        self._owned: dict[str, str] = {}  # record key -> nonce, for the claims this process runs
+        # record key -> nonce of the claims this process runs; bounded, since a request cancelled between its
+        # claim and its run never finishes nor abandons (its lease frees the key)
+        self._owned: OrderedDict[str, str] = OrderedDict()
 
     async def _call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
         """`fn` under the breaker; an outage (or a Redis error, which must not 500) is counted and raised."""
@@ -119,6 +123,8 @@ class RedisIdempotencyStore:
             raise
         if claim.outcome == "new":
             self._owned[rkey] = nonce
+            if len(self._owned) > OWNED_KEPT:
+                self._owned.popitem(last=False)
         return claim
 
     async def _claim(self, tenant_id: str, key: str, fp: str, request_id: str, nonce: str) -> Claim:
