@@ -49,7 +49,8 @@ class CircuitBreaker:
 
     def __init__(self, name: str, probe: Callable[[], Awaitable[Any]], *, timeout_s: float,
                  failures: tuple[type[BaseException], ...], backoff_initial_s: float = 0.5,
-                 backoff_max_s: float = 30.0, on_change: Callable[[bool], None] | None = None) -> None:
+                 backoff_max_s: float = 30.0, on_change: Callable[[bool], None] | None = None,
+                 before_probe: Callable[[], Awaitable[Any]] | None = None) -> None:
         self.name = name
         self.timeout_s = timeout_s
         self.trips = 0
@@ -59,6 +60,7 @@ class CircuitBreaker:
         self._initial = backoff_initial_s
         self._max = backoff_max_s
         self._on_change = on_change
+        self._before_probe = before_probe  # e.g. drop pooled connections the outage left dead
         self._opened_at: float | None = None
         self._next_try_at = 0.0
         self._recovery: asyncio.Task[None] | None = None
@@ -137,6 +139,8 @@ class CircuitBreaker:
     async def _probe_once(self) -> None:
         self._next_try_at = time.monotonic() + self.timeout_s
         async with asyncio.timeout(self.timeout_s):
+            if self._before_probe is not None:
+                await self._before_probe()
             await self._probe()
 
     def _scheduled(self, state: RetryCallState) -> None:
