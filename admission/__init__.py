@@ -1,1 +1,1 @@
-from admission.quota import MemoryQuota, QuotaDecision, QuotaLimits, RedisQuota, make_quota  # noqa: F401
+from admission.quota import MemoryQuota, QuotaDecision, QuotaLimits, QuotaStore, make_quota  # noqa: F401

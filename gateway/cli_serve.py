@@ -27,6 +27,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--data-dir", default="./fairserve-data", help="database, secrets and ledger spill")
     p.add_argument("--db", default=None, help="SQLAlchemy URL (default: SQLite in the data dir)")
     p.add_argument("--redis", default=None, help="redis:// URL for shared idempotency and quotas")
+    p.add_argument("--redis-timeout", type=float, default=0.25,
+                   help="seconds each Redis call may take before the circuit breaker opens")
+    p.add_argument("--quota-on-redis-failure", choices=["open", "closed"], default="open",
+                   help="while Redis is unavailable: admit without quotas (open) or answer 503 (closed)")
     p.add_argument("--model", default=None, help="Hugging Face model directory (default: embedded model)")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--num-kv-blocks", type=int, default=None)
@@ -64,7 +68,8 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
         model=args.model, grace_period_s=args.grace_period, max_queued_requests=args.max_queued_requests,
         max_queued_tokens=args.max_queued_tokens, idempotency_ttl_s=args.idempotency_ttl, engine=engine,
         metrics_host=args.metrics_host, metrics_port=args.metrics_port, auth_failure_burst=args.auth_failure_burst,
-        auth_failure_rate_per_s=args.auth_failure_rate, **extra,
+        auth_failure_rate_per_s=args.auth_failure_rate,
+        redis_timeout_s=args.redis_timeout, quota_on_redis_failure=args.quota_on_redis_failure, **extra,
     )
 
 

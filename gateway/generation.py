@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp
 
 from admission.backoff import ratelimit_headers
+from admission.breaker import BackendUnavailable
 from admission.controller import Rejection
 from admission.queues import QueueSlot
 from admission.quota import QuotaDecision, QuotaLimits
@@ -20,7 +21,7 @@ from engine import OutputStream, RequestMeta
 from gateway import request_parsing as rp
 from gateway.auth import Caller, authenticate
 from gateway.errors import APIError
-from gateway.idempotency import fingerprint
+from gateway.idempotency import Claim, fingerprint
 from gateway.middleware import new_request_id
 from gateway.openai_format import Shape
 from gateway.responses import FollowResponse, RunResponse, StoredResponseSender
@@ -29,6 +30,7 @@ from gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
 FINISHED_IDS_KEPT = 100_000  # far more than one ledger flush interval's worth of requests
+QUOTA_STATUS_HEADER = "X-Quota-Status"  # on requests admitted while quotas could not be enforced
 
 
 async def _id_already_used(state: GatewayState, tenant_id: str, request_id: str) -> bool:
@@ -51,14 +53,18 @@ def _quota_headers(decision: QuotaDecision | None) -> dict[str, str]:
     return ratelimit_headers(decision.policy, decision.limit, decision.remaining or 0, decision.reset_s)
 
 
-def _peek_quota(state: GatewayState, caller: Caller, limits: QuotaLimits) -> QuotaDecision | None:
-    """The tenant's quota state without consuming any (a zero-token reservation, settled at once)."""
+async def _peek_quota(state: GatewayState, caller: Caller, limits: QuotaLimits) -> QuotaDecision | None:
+    """The tenant's quota state without consuming any (a zero-token reservation holds nothing to settle)."""
     if not limits.windows():
         return None
-    decision: QuotaDecision = state.quota.reserve(caller.tenant.id, 0, limits)
-    if decision.reservation_id is not None:
-        state.quota.settle(caller.tenant.id, decision.reservation_id, 0, limits)
-    return decision
+    return await state.quota.reserve(caller.tenant.id, 0, limits)
+
+
+def _quota_unavailable(state: GatewayState, tenant_id: str, decision: QuotaDecision) -> APIError:
+    """Quotas fail closed and Redis is away: 503 with the breaker's time to its next probe."""
+    retry = str(state.admission.retry_after(decision.retry_after_s))
+    return _refused(state, tenant_id, APIError(503, "the quota backend is unavailable; retry later",
+                                               "quota_unavailable", headers={"Retry-After": retry}))
 
 
 def _refused(state: GatewayState, tenant_id: str | None, err: APIError) -> APIError:
@@ -68,13 +74,27 @@ def _refused(state: GatewayState, tenant_id: str | None, err: APIError) -> APIEr
     return err
 
 
-def _reject(state: GatewayState, caller: Caller, limits: QuotaLimits, r: Rejection) -> APIError:
-    headers = _quota_headers(_peek_quota(state, caller, limits))
+async def _reject(state: GatewayState, caller: Caller, limits: QuotaLimits, r: Rejection) -> APIError:
+    headers = _quota_headers(await _peek_quota(state, caller, limits))
     if r.retry_after_s is not None:
         headers["Retry-After"] = str(r.retry_after_s)
     if r.estimated_start_ms is not None:
         headers["X-Estimated-Start-Ms"] = str(r.estimated_start_ms)
     return _refused(state, caller.tenant.id, APIError(r.status, r.message, r.code, headers=headers))
+
+
+async def _claim(state: GatewayState, tenant_id: str, key: str, fp: str, request_id: str) -> Claim:
+    """Claim the Idempotency-Key; 503 `idempotency_unavailable` when its store (Redis) is away.
+
+    Only keyed requests need the store, so only they are refused: the rest is served as usual.
+    """
+    try:
+        return await state.idempotency.claim(tenant_id, key, fp, request_id)
+    except BackendUnavailable as exc:
+        retry = str(state.admission.retry_after(exc.retry_after_s))
+        raise _refused(state, tenant_id, APIError(
+            503, "idempotency records are unavailable; retry later, or send the request without Idempotency-Key",
+            "idempotency_unavailable", "Idempotency-Key", headers={"Retry-After": retry})) from None
 
 
 async def generation(request: Request, chat: bool) -> ASGIApp:
@@ -87,7 +107,8 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
     caller = await authenticate(request, state.keys, state.auth_budget, state.metrics.auth_failures)
     shed = state.admission.shed(state.engine.stats())
     if shed is not None:
-        raise _reject(state, caller, QuotaLimits(caller.tenant.tokens_per_minute, caller.tenant.tokens_per_day), shed)
+        raise await _reject(state, caller, QuotaLimits(caller.tenant.tokens_per_minute, caller.tenant.tokens_per_day),
+                           shed)
     now = time.time()
     ident = rp.identity(request)
     deadline = rp.deadline(request, now)
@@ -103,8 +124,7 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
     key = ident.idempotency_key
     tenant_id = caller.tenant.id
     if key is not None:
-        claim = await state.idempotency.claim(tenant_id, key, fingerprint(request.url.path, json.loads(raw)),
-                                              ident.request_id)
+        claim = await _claim(state, tenant_id, key, fingerprint(request.url.path, json.loads(raw)), ident.request_id)
         if claim.outcome == "mismatch":
             raise APIError(422, "Idempotency-Key was already used with a different request body",
                            "idempotency_key_reused", "Idempotency-Key")
@@ -130,28 +150,34 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
         raise APIError(409, f"request id {ident.request_id!r} was already used; send a new X-Request-Id",
                        "duplicate_request_id", "X-Request-Id")
     try:
-        return _admit_and_start(state, caller, ident, deadline, now, body, inputs, chat, headers)
+        return await _admit_and_start(state, caller, ident, deadline, now, body, inputs, chat, headers)
     except APIError:
         if key is not None:
             await state.idempotency.abandon(tenant_id, key)
         raise
 
 
-def _admit_and_start(state: GatewayState, caller: Caller, ident: rp.Identity, deadline: float | None, now: float,
-                     body: rp.CompletionRequest | rp.ChatCompletionRequest, inputs: rp.EngineInput, chat: bool,
-                     headers: dict[str, str]) -> ASGIApp:
+async def _admit_and_start(state: GatewayState, caller: Caller, ident: rp.Identity, deadline: float | None,
+                           now: float, body: rp.CompletionRequest | rp.ChatCompletionRequest, inputs: rp.EngineInput,
+                           chat: bool, headers: dict[str, str]) -> ASGIApp:
     tenant = caller.tenant
     limits = QuotaLimits(tenant.tokens_per_minute, tenant.tokens_per_day)
     n_prompt = len(inputs.prompt_token_ids)
     verdict = state.admission.admit(tenant.id, n_prompt, inputs.params.max_tokens, deadline, now,
                                     state.engine.stats(), tenant.max_queued_requests)
     if isinstance(verdict, Rejection):
-        raise _reject(state, caller, limits, verdict)
+        raise await _reject(state, caller, limits, verdict)
     slot = verdict.slot
     quota: QuotaDecision | None = None
     if limits.windows():
-        quota = state.quota.reserve(tenant.id, n_prompt + inputs.params.max_tokens, limits)
-        assert quota is not None
+        try:  # Redis is awaited here: a request cancelled meanwhile must not keep its queue slot
+            quota = await state.quota.reserve(tenant.id, n_prompt + inputs.params.max_tokens, limits)
+        except BaseException:
+            slot.release()
+            raise
+        if not quota.allowed and quota.reason == "backend_unavailable":
+            slot.release()
+            raise _quota_unavailable(state, tenant.id, quota)
         if not quota.allowed:
             slot.release()
             retry = str(state.admission.retry_after(quota.retry_after_s))
@@ -176,6 +202,8 @@ def _admit_and_start(state: GatewayState, caller: Caller, ident: rp.Identity, de
     state.runs.add(run)
     run.task = asyncio.create_task(_own(state, run, feed, stream, slot, quota, limits, meta, caller))
     headers = {**headers, **_quota_headers(quota), "X-Estimated-Start-Ms": str(verdict.estimated_start_ms)}
+    if quota is not None and quota.reason == "backend_unavailable":
+        headers[QUOTA_STATUS_HEADER] = "unenforced; reason=backend_unavailable"  # failed open: say so
     return RunResponse(run, headers)
 
 
@@ -203,7 +231,7 @@ async def _own(state: GatewayState, run: Run, feed: RunFeed, stream: OutputStrea
     if quota is not None and quota.reservation_id is not None:
         used = (m.prompt_tokens + m.completion_tokens) if m is not None else 0
         try:
-            state.quota.settle(spec.tenant_id, quota.reservation_id, used, limits)
+            await state.quota.settle(spec.tenant_id, quota.reservation_id, used, limits)
         except Exception:
             log.warning("quota settle failed for %s", spec.request_id, exc_info=True)
     _observe(state, outcome, meta, caller)

@@ -171,10 +171,10 @@ class MemoryIdempotencyStore:
         """Nothing to release."""
 
 
-def make_idempotency_store(redis_url: str | None, ttl_s: float) -> IdempotencyStore:
-    """Redis store when a URL is given, else the in-memory one."""
-    if redis_url:
+def make_idempotency_store(redis: Any, ttl_s: float, registry: Any = None) -> IdempotencyStore:
+    """Redis store over a `RedisLink` (or URL) when one is given, else the in-memory one."""
+    if redis:
         from gateway.idempotency_redis import RedisIdempotencyStore
 
-        return RedisIdempotencyStore(redis_url, ttl_s)
+        return RedisIdempotencyStore(redis, ttl_s, registry=registry)
     return MemoryIdempotencyStore(ttl_s)

@@ -29,10 +29,16 @@ async def healthz(request: Request) -> JSONResponse:
 
 
 async def readyz(request: Request) -> JSONResponse:
-    """GET /readyz: 200 when the engine loop runs, the database answers and the gateway admits."""
+    """GET /readyz: 200 when the engine loop runs, the database answers and the gateway admits.
+
+    `degraded` names optional dependencies that are away (Redis); they do not make the gateway unready.
+    """
     state: GatewayState = request.app.state.gateway
     ok, checks = await run_in_threadpool(state.ready)
-    return JSONResponse({"ready": ok, "checks": checks}, status_code=200 if ok else 503)
+    dependencies = await state.dependencies()
+    degraded = sorted(name for name, dep in dependencies.items() if dep["state"] != "closed")
+    return JSONResponse({"ready": ok, "checks": checks, "degraded": degraded, "dependencies": dependencies},
+                        status_code=200 if ok else 503)
 
 
 routes = [

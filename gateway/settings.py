@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -21,6 +22,10 @@ class GatewaySettings(BaseModel):
     data_dir: Path = Path("./fairserve-data")
     db_url: str | None = None  # None: SQLite file in data_dir
     redis_url: str | None = None  # None: in-memory idempotency and quotas
+    # Every Redis call's deadline; past it (or on a refused connection) the breaker opens and calls fail fast.
+    redis_timeout_s: float = Field(default=0.25, gt=0, le=10)
+    # Quotas while Redis is away: "open" admits (counted, X-Quota-Status header), "closed" answers 503.
+    quota_on_redis_failure: Literal["open", "closed"] = "open"
     model: str | None = None  # None: the embedded default model
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     max_queued_requests: int = Field(default=256, ge=1)

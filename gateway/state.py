@@ -11,7 +11,9 @@ from typing import Any, cast
 from prometheus_client import start_http_server
 
 from admission.controller import AdmissionController
-from admission.quota import make_quota
+from admission.quota import QuotaStore, make_quota
+from admission.quota_redis import quota_metrics
+from admission.redis_link import RedisLink, connect
 from billing import BillingStore, Database, KeyCache, Ledger, LedgerConfig, default_db_url
 from engine import AsyncEngine, ProcessEngine
 from gateway.admin_rejections import RejectionLog
@@ -38,13 +40,14 @@ class GatewayState:
     store: BillingStore
     keys: KeyCache
     ledger: Ledger
-    quota: Any
+    quota: QuotaStore
     idempotency: IdempotencyStore
     admission: AdmissionController
     metrics: GatewayMetrics
     admin_token: str
     metrics_token: str
     auth_budget: FailureBudget
+    redis: RedisLink | None = None  # shared by quotas and idempotency, behind one breaker
     runs: RunRegistry = field(default_factory=RunRegistry)
     rejections: RejectionLog = field(default_factory=RejectionLog)  # recent ones, for /admin
     # Request ids whose ledger row this process wrote recently: the ledger writes behind, so a reused
@@ -76,6 +79,20 @@ class GatewayState:
         }
         return all(checks.values()), checks
 
+    async def dependencies(self) -> dict[str, Any]:
+        """Optional dependencies the gateway degrades without (Redis): their state, for /readyz.
+
+        A closed breaker is confirmed with one PING (bounded by the Redis timeout); an open one is
+        reported without touching Redis. Degraded is not unready: quotas fail open or closed as set and
+        requests without an Idempotency-Key are served, so taking every replica out of rotation because
+        their shared Redis is away would turn a degradation into an outage.
+        """
+        if self.redis is None:
+            return {}
+        await self.redis.breaker.check()
+        return {"redis": {**self.redis.breaker.snapshot(),
+                          "quota_on_failure": self.settings.quota_on_redis_failure}}
+
 
 def build_state(settings: GatewaySettings, engine: AsyncEngine | None) -> GatewayState:
     """Open the database (migrated), ledger, stores, and the engine unless one is given."""
@@ -93,6 +110,9 @@ def build_state(settings: GatewaySettings, engine: AsyncEngine | None) -> Gatewa
     metrics = GatewayMetrics(labels, engine.stats)
     ledger = Ledger(db, LedgerConfig(data_dir=str(settings.data_dir)), registry=metrics.registry)
     ledger.start()
+    quota_metrics(metrics.registry)  # exported (at 0) with or without Redis, as documented
+    link = connect(settings.redis_url, settings.redis_timeout_s, registry=metrics.registry) \
+        if settings.redis_url else None
     state = GatewayState(
         settings=settings,
         engine=engine,
@@ -101,13 +121,14 @@ def build_state(settings: GatewaySettings, engine: AsyncEngine | None) -> Gatewa
         store=store,
         keys=KeyCache(store, ttl_s=settings.key_cache_ttl_s),
         ledger=ledger,
-        quota=make_quota(settings.redis_url),
-        idempotency=make_idempotency_store(settings.redis_url, settings.idempotency_ttl_s),
+        quota=make_quota(link, fail_open=settings.quota_on_redis_failure == "open", registry=metrics.registry),
+        idempotency=make_idempotency_store(link, settings.idempotency_ttl_s, registry=metrics.registry),
         admission=AdmissionController(settings.admission_settings()),
         metrics=metrics,
         admin_token=ensure_admin_token(settings.data_dir),
         metrics_token=ensure_metrics_token(settings.data_dir),
         auth_budget=FailureBudget(settings.auth_failure_burst, settings.auth_failure_rate_per_s),
+        redis=link,
     )
     state.refresh_tenant_labels(force=True)
     if settings.redis_url is not None:
@@ -131,7 +152,7 @@ async def close_state(state: GatewayState) -> None:
         state.engine.shutdown(timeout_s=state.settings.grace_period_s)
     state.ledger.close(timeout_s=10.0)
     await state.idempotency.close()
-    close = getattr(state.quota, "close", None)
-    if callable(close):
-        close()
+    await state.quota.close()
+    if state.redis is not None:
+        await state.redis.close()
     state.db.dispose()

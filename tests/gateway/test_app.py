@@ -162,13 +162,15 @@ def test_ops_routes(server: Server, client: httpx.Client) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["checks"] == {"engine": True, "database": True, "admitting": True}
+    assert ready.json()["degraded"] == [] and ready.json()["dependencies"] == {}  # no Redis configured
     client.post("/v1/completions", json={"model": server.model, "prompt": "m", "max_tokens": 1},
                 headers=server.headers("bob"))
     text = client.get("/metrics", headers={"Authorization": f"Bearer {server.state.metrics_token}"}).text
     for name in ("fairserve_ttft_seconds_bucket", "fairserve_e2e_seconds_count", "fairserve_queue_seconds_count",
                  "fairserve_requests_total", "fairserve_tokens_total", "fairserve_charged_service_total",
                  "fairserve_kv_blocks_total", "fairserve_batch_size", "fairserve_waiting_requests",
-                 "fairserve_preemptions_total", "fairserve_iteration_seconds"):
+                 "fairserve_preemptions_total", "fairserve_iteration_seconds",
+                 'fairserve_quota_backend_unavailable_total{op="reserve",outcome="allowed"} 0.0'):
         assert name in text, name
     assert 'fairserve_requests_total{status="completed",tenant="bob"}' in text
 

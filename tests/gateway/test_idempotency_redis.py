@@ -78,10 +78,10 @@ def test_redis_record_expires_after_ttl(redis_url: str) -> None:
 def replicas(server: Server, redis_url: str) -> Iterator[tuple[Server, ServeProcess]]:
     """Gateway A in this process and gateway B as a `fairserve serve` subprocess, sharing DB and Redis."""
     settings = GatewaySettings(data_dir=server.state.settings.data_dir, port=0, engine=server.state.engine.config,
-                               redis_url=redis_url)
+                               redis_url=redis_url, redis_timeout_s=2.0)  # no breaker trip on a loaded machine
     a = start_server(settings, server.state.engine)
     a.keys, a.tenants = server.keys, server.tenants
-    b = ServeProcess(server.state.settings.data_dir, "--redis", redis_url, "--max-num-seqs", "8")
+    b = ServeProcess(server.state.settings.data_dir, "--redis", redis_url, "--redis-timeout", "2", "--max-num-seqs", "8")
     try:
         yield a, b
     finally:
