@@ -96,7 +96,8 @@ def test_a_crash_loop_of_serving_workers_gets_no_back_off(tmp_path: Path) -> Non
                 wait_for(lambda w=worker: client.get("/readyz").status_code == 200
                          and engine_workers(serve.proc.pid) not in ([], [w]), 60, "a replacement worker")
             assert client.post("/v1/completions", json=body, headers=headers).status_code == 200
-            assert 'fairserve_engine_restarts_total{result="ok"} 3.0' in client.get("/metrics").text
+            assert 'fairserve_engine_restarts_total{result="ok"} 3.0' in client.get(
+                "/metrics", headers={"Authorization": f"Bearer {serve.banner['metrics_token']}"}).text
     finally:
         serve.stop()
     out = "".join(serve.output)

@@ -54,6 +54,7 @@ def _serve(tmp: Path, redis: RedisServer, *args: str) -> tuple[ServeProcess, dic
     # A 1 s deadline rather than the default 0.25 s: on a loaded 2-core machine a healthy call must not trip it.
     proc = ServeProcess(tmp, "--redis", redis.url, "--redis-timeout", "1", "--no-engine-process", "--max-num-seqs",
                         "8", *args)
+    keys["metrics_token"] = proc.banner["metrics_token"]
     return proc, keys
 
 
@@ -65,8 +66,9 @@ def _post(c: httpx.Client, key: str, idem: str | None = None) -> httpx.Response:
                   headers=headers)
 
 
-def _metric(c: httpx.Client, name: str, labels: str) -> float:
-    match = re.search(rf"^{re.escape(name)}\{{{re.escape(labels)}\}} (\S+)$", c.get("/metrics").text, re.M)
+def _metric(c: httpx.Client, name: str, labels: str, token: str) -> float:
+    scrape = c.get("/metrics", headers={"Authorization": f"Bearer {token}"}).text
+    match = re.search(rf"^{re.escape(name)}\{{{re.escape(labels)}\}} (\S+)$", scrape, re.M)
     assert match, f"{name}{{{labels}}} not exported"
     return float(match.group(1))
 
@@ -96,7 +98,7 @@ def test_killed_and_frozen_redis_degrade_without_500_fail_open(tmp_path: Path, r
             healthy = _post(c, keys["metered"], idem=uuid.uuid4().hex)
             assert healthy.status_code == 200 and "x-quota-status" not in healthy.headers
             assert _degraded(c) == []
-            assert _metric(c, "fairserve_backend_circuit_open", 'backend="redis"') == 0
+            assert _metric(c, "fairserve_backend_circuit_open", 'backend="redis"', keys["metrics_token"]) == 0
 
             redis_server.kill()
             _check_degraded(c, keys, ("ConnectionError",))
@@ -119,16 +121,16 @@ def test_killed_and_frozen_redis_degrade_without_500_fail_open(tmp_path: Path, r
             with httpx.Client(base_url=proc.url, timeout=30) as quick:
                 retried = wait_for(lambda: _fresh_run(quick, keys["free"], stale), 30, "the stale claim released")
             assert "idempotent-replayed" not in retried.headers
-            _stream_through_a_freeze(c, redis_server, keys["free"])
-            trips = _metric(c, "fairserve_backend_circuit_trips_total", 'backend="redis"')
+            _stream_through_a_freeze(c, redis_server, keys["free"], keys["metrics_token"])
+            trips = _metric(c, "fairserve_backend_circuit_trips_total", 'backend="redis"', keys["metrics_token"])
             assert trips == 3, (trips, "".join(proc.output)[-4000:])  # killed, frozen, frozen mid-stream
-            assert _metric(c, "fairserve_backend_circuit_open", 'backend="redis"') == 0
+            assert _metric(c, "fairserve_backend_circuit_open", 'backend="redis"', keys["metrics_token"]) == 0
         assert "Traceback" not in "".join(proc.output), "".join(proc.output)[-4000:]
     finally:
         proc.stop()
 
 
-def _stream_through_a_freeze(c: httpx.Client, redis_server: RedisServer, key: str) -> None:
+def _stream_through_a_freeze(c: httpx.Client, redis_server: RedisServer, key: str, metrics_token: str) -> None:
     """A keyed stream whose Redis freezes mid-way is answered in full; its record, which could not be finished
     then, is finished once Redis is back, so a retry replays it instead of attaching to nobody or running twice."""
     wait_for(lambda: _quiet(redis_server), 30, "the last keyed request's record to be finished")
@@ -144,7 +146,7 @@ def _stream_through_a_freeze(c: httpx.Client, redis_server: RedisServer, key: st
                     if len(lines) == 2:
                         redis_server.freeze()
         assert resp.status_code == 200 and lines[-1] == "data: [DONE]"
-        wait_for(lambda: _metric(c, "fairserve_idempotency_backend_unavailable_total", 'op="finish"') >= 1, 30,
+        wait_for(lambda: _metric(c, "fairserve_idempotency_backend_unavailable_total", 'op="finish"', metrics_token) >= 1, 30,
                  "the finish to fail against the frozen Redis")
     finally:
         redis_server.thaw()
@@ -187,7 +189,7 @@ def _fresh_run(c: httpx.Client, key: str, idem: str) -> httpx.Response | None:
 
 def _check_degraded(c: httpx.Client, keys: dict[str, str], errors: tuple[str, ...]) -> None:
     """While Redis is away: plain requests served (quota failing open, said and counted), keyed ones 503."""
-    before = _metric(c, "fairserve_quota_backend_unavailable_total", 'op="reserve",outcome="allowed"')
+    before = _metric(c, "fairserve_quota_backend_unavailable_total", 'op="reserve",outcome="allowed"', keys["metrics_token"])
     plain = [_post(c, keys["metered"]) for _ in range(8)] + [_post(c, keys["free"]) for _ in range(4)]
     assert [r.status_code for r in plain] == [200] * 12, [r.text for r in plain if r.status_code != 200]
     assert all(r.headers["x-quota-status"].startswith("unenforced") for r in plain[:8])
@@ -196,9 +198,9 @@ def _check_degraded(c: httpx.Client, keys: dict[str, str], errors: tuple[str, ..
     assert keyed.status_code == 503, keyed.text
     assert keyed.json()["error"]["code"] == "idempotency_unavailable"
     assert keyed.json()["error"]["param"] == "Idempotency-Key" and int(keyed.headers["retry-after"]) >= 1
-    assert _metric(c, "fairserve_quota_backend_unavailable_total", 'op="reserve",outcome="allowed"') >= before + 8
-    assert _metric(c, "fairserve_idempotency_backend_unavailable_total", 'op="claim"') >= 1
-    assert _metric(c, "fairserve_backend_circuit_open", 'backend="redis"') == 1
+    assert _metric(c, "fairserve_quota_backend_unavailable_total", 'op="reserve",outcome="allowed"', keys["metrics_token"]) >= before + 8
+    assert _metric(c, "fairserve_idempotency_backend_unavailable_total", 'op="claim"', keys["metrics_token"]) >= 1
+    assert _metric(c, "fairserve_backend_circuit_open", 'backend="redis"', keys["metrics_token"]) == 1
     ready = c.get("/readyz").json()
     assert ready["ready"] is True and ready["degraded"] == ["redis"]
     redis = ready["dependencies"]["redis"]
@@ -218,7 +220,7 @@ def test_quota_fails_closed_when_set(tmp_path: Path, redis_server: RedisServer) 
                 assert all(r.json()["error"]["code"] == "quota_unavailable" for r in refused)
                 assert all(int(r.headers["retry-after"]) >= 1 for r in refused)
                 assert _post(c, keys["free"]).status_code == 200  # a tenant without quota needs no Redis
-                assert _metric(c, "fairserve_quota_backend_unavailable_total", 'op="reserve",outcome="denied"') == 3
+                assert _metric(c, "fairserve_quota_backend_unavailable_total", 'op="reserve",outcome="denied"', keys["metrics_token"]) == 3
                 assert c.get("/readyz").json()["dependencies"]["redis"]["quota_on_failure"] == "closed"
             finally:
                 redis_server.thaw()
