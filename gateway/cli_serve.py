@@ -35,6 +35,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-queued-requests", type=int, default=256, help="global admission queue bound")
     p.add_argument("--max-queued-tokens", type=int, default=131072, help="global bound on queued prompt tokens")
     p.add_argument("--idempotency-ttl", type=float, default=86400.0, help="seconds records are kept")
+    p.add_argument("--idempotent-orphan-grace", type=float, default=10.0,
+                   help="seconds a run sent with an Idempotency-Key outlives its last reader, for a retry to attach")
     p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
                    help="run the engine loop in its own process instead of a thread of the gateway")
     p.set_defaults(func=serve)
@@ -53,7 +55,8 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
     return GatewaySettings(
         host=args.host, port=args.port, data_dir=Path(args.data_dir), db_url=args.db, redis_url=args.redis,
         model=args.model, grace_period_s=args.grace_period, max_queued_requests=args.max_queued_requests,
-        max_queued_tokens=args.max_queued_tokens, idempotency_ttl_s=args.idempotency_ttl, engine=engine, **extra,
+        max_queued_tokens=args.max_queued_tokens, idempotency_ttl_s=args.idempotency_ttl, engine=engine,
+        idempotent_orphan_grace_s=args.idempotent_orphan_grace, **extra,
     )
 
 

@@ -160,7 +160,8 @@ def _admit_and_start(state: GatewayState, caller: Caller, ident: rp.Identity, de
     spec = RunSpec(ident.request_id, tenant.id, ident.task_id, Shape(chat, ident.request_id, body.model, int(now)),
                    bool(body.stream), body.include_usage, ident.idempotency_key)
     engine = state.engine
-    run = Run(spec, abort=lambda reason: engine.abort(spec.request_id, reason))
+    run = Run(spec, abort=lambda reason: engine.abort(spec.request_id, reason),
+              orphan_grace_s=state.settings.idempotent_orphan_grace_s)
     run.submitted_at = time.perf_counter()
     feed = RunFeed(run, slot.start)
     stream: OutputStream | None = None
