@@ -3,7 +3,8 @@
 Every error that tells the client to come back does so in a form clients obey: `Retry-After` (whole
 seconds) and `retry-after-ms`, capped at `RETRY_AFTER_CAP_S`. openai-python gives up on a
 `Retry-After` over 120 s and anthropic-sdk-python falls back to its own short back-off above 60 s,
-so a longer header would be ignored or would make the client hammer the server; such a wait becomes
+so a longer header would be ignored or would make the client hammer the server (admission keeps its
+jitter within the cap, admission/backoff.py); a wait really longer than that becomes
 a 503 whose message says when to come back, with `x-should-retry: false`, which both SDKs obey.
 """
 
@@ -15,6 +16,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from starlette.responses import Response
+
+from admission.backoff import RETRY_AFTER_CAP_S
 
 # OpenAI's `type` field by HTTP status; codes below are fairserve's machine-readable reasons.
 _TYPES = {
@@ -32,8 +35,6 @@ _TYPES = {
     503: "service_unavailable",
     504: "timeout_error",
 }
-
-RETRY_AFTER_CAP_S = 60  # the longest Retry-After every popular client honours (anthropic-sdk-python: 60 s)
 
 
 def retry_after_headers(headers: Mapping[str, str]) -> tuple[dict[str, str], int | None]:

@@ -7,7 +7,8 @@ from typing import Any
 import openai
 import pytest
 
-from gateway.errors import RETRY_AFTER_CAP_S, APIError
+from admission.backoff import RETRY_AFTER_CAP_S
+from gateway.errors import APIError
 from tests.gateway.conftest import Server
 
 
