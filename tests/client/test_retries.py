@@ -78,7 +78,7 @@ def test_an_infeasible_deadline_is_not_retried_where_the_plain_client_retries(se
         client = _recording_client(served, "agent", sent, [], max_retries=3)
         with pytest.raises(openai.InternalServerError) as err:
             client.with_options(deadline_in=0.5).completions.create(
-                model=MODEL, prompt="too late", max_tokens=512, extra_body={"ignore_eos": True})
+                model=MODEL, prompt="too late", max_tokens=1500, extra_body={"ignore_eos": True})
         assert err.value.status_code == 503 and err.value.response.headers.get("x-estimated-start-ms") is not None
         assert isinstance(err.value.body, dict) and err.value.body["code"] == "deadline_infeasible"
         assert len(sent) == 1
@@ -88,7 +88,7 @@ def test_an_infeasible_deadline_is_not_retried_where_the_plain_client_retries(se
                               http_client=openai.DefaultHttpxClient(event_hooks={"request": [plain_sent.append]}))
         deadline = sent[0].headers["x-deadline"]
         with pytest.raises(openai.APIStatusError):
-            plain.completions.create(model=MODEL, prompt="too late", max_tokens=512,
+            plain.completions.create(model=MODEL, prompt="too late", max_tokens=1500,
                                      extra_body={"ignore_eos": True}, extra_headers={"X-Deadline": deadline})
         assert len(plain_sent) == 3  # the SDK alone retries a request that could never be served in time
 
