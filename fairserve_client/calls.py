@@ -56,6 +56,13 @@ def _has(headers: Mapping[str, object], name: str) -> str | None:
     return next((k for k in headers if k.lower() == lower), None)
 
 
+def _number(value: object) -> float | None:
+    try:
+        return float(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
 def prepare_call(options: FinalRequestOptions, defaults: CallDefaults) -> FinalRequestOptions:
     """Once per call, before the SDK's first attempt: fix the deadline and fill the identity headers.
 
@@ -66,8 +73,10 @@ def prepare_call(options: FinalRequestOptions, defaults: CallDefaults) -> FinalR
     start = now()
     deadline = defaults.deadline.resolve(start)
     timeout_key = _has(headers, "X-Timeout-Ms")
-    if timeout_key is not None and isinstance(headers[timeout_key], str):
-        relative = start + float(str(headers.pop(timeout_key))) / 1000.0
+    relative_ms = _number(headers[timeout_key]) if timeout_key is not None else None
+    if timeout_key is not None and relative_ms is not None:  # else sent as it is, for the server's 400
+        del headers[timeout_key]
+        relative = start + relative_ms / 1000.0
         deadline = relative if deadline is None else min(deadline, relative)
     if deadline is not None and _has(headers, "X-Deadline") is None:
         headers["X-Deadline"] = f"{deadline:.3f}"
