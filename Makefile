@@ -6,12 +6,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: serve test lint bench bench-litellm clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml fairserve_client/pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned to the CPU build on disk, so nothing pulls a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	# The client is a distribution of its own (openai is its only dependency; see its pyproject.toml).
+	$(BIN)/pip install -q -e ./fairserve_client
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -5,18 +5,27 @@ from __future__ import annotations
 import math
 import random
 
+# The longest Retry-After every popular client honours: openai-python gives up above 120 s and
+# anthropic-sdk-python ignores values above 60 s. The gateway turns longer waits into a 503 that says so.
+RETRY_AFTER_CAP_S = 60
+
 
 def retry_after_seconds(estimate_s: float, jitter: float, rng: random.Random) -> int:
     """Whole seconds for `Retry-After`: the estimate stretched by up to `jitter` (a fraction), at least 1.
 
-    Jitter only lengthens the wait, so a client that obeys it never returns before the estimate.
+    Jitter only lengthens the wait, so a client that obeys it never returns before the estimate; an
+    estimate within `RETRY_AFTER_CAP_S` stays within it (the jitter is cut there), so only a wait
+    that is really longer than the cap is answered as one.
     """
     if not math.isfinite(estimate_s) or estimate_s < 0:
         estimate_s = 0.0
     stretched = estimate_s * (1.0 + rng.uniform(0.0, max(jitter, 0.0)))
     # Jitter whole seconds too: many clients told "1" would otherwise all return together.
     spread = rng.uniform(0.0, max(jitter, 0.0))
-    return max(1, math.ceil(stretched + spread))
+    seconds = max(1, math.ceil(stretched + spread))
+    if estimate_s <= RETRY_AFTER_CAP_S:
+        seconds = min(seconds, RETRY_AFTER_CAP_S)
+    return seconds
 
 
 def ratelimit_headers(policy: str, limit: int, remaining: int, reset_s: float) -> dict[str, str]:

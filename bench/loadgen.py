@@ -1,8 +1,8 @@
 """Open-loop HTTP load generator: sends a plan at its arrival times, whatever the responses do.
 
-Each request streams (SSE) so TTFT and TPOT are measured at the client. Agent tasks send their
-attempts in parallel, keep the first that finishes and cancel the rest through
-`POST /v1/tasks/{task_id}/cancel`. A closed-loop mode (a fixed number of clients that each wait
+Each request streams (SSE) so TTFT and TPOT are measured at the client. Agent tasks go through
+fairserve_client, as an agent would: their attempts run in parallel inside one `client.task()`,
+the first that finishes is kept and `task.cancel()` ends the rest (`POST /v1/tasks/{task_id}/cancel`). A closed-loop mode (a fixed number of clients that each wait
 for their answer before sending again) exists only as a labelled comparison: it offers less load as
 the server slows and so hides queue growth.
 """
@@ -18,8 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
+import httpx2  # openai's own HTTP client, which the agent clients run on
+import openai
 
 from bench.workloads import PlannedRequest, Workload
+from fairserve_client import AsyncFairServe, AsyncTask
 
 
 @dataclass
@@ -156,27 +159,85 @@ def _error_code(raw: bytes, status: int) -> str:
         return f"http_{status}"
 
 
-async def run_task(client: httpx.AsyncClient, target: Target, workload: Workload, req: PlannedRequest,
+class AgentClients:
+    """One AsyncFairServe per tenant key for the agent tasks; no retries, so every attempt is measured as sent."""
+
+    def __init__(self, target: Target, timeout_s: float) -> None:
+        self.target, self.timeout_s = target, timeout_s
+        self._clients: dict[str, AsyncFairServe] = {}
+
+    def of(self, tenant: str) -> AsyncFairServe:
+        """The tenant's client (made on first use)."""
+        if tenant not in self._clients:
+            http = openai.DefaultAsyncHttpxClient(limits=httpx2.Limits(max_connections=1000,
+                                                                       max_keepalive_connections=200))
+            self._clients[tenant] = AsyncFairServe(base_url=self.target.url + "/v1", api_key=self.target.key(tenant),
+                                                   max_retries=0, timeout=self.timeout_s, http_client=http)
+        return self._clients[tenant]
+
+    async def close(self) -> None:
+        """Close every client's connections."""
+        for client in self._clients.values():
+            await client.close()
+
+
+async def _attempt(task: AsyncTask, target: Target, workload: Workload, req: PlannedRequest, attempt: int,
+                   t0: float) -> Outcome:
+    """One streamed attempt of an agent task through the client; errors become an Outcome, never an exception."""
+    request_id = f"bench-{uuid.uuid4().hex[:16]}"
+    out = Outcome(request_id, req.tenant, time.perf_counter() - t0, task_id=task.id, attempt=attempt)
+    client = task.client
+    if workload.slo.deadline_s is not None:
+        client = client.with_options(deadline_in=workload.slo.deadline_s)
+    extra: dict[str, object] = {"ignore_eos": workload.ignore_eos}
+    try:
+        stream = await client.completions.create(
+            model=target.model, prompt=req.prompt, max_tokens=req.max_tokens[attempt], stream=True,
+            stream_options={"include_usage": True}, temperature=workload.temperature,
+            seed=req.seeds[attempt] if req.seeds else None, stop=list(workload.stop) or None, extra_body=extra,
+            extra_headers={"X-Request-Id": request_id, "X-Attempt": str(attempt)})
+        out.status = stream.response.status_code
+        async for chunk in stream:
+            choice = chunk.choices[0] if chunk.choices else None
+            if choice is not None and choice.text and out.first_token_at is None:
+                out.first_token_at = time.perf_counter() - t0
+            if choice is not None and choice.finish_reason:
+                out.finish_reason = choice.finish_reason
+            if chunk.usage is not None:
+                out.prompt_tokens, out.completion_tokens = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+                details = chunk.usage.prompt_tokens_details
+                out.cached_tokens = (details.cached_tokens or 0) if details is not None else 0
+    except openai.APIStatusError as exc:
+        out.status = exc.status_code
+        body = exc.body if isinstance(exc.body, dict) else {}
+        out.error_code = str(body.get("code") or f"http_{exc.status_code}")
+    except (openai.APIError, httpx2.HTTPError) as exc:  # a broken stream, a lost connection
+        out.error_code = f"client_{type(exc).__name__}"
+    out.end_at = time.perf_counter() - t0
+    return out
+
+
+async def run_task(clients: AgentClients, target: Target, workload: Workload, req: PlannedRequest,
                    t0: float) -> list[Outcome]:
-    """An agent task: all attempts at once, keep the first finished, cancel the rest through the API."""
-    pending = {asyncio.create_task(stream_one(client, target, workload, req, i, t0)) for i in range(workload.fanout)}
+    """An agent task: all attempts at once in one `client.task()`, keep the first finished, cancel the rest."""
     done_outcomes: list[Outcome] = []
     winner: Outcome | None = None
     cancel_at: float | None = None
-    while pending:
-        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            o = task.result()
-            done_outcomes.append(o)
-            if winner is None and o.accepted and o.finish_reason in ("length", "stop"):
-                winner = o
-                o.kept = True
-        if winner is not None and cancel_at is None and pending:
-            cancel_at = time.perf_counter() - t0
-            headers = {"Authorization": f"Bearer {target.key(req.tenant)}"}
-            # On failure the attempts still end on their own; the report shows them as not cancelled.
-            with contextlib.suppress(httpx.HTTPError):
-                await client.post(f"/v1/tasks/{req.task_id}/cancel", headers=headers)
+    async with clients.of(req.tenant).task(req.task_id) as task:
+        pending = {asyncio.create_task(_attempt(task, target, workload, req, i, t0)) for i in range(workload.fanout)}
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for finished in done:
+                o = finished.result()
+                done_outcomes.append(o)
+                if winner is None and o.accepted and o.finish_reason in ("length", "stop"):
+                    winner = o
+                    o.kept = True
+            if winner is not None and cancel_at is None and pending:
+                cancel_at = time.perf_counter() - t0
+                # On failure the attempts still end on their own; the report shows them as not cancelled.
+                with contextlib.suppress(openai.APIError, httpx2.HTTPError):
+                    await task.cancel()
     for o in done_outcomes:
         if not o.kept and cancel_at is not None and (o.end_at is None or o.end_at >= cancel_at):
             o.cancel_sent_at = cancel_at
@@ -187,6 +248,7 @@ async def run_open_loop(target: Target, workload: Workload, planned: list[Planne
                         on_done: Callable[[], None] | None = None, timeout_s: float = 120.0) -> LoadResult:
     """Send every planned arrival at its offset, independent of responses; wait for all to end."""
     result = LoadResult(started=time.time())
+    agents = AgentClients(target, timeout_s)
     async with _client(target, timeout_s) as client:
         t0 = time.perf_counter()
         tasks: list[asyncio.Task[list[Outcome]]] = []
@@ -194,7 +256,7 @@ async def run_open_loop(target: Target, workload: Workload, planned: list[Planne
         async def one(req: PlannedRequest) -> list[Outcome]:
             try:
                 if req.task_id is not None:
-                    return await run_task(client, target, workload, req, t0)
+                    return await run_task(agents, target, workload, req, t0)
                 return [await stream_one(client, target, workload, req, 0, t0)]
             finally:
                 if on_done is not None:
@@ -209,6 +271,7 @@ async def run_open_loop(target: Target, workload: Workload, planned: list[Planne
         for batch in await asyncio.gather(*tasks):
             result.outcomes.extend(batch)
         result.wall_s = time.perf_counter() - t0
+    await agents.close()
     return result
 
 
@@ -218,6 +281,7 @@ async def run_closed_loop(target: Target, workload: Workload, planned: list[Plan
     """COMPARISON ONLY: `clients` workers each send the next planned request when their last one ended."""
     result = LoadResult(started=time.time())
     queue = list(reversed(planned))
+    agents = AgentClients(target, timeout_s)
     async with _client(target, timeout_s) as client:
         t0 = time.perf_counter()
 
@@ -225,7 +289,7 @@ async def run_closed_loop(target: Target, workload: Workload, planned: list[Plan
             while queue and time.perf_counter() - t0 < duration_s:
                 req = queue.pop()
                 if req.task_id is not None:
-                    result.outcomes.extend(await run_task(client, target, workload, req, t0))
+                    result.outcomes.extend(await run_task(agents, target, workload, req, t0))
                 else:
                     result.outcomes.append(await stream_one(client, target, workload, req, 0, t0))
                 if on_done is not None:
@@ -234,4 +298,5 @@ async def run_closed_loop(target: Target, workload: Workload, planned: list[Plan
         await asyncio.gather(*(worker() for _ in range(clients)))
         result.send_s = min(duration_s, time.perf_counter() - t0)
         result.wall_s = time.perf_counter() - t0
+    await agents.close()
     return result

@@ -48,6 +48,8 @@ def register(subparsers: Any) -> None:
                    help="failed authentications a client address may make at once before 429")
     p.add_argument("--auth-failure-rate", type=float, default=2.0,
                    help="failed authentications per second a client address may sustain")
+    p.add_argument("--idempotent-orphan-grace", type=float, default=10.0,
+                   help="seconds a run sent with an Idempotency-Key outlives its last reader, for a retry to attach")
     p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
                    help="run the engine loop in its own process instead of a thread of the gateway")
     p.set_defaults(func=serve)
@@ -69,7 +71,8 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
         max_queued_tokens=args.max_queued_tokens, idempotency_ttl_s=args.idempotency_ttl, engine=engine,
         metrics_host=args.metrics_host, metrics_port=args.metrics_port, auth_failure_burst=args.auth_failure_burst,
         auth_failure_rate_per_s=args.auth_failure_rate,
-        redis_timeout_s=args.redis_timeout, quota_on_redis_failure=args.quota_on_redis_failure, **extra,
+        redis_timeout_s=args.redis_timeout, quota_on_redis_failure=args.quota_on_redis_failure,
+        idempotent_orphan_grace_s=args.idempotent_orphan_grace, **extra,
     )
 
 

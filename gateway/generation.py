@@ -191,7 +191,8 @@ async def _admit_and_start(state: GatewayState, caller: Caller, ident: rp.Identi
     spec = RunSpec(ident.request_id, tenant.id, ident.task_id, Shape(chat, ident.request_id, body.model, int(now)),
                    bool(body.stream), body.include_usage, ident.idempotency_key, engine_id=new_request_id())
     engine = state.engine
-    run = Run(spec, abort=lambda reason: engine.abort(spec.engine_id, reason))
+    run = Run(spec, abort=lambda reason: engine.abort(spec.engine_id, reason),
+              orphan_grace_s=state.settings.idempotent_orphan_grace_s)
     run.submitted_at = time.perf_counter()
     feed = RunFeed(run, slot.start, lambda outcome: _record(state, run, outcome, meta, caller))
     stream: OutputStream | None = None

@@ -2,7 +2,9 @@
 
 The owner's request and any idempotent retries that attach while it runs read the same Run, so
 exactly one engine request serves them all. When the last reader disconnects before the end,
-the engine request is aborted.
+the engine request is aborted; a run with an idempotency key first waits `orphan_grace_s` for a
+retry to attach, because a client that sent a key announced it would retry (its read timeout fired,
+its connection dropped), and generating the answer twice is what the key is there to prevent.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class Run:
     first_output_at: float | None = None
     finished_at: float | None = None
     task: asyncio.Task[None] | None = None
+    orphan_grace_s: float = 0.0  # how long a keyed run outlives its last reader (GatewaySettings)
 
     def server_timing(self) -> str | None:
         """`Server-Timing` for the reply: the engine's share of it, as this gateway saw it, in ms.
@@ -137,8 +140,17 @@ class Run:
             self.abort(reason)
 
     def reader_left(self) -> None:
-        """A reader went away; with none left, nobody wants the tokens."""
+        """A reader went away; with none left, nobody wants the tokens (a keyed run: unless a retry comes)."""
         self.readers -= 1
+        if self.readers > 0 or self.done:
+            return
+        if self.spec.idempotency_key is not None and self.orphan_grace_s > 0:
+            asyncio.get_running_loop().call_later(self.orphan_grace_s, self._orphan_expired)
+            return
+        self.cancel("disconnect")
+
+    def _orphan_expired(self) -> None:
+        """The grace after the last reader left is over: abort unless a retry attached meanwhile."""
         if self.readers <= 0 and not self.done:
             self.cancel("disconnect")
 

@@ -33,6 +33,10 @@ class GatewaySettings(BaseModel):
     default_tenant_queued_requests: int = Field(default=64, ge=1)
     retry_jitter: float = Field(default=0.25, ge=0.0, le=1.0)
     idempotency_ttl_s: float = Field(default=86400.0, gt=0)
+    # A run sent with an Idempotency-Key keeps going this long after its last reader disconnected, so
+    # the client's retry attaches to it instead of generating again (0: abort at once, like unkeyed runs).
+    # 10 s covers openai-python's back-off (at most 8 s) after a read timeout.
+    idempotent_orphan_grace_s: float = Field(default=10.0, ge=0, le=600)
     grace_period_s: float = Field(default=10.0, ge=0)
     key_cache_ttl_s: float = Field(default=5.0, gt=0)
     # Authentication failures allowed per client address (gateway/auth_guard.py): a burst, then a rate.

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import random
 
-from admission.backoff import ratelimit_headers, retry_after_seconds
+from admission.backoff import RETRY_AFTER_CAP_S, ratelimit_headers, retry_after_seconds
 
 
 def test_retry_after_never_shorter_than_estimate_and_at_least_one() -> None:
@@ -29,3 +29,9 @@ def test_ratelimit_headers_for_binding_window() -> None:
     headers = ratelimit_headers("1000;w=60, 50000;w=86400", 1000, -3, 12.2)
     assert headers["RateLimit-Policy"] == "1000;w=60, 50000;w=86400"
     assert headers["RateLimit"] == "limit=1000, remaining=0, reset=13"
+
+
+def test_jitter_never_pushes_an_estimate_within_the_cap_over_it() -> None:
+    rng = random.Random(3)
+    assert max(retry_after_seconds(59.5, 0.5, rng) for _ in range(200)) == RETRY_AFTER_CAP_S
+    assert min(retry_after_seconds(61.0, 0.5, rng) for _ in range(200)) >= 62

@@ -25,6 +25,8 @@ def test_quick_bench_against_a_live_server_is_consistent(live_server: LiveServer
     assert [s["workload"] for s in report["workloads"]] == ["chat", "mixed", "retrieval", "agent"]
     agent = report["workloads"][3]
     assert agent["cancellation"]["tasks"] > 0
+    # The fan-out runs through fairserve_client's task(): its cancel reached the server's attempts.
+    assert agent["cancellation"]["attempts_cancelled"] > 0
     # Against a remote server the engine and policy can't be reconfigured: said so, not silently dropped.
     cmp = report["comparisons"]
     assert cmp["policy"]["note"].startswith("not measured:")
