@@ -34,15 +34,16 @@ def test_a_keyed_run_keeps_generating_through_the_grace_then_is_aborted(server: 
     with httpx.Client(base_url=graced.url, timeout=60) as c, \
             c.stream("POST", "/v1/completions", json=body, headers=headers) as resp:
         assert resp.status_code == 200
-        run = graced.state.runs.by_id["orphan-1"]
+        run = graced.state.runs.by_id[(graced.tenants["alice"].id, "orphan-1")]
+        engine_id = run.spec.engine_id
         for line in resp.iter_lines():
             if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
                 seen += 1
                 break
     # The gateway saw the reader leave, and the run goes on: it waits for a retry that never comes.
     wait_for(lambda: run.readers == 0, 10, "the disconnect noticed")
-    assert run.cancelled_by is None and engine.live_request("orphan-1") is not None
-    wait_for(lambda: engine.live_request("orphan-1") is None, 30, "aborted once the grace is over")
+    assert run.cancelled_by is None and engine.live_request(engine_id) is not None
+    wait_for(lambda: engine.live_request(engine_id) is None, 30, "aborted once the grace is over")
     row = wait_for(lambda: graced.usage_rows("request_id = 'orphan-1'"), 10, "ledger row")[0]
     assert row["status"] == "cancelled" and seen < row["completion_tokens"] < 2000
     # Aborted for good, the record was abandoned: the key is free again (no replay of a cancelled run, no 422).
