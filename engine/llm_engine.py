@@ -172,7 +172,9 @@ class LLMEngine:
     def _iterate(self) -> list[_Emitted]:
         """Run one iteration; what each request has new to report."""
         t0 = time.time()
+        p0 = time.perf_counter()
         out = self.scheduler.schedule(t0)
+        p1 = time.perf_counter()
         tables = {c.request.request_id: self.pool.block_ids(c.request.request_id) for c in out.chunks}
         sampled = self.runner.execute(out, tables)
         t1 = time.time()
@@ -180,9 +182,18 @@ class LLMEngine:
             self._last_step[c.request.request_id] = (c.length, t0, t1)
             if c.request.cancel_time is not None and c.request.cancel_time < t0:
                 c.request.tokens_after_cancel += c.length
+        p2 = time.perf_counter()
         finished = self.scheduler.update(out, sampled, self.eos_token_ids)
+        p3 = time.perf_counter()
         outputs = self._collect_outputs(out, finished)
-        self._record(out, t1 - t0, len(finished) + len(out.finished))
+        p4 = time.perf_counter()
+        trace = self._record(out, t1 - t0, len(finished) + len(out.finished))
+        run = self.runner.timing
+        # Block tables and the cancel bookkeeping above count as preparation: host work before the forward.
+        trace.schedule_s, trace.prepare_s = p1 - p0, (p2 - p1) - run.forward_s - run.sample_s
+        trace.forward_s, trace.sample_s, trace.update_s, trace.outputs_s = run.forward_s, run.sample_s, p3 - p2, p4 - p3
+        if self._trace_writer:
+            self._trace_writer.write(trace)
         return outputs
 
     def _collect_outputs(self, out: SchedulerOutput, finished: list[Request]) -> list[_Emitted]:
@@ -226,7 +237,7 @@ class LLMEngine:
         self.runner.sampler.forget(request_id)
         self.runner.drop_swapped(request_id)
 
-    def _record(self, out: SchedulerOutput, seconds: float, completions: int) -> None:
+    def _record(self, out: SchedulerOutput, seconds: float, completions: int) -> IterationTrace:
         trace = IterationTrace(
             iteration=out.iteration, time=time.time(), waiting=self.scheduler.num_waiting,
             running=len(self.scheduler.running), prefill_tokens=out.prefill_tokens, decode_tokens=out.decode_tokens,
@@ -235,8 +246,6 @@ class LLMEngine:
             waiting_for_blocks=self.scheduler.waiting_for_blocks,
         )
         self.traces.append(trace)
-        if self._trace_writer:
-            self._trace_writer.write(trace)
         s = self._stats
         if out.chunks and seconds > 0:
             s.iteration_seconds = seconds if s.iterations == 0 else (1 - _EWMA) * s.iteration_seconds + _EWMA * seconds
@@ -248,6 +257,7 @@ class LLMEngine:
                 s.decode_tokens_per_s = rate if not s.decode_tokens_per_s else (1 - _EWMA) * s.decode_tokens_per_s + _EWMA * rate
         s.batch_size = len(out.chunks)
         s.iterations = out.iteration
+        return trace
 
     def stats(self) -> EngineStats:
         """A fresh snapshot of queue, memory and rate figures."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -25,6 +28,15 @@ def _token_slice(request: Request, start: int, end: int) -> list[int]:
 def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     """Bytes one block occupies across all layers, K and V."""
     return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass
+class RunnerTiming:
+    """perf_counter seconds of the last `execute`, per phase (read into the IterationTrace)."""
+
+    prepare_s: float = 0.0
+    forward_s: float = 0.0
+    sample_s: float = 0.0
 
 
 class ModelRunner:
@@ -53,6 +65,7 @@ class ModelRunner:
             for _ in range(num_layers)
         ]
         self.sampler = Sampler(seed)
+        self.timing = RunnerTiming()
         self._swapped: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def prepare(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
@@ -94,17 +107,24 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> dict[str, int]:
         """Run the model once on the batch; return the sampled token of every request whose chunk completes."""
+        timing = self.timing = RunnerTiming()
         if not out.chunks:
             return {}
+        t0 = time.perf_counter()
         ids, positions, meta, sample_rows = self.prepare(out, block_tables)
+        t1 = time.perf_counter()
         hidden = self.model(ids, positions, self.kv_caches, meta)
         sampling = [c.request for c in out.chunks if c.samples]
         if not sampling:
+            timing.prepare_s, timing.forward_s = t1 - t0, time.perf_counter() - t1
             return {}
         logits = self.model.compute_logits(  # type: ignore[operator]
             hidden[torch.tensor(sample_rows, device=hidden.device)])
+        t2 = time.perf_counter()
         tokens = self.sampler.sample(logits, sampling)
-        return {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
+        sampled = {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
+        timing.prepare_s, timing.forward_s, timing.sample_s = t1 - t0, t2 - t1, time.perf_counter() - t2
+        return sampled
 
     # -- swap preemption --------------------------------------------------------------------
     def swap_out(self, request: Request, block_ids: list[int]) -> int:

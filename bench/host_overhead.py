@@ -1,0 +1,157 @@
+"""The engine loop's own cost: host microseconds per request per decode step, per phase, beside the forward.
+
+    python -m bench.host_overhead                    # batches 64, 256, 1024; markdown table on stdout
+    python -m bench.host_overhead --json out.json    # also the raw figures
+
+A 1-layer, 32-wide seeded Llama (byte tokenizer) keeps the forward small, so what the engine does
+around it shows. Every request is admitted, prefilled, and then the engine is stepped in decode steady
+state (every running request decodes one token, nothing else happens); the split is read from the
+engine's own IterationTrace rows, the same figures a deployment writes with `trace_path`. The
+front's share (incremental detokenization and stop strings where they run outside the loop) is timed
+separately, on the same outputs, as the front would process them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.loader import default_model_config, write_seeded_llama
+from engine.request import SamplingParams
+from engine.tokenizer import BYTE_SPECIAL_TOKENS
+
+PHASES = ("schedule", "prepare", "sample", "update", "outputs")
+PROMPT_TOKENS = 16
+
+
+@dataclass
+class Row:
+    """Median per-step figures of one batch size, in microseconds per request (forward: ms per step)."""
+
+    batch: int
+    steps: int
+    schedule: float
+    prepare: float
+    sample: float
+    update: float
+    outputs: float
+    front: float
+    other: float
+    host: float
+    forward_ms: float
+    step_ms: float
+
+
+def tiny_model_config() -> dict[str, Any]:
+    """One layer, hidden 32: the forward is a few small matmuls, so the host's work dominates."""
+    config = default_model_config(256 + len(BYTE_SPECIAL_TOKENS))
+    config.update(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8)
+    return config
+
+
+def steady_engine(model_dir: Path, batch: int, steps: int, stop: list[str]) -> LLMEngine:
+    """An engine holding `batch` requests, stepped until every one of them decodes (no prefill left)."""
+    total = PROMPT_TOKENS + steps + 64
+    blocks = batch * -(-total // 16) + 16
+    config = EngineConfig(model=str(model_dir), max_num_seqs=batch, max_num_batched_tokens=max(batch, 2048),
+                          num_kv_blocks=blocks, max_model_len=total + 16)
+    engine = LLMEngine(config)
+    rng = random.Random(0)
+    params = SamplingParams(max_tokens=steps + 32, temperature=0.0, ignore_eos=True, stop=stop)
+    for i in range(batch):
+        engine.add_request(f"r{i}", [rng.randrange(32, 127) for _ in range(PROMPT_TOKENS)], params)
+    for _ in range(64):
+        engine.step_deltas()
+        last = engine.traces[-1]
+        if last.prefill_tokens == 0 and last.decode_tokens == batch:
+            return engine
+    raise RuntimeError("the batch never reached decode steady state")
+
+
+def measure(model_dir: Path, batch: int, steps: int, warmup: int, stop: list[str]) -> Row:
+    """Median figures over `steps` steady decode steps after `warmup` more."""
+    engine = steady_engine(model_dir, batch, steps + warmup, stop)
+    front = engine.tokenizer
+    detoks = {f"r{i}": front.detokenizer([]) for i in range(batch)}
+    walls, fronts, traces = [], [], []
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        outputs = engine.step_deltas()
+        t1 = time.perf_counter()
+        for delta in outputs:  # what a front does with token ids the loop did not detokenize
+            if not delta.delta_text and delta.new_token_ids:
+                detoks[delta.request_id].push(delta.new_token_ids)
+        t2 = time.perf_counter()
+        trace = engine.traces[-1]
+        if trace.decode_tokens != batch or trace.prefill_tokens:
+            raise RuntimeError(f"step {i} left steady state: {trace}")
+        if i >= warmup:
+            walls.append(t1 - t0)
+            fronts.append(t2 - t1)
+            traces.append(trace)
+    engine.close()
+
+    def per_request(values: list[float]) -> float:
+        return statistics.median(values) * 1e6 / batch
+
+    phases = {p: per_request([getattr(t, f"{p}_s") for t in traces]) for p in PHASES}
+    forward = [t.forward_s for t in traces]
+    other = per_request([w - t.forward_s - sum(getattr(t, f"{p}_s") for p in PHASES)
+                         for w, t in zip(walls, traces, strict=True)])
+    host = per_request([w - t.forward_s for w, t in zip(walls, traces, strict=True)])
+    return Row(batch, steps, **phases, front=per_request(fronts), other=other, host=host,
+               forward_ms=statistics.median(forward) * 1e3, step_ms=statistics.median(walls) * 1e3)
+
+
+def markdown(rows: list[Row]) -> str:
+    """The table for docs/engine.md and the README."""
+    head = ("| batch | schedule | prepare | sample | update | outputs | other | **host total** | front | "
+            "forward ms/step | step ms |")
+    lines = [head, "|---:" * 11 + "|"]
+    for r in rows:
+        lines.append(f"| {r.batch} | {r.schedule:.2f} | {r.prepare:.2f} | {r.sample:.2f} | {r.update:.2f} | "
+                     f"{r.outputs:.2f} | {r.other:.2f} | **{r.host:.2f}** | {r.front:.2f} | {r.forward_ms:.2f} | "
+                     f"{r.step_ms:.2f} |")
+    base = next((r for r in rows if r.batch == 64), None)
+    top = max(rows, key=lambda r: r.batch)
+    if base and top is not base:
+        lines.append("")
+        lines.append(f"host cost per request at batch {top.batch} / batch {base.batch}: {top.host / base.host:.2f}x")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", default="64,256,1024", help="comma-separated batch sizes")
+    parser.add_argument("--steps", type=int, default=40, help="measured steady decode steps per batch size")
+    parser.add_argument("--warmup", type=int, default=10, help="steady steps run before measuring")
+    parser.add_argument("--stop", action="append", default=[], help="a stop string every request carries")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
+    parser.add_argument("--json", help="also write the raw figures here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="host-overhead-") as tmp:
+        model_dir = Path(tmp) / "tiny"
+        write_seeded_llama(model_dir, tiny_model_config())
+        rows = [measure(model_dir, int(b), args.steps, args.warmup, args.stop) for b in args.batches.split(",")]
+    print("host microseconds per request per step (median over steps); forward and step in ms per step")
+    print(markdown(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.__dict__ for r in rows], indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
