@@ -7,13 +7,14 @@ A 1-layer, 32-wide seeded Llama (byte tokenizer) keeps the forward small, so wha
 around it shows. Every request is admitted, prefilled, and then the engine is stepped in decode steady
 state (every running request decodes one token, nothing else happens); the split is read from the
 engine's own IterationTrace rows, the same figures a deployment writes with `trace_path`. The
-front's share (incremental detokenization and stop strings where they run outside the loop) is timed
-separately, on the same outputs, as the front would process them.
+front's share (rebuilding each output's totals and detokenizing what the loop leaves to it) is
+timed separately, on the same outputs, with the front's own code (engine/front.py `OutputRoute`).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import statistics
@@ -26,8 +27,10 @@ from typing import Any
 import torch
 
 from engine.config import EngineConfig
+from engine.front import OutputRoute
 from engine.llm_engine import LLMEngine
 from engine.loader import default_model_config, write_seeded_llama
+from engine.outputs import text_in_loop
 from engine.request import SamplingParams
 from engine.tokenizer import BYTE_SPECIAL_TOKENS
 
@@ -68,6 +71,7 @@ def steady_engine(model_dir: Path, batch: int, steps: int, stop: list[str]) -> L
     config = EngineConfig(model=str(model_dir), max_num_seqs=batch, max_num_batched_tokens=max(batch, 2048),
                           num_kv_blocks=blocks, max_model_len=total + 16)
     engine = LLMEngine(config)
+    engine.front_detokenizes = True  # as under the engine loop (engine/worker.py), which a server runs
     rng = random.Random(0)
     params = SamplingParams(max_tokens=steps + 32, temperature=0.0, ignore_eos=True, stop=stop)
     for i in range(batch):
@@ -83,16 +87,18 @@ def steady_engine(model_dir: Path, batch: int, steps: int, stop: list[str]) -> L
 def measure(model_dir: Path, batch: int, steps: int, warmup: int, stop: list[str]) -> Row:
     """Median figures over `steps` steady decode steps after `warmup` more."""
     engine = steady_engine(model_dir, batch, steps + warmup, stop)
-    front = engine.tokenizer
-    detoks = {f"r{i}": front.detokenizer([]) for i in range(batch)}
+    loop = asyncio.new_event_loop()
+    routes = {}
+    for request_id, request in engine.scheduler.requests.items():
+        detokenizer = None if text_in_loop(request.sampling) else engine.tokenizer.detokenizer(request.prompt_token_ids)
+        routes[request_id] = OutputRoute(loop, lambda _: None, request.prompt_token_ids, detokenizer)
     walls, fronts, traces = [], [], []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
         outputs = engine.step_deltas()
         t1 = time.perf_counter()
-        for delta in outputs:  # what a front does with token ids the loop did not detokenize
-            if not delta.delta_text and delta.new_token_ids:
-                detoks[delta.request_id].push(delta.new_token_ids)
+        for delta in outputs:  # what the front does with each output, on the consumer's event loop
+            routes[delta.request_id].expand(delta)
         t2 = time.perf_counter()
         trace = engine.traces[-1]
         if trace.decode_tokens != batch or trace.prefill_tokens:
@@ -102,6 +108,7 @@ def measure(model_dir: Path, batch: int, steps: int, warmup: int, stop: list[str
             fronts.append(t2 - t1)
             traces.append(trace)
     engine.close()
+    loop.close()
 
     def per_request(values: list[float]) -> float:
         return statistics.median(values) * 1e6 / batch

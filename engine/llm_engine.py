@@ -23,7 +23,7 @@ from engine.kv_cache import BlockPool
 from engine.limits import RequestLimits
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner, kv_block_bytes
-from engine.outputs import EngineStats, OutputDelta, RequestInfo, RequestMetrics, RequestOutput
+from engine.outputs import EngineStats, OutputDelta, RequestInfo, RequestMetrics, RequestOutput, text_in_loop
 from engine.policy import build_policy
 from engine.request import (
     DuplicateRequestError,
@@ -35,15 +35,19 @@ from engine.request import (
 )
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.stop import StopChecker
+from engine.tokenizer import IncrementalDetokenizer
 from engine.trace import IterationTrace, TraceWriter
 
 _EWMA = 0.2
 
 
 class _Stream:
-    """Per-request text state: incremental detokenizer and stop-string checker."""
+    """Per-request text state: incremental detokenizer and stop-string checker (no detokenizer: the front
+    turns this request's ids into text, see `LLMEngine.front_detokenizes`)."""
 
-    def __init__(self, detokenizer: object, stops: list[str]) -> None:
+    __slots__ = ("detokenizer", "stop", "sent_tokens", "emitted_tokens", "held_delta")
+
+    def __init__(self, detokenizer: IncrementalDetokenizer | None, stops: list[str]) -> None:
         self.detokenizer = detokenizer
         self.stop = StopChecker(stops)
         self.sent_tokens = 0  # tokens pushed through the detokenizer
@@ -87,6 +91,9 @@ class LLMEngine:
         self.scheduler.swap_out = self._swap_out
         self.scheduler.swap_in = self._swap_in
         self._streams: dict[str, _Stream] = {}
+        # Set by the engine loop (engine/worker.py): its front detokenizes every request without stop strings,
+        # off this loop, and such a request's outputs here carry token ids and no text.
+        self.front_detokenizes = False
         self._trace_writer = TraceWriter(config.trace_path) if config.trace_path else None
         self.traces: deque[IterationTrace] = deque(maxlen=512)
         self._stats = EngineStats(kv_blocks_total=num_blocks, max_num_batched_tokens=config.max_num_batched_tokens,
@@ -122,7 +129,8 @@ class LLMEngine:
         ids = self.encode(prompt)
         self.validate(ids, params)
         request = Request(request_id, ids, params, meta or RequestMeta())
-        self._streams[request_id] = _Stream(self.tokenizer.detokenizer(ids), list(params.stop))
+        detokenizer = self.tokenizer.detokenizer(ids) if not self.front_detokenizes or text_in_loop(params) else None
+        self._streams[request_id] = _Stream(detokenizer, list(params.stop))
         self.scheduler.add(request)
         return request
 
@@ -208,15 +216,16 @@ class LLMEngine:
                 continue
             new_ids = request.output_token_ids[stream.sent_tokens :]
             delta = ""
-            if new_ids:
-                text = stream.detokenizer.push(new_ids)  # type: ignore[attr-defined]
-                delta, stopped = stream.stop.push(text)
-                if stopped and not request.is_finished:
-                    self.scheduler.finish(request, FinishReason.STOP)
-            if request.is_finished and not stream.stop.matched:
-                # Release held-back text: an incomplete UTF-8 tail and a partial stop-string match.
-                tail, _ = stream.stop.push(stream.detokenizer.finish())  # type: ignore[attr-defined]
-                delta += tail + stream.stop.flush()
+            detokenizer = stream.detokenizer
+            if detokenizer is not None:
+                if new_ids:
+                    delta, stopped = stream.stop.push(detokenizer.push(new_ids))
+                    if stopped and not request.is_finished:
+                        self.scheduler.finish(request, FinishReason.STOP)
+                if request.is_finished and not stream.stop.matched:
+                    # Release held-back text: an incomplete UTF-8 tail and a partial stop-string match.
+                    tail, _ = stream.stop.push(detokenizer.finish())
+                    delta += tail + stream.stop.flush()
             if not new_ids and not request.is_finished:
                 continue
             stream.sent_tokens = len(request.output_token_ids)

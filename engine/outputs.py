@@ -7,7 +7,18 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
-from engine.request import FinishReason, Request
+from engine.request import FinishReason, Request, SamplingParams
+
+
+def text_in_loop(params: SamplingParams) -> bool:
+    """Whether the engine loop itself detokenizes a request when a front serves it: only one with stop strings.
+
+    A stop string must end its request in the iteration whose token completes the match, so that the
+    request is charged (fairness counters, ledger) exactly the tokens up to it; an abort sent back by
+    a front would arrive an iteration or more later, after more tokens were computed and charged.
+    Every other request's ids are turned into text by the front (engine/front.py), off the loop.
+    """
+    return bool(params.stop)
 
 
 @dataclass

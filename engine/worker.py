@@ -62,6 +62,8 @@ class EngineLoop:
 
     def __init__(self, engine: LLMEngine, inbox: Inbox, publish: Callable[[Any], None]) -> None:
         self.engine = engine
+        # Its front (engine/front.py) turns token ids into text for every request without stop strings.
+        engine.front_detokenizes = True
         self.inbox = inbox
         self.publish = publish
         self._weights: dict[str, tuple[float, int | None]] = {}
