@@ -21,7 +21,7 @@ def text_in_loop(params: SamplingParams) -> bool:
     return bool(params.stop)
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestMetrics:
     """Token counts, service and timings of one request (epoch seconds)."""
 
@@ -40,21 +40,11 @@ class RequestMetrics:
 
     @classmethod
     def of(cls, request: Request) -> RequestMetrics:
-        """Snapshot a request's metrics."""
-        return cls(
-            prompt_tokens=request.num_prompt_tokens,
-            cached_tokens=request.num_cached_tokens,
-            completion_tokens=len(request.output_token_ids),
-            charged_service=request.charged_service,
-            preemptions=len(request.preemptions),
-            recomputed_tokens=request.recomputed_tokens,
-            tokens_after_cancel=request.tokens_after_cancel,
-            cancel_state=request.cancel_state,
-            arrival_time=request.meta.arrival_time,
-            first_scheduled_time=request.first_scheduled_time,
-            first_token_time=request.first_token_time,
-            finished_time=request.finished_time,
-        )
+        """Snapshot a request's metrics (positional and slotted: the loop makes one per output per step)."""
+        return cls(len(request.prompt_token_ids), request.num_cached_tokens, len(request.output_token_ids),
+                   request.charged_service, len(request.preemptions), request.recomputed_tokens,
+                   request.tokens_after_cancel, request.cancel_state, request.meta.arrival_time,
+                   request.first_scheduled_time, request.first_token_time, request.finished_time)
 
 
 class TokenPrefix(Sequence[int]):
@@ -118,7 +108,7 @@ class RequestOutput:
     metrics: RequestMetrics
 
 
-@dataclass
+@dataclass(slots=True)
 class OutputDelta:
     """A RequestOutput without the running totals: only what is new. The engine loop emits these and the
     front keeps the prompt, token and text totals, so neither the engine (copying every token so far)

@@ -142,6 +142,39 @@ class VTCPolicy(Generic[T]):
                 self._push(key)
         return cost
 
+    def charge_decodes(self, items: Sequence[T]) -> float:
+        """One decode token for each item: the same counters as `charge` per item, bit for bit (each key's
+        additions in the same order), with one heap entry per key instead of one per item."""
+        cost = self.cost(0, 1, 0)
+        key_fn, running, key_of, inflight = self.key_fn, self._running, self._key_of, self._inflight
+        per_key: dict[str, list[T]] = {}
+        for item in items:
+            key = key_fn(item)
+            group = per_key.get(key)
+            if group is None:
+                per_key[key] = group = []
+            group.append(item)
+            request_id = item.request_id
+            if request_id not in running and request_id not in key_of:
+                running[request_id] = key
+                inflight[key] += 1
+        for key, group in per_key.items():
+            service = self._service[key]
+            for _ in group:
+                service += cost
+            self._service[key] = service
+            if cost:
+                weight = self._weights.get(key)
+                if weight is None:
+                    weight = self._weights[key] = check_weight(key, group[0].meta.weight)
+                counter, step = self._counters[key], cost / weight
+                for _ in group:
+                    counter += step
+                self._counters[key] = counter
+                if key in self._backlog_seq:
+                    self._push(key)
+        return cost
+
     def finish(self, item: T) -> None:
         """The scheduler says `item` ended: its key may become idle (and then be lifted on return)."""
         self._stop_running(item.request_id)
