@@ -244,7 +244,7 @@ class LLMEngine:
         self._streams.pop(request_id, None)
         self._last_step.pop(request_id, None)
         self.runner.sampler.forget(request_id)
-        self.runner.drop_swapped(request_id)
+        self.runner.forget(request_id)
 
     def _record(self, out: SchedulerOutput, seconds: float, completions: int) -> IterationTrace:
         trace = IterationTrace(
