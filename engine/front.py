@@ -34,7 +34,7 @@ from engine.request import (
     RequestMeta,
     SamplingParams,
 )
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from engine.tokenizer import Detokenizer, Tokenizer
 from engine.trace import IterationTrace
 
 _ERRORS: dict[str, type[InvalidRequestError]] = {
@@ -55,7 +55,7 @@ class OutputRoute:
     __slots__ = ("loop", "put", "prompt_token_ids", "token_ids", "text", "detokenizer")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, put: Sink, prompt_token_ids: list[int],
-                 detokenizer: IncrementalDetokenizer | None = None) -> None:
+                 detokenizer: Detokenizer | None = None) -> None:
         self.loop = loop
         self.put = put
         self.prompt_token_ids = prompt_token_ids

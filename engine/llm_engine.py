@@ -35,7 +35,7 @@ from engine.request import (
 )
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.stop import StopChecker
-from engine.tokenizer import IncrementalDetokenizer
+from engine.tokenizer import Detokenizer
 from engine.trace import IterationTrace, TraceWriter
 
 _EWMA = 0.2
@@ -47,7 +47,7 @@ class _Stream:
 
     __slots__ = ("detokenizer", "stop", "sent_tokens", "emitted_tokens", "held_delta")
 
-    def __init__(self, detokenizer: IncrementalDetokenizer | None, stops: list[str]) -> None:
+    def __init__(self, detokenizer: Detokenizer | None, stops: list[str]) -> None:
         self.detokenizer = detokenizer
         self.stop = StopChecker(stops)
         self.sent_tokens = 0  # tokens pushed through the detokenizer

@@ -19,7 +19,7 @@ from engine import (
     SamplingParams,
 )
 from engine.loader import LoadedModel, load_model
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from engine.tokenizer import Detokenizer, IncrementalDetokenizer, Tokenizer
 
 PROMPTS = ["The batch never waits.", "Fair share", "x", "\u00e9t\u00e9 \u2603"]
 
@@ -106,6 +106,13 @@ def test_stop_strings_end_in_the_same_iteration_with_the_same_tokens_charged(fro
     assert last.metrics.charged_service == want.metrics.charged_service
 
 
+class _FailingDetokenizer(IncrementalDetokenizer):
+    __slots__ = ()
+
+    def push(self, new_ids: Sequence[int]) -> str:
+        raise UnicodeError("injected detokenizer failure")
+
+
 class _BrokenOn:
     """A tokenizer whose incremental detokenizer fails for one prompt: a stand-in for a tokenizer bug."""
 
@@ -116,13 +123,10 @@ class _BrokenOn:
     def __getattr__(self, name: str) -> object:
         return getattr(self._real, name)
 
-    def detokenizer(self, prompt_ids: Sequence[int]) -> IncrementalDetokenizer:
-        detokenizer = self._real.detokenizer(prompt_ids)
+    def detokenizer(self, prompt_ids: Sequence[int]) -> Detokenizer:
         if list(prompt_ids) == self._prompt:
-            def fail(new_ids: Sequence[int]) -> str:
-                raise UnicodeError("injected detokenizer failure")
-            detokenizer.push = fail  # type: ignore[method-assign]
-        return detokenizer
+            return _FailingDetokenizer(self._real, prompt_ids)
+        return self._real.detokenizer(prompt_ids)
 
 
 def test_a_detokenizer_failure_ends_that_request_alone(front: AsyncEngine, reference: LLM) -> None:
