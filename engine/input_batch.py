@@ -3,7 +3,7 @@
 Rebuilding a padded [batch, blocks] table from Python lists every step cost about a microsecond per
 request at batch 256 (bench/host_overhead.py). Here a request keeps its row from admission to finish,
 and a step writes only the blocks it gained since the last one (one per request every block_size
-decode steps); the batch's table is then one `index_select` of the rows it runs.
+decode steps); the batch's table is then one numpy gather of the rows it runs.
 
 A row is valid while the pool hands back the same list object for the request: the pool only appends
 to a request's block list until it frees it (finish, preemption, swap-out), and a later allocation
@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 
 class BlockTableRows:
@@ -23,7 +22,6 @@ class BlockTableRows:
 
     def __init__(self, rows: int = 64, cols: int = 16) -> None:
         self._table = np.zeros((rows, cols), dtype=np.int32)
-        self._view = torch.from_numpy(self._table)  # shares memory: writes to the array show in the tensor
         self._slot: dict[str, int] = {}
         self._free = list(range(rows - 1, -1, -1))
         self._source: list[list[int] | None] = [None] * rows  # the pool's list each row copies
@@ -52,10 +50,9 @@ class BlockTableRows:
             out.append(slot)
         return out
 
-    def gather(self, slots: list[int], width: int) -> torch.Tensor:
-        """The [len(slots), width] int32 block table of a batch (a fresh tensor: later writes do not change it)."""
-        index = torch.tensor(slots, dtype=torch.int64)
-        return self._view.index_select(0, index)[:, :max(1, width)]
+    def gather(self, slots: list[int], width: int) -> np.ndarray:
+        """The [len(slots), width] int32 block table of a batch (a copy: later writes do not change it)."""
+        return self._table[slots, : max(1, width)]
 
     def forget(self, request_id: str) -> None:
         """The request ended: its row is free for another."""
@@ -78,7 +75,7 @@ class BlockTableRows:
             new_cols *= 2
         table = np.zeros((new_rows, new_cols), dtype=np.int32)
         table[:old_rows, :old_cols] = self._table
-        self._table, self._view = table, torch.from_numpy(table)
+        self._table = table
         if new_rows > old_rows:
             self._free = list(range(new_rows - 1, old_rows - 1, -1)) + self._free
             self._source += [None] * (new_rows - old_rows)

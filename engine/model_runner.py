@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -75,10 +76,10 @@ class ModelRunner:
         chunks = out.chunks
         ids = [c.request.request_id for c in chunks]
         lists = [block_tables[i] for i in ids]
-        table_t = self.block_rows.gather(self.block_rows.rows(ids, lists), max(map(len, lists), default=1))
+        table = self.block_rows.gather(self.block_rows.rows(ids, lists), max(map(len, lists), default=1))
         if out.num_batched_tokens == len(chunks):
-            return self._prepare_one_token_each(out, table_t)
-        return self._prepare_chunks(out, table_t)
+            return self._prepare_one_token_each(out, table)
+        return self._prepare_chunks(out, torch.from_numpy(table))
 
     def _prepare_chunks(self, out: SchedulerOutput,
                         table_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
@@ -105,8 +106,9 @@ class ModelRunner:
                                max((c.length for c in chunks), default=0), sample_rows)
 
     def _prepare_one_token_each(self, out: SchedulerOutput,
-                                table_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-        """The decode steady state (every chunk one token): one pass over the chunks, no per-token tensors."""
+                                table: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """The decode steady state (every chunk one token): one pass over the chunks, then numpy on arrays
+        of a few hundred entries, where each torch call's fixed cost (microseconds) would dominate."""
         token_ids, positions_l, sample_rows = [], [], []
         for row, chunk in enumerate(out.chunks):
             request, start = chunk.request, chunk.start
@@ -116,13 +118,15 @@ class ModelRunner:
             positions_l.append(start)
             if start + 1 == n + len(output):
                 sample_rows.append(row)
-        positions = torch.tensor(positions_l, dtype=torch.int64)
+        positions = np.array(positions_l, dtype=np.int64)
         bs = self.block_size
-        slots = table_t.gather(1, (positions // bs).unsqueeze(1)).squeeze(1).long() * bs + positions % bs
-        starts = torch.arange(len(token_ids) + 1, dtype=torch.int32)
-        seq_lens = (positions + 1).to(torch.int32)
-        return self._to_device(torch.tensor(token_ids, dtype=torch.int64), positions, slots, table_t, starts,
-                               seq_lens, 1, sample_rows)
+        slots = table[np.arange(len(positions_l)), positions // bs].astype(np.int64) * bs + positions % bs
+        starts = np.arange(len(token_ids) + 1, dtype=np.int32)
+        seq_lens = (positions + 1).astype(np.int32)
+        from_numpy = torch.from_numpy
+        return self._to_device(from_numpy(np.array(token_ids, dtype=np.int64)), from_numpy(positions),
+                               from_numpy(slots), from_numpy(table), from_numpy(starts), from_numpy(seq_lens), 1,
+                               sample_rows)
 
     def _to_device(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, table_t: torch.Tensor,
                    starts: torch.Tensor, seq_lens: torch.Tensor, max_query_len: int,

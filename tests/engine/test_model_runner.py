@@ -151,5 +151,6 @@ def test_block_table_rows_grow_past_their_planned_size() -> None:
     lists = {f"r{i}": list(range(i, i + 1 + i % 40)) for i in range(100)}  # up to 40 blocks each
     slots = rows.rows(list(lists), list(lists.values()))
     table = rows.gather(slots, 40)
+    assert table.shape == (100, 40)
     for row, blocks in enumerate(lists.values()):
         assert table[row, : len(blocks)].tolist() == blocks and not table[row, len(blocks):].any()
