@@ -8,7 +8,9 @@ around it shows. Every request is admitted, prefilled, and then the engine is st
 state (every running request decodes one token, nothing else happens); the split is read from the
 engine's own IterationTrace rows, the same figures a deployment writes with `trace_path`. The
 front's share (rebuilding each output's totals and detokenizing what the loop leaves to it) is
-timed separately, on the same outputs, with the front's own code (engine/front.py `OutputRoute`).
+timed separately, on the same outputs, with the front's own code (engine/front.py `OutputRoute`),
+and so is "publish": the stats snapshot and the pickled IterationReport that the loop sends the front
+under ProcessEngine after every step (engine/worker.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import pickle
 import random
 import statistics
 import tempfile
@@ -30,6 +33,7 @@ from engine.config import EngineConfig
 from engine.front import OutputRoute
 from engine.llm_engine import LLMEngine
 from engine.loader import default_model_config, write_seeded_llama
+from engine.messages import IterationReport
 from engine.outputs import text_in_loop
 from engine.request import SamplingParams
 from engine.tokenizer import BYTE_SPECIAL_TOKENS
@@ -50,6 +54,7 @@ class Row:
     update: float
     outputs: float
     front: float
+    publish: float
     other: float
     host: float
     forward_ms: float
@@ -99,19 +104,25 @@ class Probe:
 
     def round(self, steps: int) -> Row:
         """Mean figures over `steps` steady decode steps (means: a GC pause or a slow step is part of the cost)."""
-        walls, fronts, traces = [], [], []
+        walls, fronts, publishes, traces = [], [], [], []
         for i in range(steps):
             t0 = time.perf_counter()
             outputs = self.engine.step_deltas()
             t1 = time.perf_counter()
+            # What the engine loop then does under ProcessEngine (engine/worker.py _report, engine/pipe.py):
+            # the stats snapshot and the pickled report, short of the pipe write itself.
+            pickle.dumps(IterationReport(outputs, self.engine.stats(), [self.engine.traces[-1]]),
+                         protocol=pickle.HIGHEST_PROTOCOL)
+            t2 = time.perf_counter()
             for delta in outputs:  # what the front does with each output, on the consumer's event loop
                 self.routes[delta.request_id].expand(delta)
-            t2 = time.perf_counter()
+            t3 = time.perf_counter()
             trace = self.engine.traces[-1]
             if trace.decode_tokens != self.batch or trace.prefill_tokens:
                 raise RuntimeError(f"step {i} left steady state: {trace}")
             walls.append(t1 - t0)
-            fronts.append(t2 - t1)
+            publishes.append(t2 - t1)
+            fronts.append(t3 - t2)
             traces.append(trace)
 
         def per_request(values: list[float]) -> float:
@@ -121,7 +132,8 @@ class Probe:
         other = per_request([w - t.forward_s - sum(getattr(t, f"{p}_s") for p in PHASES)
                              for w, t in zip(walls, traces, strict=True)])
         host = per_request([w - t.forward_s for w, t in zip(walls, traces, strict=True)])
-        return Row(self.batch, steps, **phases, front=per_request(fronts), other=other, host=host,
+        return Row(self.batch, steps, **phases, front=per_request(fronts), publish=per_request(publishes),
+                   other=other, host=host,
                    forward_ms=statistics.fmean(t.forward_s for t in traces) * 1e3,
                    step_ms=statistics.fmean(walls) * 1e3)
 
@@ -152,13 +164,13 @@ def measure(model_dir: Path, batches: list[int], steps: int, warmup: int, rounds
 
 def markdown(rows: list[Row]) -> str:
     """The table for docs/engine.md and the README."""
-    head = ("| batch | schedule | prepare | sample | update | outputs | other | **host total** | front | "
+    head = ("| batch | schedule | prepare | sample | update | outputs | other | **host total** | publish | front | "
             "forward ms/step | step ms |")
-    lines = [head, "|---:" * 11 + "|"]
+    lines = [head, "|---:" * 12 + "|"]
     for r in rows:
         lines.append(f"| {r.batch} | {r.schedule:.2f} | {r.prepare:.2f} | {r.sample:.2f} | {r.update:.2f} | "
-                     f"{r.outputs:.2f} | {r.other:.2f} | **{r.host:.2f}** | {r.front:.2f} | {r.forward_ms:.2f} | "
-                     f"{r.step_ms:.2f} |")
+                     f"{r.outputs:.2f} | {r.other:.2f} | **{r.host:.2f}** | {r.publish:.2f} | {r.front:.2f} | "
+                     f"{r.forward_ms:.2f} | {r.step_ms:.2f} |")
     base = next((r for r in rows if r.batch == 64), None)
     top = max(rows, key=lambda r: r.batch)
     if base and top is not base:

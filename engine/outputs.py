@@ -46,6 +46,15 @@ class RequestMetrics:
                    request.tokens_after_cancel, request.cancel_state, request.meta.arrival_time,
                    request.first_scheduled_time, request.first_token_time, request.finished_time)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # As a constructor call on a tuple: a slotted dataclass otherwise pickles through Python-level
+        # __getstate__/__setstate__, and the engine worker pickles one of these per request per step
+        # (0.9 us to dump and 0.6 to load per output with this, 2.5 and 2.4 without; 1.5 and 2.4 unslotted).
+        return RequestMetrics, (self.prompt_tokens, self.cached_tokens, self.completion_tokens, self.charged_service,
+                                self.preemptions, self.recomputed_tokens, self.tokens_after_cancel, self.cancel_state,
+                                self.arrival_time, self.first_scheduled_time, self.first_token_time,
+                                self.finished_time)
+
 
 class TokenPrefix(Sequence[int]):
     """The first `n` ids of a list that only ever grows: a snapshot of the tokens so far without a copy.
@@ -120,6 +129,11 @@ class OutputDelta:
     finished: bool
     finish_reason: FinishReason | None
     metrics: RequestMetrics
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A constructor call on a tuple, for the same reason as RequestMetrics.__reduce__.
+        return OutputDelta, (self.request_id, self.new_token_ids, self.delta_text, self.finished, self.finish_reason,
+                             self.metrics)
 
 
 @dataclass
