@@ -45,6 +45,9 @@ class EngineConfig:
     # yield its CPU instead of preempting it mid-write. Off by default: on the 2-core VM it cut how long a
     # submit holds the loop at 20 req/s but cost the gateway a little at 200 (docs/gateway.md, submit_wake).
     worker_batch_scheduling: bool = False
+    # ProcessEngine's worker pickles and writes each step's report on a thread of its own, overlapping the
+    # next step (engine/publisher.py). Off by default until measured to help: see docs/engine.md.
+    overlap_publish: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
