@@ -33,8 +33,10 @@ def test_steady_decode_steps_carry_every_phase_in_their_trace(tiny: Path) -> Non
 
 def test_main_prints_one_row_per_batch_size_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "rows.json"
-    assert main(["--batches", "4,8", "--steps", "2", "--rounds", "2", "--warmup", "1", "--json", str(out)]) == 0
+    assert main(["--batches", "4,8", "--steps", "2", "--rounds", "1", "--warmup", "1", "--overlap", "4", "--overlap-seconds", "0.3",
+                 "--json", str(out)]) == 0
     table = capsys.readouterr().out
-    assert "| 4 |" in table and "| 8 |" in table
-    rows = json.loads(out.read_text())
-    assert [r["batch"] for r in rows] == [4, 8] and all(r["host"] > 0 for r in rows)
+    assert "| 4 |" in table and "| 8 |" in table and "overlap_publish off" in table
+    figures = json.loads(out.read_text())
+    assert [r["batch"] for r in figures["rows"]] == [4, 8] and all(r["host"] > 0 for r in figures["rows"])
+    assert all(len(figures["overlap"][mode]) == 1 and figures["overlap"][mode][0] > 0 for mode in ("off", "on"))
