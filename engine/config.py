@@ -54,6 +54,9 @@ class EngineConfig:
     worker_start_method: str = "forkserver"
     # Per-request host-work caps (stop strings, logit_bias, stop token ids, prompt bytes): engine/limits.py.
     caps: RequestCaps = field(default_factory=RequestCaps)
+    # ProcessEngine's worker pickles and writes each step's report on a thread of its own, overlapping the
+    # next step (engine/publisher.py). Off by default until measured to help: see docs/engine.md.
+    overlap_publish: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""

@@ -25,14 +25,16 @@ from engine.messages import (
     SubmitFailed,
     WorkerFailed,
 )
-from engine.outputs import EngineStats, OutputDelta, RequestInfo, RequestOutput, TokenPrefix
+from engine.outputs import EngineStats, OutputDelta, RequestInfo, RequestOutput, TokenPrefix, text_in_loop
 from engine.request import (
     DuplicateRequestError,
+    FinishReason,
     InvalidRequestError,
     PromptTooLongError,
     RequestMeta,
     SamplingParams,
 )
+from engine.tokenizer import Detokenizer, Tokenizer
 from engine.trace import IterationTrace
 
 _ERRORS: dict[str, type[InvalidRequestError]] = {
@@ -44,28 +46,44 @@ Sink = Callable[[RequestOutput | BaseException], None]
 
 
 class OutputRoute:
-    """Where one request's outputs go, and its running totals (the loop sends only what is new)."""
+    """Where one request's outputs go, and its running totals (the loop sends only what is new).
 
-    __slots__ = ("loop", "put", "prompt_token_ids", "token_ids", "text")
+    With a `detokenizer` the loop sends this request's token ids without text (it has no stop strings,
+    see engine/outputs.py `text_in_loop`) and the route makes the text here, on the consumer's side.
+    """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, put: Sink, prompt_token_ids: list[int]) -> None:
+    __slots__ = ("loop", "put", "prompt_token_ids", "token_ids", "text", "detokenizer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, put: Sink, prompt_token_ids: list[int],
+                 detokenizer: Detokenizer | None = None) -> None:
         self.loop = loop
         self.put = put
         self.prompt_token_ids = prompt_token_ids
         self.token_ids: list[int] = []
         self.text = ""
+        self.detokenizer = detokenizer
 
     def expand(self, delta: OutputDelta) -> RequestOutput:
         """The whole RequestOutput the consumer sees: its token ids a snapshot of the totals, not a copy."""
         self.token_ids += delta.new_token_ids
-        self.text += delta.delta_text
+        text = delta.delta_text
+        detokenizer = self.detokenizer
+        if detokenizer is not None:
+            # What the loop did before it left the text to the front: push the new ids, and at the end
+            # release a held-back incomplete character (a request without stop strings holds nothing else).
+            text = detokenizer.push(delta.new_token_ids) if delta.new_token_ids else ""
+            if delta.finished:
+                text += detokenizer.finish()
+        self.text += text
         return RequestOutput(delta.request_id, self.prompt_token_ids, delta.new_token_ids,
                              TokenPrefix(self.token_ids, len(self.token_ids)),
-                             delta.delta_text, self.text, delta.finished, delta.finish_reason, delta.metrics)
+                             text, self.text, delta.finished, delta.finish_reason, delta.metrics)
 
 
 class EngineFront:
     """Streams, live-request table and cached stats; the loop lives behind `_send`."""
+
+    tokenizer: Tokenizer  # set by each subclass: the front detokenizes what the loop leaves to it
 
     def __init__(self) -> None:
         self._streams: dict[str, OutputRoute] = {}
@@ -124,7 +142,8 @@ class EngineFront:
         with self._lock:
             if request_id in self._streams:
                 raise DuplicateRequestError(f"request id {request_id!r} is already live", "request_id")
-            self._streams[request_id] = OutputRoute(loop, stream.put, prompt)
+            detokenizer = None if text_in_loop(params) else self.tokenizer.detokenizer(prompt)
+            self._streams[request_id] = OutputRoute(loop, stream.put, prompt, detokenizer)
             self._live[request_id] = RequestInfo(request_id, meta.tenant_id, meta.task_id, "waiting")
         try:
             self._send(Submit(request_id, prompt, params, meta))
@@ -202,17 +221,40 @@ class EngineFront:
                 self._live[request_id].state = "finished" if item.finished else "running"
         if route is None:
             return
-        update = route.expand(item) if isinstance(item, OutputDelta) else item
         try:
             here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             here = None
         if route.loop is here:  # dispatched on the consumer's own loop: no wake-up round trip
-            route.put(update)
+            self._hand_over(route, item)
             return
+        # Expanded (and detokenized) on the consumer's loop, not here: under AsyncEngine "here" is the
+        # engine loop's thread, which is what moving the text out of the loop is for.
         # RuntimeError: the consumer's event loop is already closed.
         with contextlib.suppress(RuntimeError):
-            route.loop.call_soon_threadsafe(route.put, update)
+            route.loop.call_soon_threadsafe(self._hand_over, route, item)
+
+    def _hand_over(self, route: OutputRoute, item: OutputDelta | BaseException) -> None:
+        if isinstance(item, BaseException):
+            route.put(item)
+            return
+        try:
+            update = route.expand(item)
+        except Exception:  # this request's text failed (a tokenizer bug): end it alone
+            log.exception("detokenizing %s failed; ending it", item.request_id)
+            update = self._text_failed(route, item)
+        route.put(update)
+
+    def _text_failed(self, route: OutputRoute, item: OutputDelta) -> RequestOutput:
+        """The final output of a request whose text could not be made: finish_reason "error", the engine told
+        to stop computing it; its tokens so far and their metrics still reach the consumer (and the ledger)."""
+        route.detokenizer = None
+        if not item.finished:
+            with contextlib.suppress(EngineDeadError):
+                self._send(Abort(item.request_id, "error"))
+        return RequestOutput(item.request_id, route.prompt_token_ids, item.new_token_ids,
+                             TokenPrefix(route.token_ids, len(route.token_ids)), "", route.text, True,
+                             FinishReason.ERROR, item.metrics)
 
     def _fail_all(self, exc: BaseException) -> None:
         self._alive = False

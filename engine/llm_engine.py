@@ -19,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from functools import partial
+from time import perf_counter  # bound here: tests replace this module's `time` with a fake clock
 
 import torch
 
@@ -29,7 +30,7 @@ from engine.kv_cache import BlockPool
 from engine.limits import RequestLimits
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner, kv_block_bytes
-from engine.outputs import EngineStats, OutputDelta, RequestInfo, RequestMetrics, RequestOutput
+from engine.outputs import EngineStats, OutputDelta, RequestInfo, RequestMetrics, RequestOutput, text_in_loop
 from engine.policy import build_policy
 from engine.request import (
     DuplicateRequestError,
@@ -41,15 +42,19 @@ from engine.request import (
 )
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.stop import StopMatcher
+from engine.tokenizer import Detokenizer
 from engine.trace import IterationTrace, TraceWriter
 
 _EWMA = 0.2
 
 
 class _Stream:
-    """Per-request text state: incremental detokenizer and stop-string checker."""
+    """Per-request text state: incremental detokenizer and stop-string checker (no detokenizer: the front
+    turns this request's ids into text, see `LLMEngine.front_detokenizes`)."""
 
-    def __init__(self, detokenizer: object, stops: list[str]) -> None:
+    __slots__ = ("detokenizer", "stop", "sent_tokens", "emitted_tokens", "held_delta")
+
+    def __init__(self, detokenizer: Detokenizer | None, stops: list[str]) -> None:
         self.detokenizer = detokenizer
         self.stop = StopMatcher(stops)
         self.sent_tokens = 0  # tokens pushed through the detokenizer
@@ -93,6 +98,9 @@ class LLMEngine:
         self.scheduler.swap_out = self._swap_out
         self.scheduler.swap_in = self._swap_in
         self._streams: dict[str, _Stream] = {}
+        # Set by the engine loop (engine/worker.py): its front detokenizes every request without stop strings,
+        # off this loop, and such a request's outputs here carry token ids and no text.
+        self.front_detokenizes = False
         self._trace_writer = TraceWriter(config.trace_path) if config.trace_path else None
         self.traces: deque[IterationTrace] = deque(maxlen=512)
         self._stats = EngineStats(kv_blocks_total=num_blocks, max_num_batched_tokens=config.max_num_batched_tokens,
@@ -130,7 +138,8 @@ class LLMEngine:
         ids = self.encode(prompt)
         self.validate(ids, params)
         request = Request(request_id, ids, params, meta or RequestMeta())
-        self._streams[request_id] = _Stream(self.tokenizer.detokenizer(ids), list(params.stop))
+        detokenizer = self.tokenizer.detokenizer(ids) if not self.front_detokenizes or text_in_loop(params) else None
+        self._streams[request_id] = _Stream(detokenizer, list(params.stop))
         self.scheduler.add(request)
         return request
 
@@ -180,7 +189,9 @@ class LLMEngine:
     def _iterate(self) -> list[_Emitted]:
         """Run one iteration; what each request has new to report."""
         t0 = time.time()
+        p0 = perf_counter()
         out = self.scheduler.schedule(t0)
+        p1 = perf_counter()
         tables = {c.request.request_id: self.pool.block_ids(c.request.request_id) for c in out.chunks}
         sampled = self.runner.execute(out, tables)
         t1 = time.time()
@@ -189,9 +200,18 @@ class LLMEngine:
             self._last_step[c.request.request_id] = (c.length, t0, t1)
             if c.request.cancel_time is not None and c.request.cancel_time < t0:
                 c.request.tokens_after_cancel += c.length
+        p2 = perf_counter()
         finished = self.scheduler.update(out, sampled, self.eos_token_ids)
+        p3 = perf_counter()
         outputs = self._collect_outputs(out, finished)
-        self._record(out, t1 - t0, len(finished) + len(out.finished))
+        p4 = perf_counter()
+        trace = self._record(out, t1 - t0, len(finished) + len(out.finished))
+        run = self.runner.timing
+        # Block tables and the cancel bookkeeping above count as preparation: host work before the forward.
+        trace.schedule_s, trace.prepare_s = p1 - p0, (p2 - p1) - run.forward_s - run.sample_s
+        trace.forward_s, trace.sample_s, trace.update_s, trace.outputs_s = run.forward_s, run.sample_s, p3 - p2, p4 - p3
+        if self._trace_writer:
+            self._trace_writer.write(trace)
         return outputs
 
     def _collect_outputs(self, out: SchedulerOutput, finished: list[Request]) -> list[_Emitted]:
@@ -226,16 +246,18 @@ class LLMEngine:
 
     def _new_text(self, request: Request, stream: _Stream) -> str:
         """Detokenise the request's new tokens and check its stop strings; the text it may release now."""
+        detokenizer = stream.detokenizer
+        if detokenizer is None:  # the front turns this request's ids into text (`front_detokenizes`)
+            return ""
         new_ids = request.output_token_ids[stream.sent_tokens :]
         delta = ""
         if new_ids:
-            text = stream.detokenizer.push(new_ids)  # type: ignore[attr-defined]
-            delta, stopped = stream.stop.push(text)
+            delta, stopped = stream.stop.push(detokenizer.push(new_ids))
             if stopped and not request.is_finished:
                 self.scheduler.finish(request, FinishReason.STOP)
         if request.is_finished and not stream.stop.matched and request.finish_reason is not FinishReason.ERROR:
             # Release held-back text: an incomplete UTF-8 tail and a partial stop-string match.
-            tail, _ = stream.stop.push(stream.detokenizer.finish())  # type: ignore[attr-defined]
+            tail, _ = stream.stop.push(detokenizer.finish())
             delta += tail + stream.stop.flush()
         return delta
 
@@ -251,9 +273,9 @@ class LLMEngine:
         self._streams.pop(request_id, None)
         self._last_step.pop(request_id, None)
         self.runner.sampler.forget(request_id)
-        self.runner.drop_swapped(request_id)
+        self.runner.forget(request_id)
 
-    def _record(self, out: SchedulerOutput, seconds: float, completions: int) -> None:
+    def _record(self, out: SchedulerOutput, seconds: float, completions: int) -> IterationTrace:
         trace = IterationTrace(
             iteration=out.iteration, time=time.time(), waiting=self.scheduler.num_waiting,
             running=len(self.scheduler.running), prefill_tokens=out.prefill_tokens, decode_tokens=out.decode_tokens,
@@ -262,8 +284,6 @@ class LLMEngine:
             waiting_for_blocks=self.scheduler.waiting_for_blocks,
         )
         self.traces.append(trace)
-        if self._trace_writer:
-            self._trace_writer.write(trace)
         s = self._stats
         if out.chunks and seconds > 0:
             s.iteration_seconds = seconds if s.iterations == 0 else (1 - _EWMA) * s.iteration_seconds + _EWMA * seconds
@@ -275,6 +295,7 @@ class LLMEngine:
                 s.decode_tokens_per_s = rate if not s.decode_tokens_per_s else (1 - _EWMA) * s.decode_tokens_per_s + _EWMA * rate
         s.batch_size = len(out.chunks)
         s.iterations = out.iteration
+        return trace
 
     def stats(self) -> EngineStats:
         """A fresh snapshot of queue, memory and rate figures."""

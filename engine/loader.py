@@ -177,11 +177,15 @@ def default_model_config(vocab_size: int) -> dict[str, Any]:
 
 def write_default_model(path: str | Path) -> None:
     """Write the seeded tiny Llama (config, generation config, weights, byte tokenizer) into path."""
+    write_seeded_llama(path, default_model_config(256 + len(BYTE_SPECIAL_TOKENS)))
+
+
+def write_seeded_llama(path: str | Path, hf_config: dict[str, Any]) -> None:
+    """Write a seeded random Llama of any geometry with the byte tokenizer (the default model's recipe;
+    bench/host_overhead.py uses it for a model small enough that the forward does not hide the host)."""
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     write_byte_tokenizer(root / "tokenizer.json")
-    vocab_size = 256 + len(BYTE_SPECIAL_TOKENS)
-    hf_config = default_model_config(vocab_size)
     (root / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     generation = {"bos_token_id": 256, "eos_token_id": 257, "pad_token_id": 258, "do_sample": False}
     (root / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")

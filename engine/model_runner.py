@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 from torch import nn
 
 from engine.attention import AttentionMetadata, KVCache
+from engine.input_batch import BlockTableRows
 from engine.request import Request
 from engine.sampler import Sampler
 from engine.scheduler import SchedulerOutput
@@ -25,6 +30,15 @@ def _token_slice(request: Request, start: int, end: int) -> list[int]:
 def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     """Bytes one block occupies across all layers, K and V."""
     return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass
+class RunnerTiming:
+    """perf_counter seconds of the last `execute`, per phase (read into the IterationTrace)."""
+
+    prepare_s: float = 0.0
+    forward_s: float = 0.0
+    sample_s: float = 0.0
 
 
 class ModelRunner:
@@ -53,19 +67,28 @@ class ModelRunner:
             for _ in range(num_layers)
         ]
         self.sampler = Sampler(seed)
+        self.timing = RunnerTiming()
+        self.block_rows = BlockTableRows()
         self._swapped: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def prepare(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """Flatten the batch: token ids, positions, attention metadata, and the rows whose logits are sampled."""
         chunks = out.chunks
+        ids = [c.request.request_id for c in chunks]
+        lists = [block_tables[i] for i in ids]
+        table = self.block_rows.gather(self.block_rows.rows(ids, lists), max(map(len, lists), default=1))
+        if out.num_batched_tokens == len(chunks):
+            return self._prepare_one_token_each(out, table)
+        return self._prepare_chunks(out, torch.from_numpy(table))
+
+    def _prepare_chunks(self, out: SchedulerOutput,
+                        table_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """Any mix of prefill chunks and decodes."""
+        chunks = out.chunks
         token_ids: list[int] = []
-        tables: list[list[int]] = []
         for chunk in chunks:
             token_ids.extend(_token_slice(chunk.request, chunk.start, chunk.start + chunk.length))
-            tables.append(block_tables[chunk.request.request_id])
         # Per-token positions and slots come from per-chunk tensors (no Python loop over tokens).
-        width = max(1, max((len(t) for t in tables), default=1))
-        table_t = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32).view(len(chunks), width)
         chunk_starts = torch.tensor([c.start for c in chunks], dtype=torch.int64)
         lengths = torch.tensor([c.length for c in chunks], dtype=torch.int64)
         ends = torch.cumsum(lengths, 0)
@@ -78,33 +101,69 @@ class ModelRunner:
         seq_lens = (chunk_starts + lengths).to(torch.int32)
         ends_list = ends.tolist()
         sample_rows = [e - 1 for e, c in zip(ends_list, chunks, strict=True) if c.samples]
+        ids_t = torch.tensor(token_ids, dtype=torch.int64)
+        return self._to_device(ids_t, positions, slots, table_t, starts, seq_lens,
+                               max((c.length for c in chunks), default=0), sample_rows)
+
+    def _prepare_one_token_each(self, out: SchedulerOutput,
+                                table: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """The decode steady state (every chunk one token): one pass over the chunks, then numpy on arrays
+        of a few hundred entries, where each torch call's fixed cost (microseconds) would dominate."""
+        token_ids, positions_l, sample_rows = [], [], []
+        for row, chunk in enumerate(out.chunks):
+            request, start = chunk.request, chunk.start
+            prompt, output = request.prompt_token_ids, request.output_token_ids
+            n = len(prompt)
+            token_ids.append(output[start - n] if start >= n else prompt[start])
+            positions_l.append(start)
+            if start + 1 == n + len(output):
+                sample_rows.append(row)
+        positions = np.array(positions_l, dtype=np.int64)
+        bs = self.block_size
+        slots = table[np.arange(len(positions_l)), positions // bs].astype(np.int64) * bs + positions % bs
+        starts = np.arange(len(token_ids) + 1, dtype=np.int32)
+        seq_lens = (positions + 1).astype(np.int32)
+        from_numpy = torch.from_numpy
+        return self._to_device(from_numpy(np.array(token_ids, dtype=np.int64)), from_numpy(positions),
+                               from_numpy(slots), from_numpy(table), from_numpy(starts), from_numpy(seq_lens), 1,
+                               sample_rows)
+
+    def _to_device(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, table_t: torch.Tensor,
+                   starts: torch.Tensor, seq_lens: torch.Tensor, max_query_len: int,
+                   sample_rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=slots.to(dev),
             block_tables=table_t.to(dev),
             query_start_loc=starts.to(dev),
             seq_lens=seq_lens.to(dev),
-            max_query_len=max((c.length for c in chunks), default=0),
-            max_seq_len=int(seq_lens.max()) if chunks else 0,
+            max_query_len=max_query_len,
+            max_seq_len=int(seq_lens.max()) if len(seq_lens) else 0,
             backend=self.backend,
         )
-        ids = torch.tensor(token_ids, dtype=torch.int64, device=dev)
-        return ids, positions.to(dev), meta, sample_rows
+        return ids.to(dev), positions.to(dev), meta, sample_rows
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> dict[str, int]:
         """Run the model once on the batch; return the sampled token of every request whose chunk completes."""
+        timing = self.timing = RunnerTiming()
         if not out.chunks:
             return {}
+        t0 = time.perf_counter()
         ids, positions, meta, sample_rows = self.prepare(out, block_tables)
+        t1 = time.perf_counter()
         hidden = self.model(ids, positions, self.kv_caches, meta)
         sampling = [c.request for c in out.chunks if c.samples]
         if not sampling:
+            timing.prepare_s, timing.forward_s = t1 - t0, time.perf_counter() - t1
             return {}
         logits = self.model.compute_logits(  # type: ignore[operator]
             hidden[torch.tensor(sample_rows, device=hidden.device)])
+        t2 = time.perf_counter()
         tokens = self.sampler.sample(logits, sampling)
-        return {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
+        sampled = {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
+        timing.prepare_s, timing.forward_s, timing.sample_s = t1 - t0, t2 - t1, time.perf_counter() - t2
+        return sampled
 
     # -- swap preemption --------------------------------------------------------------------
     def swap_out(self, request: Request, block_ids: list[int]) -> int:
@@ -122,6 +181,11 @@ class ModelRunner:
             k[ids] = sk.to(self.device)
             v[ids] = sv.to(self.device)
         return sum(k.numel() * k.element_size() * 2 for k, _ in saved)
+
+    def forget(self, request_id: str) -> None:
+        """A request ended: free its block-table row and any swapped copy."""
+        self.block_rows.forget(request_id)
+        self._swapped.pop(request_id, None)
 
     def drop_swapped(self, request_id: str) -> None:
         """Forget a swapped copy whose request ended while swapped out."""

@@ -7,10 +7,21 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
-from engine.request import FinishReason, Request
+from engine.request import FinishReason, Request, SamplingParams
 
 
-@dataclass
+def text_in_loop(params: SamplingParams) -> bool:
+    """Whether the engine loop itself detokenizes a request when a front serves it: only one with stop strings.
+
+    A stop string must end its request in the iteration whose token completes the match, so that the
+    request is charged (fairness counters, ledger) exactly the tokens up to it; an abort sent back by
+    a front would arrive an iteration or more later, after more tokens were computed and charged.
+    Every other request's ids are turned into text by the front (engine/front.py), off the loop.
+    """
+    return bool(params.stop)
+
+
+@dataclass(slots=True)
 class RequestMetrics:
     """Token counts, service and timings of one request (epoch seconds)."""
 
@@ -29,21 +40,20 @@ class RequestMetrics:
 
     @classmethod
     def of(cls, request: Request) -> RequestMetrics:
-        """Snapshot a request's metrics."""
-        return cls(
-            prompt_tokens=request.num_prompt_tokens,
-            cached_tokens=request.num_cached_tokens,
-            completion_tokens=len(request.output_token_ids),
-            charged_service=request.charged_service,
-            preemptions=len(request.preemptions),
-            recomputed_tokens=request.recomputed_tokens,
-            tokens_after_cancel=request.tokens_after_cancel,
-            cancel_state=request.cancel_state,
-            arrival_time=request.meta.arrival_time,
-            first_scheduled_time=request.first_scheduled_time,
-            first_token_time=request.first_token_time,
-            finished_time=request.finished_time,
-        )
+        """Snapshot a request's metrics (positional and slotted: the loop makes one per output per step)."""
+        return cls(len(request.prompt_token_ids), request.num_cached_tokens, len(request.output_token_ids),
+                   request.charged_service, len(request.preemptions), request.recomputed_tokens,
+                   request.tokens_after_cancel, request.cancel_state, request.meta.arrival_time,
+                   request.first_scheduled_time, request.first_token_time, request.finished_time)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # As a constructor call on a tuple: a slotted dataclass otherwise pickles through Python-level
+        # __getstate__/__setstate__, and the engine worker pickles one of these per request per step
+        # (0.9 us to dump and 0.6 to load per output with this, 2.5 and 2.4 without; 1.5 and 2.4 unslotted).
+        return RequestMetrics, (self.prompt_tokens, self.cached_tokens, self.completion_tokens, self.charged_service,
+                                self.preemptions, self.recomputed_tokens, self.tokens_after_cancel, self.cancel_state,
+                                self.arrival_time, self.first_scheduled_time, self.first_token_time,
+                                self.finished_time)
 
 
 class TokenPrefix(Sequence[int]):
@@ -107,7 +117,7 @@ class RequestOutput:
     metrics: RequestMetrics
 
 
-@dataclass
+@dataclass(slots=True)
 class OutputDelta:
     """A RequestOutput without the running totals: only what is new. The engine loop emits these and the
     front keeps the prompt, token and text totals, so neither the engine (copying every token so far)
@@ -119,6 +129,11 @@ class OutputDelta:
     finished: bool
     finish_reason: FinishReason | None
     metrics: RequestMetrics
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A constructor call on a tuple, for the same reason as RequestMetrics.__reduce__.
+        return OutputDelta, (self.request_id, self.new_token_ids, self.delta_text, self.finished, self.finish_reason,
+                             self.metrics)
 
 
 @dataclass

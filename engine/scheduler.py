@@ -31,6 +31,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self._deadlines: list[tuple[float, str]] = []
         self._pending_aborts: dict[str, tuple[str, float]] = {}
+        self._decoding: list[Request] = []  # decodes scheduled this step and not yet charged
         self.iteration = 0
         self.waiting_for_blocks = 0
         self.block_waits_total = 0  # iterations in which admission stopped for want of free blocks
@@ -134,10 +135,12 @@ class Scheduler:
                 else:
                     prefills.append(r)
             ordered += prefills
-        # The decode fast path: one chunk, one charge, and a block check only when a block boundary is crossed
-        # (a running request always holds exactly ceil(computed / block_size) blocks).
+        # The decode fast path: one chunk, and a block check only when a block boundary is crossed (a running
+        # request always holds exactly ceil(computed / block_size) blocks). Decodes are charged together
+        # (`_charge_decodes`), before anything that reads or changes the counters: a preemption's victim
+        # choice, a prefill chunk's charge. So every counter sees the same additions in the same order.
         block_size = self.pool.block_size
-        charge = self.policy.charge
+        decoding = self._decoding
         chunks = out.chunks
         decode_tokens = 0
         running_state = RequestState.RUNNING
@@ -153,7 +156,7 @@ class Scheduler:
                 if computed % block_size == 0 and not self._grow(request, computed + 1, out, now):
                     continue
                 chunks.append(ScheduledChunk(request, computed, 1))
-                request.charged_service += charge(request, 0, 1, 0)
+                decoding.append(request)
                 decode_tokens += 1
                 budget -= 1
                 continue
@@ -162,14 +165,26 @@ class Scheduler:
                 continue
             if not self._grow(request, computed + length, out, now):
                 continue
+            self._charge_decodes()
             self._add_chunk(out, request, length)
             budget -= length
+        self._charge_decodes()
         out.decode_tokens += decode_tokens
         return budget
+
+    def _charge_decodes(self) -> None:
+        """Charge the decodes scheduled since the last call: one policy call for the batch, not one per request."""
+        decoding = self._decoding
+        if decoding:
+            cost = self.policy.charge_decodes(decoding)
+            for request in decoding:
+                request.charged_service += cost
+            decoding.clear()
 
     def _grow(self, request: Request, target: int, out: SchedulerOutput, now: float) -> bool:
         """Give `request` blocks for `target` tokens, preempting the policy's victims; False if it was preempted."""
         while not self.pool.allocate(request.request_id, target):
+            self._charge_decodes()  # the victim is chosen on counters that include this step's decodes so far
             scheduled = {id(c.request) for c in out.chunks}
             candidates = [r for r in self.running if id(r) not in scheduled]
             victim = self.policy.victim(candidates, for_item=request) if candidates else None

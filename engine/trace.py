@@ -24,6 +24,15 @@ class IterationTrace:
     seconds: float
     cached_tokens: int = 0
     waiting_for_blocks: int = 0
+    # Where the iteration's time went (perf_counter seconds), so host overhead can be read off a real
+    # deployment as well as off bench/host_overhead.py. Everything but `forward_s` is host work the
+    # accelerator waits through unless it overlaps a forward.
+    schedule_s: float = 0.0  # Scheduler.schedule: retire, expire, decode/prefill chunks, admission, charging
+    prepare_s: float = 0.0  # ModelRunner.prepare: token ids, positions, slot mapping, block tables
+    forward_s: float = 0.0  # the model's forward and logits (on a GPU: launch plus the wait at sampling)
+    sample_s: float = 0.0  # Sampler.sample and the copy of the sampled ids to the host
+    update_s: float = 0.0  # Scheduler.update: append tokens, token-level stops, block hashes
+    outputs_s: float = 0.0  # detokenization, stop strings and the per-request outputs
 
 
 class TraceWriter:

@@ -34,6 +34,7 @@ from engine.messages import (
 )
 from engine.outputs import OutputDelta
 from engine.pipe import PipeReader, PipeWriter
+from engine.publisher import BackgroundPublisher
 from engine.trace import IterationTrace
 
 log = logging.getLogger("fairserve.engine.worker")
@@ -62,6 +63,8 @@ class EngineLoop:
 
     def __init__(self, engine: LLMEngine, inbox: Inbox, publish: Callable[[Any], None]) -> None:
         self.engine = engine
+        # Its front (engine/front.py) turns token ids into text for every request without stop strings.
+        engine.front_detokenizes = True
         self.inbox = inbox
         self.publish = publish
         self._weights: dict[str, tuple[float, int | None]] = {}
@@ -173,13 +176,19 @@ def run_worker(config: EngineConfig, inbox: Connection, outbox: Connection, num_
                      build_seconds=time.time() - entered_at))
     # Read between iterations, not on a thread: see engine/pipe.py. End of file means the parent is gone.
     box = PipeReader(inbox.fileno(), eof_message=StopLoop())
+    publisher = BackgroundPublisher(tell) if config.overlap_publish else None
     try:
-        EngineLoop(engine, box, tell).run()
+        EngineLoop(engine, box, publisher or tell).run()
+        if publisher is not None:
+            publisher.close()
     except (BrokenPipeError, ConnectionResetError):
         pass  # the parent is gone: nobody is left to tell
     except BaseException as exc:  # the loop must never die silently
         log.exception("engine loop died")
         with contextlib.suppress(OSError):  # the parent may be gone too
+            if publisher is not None:
+                with contextlib.suppress(Exception):
+                    publisher.close()  # what the loop published first still goes first
             tell(WorkerFailed(f"engine loop died: {exc!r}"))
     finally:
         engine.close()

@@ -59,6 +59,10 @@ class SchedulingPolicy(Protocol[T]):
     def charge(self, item: T, prefill: int, decode: int, cached: int) -> float:
         """Charge the item's fairness key for tokens just scheduled; returns the service charged."""
 
+    def charge_decodes(self, items: Sequence[T]) -> float:
+        """`charge(item, 0, 1, 0)` for every item, in order, in one call (the scheduler's decode step charges
+        a whole batch at once); returns the service charged to each item (one decode token's cost)."""
+
     def victim(self, running: Sequence[T], for_item: T | None = None) -> T | None:
         """Which running item to preempt so `for_item` can proceed (None: nobody may be preempted for it)."""
 

@@ -72,6 +72,10 @@ class EDFPolicy(Generic[T]):
         """Charged by the base policy."""
         return self.base.charge(item, prefill, decode, cached)  # type: ignore[no-any-return]
 
+    def charge_decodes(self, items: Sequence[T]) -> float:
+        """Charged by the base policy."""
+        return self.base.charge_decodes(items)  # type: ignore[no-any-return]
+
     def victim(self, running: Sequence[T], for_item: T | None = None) -> T | None:
         """In the least important class: prefer requests without a deadline, then the base policy's rule."""
         candidates = lowest_class(preemptible(running, for_item))

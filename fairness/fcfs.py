@@ -44,6 +44,14 @@ class FCFSPolicy(Generic[T]):
         self._service[self.key_fn(item)] += cost
         return cost
 
+    def charge_decodes(self, items: Sequence[T]) -> float:
+        """One decode token for each item (service only, as `charge`)."""
+        cost = self.cost(0, 1, 0)
+        service, key_fn = self._service, self.key_fn
+        for item in items:
+            service[key_fn(item)] += cost
+        return cost
+
     def victim(self, running: Sequence[T], for_item: T | None = None) -> T | None:
         """The latest arrival of the least important class that `for_item` may preempt."""
         candidates = lowest_class(preemptible(running, for_item))

@@ -136,6 +136,21 @@ class PriorityPolicy(Generic[T]):
         cls = self._admitted_in.get(item.request_id, item.meta.priority)
         return self._base(cls).charge(item, prefill, decode, cached)  # type: ignore[no-any-return]
 
+    def charge_decodes(self, items: Sequence[T]) -> float:
+        """One decode token for each item, in the class each was admitted in (one call per class)."""
+        admitted_in = self._admitted_in
+        per_class: dict[int, list[T]] = {}
+        for item in items:
+            cls = admitted_in.get(item.request_id, item.meta.priority)
+            group = per_class.get(cls)
+            if group is None:
+                per_class[cls] = group = []
+            group.append(item)
+        cost = 0.0
+        for cls, group in per_class.items():
+            cost = self._base(cls).charge_decodes(group)
+        return cost
+
     def set_weight(self, key: str, weight: float) -> None:
         """Change a key's weight in every class, present and future."""
         weight = check_weight(key, weight)

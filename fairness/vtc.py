@@ -147,6 +147,35 @@ class VTCPolicy(Generic[T]):
                 self._push(key)
         return cost
 
+    def charge_decodes(self, items: Sequence[T]) -> float:
+        """One decode token for each item: the same counters as `charge` per item, bit for bit (each key's
+        additions in the same order), with one heap entry per key instead of one per item."""
+        cost = self.cost(0, 1, 0)
+        key_fn = self.key_fn
+        per_key: dict[str, list[T]] = {}
+        for item in items:
+            key = key_fn(item)
+            group = per_key.get(key)
+            if group is None:
+                per_key[key] = group = []
+            group.append(item)
+        for key, group in per_key.items():
+            service = self._service[key]
+            for _ in group:
+                service += cost
+            self._service[key] = service
+            if cost:
+                weight = self._weights.get(key)
+                if weight is None:
+                    weight = self._weights[key] = check_weight(key, group[0].meta.weight)
+                counter, step = self._counters[key], cost / weight
+                for _ in group:
+                    counter += step
+                self._counters[key] = counter
+                if key in self._backlog_seq:
+                    self._push(key)
+        return cost
+
     def finish(self, item: T) -> None:
         """The scheduler says `item` ended. Nothing to do: the lift does not depend on running requests."""
 

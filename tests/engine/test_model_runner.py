@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.input_batch import BlockTableRows
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
 from engine.request import Request, RequestMeta, SamplingParams
@@ -112,3 +113,44 @@ def test_mixed_pass_matches_each_sequence_computed_alone(tiny: LoadedModel) -> N
         whole = _request("x", chunk.request.prompt_token_ids, chunk.request.output_token_ids)
         ref = _hidden(alone, [ScheduledChunk(whole, 0, whole.num_tokens)], {"x": [2, 0, 3, 1, 5, 4, 7, 6]})
         torch.testing.assert_close(got[row], ref[-1], atol=1e-5, rtol=1e-5)
+
+
+def test_one_token_each_layout_follows_growing_replaced_and_forgotten_block_tables(tiny: LoadedModel) -> None:
+    """The decode fast path over the persistent block-table rows, checked against the token-by-token layout
+    while tables grow in place, are replaced (a preemption's new allocation) and rows are reused."""
+    runner = _runner(tiny)
+    decode = _request("decode", list(range(10, 19)), output=[40, 41])  # samples at position 10
+    recompute = _request("recompute", list(range(60, 70)), output=[5, 6])  # position 3: a lone recompute token
+    prompt_end = _request("prompt-end", [7, 8, 9])  # its last prompt token: samples
+    tables = {"decode": [9, 2, 14], "recompute": [4], "prompt-end": [13]}
+    for step in range(3):
+        chunks = [ScheduledChunk(decode, 10 + step, 1), ScheduledChunk(recompute, 3, 1),
+                  ScheduledChunk(prompt_end, 2, 1)]
+        if step == 1:
+            tables["recompute"] = [8, 3]  # a new list: freed and allocated again
+        if step == 2:
+            tables["decode"].append(11)  # position 12 opens a fourth block: the list grows in place
+        ids, positions, meta, sample_rows = runner.prepare(SchedulerOutput(iteration=step, chunks=chunks), tables)
+        want = _expected_layout(chunks, tables)
+        assert (ids.tolist(), positions.tolist(), meta.slot_mapping.tolist()) == (
+            want["ids"], want["positions"], want["slots"])
+        assert meta.query_start_loc.tolist() == want["starts"] and meta.seq_lens.tolist() == want["seq_lens"]
+        assert sample_rows == want["sample_rows"] == [0, 2]
+        for row, rid in enumerate(["decode", "recompute", "prompt-end"]):
+            assert meta.block_tables[row, : len(tables[rid])].tolist() == tables[rid]
+        decode.output_token_ids.append(50 + step)
+    runner.forget("decode")
+    other = _request("other", [1, 2, 3, 4])
+    ids, _, meta, _ = runner.prepare(SchedulerOutput(iteration=9, chunks=[ScheduledChunk(other, 3, 1)]),
+                                     {"other": [6]})
+    assert meta.block_tables.tolist() == [[6]] and meta.slot_mapping.tolist() == [6 * BLOCK_SIZE + 3]
+
+
+def test_block_table_rows_grow_past_their_planned_size() -> None:
+    rows = BlockTableRows(rows=2, cols=2)
+    lists = {f"r{i}": list(range(i, i + 1 + i % 40)) for i in range(100)}  # up to 40 blocks each
+    slots = rows.rows(list(lists), list(lists.values()))
+    table = rows.gather(slots, 40)
+    assert table.shape == (100, 40)
+    for row, blocks in enumerate(lists.values()):
+        assert table[row, : len(blocks)].tolist() == blocks and not table[row, len(blocks):].any()

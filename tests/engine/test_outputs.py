@@ -6,7 +6,8 @@ import pickle
 
 import pytest
 
-from engine.outputs import TokenPrefix
+from engine.outputs import OutputDelta, RequestMetrics, TokenPrefix
+from engine.request import FinishReason
 
 
 def test_a_prefix_is_a_snapshot_of_a_growing_list() -> None:
@@ -31,3 +32,11 @@ def test_a_prefix_pickles_as_the_list_it_stands_for() -> None:
     prefix = TokenPrefix(ids, 2)
     copied = pickle.loads(pickle.dumps(prefix))
     assert type(copied) is list and copied == [1, 2]
+
+
+def test_deltas_and_metrics_pickle_field_for_field() -> None:
+    """The worker pickles these every step; their compact __reduce__ must keep every field."""
+    metrics = RequestMetrics(16, 4, 3, 6.5, 1, 2, 1, "decode", 1.0, 2.0, None, 4.0)
+    delta = OutputDelta("r1", [5, 6], "ab", True, FinishReason.STOP, metrics)
+    back = pickle.loads(pickle.dumps(delta, protocol=pickle.HIGHEST_PROTOCOL))
+    assert back == delta and back.metrics == metrics and back.finish_reason is FinishReason.STOP

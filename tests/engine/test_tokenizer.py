@@ -86,6 +86,46 @@ def test_incremental_detokenizer_never_emits_half_characters(tok: Tokenizer, tex
     assert detok.finish() == ""
 
 
+class _WindowDetokenizer:
+    """The window-decode detokenizer the engine used before DecodeStream, kept as the behaviour to match."""
+
+    def __init__(self, tok: Tokenizer, prompt_ids: list[int]) -> None:
+        self._tok = tok
+        self._ids = list(prompt_ids[-5:])
+        self._prefix, self._read = 0, len(self._ids)
+
+    def push(self, new_ids: list[int]) -> str:
+        self._ids.extend(new_ids)
+        return self._emit(hold=True)
+
+    def finish(self) -> str:
+        return self._emit(hold=False)
+
+    def _emit(self, hold: bool) -> str:
+        before = self._tok.decode(self._ids[self._prefix : self._read])
+        after = self._tok.decode(self._ids[self._prefix :])
+        if len(after) <= len(before) or (hold and after.endswith("\ufffd")):
+            return ""
+        self._prefix, self._read = self._read, len(self._ids)
+        return after[len(before) :]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prompt=st.lists(st.integers(min_value=0, max_value=256 + len(BYTE_SPECIAL_TOKENS) - 1), max_size=8),
+    ids=st.lists(st.integers(min_value=0, max_value=256 + len(BYTE_SPECIAL_TOKENS) - 1), max_size=40),
+    cuts=st.lists(st.integers(min_value=0, max_value=40), max_size=8),
+)
+def test_decode_stream_detokenizer_gives_the_window_decoders_deltas(tok: Tokenizer, prompt: list[int],
+                                                                    ids: list[int], cuts: list[int]) -> None:
+    """Delta for delta, not only in total: streams, stop strings and usage see exactly what they saw before."""
+    bounds = sorted({0, len(ids), *(c for c in cuts if c <= len(ids))})
+    new, old = tok.detokenizer(prompt), _WindowDetokenizer(tok, prompt)
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        assert new.push(ids[a:b]) == old.push(ids[a:b])
+    assert new.finish() == old.finish()
+
+
 def test_detokenizer_uses_prompt_context_for_leading_spaces(tmp_path: Path) -> None:
     # SentencePiece-style decoders drop the space of a word that starts a decode.
     tk = tokenizers.Tokenizer(tokenizers.models.WordLevel({"<unk>": 0, "▁hello": 1, "▁world": 2}, unk_token="<unk>"))

@@ -1,0 +1,42 @@
+"""bench.host_overhead: the engine's own trace carries the per-phase split, and the benchmark reads it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.host_overhead import PHASES, Probe, main, tiny_model_config
+from engine.loader import write_seeded_llama
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("host-overhead") / "tiny"
+    write_seeded_llama(root, tiny_model_config())
+    return root
+
+
+def test_steady_decode_steps_carry_every_phase_in_their_trace(tiny: Path) -> None:
+    probe = Probe(tiny, 8, 6, stop=[])
+    try:
+        row = probe.round(4)
+        traces = list(probe.engine.traces)[-4:]
+    finally:
+        probe.close()
+    assert all(t.decode_tokens == 8 and t.prefill_tokens == 0 for t in traces)
+    for t in traces:  # every phase ran and was timed, the forward too
+        assert t.forward_s > 0 and all(getattr(t, f"{p}_s") > 0 for p in PHASES)
+    assert row.batch == 8 and row.steps == 4 and row.forward_ms > 0 and row.front > 0
+
+
+def test_main_prints_one_row_per_batch_size_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "rows.json"
+    assert main(["--batches", "4,8", "--steps", "2", "--rounds", "1", "--warmup", "1", "--overlap", "4", "--overlap-seconds", "0.3",
+                 "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| 4 |" in table and "| 8 |" in table and "overlap_publish off" in table
+    figures = json.loads(out.read_text())
+    assert [r["batch"] for r in figures["rows"]] == [4, 8] and all(r["host"] > 0 for r in figures["rows"])
+    assert all(len(figures["overlap"][mode]) == 1 and figures["overlap"][mode][0] > 0 for mode in ("off", "on"))
