@@ -24,8 +24,9 @@ from bench.probe import Sampler, scrape, settled
 from bench.report import capacity_point, consistency_problems, summarise
 from bench.server import LocalServer, start_local_server
 from bench.workloads import WORKLOADS, Workload, plan
-from engine import EngineConfig, FairnessSettings
+from engine import EngineConfig
 from engine.loader import DEFAULT_MODEL_VERSION
+from fairness import FairnessConfig
 
 
 @dataclass
@@ -72,7 +73,7 @@ class BenchOptions:
 def bench_engine_config(cache_dir: str) -> EngineConfig:
     """The self-started server's engine: embedded model, VTC, a token budget that chunks long prompts, 384 KV blocks so occupancy shows."""
     return EngineConfig(cache_dir=cache_dir, max_num_batched_tokens=256, num_kv_blocks=384,
-                        fairness=FairnessSettings(policy="vtc"))
+                        fairness=FairnessConfig(policy="vtc"))
 
 
 def _progress(desc: str, total: int) -> tuple[tqdm, Callable[[], None]]:
