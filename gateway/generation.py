@@ -158,7 +158,7 @@ def _admit_and_start(state: GatewayState, caller: Caller, ident: rp.Identity, de
                        workflow_run_id=ident.workflow_run_id, attempt=ident.attempt, priority=tenant.priority_class,
                        weight=tenant.weight, deadline=deadline, arrival_time=now)
     spec = RunSpec(ident.request_id, tenant.id, ident.task_id, Shape(chat, ident.request_id, body.model, int(now)),
-                   bool(body.stream), body.include_usage, ident.idempotency_key)
+                   bool(body.stream), body.include_usage, ident.idempotency_key, body.continuous_usage)
     engine = state.engine
     run = Run(spec, abort=lambda reason: engine.abort(spec.request_id, reason))
     run.submitted_at = time.perf_counter()

@@ -10,7 +10,7 @@ import math
 
 from engine.kv_cache import BlockPool
 from engine.policy import build_policy
-from engine.request import Request, RequestMeta, RequestState, SamplingParams
+from engine.request import FinishReason, Request, RequestMeta, RequestState, SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.sim import SimConfig, SimRequest, Simulator
 from engine.sim_scenarios import TwoTenantSetup
@@ -168,3 +168,28 @@ def test_a_lower_class_decode_does_not_take_the_block_a_higher_class_prefill_nee
     assert preempted and set(preempted) == {"L"}
     assert high.preemptions == [] and len(high.output_token_ids) == 3
     assert len(low.output_token_ids) == 10 and not scheduler.has_unfinished()
+
+
+def test_the_policy_hears_of_each_finished_request_once() -> None:
+    policy = build_policy(FairnessConfig())
+    finished: list[str] = []
+    original = policy.finish
+
+    def counting_finish(item: Request) -> None:
+        finished.append(item.request_id)
+        original(item)
+
+    policy.finish = counting_finish  # type: ignore[method-assign]
+    scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=4, max_model_len=256),
+                          BlockPool(16, 4, enable_prefix_caching=False), policy)
+    done = Request("done", [1] * 4, SamplingParams(max_tokens=2, ignore_eos=True), RequestMeta(tenant_id="a"))
+    dropped = Request("dropped", [1] * 4, SamplingParams(max_tokens=9, ignore_eos=True), RequestMeta(tenant_id="b"))
+    scheduler.add(done, 0.0)
+    scheduler.add(dropped, 0.0)
+    for step in range(10):
+        out = scheduler.schedule(float(step))
+        scheduler.update(out, {c.request.request_id: 5 for c in out.chunks}, set(), now=float(step))
+        if done.is_finished:
+            break
+    scheduler.finish(dropped, FinishReason.CANCELLED, 10.0)
+    assert sorted(finished) == ["done", "dropped"]
