@@ -23,6 +23,7 @@ from pydantic_settings import (
 )
 
 from admission.controller import AdmissionSettings
+from admission.feasibility import RatePriors
 from admission.queues import QueueBounds
 from billing import default_db_url
 from engine.config import EngineConfig
@@ -69,6 +70,12 @@ class GatewaySettings(StorageSettings):
     default_tenant_queued_requests: int = Field(default=64, ge=1,
                                                 description="queue bound of a tenant that sets none")
     retry_jitter: float = Field(default=0.25, ge=0.0, le=1.0, description="random share added to Retry-After")
+    prior_prefill_tokens_per_s: float = Field(
+        default=RatePriors.prefill_tokens_per_s, gt=0, allow_inf_nan=False,
+        description="prefill rate admission assumes before the engine has measured one")
+    prior_iteration_s: float = Field(
+        default=RatePriors.iteration_seconds, gt=0, allow_inf_nan=False,
+        description="iteration time admission assumes before the engine has measured one")
     idempotency_ttl_s: float = Field(default=86400.0, gt=0, description="seconds idempotency records are kept",
                                      json_schema_extra={"flags": ["--idempotency-ttl"]})
     grace_period_s: float = Field(default=10.0, ge=0, description="seconds to finish work on SIGTERM",
@@ -128,6 +135,7 @@ class GatewaySettings(StorageSettings):
                 default_tenant_queued_requests=self.default_tenant_queued_requests,
             ),
             retry_jitter=self.retry_jitter,
+            priors=RatePriors(self.prior_prefill_tokens_per_s, self.prior_iteration_s),
             fair_policy=policy_entry(self.engine.fairness.policy).interleaves_tenants,
         )
 
