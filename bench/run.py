@@ -115,7 +115,7 @@ async def measure(target: Target, workload: Workload, rate: float, duration_s: f
 def declaration(opts: BenchOptions, target: Target, local: LocalServer | None) -> dict[str, Any]:
     """What the essay asks every benchmark to declare (the per-workload part comes from the workloads)."""
     cfg = local.engine.config if local else None
-    engine = {k: v for k, v in asdict(cfg).items() if k not in ("cache_dir", "trace_path")} if cfg else \
+    engine = {k: v for k, v in cfg.model_dump().items() if k not in ("cache_dir", "trace_path")} if cfg else \
         "remote server (its configuration is the server's; see its /admin/api/engine)"
     return {
         "command": opts.command, "quick": opts.quick,
