@@ -27,7 +27,7 @@ class EngineConfig(BaseModel):
 
     model: str | None = Field(default=None, description="Hugging Face model directory (default: the embedded model)")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
-        default="auto", description="weight and activation dtype (auto: the model's own on CUDA, float32 on CPU)")
+        default="auto", description="weight and activation dtype (auto: the checkpoint's, float16 read as float32 on CPU)")
     device: str = Field(default="cpu", description="cpu, cuda or cuda:N")
     attention_backend: Literal["auto", "torch", "triton"] = Field(
         default="auto", description="auto picks the Triton kernels on CUDA and their torch twins on CPU")

@@ -104,6 +104,8 @@ def add_knob_flags(parser: argparse.ArgumentParser) -> None:
 def _default_text(knob: Knob) -> str:
     if knob.path == ("engine", "kv_cache_memory_fraction"):
         return " / ".join(f"{v} on {k}" for k, v in KV_CACHE_FRACTION_BY_DEVICE.items())
+    if knob.path == ("engine", "cache_dir"):
+        return "<data_dir>/models"
     default = knob.field.get_default(call_default_factory=True)
     return "none" if default is None else str(default)
 
