@@ -72,9 +72,13 @@ class EngineConfig(BaseModel):
 
     @model_validator(mode="after")
     def _device_available(self) -> EngineConfig:
-        """A CUDA device must exist and support the dtype asked for: say so now, not at the first request."""
-        kind = self.device.split(":", 1)[0]
-        if kind not in KV_CACHE_FRACTION_BY_DEVICE:
+        """A CUDA device must exist: say so when the settings are built, not when the worker starts.
+
+        Only device counting, which creates no CUDA context: the gateway process validates this config and
+        a context there would hold GPU memory the engine worker's KV cache is sized from.
+        """
+        kind, _, index = self.device.partition(":")
+        if kind not in KV_CACHE_FRACTION_BY_DEVICE or (index and (kind != "cuda" or not index.isdigit())):
             raise ValueError(f"device {self.device!r}: use cpu, cuda or cuda:N")
         if kind == "cuda":
             import torch  # deferred: only a CUDA request needs to ask the driver
@@ -82,15 +86,12 @@ class EngineConfig(BaseModel):
             if not torch.cuda.is_available():
                 raise ValueError(f"device {self.device!r} asked for, but CUDA is not available here "
                                  "(torch.cuda.is_available() is False); use --device cpu")
-            index = int(self.device.split(":", 1)[1]) if ":" in self.device else 0
-            if index >= torch.cuda.device_count():
+            if int(index or 0) >= torch.cuda.device_count():
                 raise ValueError(f"device {self.device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
-            if self.dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
-                raise ValueError(f"dtype bfloat16 is not supported by {torch.cuda.get_device_name(index)}")
         return self
 
     def kv_fraction(self) -> float:
         """The KV cache's share of memory: the configured one, else the device's default."""
         if self.kv_cache_memory_fraction is not None:
             return self.kv_cache_memory_fraction
-        return KV_CACHE_FRACTION_BY_DEVICE[self.device.split(":", 1)[0]]
+        return KV_CACHE_FRACTION_BY_DEVICE[self.device.partition(":")[0]]

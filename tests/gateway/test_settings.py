@@ -69,6 +69,8 @@ def test_bad_values_name_the_setting(tmp_path: Path, capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert "engine.block_size: block_size must be a power of two" in err
     assert "engine.model:" in err and "is not a directory" in err
+    assert main(["config", "show", "--device", "tpu"]) == 2
+    assert "engine: device 'tpu': use cpu, cuda or cuda:N" in capsys.readouterr().err
     assert main(["config", "show", "--config", str(tmp_path / "nope.toml")]) == 2
     assert "does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit):
