@@ -71,6 +71,10 @@ def test_bad_values_name_the_setting(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "engine.model:" in err and "is not a directory" in err
     assert main(["config", "show", "--device", "tpu"]) == 2
     assert "engine: device 'tpu': use cpu, cuda or cuda:N" in capsys.readouterr().err
+    typo = tmp_path / "typo.toml"
+    typo.write_text("[engine]\nmax_num_seq = 3\n")
+    assert main(["config", "show", "--config", str(typo)]) == 2
+    assert "engine.max_num_seq: Extra inputs are not permitted" in capsys.readouterr().err
     assert main(["config", "show", "--config", str(tmp_path / "nope.toml")]) == 2
     assert "does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit):
