@@ -34,7 +34,7 @@ bench-litellm: $(STAMP) .venv-litellm/bin/litellm
 	FAIRSERVE_LITELLM_BIN=.venv-litellm/bin/litellm $(BIN)/fairserve bench --quick --out artifacts/bench
 
 lint: $(STAMP)
-	$(BIN)/ruff check . && $(BIN)/mypy
+	$(BIN)/ruff check . && $(BIN)/mypy && $(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .venv-litellm .pytest_cache .mypy_cache .ruff_cache

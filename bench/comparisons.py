@@ -10,7 +10,6 @@ import asyncio
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -135,9 +134,10 @@ async def gateway_comparison(local: LocalServer | None, rate: float, n: int, lit
 
 def policy_variants(base: EngineConfig) -> list[tuple[str, str, EngineConfig]]:
     """(name, the one dimension changed, config): a baseline, then one change at a time."""
-    fcfs = replace(base, fairness=replace(base.fairness, policy="fcfs"))
+    fields = base.model_dump()
+    fcfs = EngineConfig.model_validate({**fields, "fairness": {**fields["fairness"], "policy": "fcfs"}})
     # "Off" = a token budget that covers any prompt, so every prefill runs whole in one iteration.
-    unchunked = replace(base, max_num_batched_tokens=2048)
+    unchunked = EngineConfig.model_validate({**fields, "max_num_batched_tokens": 2048})
     return [(f"baseline: vtc, chunked prefill (budget {base.max_num_batched_tokens})", "-", base),
             ("fcfs instead of vtc", "policy", fcfs),
             ("chunked prefill off (budget 2048 >= any prompt)", "chunked prefill", unchunked)]

@@ -26,11 +26,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from engine.config import FairnessSettings  # noqa: E402
 from engine.llm import LLM  # noqa: E402
 from engine.request import RequestMeta, SamplingParams  # noqa: E402
 from engine.sim import SimConfig, SimRequest, Simulator  # noqa: E402
 from engine.sim_scenarios import TwoTenantSetup, scale_scenario, two_tenants_scenario  # noqa: E402
+from fairness import FairnessConfig  # noqa: E402
 
 IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
 TENANTS = ("alpha", "beta", "gamma", "delta")
@@ -53,7 +53,7 @@ def sim_section() -> dict[str, Any]:
     """Simulated throughput of fcfs and vtc on one workload, and the two-tenant service plot."""
     report: dict[str, Any] = {}
     for policy in ("fcfs", "vtc"):
-        result = Simulator(SimConfig(max_num_seqs=128, fairness=FairnessSettings(policy=policy))).run(sim_workload())
+        result = Simulator(SimConfig(max_num_seqs=128, fairness=FairnessConfig(policy=policy))).run(sim_workload())
         report[policy] = {"output_tokens_per_s": result.output_tokens / result.clock,
                           "batched_tokens_per_s": result.batched_tokens / result.clock,
                           "makespan_s": result.clock, "completed": len(result.completions)}
@@ -81,7 +81,7 @@ def sim_section() -> dict[str, Any]:
 def _engine_run(policy: str, requests: int, seed: int) -> tuple[float, int, list[dict[str, float]]]:
     """One engine run: (wall seconds, output tokens, service by tenant after each iteration)."""
     llm = LLM(None, num_kv_blocks=512, max_num_seqs=32, max_num_batched_tokens=256,
-              fairness=FairnessSettings(policy=policy))
+              fairness=FairnessConfig(policy=policy))
     rng = random.Random(seed)
     engine = llm.engine
     for i in range(requests):

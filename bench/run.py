@@ -24,8 +24,9 @@ from bench.probe import Sampler, scrape, settled
 from bench.report import capacity_point, consistency_problems, summarise
 from bench.server import LocalServer, start_local_server
 from bench.workloads import WORKLOADS, Workload, plan
-from engine import EngineConfig, FairnessSettings
+from engine import EngineConfig
 from engine.loader import DEFAULT_MODEL_VERSION
+from fairness import FairnessConfig
 
 
 @dataclass
@@ -73,7 +74,7 @@ class BenchOptions:
 def bench_engine_config(cache_dir: str) -> EngineConfig:
     """The self-started server's engine: embedded model, VTC, a token budget that chunks long prompts, 384 KV blocks so occupancy shows."""
     return EngineConfig(cache_dir=cache_dir, max_num_batched_tokens=256, num_kv_blocks=384,
-                        fairness=FairnessSettings(policy="vtc"))
+                        fairness=FairnessConfig(policy="vtc"))
 
 
 def _progress(desc: str, total: int) -> tuple[tqdm, Callable[[], None]]:
@@ -115,7 +116,7 @@ async def measure(target: Target, workload: Workload, rate: float, duration_s: f
 def declaration(opts: BenchOptions, target: Target, local: LocalServer | None) -> dict[str, Any]:
     """What the essay asks every benchmark to declare (the per-workload part comes from the workloads)."""
     cfg = local.engine.config if local else None
-    engine = {k: v for k, v in asdict(cfg).items() if k not in ("cache_dir", "trace_path")} if cfg else \
+    engine = {k: v for k, v in cfg.model_dump().items() if k not in ("cache_dir", "trace_path")} if cfg else \
         "remote server (its configuration is the server's; see its /admin/api/engine)"
     return {
         "command": opts.command, "quick": opts.quick,

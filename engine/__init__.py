@@ -1,7 +1,7 @@
 """The inference engine: requests, paged KV cache, scheduler, model runner, engine loop."""
 
 from engine.async_engine import AsyncEngine, EngineDeadError
-from engine.config import EngineConfig, FairnessSettings
+from engine.config import EngineConfig
 from engine.front import OutputStream
 from engine.llm import LLM, CompletionOutput
 from engine.llm_engine import LLMEngine
@@ -28,7 +28,6 @@ __all__ = [
     "EngineDeadError",
     "EngineStartError",
     "EngineStats",
-    "FairnessSettings",
     "FinishReason",
     "InvalidRequestError",
     "IterationTrace",

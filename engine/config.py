@@ -1,80 +1,107 @@
-"""Engine configuration: one typed object, validated where it is built."""
+"""EngineConfig: every engine knob as one pydantic model, validated where it is built and when it changes.
+
+Each field is one knob of `fairserve serve`: the settings tree (gateway/settings.py) gives it a CLI flag,
+a `FAIRSERVE_ENGINE__*` environment variable and a key in the `[engine]` table of a `--config` TOML file,
+and the field's description is the flag's help. Add a knob here and it appears in all three.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.limits import RequestCaps
+from fairness.config import FairnessConfig
+
+# The share of memory the KV cache may take when num_kv_blocks is not given, by device type. On CUDA the
+# engine owns the accelerator, so it takes most of what is free after the weights (vLLM's
+# gpu_memory_utilization default is 0.9); on a CPU it shares RAM with everything else on the host.
+KV_CACHE_FRACTION_BY_DEVICE = {"cuda": 0.9, "cpu": 0.05}
 
 
-@dataclass
-class FairnessSettings:
-    """Which fairness policy orders the waiting queue, and its knobs (see fairness/)."""
+class EngineConfig(BaseModel):
+    """Budgets, cache geometry, device and model choice for one engine."""
 
-    policy: str = "vtc"  # vtc | fcfs: fair share is the default
-    key: str = "tenant"  # tenant | api_key | user
-    w_in: float = 1.0
-    w_out: float = 2.0
-    w_cached: float = 0.0
-    priority_classes: bool = True
-    max_queue_age_s: float = 30.0
-    edf: bool = False
-    lift_allowance: float = 1024.0  # service units a returning key may trail the backlogged minimum by
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-
-@dataclass
-class EngineConfig:
-    """Budgets, cache geometry and model choice for one engine."""
-
-    model: str | None = None  # a Hugging Face model directory; None builds the embedded default
-    dtype: str = "auto"  # auto | float32 | float16 | bfloat16
-    device: str = "cpu"
-    attention_backend: str = "auto"  # auto | torch | triton
-    max_num_batched_tokens: int = 512
-    max_num_seqs: int = 64
-    max_model_len: int | None = None  # defaults to the model's context
-    block_size: int = 16
-    num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_fraction
-    kv_cache_memory_fraction: float = 0.05
-    enable_prefix_caching: bool = True
-    watermark_blocks: int = 0  # free blocks admission keeps in reserve for running decodes
-    preemption_mode: str = "recompute"  # recompute | swap
-    swap_space_bytes: int = 256 * 2**20
-    fairness: FairnessSettings = field(default_factory=FairnessSettings)
-    trace_path: str | None = None  # write one IterationTrace JSON line per iteration
-    seed: int = 0
-    cache_dir: str | None = None  # where the embedded default model is built
+    model: str | None = Field(default=None, description="Hugging Face model directory (default: the embedded model)")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        default="auto", description="weight and activation dtype (auto: the checkpoint's, float16 read as float32 on CPU)")
+    device: str = Field(default="cpu", description="cpu, cuda or cuda:N")
+    attention_backend: Literal["auto", "torch", "triton"] = Field(
+        default="auto", description="auto picks the Triton kernels on CUDA and their torch twins on CPU")
+    max_num_batched_tokens: int = Field(default=512, ge=1, description="token budget of one iteration")
+    max_num_seqs: int = Field(default=64, ge=1, description="sequences running at once (seats)")
+    max_model_len: int | None = Field(default=None, ge=1, description="context length cap (default: the model's)")
+    block_size: int = Field(default=16, ge=1, description="tokens per KV-cache block (a power of two)")
+    num_kv_blocks: int | None = Field(
+        default=None, ge=1, description="KV-cache blocks (default: sized from kv_cache_memory_fraction)")
+    kv_cache_memory_fraction: float | None = Field(
+        default=None, gt=0, le=0.95,
+        description="share of memory for the KV cache when num_kv_blocks is unset "
+                    "(default by device: 0.9 of free GPU memory on CUDA, 0.05 of RAM on CPU)")
+    enable_prefix_caching: bool = Field(default=True, description="reuse KV blocks of shared prompt prefixes")
+    watermark_blocks: int = Field(default=0, ge=0, description="free blocks admission keeps for running decodes")
+    preemption_mode: Literal["recompute", "swap"] = Field(
+        default="recompute", description="what preemption does with a victim's KV blocks")
+    swap_space_bytes: int = Field(default=256 * 2**20, ge=0, description="host memory for swapped-out KV blocks")
+    fairness: FairnessConfig = Field(default_factory=FairnessConfig)
+    trace_path: str | None = Field(default=None, description="write one IterationTrace JSON line per iteration")
+    seed: int = Field(default=0, description="sampling seed")
+    cache_dir: str | None = Field(default=None, description="where the embedded default model is built")
     # Run ProcessEngine's worker under SCHED_BATCH (Linux): woken by a Submit, it waits for the writer to
     # yield its CPU instead of preempting it mid-write. Off by default: on the 2-core VM it cut how long a
     # submit holds the loop at 20 req/s but cost the gateway a little at 200 (docs/gateway.md, submit_wake).
-    worker_batch_scheduling: bool = False
-    # How ProcessEngine starts its worker. "forkserver": a server process imports the engine (torch) once and
-    # every worker, the first and each replacement, is forked from it, so replacing a dead worker skips the
-    # interpreter start and the imports (docs/engine.md, "Kill to ready"). "spawn": a fresh interpreter each time.
-    worker_start_method: str = "forkserver"
-    # Per-request host-work caps (stop strings, logit_bias, stop token ids, prompt bytes): engine/limits.py.
-    caps: RequestCaps = field(default_factory=RequestCaps)
-    # ProcessEngine's worker pickles and writes each step's report on a thread of its own, overlapping the
-    # next step (engine/publisher.py). Off by default until measured to help: see docs/engine.md.
-    overlap_publish: bool = False
+    worker_batch_scheduling: bool = Field(default=False, description="run the engine worker under SCHED_BATCH")
+    # "forkserver": a server process imports the engine (torch) once and every worker, the first and each
+    # replacement, is forked from it, so replacing a dead worker skips the interpreter start and the imports
+    # (docs/engine.md, "Kill to ready"). "spawn": a fresh interpreter each time.
+    worker_start_method: Literal["forkserver", "spawn"] = Field(
+        default="forkserver", description="how the process engine starts its worker")
+    caps: RequestCaps = Field(default_factory=RequestCaps)
+    # Off by default until measured to help: see docs/engine.md ("Overlap").
+    overlap_publish: bool = Field(
+        default=False, description="pickle and write each step's report on a worker thread, overlapping the next step")
 
-    def validate(self) -> None:
-        """Raise ValueError naming the first bad setting."""
-        if self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_batched_tokens must be >= 1")
-        if self.max_num_seqs < 1:
-            raise ValueError("max_num_seqs must be >= 1")
-        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
             raise ValueError("block_size must be a power of two")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError("num_kv_blocks must be >= 1")
-        if not 0 < self.kv_cache_memory_fraction <= 0.95:
-            raise ValueError("kv_cache_memory_fraction must be in (0, 0.95]")
-        if self.preemption_mode not in ("recompute", "swap"):
-            raise ValueError("preemption_mode must be recompute or swap")
-        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
-            raise ValueError("dtype must be auto, float32, float16 or bfloat16")
-        if self.worker_start_method not in ("forkserver", "spawn"):
-            raise ValueError("worker_start_method must be forkserver or spawn")
-        if self.watermark_blocks < 0:
-            raise ValueError("watermark_blocks must be >= 0")
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _model_dir(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).expanduser().is_dir():
+            raise ValueError(f"model {value!r} is not a directory (a Hugging Face model directory with "
+                             "config.json, *.safetensors and tokenizer.json)")
+        return value
+
+    @model_validator(mode="after")
+    def _device_available(self) -> EngineConfig:
+        """A CUDA device must exist: say so when the settings are built, not when the worker starts.
+
+        Only device counting, which creates no CUDA context: the gateway process validates this config and
+        a context there would hold GPU memory the engine worker's KV cache is sized from.
+        """
+        kind, _, index = self.device.partition(":")
+        if kind not in KV_CACHE_FRACTION_BY_DEVICE or (index and (kind != "cuda" or not index.isdigit())):
+            raise ValueError(f"device {self.device!r}: use cpu, cuda or cuda:N")
+        if kind == "cuda":
+            import torch  # deferred: only a CUDA request needs to ask the driver
+
+            if not torch.cuda.is_available():
+                raise ValueError(f"device {self.device!r} asked for, but CUDA is not available here "
+                                 "(torch.cuda.is_available() is False); use --device cpu")
+            if int(index or 0) >= torch.cuda.device_count():
+                raise ValueError(f"device {self.device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+        return self
+
+    def kv_fraction(self) -> float:
+        """The KV cache's share of memory: the configured one, else the device's default."""
+        if self.kv_cache_memory_fraction is not None:
+            return self.kv_cache_memory_fraction
+        return KV_CACHE_FRACTION_BY_DEVICE[self.device.partition(":")[0]]

@@ -11,18 +11,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from engine.request import InvalidRequestError, PromptTooLongError, SamplingParams
 
 
-@dataclass(frozen=True)
-class RequestCaps:
+class RequestCaps(BaseModel):
     """Per-request bounds on host work; each is checked before the request is queued."""
 
-    max_stop_strings: int = 16
-    max_stop_chars: int = 256  # per stop string; the stop matcher's work per token is O(this)
-    max_stop_token_ids: int = 64
-    max_logit_bias: int = 300  # entries; OpenAI documents token ids with a bias in [-100, 100]
-    max_prompt_bytes: int = 256 * 1024  # UTF-8 bytes of a text prompt, checked before tokenising
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_stop_strings: int = Field(default=16, ge=0, description="stop strings per request")
+    # The stop matcher's work per token is O(this).
+    max_stop_chars: int = Field(default=256, ge=1, description="characters per stop string")
+    max_stop_token_ids: int = Field(default=64, ge=0, description="stop_token_ids per request")
+    # OpenAI documents token ids with a bias in [-100, 100].
+    max_logit_bias: int = Field(default=300, ge=0, description="logit_bias entries per request")
+    max_prompt_bytes: int = Field(
+        default=256 * 1024, ge=1, description="UTF-8 bytes of a text prompt, checked before tokenising")
 
     def check(self, params: SamplingParams) -> None:
         """Raise InvalidRequestError naming the field that is over its cap."""

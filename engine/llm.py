@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import EngineConfig, FairnessSettings
+from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.request import FinishReason, RequestMeta, SamplingParams
 
@@ -31,12 +31,7 @@ class LLM:
     """Load a model once and generate for many prompts with continuous batching."""
 
     def __init__(self, model: str | None = None, **engine_config: Any) -> None:
-        fairness = engine_config.pop("fairness", None)
-        if isinstance(fairness, dict):
-            fairness = FairnessSettings(**fairness)
-        config = EngineConfig(model=model, **engine_config)
-        if fairness is not None:
-            config.fairness = fairness
+        config = EngineConfig(model=model, **engine_config)  # fairness may be a FairnessConfig or a dict
         self.engine = LLMEngine(config)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()

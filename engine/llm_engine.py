@@ -69,8 +69,7 @@ class LLMEngine:
     """One model, one scheduler, one KV cache; driven by explicit `step()` calls."""
 
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
-        config.validate()
-        self.config = config
+        self.config = config  # validated by pydantic when built
         self.device = torch.device(config.device)
         self.loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device, cache_dir=config.cache_dir)
         mc = self.loaded.config
@@ -114,9 +113,9 @@ class LLMEngine:
         per_block = kv_block_bytes(mc.num_layers, self.config.block_size, mc.num_kv_heads, mc.head_dim, self.loaded.dtype)
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
-            budget = int(free * self.config.kv_cache_memory_fraction)
+            budget = int(free * self.config.kv_fraction())
         else:
-            budget = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * self.config.kv_cache_memory_fraction)
+            budget = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * self.config.kv_fraction())
         # No point holding more than every seat filled to the full context.
         useful = self.config.max_num_seqs * -(-self.max_model_len // self.config.block_size)
         return max(1, min(budget // per_block, useful))

@@ -47,8 +47,7 @@ class ProcessEngine(EngineFront):
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__()
-        config.validate()
-        self.config = config
+        self.config = config  # validated by pydantic when built
         model_dir = default_model_dir(config.cache_dir) if config.model is None else Path(config.model)
         self.tokenizer = Tokenizer.from_dir(model_dir)
         # Provisional until the worker reports the engine's own figures at start().

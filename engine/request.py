@@ -165,7 +165,6 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
-    block_ids: list[int] = field(default_factory=list)
     state: RequestState = RequestState.WAITING
     finish_reason: FinishReason | None = None
     # Tokens charged to the fairness policy: prompt positions are charged once, even if recomputed.
@@ -203,11 +202,6 @@ class Request:
     def is_finished(self) -> bool:
         """True once the request has a finish reason."""
         return self.state is RequestState.FINISHED
-
-    @property
-    def in_prefill(self) -> bool:
-        """True while prompt (or recomputed) tokens remain to be computed beyond the next decode."""
-        return self.num_tokens - self.num_computed_tokens > 1 or self.num_computed_tokens < self.num_prompt_tokens
 
     @cached_property
     def prefix_root(self) -> bytes:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from engine.kv_cache import BlockPool
 from engine.request import FinishReason, Preemption, Request, RequestState
@@ -44,7 +44,6 @@ class Scheduler:
         self.swapped_bytes_total = 0
         self.deadline_misses = {"waiting": 0, "running": 0}
         self.deadline_wasted_tokens = 0
-        self._finish_hook: Callable[[Request], None] | None = getattr(policy, "finish", None)
 
     # -- intake -----------------------------------------------------------------------------
     def add(self, request: Request, now: float | None = None) -> None:
@@ -379,8 +378,6 @@ class Scheduler:
         request.finish_reason = reason
         request.finished_time = time.time() if now is None else now
         self.requests.pop(request.request_id, None)
-        if self._finish_hook is not None:
-            self._finish_hook(request)
 
     @staticmethod
     def _phase(request: Request) -> str:

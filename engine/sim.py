@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from engine.config import FairnessSettings
 from engine.kv_cache import BlockPool
 from engine.policy import build_policy
 from engine.request import FinishReason, Request, RequestMeta, SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from fairness import FairnessConfig
 from fairness.base import SchedulingPolicy
 
 
@@ -54,7 +54,7 @@ class SimConfig:
     swap_space_blocks: int = 1024  # bounded host buffer, in blocks
     bytes_per_block: int = 2 * 22 * 16 * 4 * 64 * 2  # k+v · layers · block · kv heads · head dim · fp16
     request_batching: bool = False  # static request-level batches (admit only into an empty batch)
-    fairness: FairnessSettings = field(default_factory=FairnessSettings)
+    fairness: FairnessConfig = field(default_factory=FairnessConfig)
     cost: CostModel = field(default_factory=CostModel)
     max_idle_iterations: int = 10_000  # consecutive empty iterations before the run is declared stalled
 

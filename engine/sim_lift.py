@@ -16,9 +16,9 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import FairnessSettings
 from engine.request import Request
 from engine.sim import SchedulerOutput, SimConfig, SimRequest, Simulator
+from fairness.config import FairnessConfig
 
 
 @dataclass
@@ -42,7 +42,7 @@ class BankedCreditSetup:
         """The simulated engine (w_in=1, w_out=2, one class)."""
         return SimConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                          num_blocks=self.num_blocks, block_size=self.block_size,
-                         fairness=FairnessSettings(lift_allowance=self.lift_allowance))
+                         fairness=FairnessConfig(lift_allowance=self.lift_allowance))
 
     def vtc_bound(self, w_in: float = 1.0, w_out: float = 2.0) -> float:
         """2·max(w_in·L_in, w_out·M), M the tokens the KV cache can hold."""
@@ -102,7 +102,7 @@ class ClosedLoopSetup:
     def config(self) -> SimConfig:
         """The simulated engine (w_in=1, w_out=2, one class)."""
         return SimConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-                         num_blocks=1024, fairness=FairnessSettings(lift_allowance=self.lift_allowance))
+                         num_blocks=1024, fairness=FairnessConfig(lift_allowance=self.lift_allowance))
 
 
 def closed_loop_weights(setup: ClosedLoopSetup | None = None) -> dict[str, Any]:

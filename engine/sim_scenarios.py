@@ -9,8 +9,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import FairnessSettings
 from engine.sim import CostModel, SimConfig, SimRequest, SimResult, Simulator
+from fairness import FairnessConfig
 
 # The essay's trace: two slots, prefills complete, (name, arrival step, output steps).
 ESSAY_TRACE = (("A", 0, 8), ("B", 0, 2), ("C", 1, 3), ("D", 3, 1))
@@ -66,7 +66,7 @@ class TwoTenantSetup:
         """The simulated engine for `policy` (w_in=1, w_out=2, one class)."""
         return SimConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                          num_blocks=self.num_blocks, block_size=self.block_size,
-                         fairness=FairnessSettings(policy=policy))
+                         fairness=FairnessConfig(policy=policy))
 
     def workload(self, x_weight: float = 1.0, y_weight: float = 1.0) -> list[SimRequest]:
         """Enough requests from both tenants, all queued at t=0 in alternating order, to stay backlogged."""
@@ -122,7 +122,7 @@ def scale_scenario(requests: int = 100_000, tenants: int = 1000, max_num_seqs: i
                    seed: int = 0, max_iterations: int | None = None) -> dict[str, Any]:
     """Run a large backlog and report the simulator's own speed in request-iterations per wall second."""
     config = SimConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(2048, 8 * max_num_seqs),
-                       num_blocks=max(8192, 32 * max_num_seqs), fairness=FairnessSettings(policy=policy))
+                       num_blocks=max(8192, 32 * max_num_seqs), fairness=FairnessConfig(policy=policy))
     result = Simulator(config).run(scale_workload(requests, tenants, seed), max_iterations=max_iterations)
     return {
         "policy": policy, "requests": requests, "tenants": tenants, "max_num_seqs": max_num_seqs,

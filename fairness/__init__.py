@@ -13,9 +13,14 @@ from fairness.errors import (
 from fairness.fcfs import FCFSPolicy
 from fairness.keys import KEY_FUNCTIONS, api_key_key, key_function, tenant_key, user_key
 from fairness.priority import PriorityPolicy
+from fairness.registry import DEFAULT_POLICY, POLICIES, PolicyEntry, policy_entry
 from fairness.vtc import VTCPolicy
 
 __all__ = [
+    "DEFAULT_POLICY",
+    "POLICIES",
+    "PolicyEntry",
+    "policy_entry",
     "KEY_FUNCTIONS",
     "DuplicateItemError",
     "EDFPolicy",

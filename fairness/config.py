@@ -5,32 +5,44 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fairness.cost import TokenCost
 from fairness.edf import EDFPolicy
-from fairness.fcfs import FCFSPolicy
 from fairness.keys import key_function
 from fairness.priority import PriorityPolicy
-from fairness.vtc import VTCPolicy
+from fairness.registry import DEFAULT_POLICY, POLICIES, policy_entry
 
 
 class FairnessConfig(BaseModel):
-    """Which policy orders the waiting queue and its knobs; the field names match engine FairnessSettings."""
+    """Which policy orders the waiting queue and its knobs: the engine's and the settings tree's one shape.
+
+    Each field is one knob of `fairserve serve` (flag, FAIRSERVE_ENGINE__FAIRNESS__* variable, TOML key in
+    [engine.fairness]); its description is the flag's help.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    policy: Literal["fcfs", "vtc"] = "vtc"
-    key: Literal["tenant", "api_key", "user"] = "tenant"
-    w_in: float = Field(default=1.0, ge=0, allow_inf_nan=False)
-    w_out: float = Field(default=2.0, ge=0, allow_inf_nan=False)
-    w_cached: float = Field(default=0.0, ge=0, allow_inf_nan=False)
-    priority_classes: bool = True
+    policy: str = Field(default=DEFAULT_POLICY, description=f"fairness policy: {' | '.join(POLICIES)}")
+    key: Literal["tenant", "api_key", "user"] = Field(
+        default="tenant", description="what fair share is kept per: tenant, API key or end user")
+    w_in: float = Field(default=1.0, ge=0, allow_inf_nan=False, description="charge per prompt token")
+    w_out: float = Field(default=2.0, ge=0, allow_inf_nan=False, description="charge per output token")
+    w_cached: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="charge per cached prompt token")
+    priority_classes: bool = Field(default=True, description="serve tenants' priority classes in order")
     max_queue_age_s: float = Field(default=30.0, gt=0, description="aging period; inf disables promotion")
-    edf: bool = False
-    # Service a key that becomes backlogged may keep below the backlogged minimum (fairness/vtc.py): the
-    # most credit any key can bank. 0 is the paper's lift; 1024 is one 512-token answer at w_out=2.
-    lift_allowance: float = Field(default=1024.0, ge=0, allow_inf_nan=False)
+    edf: bool = Field(default=False, description="order each tenant's own requests by deadline")
+    # The most credit any key can bank (fairness/vtc.py, docs/fairness.md "Lifting"): 0 is the paper's lift;
+    # 1024 is one 512-token answer at w_out=2.
+    lift_allowance: float = Field(
+        default=1024.0, ge=0, allow_inf_nan=False,
+        description="service a key that becomes backlogged may keep below the backlogged minimum (vtc)")
+
+    @field_validator("policy")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        policy_entry(value)  # ValueError naming the registered policies
+        return value
 
     @model_validator(mode="after")
     def _counters_can_grow(self) -> FairnessConfig:
@@ -40,18 +52,13 @@ class FairnessConfig(BaseModel):
             raise ValueError("max_queue_age_s must be a number")
         return self
 
-    @classmethod
-    def from_settings(cls, settings: Any) -> FairnessConfig:
-        """Validate any object with the same attribute names (e.g. engine.config.FairnessSettings)."""
-        return cls.model_validate(settings, from_attributes=True)
-
     def token_cost(self) -> TokenCost:
         """The cost function these weights define."""
         return TokenCost(self.w_in, self.w_out, self.w_cached)
 
 
 def make_policy(config: FairnessConfig | None = None) -> Any:
-    """Build the policy `config` describes: base (fcfs|vtc), optionally under EDF, optionally per priority class.
+    """Build the policy `config` describes: a registered base, optionally under EDF, optionally per priority class.
 
     The result satisfies `fairness.base.SchedulingPolicy` and also offers `set_weight`, `counters`,
     `victim(running, for_item)` and `__contains__`.
@@ -61,7 +68,7 @@ def make_policy(config: FairnessConfig | None = None) -> Any:
     key_fn = key_function(config.key)
 
     def make_base() -> Any:
-        base: Any = VTCPolicy(cost, key_fn, config.lift_allowance) if config.policy == "vtc" else FCFSPolicy(cost, key_fn)
+        base: Any = POLICIES[config.policy].build(cost, key_fn, config)
         return EDFPolicy(base) if config.edf else base
 
     if config.priority_classes:

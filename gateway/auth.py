@@ -12,7 +12,7 @@ from pathlib import Path
 from prometheus_client import Counter
 from starlette.requests import Request
 
-from billing import ApiKeyInfo, BillingStore, KeyCache, StoreUnavailable, Tenant
+from billing import ApiKeyInfo, BillingStore, KeyCache, StoreUnavailable, Tenant, TenantExists
 from gateway.auth_guard import FailureBudget
 from gateway.errors import APIError
 
@@ -137,14 +137,24 @@ def check_admin(request: Request, admin_token: str) -> None:
     raise APIError(403, "this endpoint needs the admin token", "forbidden")
 
 
-def ensure_demo_key(store: BillingStore, data_dir: Path, tenant_name: str) -> str:
-    """A working API key of the demo tenant: the stored one if still valid, else a new one (saved 0600)."""
+def ensure_demo_key(store: BillingStore, data_dir: Path, tenant_name: str) -> str | None:
+    """A working API key of the demo tenant, minted only on the deployment's first start.
+
+    The key stored in `data_dir` if still valid; else a new demo tenant and key (saved 0600) when the
+    database has no demo tenant yet; else None. Replicas sharing one database each have their own data
+    directory, so minting whenever the file is missing gave every fresh replica another demo key.
+    """
     path = data_dir / API_KEY_FILE
     if path.exists():
         secret = path.read_text().strip()
         if secret and store.verify_key(secret) is not None:
             return secret
-    tenant = store.get_tenant(tenant_name) or store.create_tenant(tenant_name)
+    if store.get_tenant(tenant_name) is not None:
+        return None
+    try:
+        tenant = store.create_tenant(tenant_name)
+    except TenantExists:  # another replica's first start won the race
+        return None
     secret, _info = store.create_key(tenant.id, name="demo")
     _write_private(path, secret)
     return secret

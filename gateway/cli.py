@@ -10,6 +10,7 @@ from importlib.metadata import entry_points
 # Modules that define `register(subparsers)`; each adds its subcommands with a `func` default.
 COMMAND_MODULES = (
     "gateway.cli_serve",  # serve
+    "gateway.cli_config",  # config show
     "gateway.cli_model",  # model init
     "gateway.cli_billing",  # db, tenants, keys, usage
     "gateway.cli_sim",  # sim

@@ -17,9 +17,9 @@ from billing import (
     KeyNotFound,
     TenantExists,
     TenantNotFound,
-    default_db_url,
 )
 from gateway.key_events import publish_change
+from gateway.settings import DEFAULT_DATA_DIR, StorageSettings
 
 _RELATIVE = re.compile(r"^(\d+)\s*([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -54,18 +54,40 @@ def quota_arg(text: str) -> int | None:
 
 
 def _db_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", default=None, help="database URL (default: sqlite:///<data-dir>/fairserve.db)")
-    parser.add_argument("--data-dir", default="./data", help="data directory (default: ./data)")
+    # The same flags, FAIRSERVE_* variables and defaults as `fairserve serve` (gateway/settings.py).
+    fields = StorageSettings.model_fields
+    parser.add_argument("--db", default=None,
+                        help=f"{fields['db_url'].description} [FAIRSERVE_DB_URL]")
+    parser.add_argument("--data-dir", default=None,
+                        help=f"{fields['data_dir'].description} [FAIRSERVE_DATA_DIR; default {DEFAULT_DATA_DIR}]")
+
+
+def _storage(args: argparse.Namespace) -> StorageSettings:
+    given = {"data_dir": args.data_dir, "db_url": args.db}
+    return StorageSettings(**{k: v for k, v in given.items() if v is not None})
 
 
 def _database(args: argparse.Namespace) -> Database:
-    return Database(args.db or default_db_url(args.data_dir))
+    return Database(_storage(args).database_url())
 
 
-def _store(args: argparse.Namespace) -> BillingStore:
-    db = _database(args)
-    db.upgrade()  # as the server does on start; a no-op at head
-    return BillingStore(db)
+def _store(args: argparse.Namespace, need_tenants: bool = True) -> BillingStore:
+    """The store of the configured database; ValueError saying what to do when it has no schema, or no
+    tenants where the command needs some: the usual cause is a data directory other than the server's."""
+    storage = _storage(args)
+    db = Database(storage.database_url())
+    where = f"{db!r}" if storage.db_url else f"the data directory {storage.data_dir.resolve()}"
+    if db.current_revision() is None:
+        raise ValueError(f"{where} has no fairserve schema: is it the one `fairserve serve` uses "
+                         "(--data-dir / --db, FAIRSERVE_DATA_DIR / FAIRSERVE_DB_URL)? To start a new one, "
+                         "run `fairserve db upgrade` or `fairserve serve` with the same options")
+    db.upgrade()  # an older schema moves to head, as the server does on start; a no-op at head
+    store = BillingStore(db)
+    if need_tenants and not store.list_tenants():
+        raise ValueError(f"{where} has no tenants: is it the one `fairserve serve` uses "
+                         "(--data-dir / --db, FAIRSERVE_DATA_DIR / FAIRSERVE_DB_URL)? "
+                         "Add one with `fairserve tenants add NAME`")
+    return store
 
 
 def _fmt(value: Any) -> str:
@@ -111,7 +133,7 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 def cmd_tenants(args: argparse.Namespace) -> int:
     """tenants add|list|set."""
-    store = _store(args)
+    store = _store(args, need_tenants=args.tenants_action != "add")
     if args.tenants_action == "list":
         _emit(args, [asdict(t) for t in store.list_tenants()], TENANT_COLUMNS)
         return 0

@@ -6,74 +6,26 @@ import argparse
 import logging
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 import uvicorn
 from pydantic import ValidationError
 
-from billing import BillingStore, Database, default_db_url
-from engine import EngineConfig
+from billing import BillingStore, Database
 from gateway.app import create_app
 from gateway.auth import ensure_admin_token, ensure_demo_key, ensure_metrics_token
-from gateway.settings import GatewaySettings
+from gateway.settings import settings_error_text
+from gateway.settings_flags import add_knob_flags, settings_from_args
 
 
 def register(subparsers: Any) -> None:
-    """Add the `serve` subcommand."""
-    p = subparsers.add_parser("serve", help="run the OpenAI-compatible gateway and the engine")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    p.add_argument("--data-dir", default="./fairserve-data", help="database, secrets and ledger spill")
-    p.add_argument("--db", default=None, help="SQLAlchemy URL (default: SQLite in the data dir)")
-    p.add_argument("--redis", default=None, help="redis:// URL for shared idempotency and quotas")
-    p.add_argument("--redis-timeout", type=float, default=0.25,
-                   help="seconds each Redis call may take before the circuit breaker opens")
-    p.add_argument("--quota-on-redis-failure", choices=["open", "closed"], default="open",
-                   help="while Redis is unavailable: admit without quotas (open) or answer 503 (closed)")
-    p.add_argument("--model", default=None, help="Hugging Face model directory (default: embedded model)")
-    p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--num-kv-blocks", type=int, default=None)
-    p.add_argument("--policy", choices=["fcfs", "vtc"], default=None, help="fairness policy")
-    p.add_argument("--grace-period", type=float, default=10.0, help="seconds to finish work on SIGTERM")
-    p.add_argument("--max-queued-requests", type=int, default=256, help="global admission queue bound")
-    p.add_argument("--max-queued-tokens", type=int, default=131072, help="global bound on queued prompt tokens")
-    p.add_argument("--idempotency-ttl", type=float, default=86400.0, help="seconds records are kept")
-    p.add_argument("--metrics-host", default="127.0.0.1",
-                   help="address of the --metrics-port listener (it needs no credential: keep it private)")
-    p.add_argument("--metrics-port", type=int, default=None,
-                   help="also serve /metrics here without a credential (the main port's /metrics needs the "
-                        "metrics or admin token)")
-    p.add_argument("--auth-failure-burst", type=int, default=20,
-                   help="failed authentications a client address may make at once before 429")
-    p.add_argument("--auth-failure-rate", type=float, default=2.0,
-                   help="failed authentications per second a client address may sustain")
-    p.add_argument("--idempotent-orphan-grace", type=float, default=10.0,
-                   help="seconds a run sent with an Idempotency-Key outlives its last reader, for a retry to attach")
-    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
-                   help="run the engine loop in its own process instead of a thread of the gateway")
+    """Add the `serve` subcommand: one flag per knob of the settings tree (gateway/settings_flags.py)."""
+    p = subparsers.add_parser("serve", help="run the OpenAI-compatible gateway and the engine",
+                              description="Every setting below can also come from its FAIRSERVE_* environment "
+                              "variable or the --config TOML file; `fairserve config show` prints the "
+                              "effective values and their sources.")
+    add_knob_flags(p)
     p.set_defaults(func=serve)
-
-
-def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
-    """Validated settings from the parsed flags."""
-    engine = EngineConfig(model=args.model, cache_dir=str(Path(args.data_dir) / "models"))
-    if args.max_num_seqs is not None:
-        engine.max_num_seqs = args.max_num_seqs
-    if args.num_kv_blocks is not None:
-        engine.num_kv_blocks = args.num_kv_blocks
-    if args.policy is not None:
-        engine.fairness.policy = args.policy
-    extra = {} if args.engine_process is None else {"engine_process": args.engine_process}
-    return GatewaySettings(
-        host=args.host, port=args.port, data_dir=Path(args.data_dir), db_url=args.db, redis_url=args.redis,
-        model=args.model, grace_period_s=args.grace_period, max_queued_requests=args.max_queued_requests,
-        max_queued_tokens=args.max_queued_tokens, idempotency_ttl_s=args.idempotency_ttl, engine=engine,
-        metrics_host=args.metrics_host, metrics_port=args.metrics_port, auth_failure_burst=args.auth_failure_burst,
-        auth_failure_rate_per_s=args.auth_failure_rate,
-        redis_timeout_s=args.redis_timeout, quota_on_redis_failure=args.quota_on_redis_failure,
-        idempotent_orphan_grace_s=args.idempotent_orphan_grace, **extra,
-    )
 
 
 class _Server(uvicorn.Server):
@@ -109,12 +61,14 @@ def serve(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
     except (ValidationError, ValueError) as exc:
-        print(f"fairserve serve: invalid settings: {exc}", file=sys.stderr)
+        print(f"fairserve serve: invalid settings:\n{settings_error_text(exc)}", file=sys.stderr)
         return 2
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    db = Database(settings.db_url or default_db_url(settings.data_dir))
+    db = Database(settings.database_url())
     db.upgrade()
-    api_key = ensure_demo_key(BillingStore(db), settings.data_dir, settings.demo_tenant)
+    api_key = ensure_demo_key(BillingStore(db), settings.data_dir, settings.demo_tenant) or (
+        f"none (tenant {settings.demo_tenant!r} already exists; `fairserve keys create --tenant "
+        f"{settings.demo_tenant}` issues a key)")
     db.dispose()
     admin_token = ensure_admin_token(settings.data_dir)
     metrics_token = ensure_metrics_token(settings.data_dir)

@@ -9,6 +9,7 @@ from typing import Any
 
 from engine.sim import SimulationError
 from engine.sim_scenarios import TwoTenantSetup, essay_scenario, scale_scenario, two_tenants_scenario
+from fairness import DEFAULT_POLICY, POLICIES
 
 SCENARIOS = ("essay", "two-tenants", "scale")
 
@@ -22,7 +23,7 @@ def register(subparsers: Any) -> None:
     sim.add_argument("--requests", type=int, default=100_000, help="scale: number of requests")
     sim.add_argument("--tenants", type=int, default=1000, help="scale: number of tenants")
     sim.add_argument("--max-num-seqs", type=int, default=256, help="scale: batch size (seats)")
-    sim.add_argument("--policy", choices=("fcfs", "vtc"), default="vtc", help="scale: fairness policy")
+    sim.add_argument("--policy", choices=list(POLICIES), default=DEFAULT_POLICY, help="scale: fairness policy")
     sim.add_argument("--seed", type=int, default=0, help="scale: workload seed")
     sim.set_defaults(func=run_sim)
 

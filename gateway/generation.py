@@ -189,7 +189,8 @@ async def _admit_and_start(state: GatewayState, caller: Caller, ident: rp.Identi
                        weight=tenant.weight, deadline=deadline, arrival_time=now, cache_group=tenant.cache_group,
                        cache_salt=body.cache_salt)
     spec = RunSpec(ident.request_id, tenant.id, ident.task_id, Shape(chat, ident.request_id, body.model, int(now)),
-                   bool(body.stream), body.include_usage, ident.idempotency_key, engine_id=new_request_id())
+                   bool(body.stream), body.include_usage, ident.idempotency_key, engine_id=new_request_id(),
+                   continuous_usage=body.continuous_usage)
     engine = state.engine
     run = Run(spec, abort=lambda reason: engine.abort(spec.engine_id, reason),
               orphan_grace_s=state.settings.idempotent_orphan_grace_s)

@@ -1,4 +1,4 @@
-"""Prometheus metrics (DESIGN.md section 7) on a per-app registry, with bounded tenant labels."""
+"""Prometheus metrics (listed in docs/gateway.md, "Metrics") on a per-app registry, with bounded tenant labels."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ class _EngineCollector(Collector):
             ("fairserve_deadline_misses", "Requests that missed their deadline in the engine", stats.deadline_misses),
         ):
             yield CounterMetricFamily(name, doc, value=float(value))
-        # The engine reports one total; reason and mode labels keep the DESIGN.md shape.
+        # The engine reports one total; reason and mode labels keep the documented shape.
         preempt = CounterMetricFamily("fairserve_preemptions", "Preemptions", labels=["reason", "mode"])
         for kind, count in sorted(stats.preemptions_by_kind.items()):
             reason, _, mode = kind.partition("/")

@@ -58,8 +58,10 @@ class Shape:
         out = self._head(self.object) | {"choices": [choice], "usage": usage(m)}
         return json.dumps(out, ensure_ascii=False)
 
-    def chunk(self, delta_text: str, reason: FinishReason | None, first: bool) -> str:
-        """One stream event's JSON: a text delta, and on the last one the finish reason."""
+    def chunk(self, delta_text: str, reason: FinishReason | None, first: bool,
+              so_far: RequestMetrics | None = None) -> str:
+        """One stream event's JSON: a text delta, on the last one the finish reason, and with `so_far`
+        the usage up to this event (`stream_options.continuous_usage_stats`)."""
         finish = openai_finish_reason(reason)
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": delta_text} if first else {"content": delta_text}
@@ -68,7 +70,10 @@ class Shape:
         else:
             choice = {"index": 0, "text": delta_text, "logprobs": None, "finish_reason": finish}
             obj = "text_completion"
-        return json.dumps(self._head(obj) | {"choices": [choice]}, ensure_ascii=False)
+        out = self._head(obj) | {"choices": [choice]}
+        if so_far is not None:
+            out["usage"] = usage(so_far)
+        return json.dumps(out, ensure_ascii=False)
 
     def usage_chunk(self, m: RequestMetrics) -> str:
         """The extra final event with empty choices and usage (`stream_options.include_usage`)."""

@@ -48,6 +48,7 @@ class RunSpec:
     include_usage: bool
     idempotency_key: str | None = None
     engine_id: str = ""
+    continuous_usage: bool = False  # usage in every stream event (stream_options.continuous_usage_stats)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -199,7 +200,8 @@ class RunFeed:
             self.on_first()
         if spec.stream and (out.delta_text or out.finished or not run.chunks):
             reason = out.finish_reason if out.finished else None
-            run.chunks.append(spec.shape.chunk(out.delta_text, reason, first=not run.chunks))
+            so_far = out.metrics if spec.continuous_usage else None
+            run.chunks.append(spec.shape.chunk(out.delta_text, reason, first=not run.chunks, so_far=so_far))
         self.last = out
         if not out.finished:
             run.notify()

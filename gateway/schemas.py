@@ -19,7 +19,7 @@ class _Strict(BaseModel):
 
 
 class StreamOptions(_Strict):
-    """`stream_options`: only `include_usage` is meaningful here."""
+    """`stream_options`: usage after the last event, and/or in every event."""
 
     include_usage: bool = False
     continuous_usage_stats: bool = False
@@ -110,6 +110,11 @@ class _Sampling(_Strict):
     def include_usage(self) -> bool:
         """Whether the final stream chunk carries usage."""
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether every stream chunk carries the usage so far."""
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
 class CompletionRequest(_Sampling):

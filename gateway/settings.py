@@ -1,68 +1,152 @@
-"""GatewaySettings: every knob of one gateway process, built from CLI flags and validated at the edge."""
+"""GatewaySettings: the one typed settings tree of a gateway process (pydantic-settings).
+
+Every knob is one field with its default and description, here, in `engine.EngineConfig` or in
+`fairness.FairnessConfig`. From that field alone it gets its `fairserve serve` flag
+(gateway/settings_flags.py), its `FAIRSERVE_*` environment variable (nested with `__`, e.g.
+`FAIRSERVE_ENGINE__MAX_NUM_SEQS`) and its key in an optional TOML file (`--config`; tables `[engine]`
+and `[engine.fairness]`). Precedence: flag, then environment, then file, then the default.
+"""
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 from admission.controller import AdmissionSettings
+from admission.feasibility import RatePriors
 from admission.queues import QueueBounds
+from billing import default_db_url
 from engine.config import EngineConfig
+from fairness import policy_entry
+
+ENV_PREFIX = "FAIRSERVE_"
+ENV_NESTED_DELIMITER = "__"
+# The data directory every command shares (serve, tenants, keys, usage, db): one default, one variable.
+DEFAULT_DATA_DIR = Path("./fairserve-data")
+
+# The TOML file of the settings being built: pydantic-settings builds its sources per class, so the file
+# chosen by `--config` for one load reaches `settings_customise_sources` through this variable.
+_config_file: ContextVar[Path | None] = ContextVar("fairserve_config_file", default=None)
 
 
-class GatewaySettings(BaseModel):
+class StorageSettings(BaseSettings):
+    """Where a deployment keeps its state: shared by `serve` and the db/tenants/keys/usage commands, so a
+    command run after `make serve` finds the server's database without being told."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER, extra="forbid",
+        arbitrary_types_allowed=True, validate_default=True,
+    )
+
+    data_dir: Path = Field(default=DEFAULT_DATA_DIR, description="database, secrets, ledger spill and models")
+    db_url: str | None = Field(default=None, description="SQLAlchemy URL (default: SQLite in the data dir)",
+                               json_schema_extra={"flags": ["--db"]})
+
+    def database_url(self) -> str:
+        """The configured URL, else the SQLite file in the data directory (which this creates)."""
+        return self.db_url or default_db_url(self.data_dir)
+
+
+class GatewaySettings(StorageSettings):
     """Where the gateway listens, what it stores where, and its admission and engine budgets."""
 
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    data_dir: Path = Path("./fairserve-data")
-    db_url: str | None = None  # None: SQLite file in data_dir
-    redis_url: str | None = None  # None: in-memory idempotency and quotas
+    host: str = Field(default="127.0.0.1", description="address to listen on")
+    port: int = Field(default=8000, ge=0, le=65535, description="port to listen on; 0 picks a free port")
+    redis_url: str | None = Field(default=None, description="redis:// URL for shared idempotency and quotas "
+                                  "(default: in memory)", json_schema_extra={"flags": ["--redis"]})
     # Every Redis call's deadline; past it (or on a refused connection) the breaker opens and calls fail fast.
-    redis_timeout_s: float = Field(default=0.25, gt=0, le=10)
-    # Quotas while Redis is away: "open" admits (counted, X-Quota-Status header), "closed" answers 503.
-    quota_on_redis_failure: Literal["open", "closed"] = "open"
-    model: str | None = None  # None: the embedded default model
-    max_body_bytes: int = Field(default=1 << 20, ge=1024)
-    max_queued_requests: int = Field(default=256, ge=1)
-    max_queued_tokens: int = Field(default=131072, ge=1)
-    default_tenant_queued_requests: int = Field(default=64, ge=1)
-    retry_jitter: float = Field(default=0.25, ge=0.0, le=1.0)
-    idempotency_ttl_s: float = Field(default=86400.0, gt=0)
-    # A run sent with an Idempotency-Key keeps going this long after its last reader disconnected, so
-    # the client's retry attaches to it instead of generating again (0: abort at once, like unkeyed runs).
+    redis_timeout_s: float = Field(default=0.25, gt=0, le=10, description="seconds each Redis call may take "
+                                   "before the circuit breaker opens", json_schema_extra={"flags": ["--redis-timeout"]})
+    quota_on_redis_failure: Literal["open", "closed"] = Field(
+        default="open", description="while Redis is unavailable: admit without quotas, counted and flagged by "
+        "an X-Quota-Status header (open), or answer 503 (closed)")
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, description="largest request body accepted")
+    max_queued_requests: int = Field(default=256, ge=1, description="global admission queue bound")
+    max_queued_tokens: int = Field(default=131072, ge=1, description="global bound on queued prompt tokens")
+    default_tenant_queued_requests: int = Field(default=64, ge=1,
+                                                description="queue bound of a tenant that sets none")
+    retry_jitter: float = Field(default=0.25, ge=0.0, le=1.0, description="random share added to Retry-After")
+    prior_prefill_tokens_per_s: float = Field(
+        default=RatePriors.prefill_tokens_per_s, gt=0, allow_inf_nan=False,
+        description="prefill rate admission assumes before the engine has measured one")
+    prior_iteration_s: float = Field(
+        default=RatePriors.iteration_seconds, gt=0, allow_inf_nan=False,
+        description="iteration time admission assumes before the engine has measured one")
+    idempotency_ttl_s: float = Field(default=86400.0, gt=0, description="seconds idempotency records are kept",
+                                     json_schema_extra={"flags": ["--idempotency-ttl"]})
+    grace_period_s: float = Field(default=10.0, ge=0, description="seconds to finish work on SIGTERM",
+                                  json_schema_extra={"flags": ["--grace-period"]})
     # 10 s covers openai-python's back-off (at most 8 s) after a read timeout.
-    idempotent_orphan_grace_s: float = Field(default=10.0, ge=0, le=600)
-    grace_period_s: float = Field(default=10.0, ge=0)
-    key_cache_ttl_s: float = Field(default=5.0, gt=0)
+    idempotent_orphan_grace_s: float = Field(
+        default=10.0, ge=0, le=600, description="seconds a run sent with an Idempotency-Key outlives its last "
+        "reader, for a retry to attach (0: abort at once, like unkeyed runs)",
+        json_schema_extra={"flags": ["--idempotent-orphan-grace"]})
+    key_cache_ttl_s: float = Field(default=5.0, gt=0, description="seconds a verified API key is cached")
     # Authentication failures allowed per client address (gateway/auth_guard.py): a burst, then a rate.
-    auth_failure_burst: int = Field(default=20, ge=1)
-    auth_failure_rate_per_s: float = Field(default=2.0, gt=0)
-    demo_tenant: str = "demo"  # created with a key on first start so the printed api_key works
-    metrics_tenants: int = Field(default=50, ge=0)  # tenants given their own metric labels
+    auth_failure_burst: int = Field(default=20, ge=1, description="failed authentications a client address "
+                                    "may make at once before 429")
+    auth_failure_rate_per_s: float = Field(default=2.0, gt=0, description="failed authentications per second "
+                                           "a client address may sustain", json_schema_extra={"flags": ["--auth-failure-rate"]})
+    demo_tenant: str = Field(default="demo", description="tenant given a key on a deployment's first start")
+    metrics_tenants: int = Field(default=50, ge=0, description="tenants given their own metric labels")
     # /metrics on the main port needs the metrics (or admin) token. A metrics port, if set, serves the same
     # registry without a credential, so it listens on loopback unless told otherwise.
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = Field(default="127.0.0.1", description="address of the --metrics-port listener "
+                              "(it needs no credential: keep it private)")
+    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="also serve /metrics here "
+                                     "without a credential (the main port's /metrics needs a token)")
     engine: EngineConfig = Field(default_factory=EngineConfig)
     # The engine loop in its own process (ProcessEngine) rather than a thread sharing the gateway's GIL:
     # on by measurement (docs/gateway.md, "Benchmark: gateway overhead").
-    engine_process: bool = True
-    restart_engine: bool = True  # replace a dead engine worker (process engine only; gateway/engine_watch.py)
+    engine_process: bool = Field(default=True, description="run the engine loop in its own process")
+    restart_engine: bool = Field(default=True, description="replace a dead engine worker (process engine only)")
     # How often CPython makes a running thread offer the GIL to a waiting one. The ledger writer and other
     # helper threads run Python for milliseconds at a time; at CPython's 5 ms the event loop can wait that
-    # long for every turn (bench/loop_lag.py measures both).
-    switch_interval_ms: float = Field(default=0.5, gt=0, le=100)
+    # long for every turn (docs/gateway.md, loop lag).
+    switch_interval_ms: float = Field(default=0.5, gt=0, le=100, description="CPython's GIL switch interval")
 
-    @field_validator("engine")
     @classmethod
-    def _engine_valid(cls, value: EngineConfig) -> EngineConfig:
-        value.validate()
-        return value
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags (passed as init values), then the environment, then the `--config` TOML file."""
+        toml_file = _config_file.get()
+        if toml_file is None:
+            return init_settings, env_settings
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=toml_file)
+
+    @model_validator(mode="after")
+    def _models_in_data_dir(self) -> GatewaySettings:
+        if self.engine.cache_dir is None:
+            self.engine.cache_dir = str(self.data_dir / "models")
+        return self
+
+    @classmethod
+    def load(cls, flags: dict[str, Any] | None = None, config_file: Path | None = None) -> GatewaySettings:
+        """The effective settings: `flags` (a nested dict of what the command line set) over the
+        FAIRSERVE_* environment over `config_file` over the defaults. Raises pydantic's ValidationError."""
+        if config_file is not None and not config_file.is_file():
+            raise ValueError(f"config file {config_file} does not exist")
+        token = _config_file.set(config_file)
+        try:
+            return cls(**(flags or {}))
+        finally:
+            _config_file.reset(token)
 
     def admission_settings(self) -> AdmissionSettings:
         """The admission layer's view of these settings."""
@@ -73,5 +157,25 @@ class GatewaySettings(BaseModel):
                 default_tenant_queued_requests=self.default_tenant_queued_requests,
             ),
             retry_jitter=self.retry_jitter,
-            fair_policy=self.engine.fairness.policy != "fcfs",
+            priors=RatePriors(self.prior_prefill_tokens_per_s, self.prior_iteration_s),
+            fair_policy=policy_entry(self.engine.fairness.policy).interleaves_tenants,
         )
+
+
+def raw_sources(config_file: Path | None) -> dict[str, dict[str, Any]]:
+    """What the environment and the TOML file each set, as nested dicts (for `fairserve config show`)."""
+    found = {"env": EnvSettingsSource(GatewaySettings)()}
+    if config_file is not None:
+        found["file"] = TomlConfigSettingsSource(GatewaySettings, toml_file=config_file)()
+    return found
+
+
+def settings_error_text(exc: Exception) -> str:
+    """One line per bad setting, `path: reason`, for a command's stderr."""
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    lines = []
+    for error in exc.errors():
+        path = ".".join(str(part) for part in error["loc"]) or "settings"
+        lines.append(f"{path}: {error['msg'].removeprefix('Value error, ')}")
+    return "\n".join(lines)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole suite: lint, types, layer check, tests. Called by `make test` and by .ci/run.
+# The whole suite: lint, types, layer contracts (import-linter, pyproject.toml), tests. Called by `make test` and by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -8,5 +8,5 @@ bash scripts/services.sh
 bash scripts/ensure_chromium.sh
 $BIN/ruff check .
 $BIN/mypy
-if [ -f ../shared/tools/check_layers.py ]; then python3 ../shared/tools/check_layers.py .; fi
+$BIN/lint-imports
 $BIN/python -m pytest "$@"

@@ -63,6 +63,7 @@ def test_bad_inputs_exit_with_messages(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_tenants_set_cache_group(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = ["--data-dir", str(tmp_path / "data")]
+    assert run(capsys, "db", "upgrade", *d)[0] == 0
     assert run(capsys, "tenants", "add", "acme", "--cache-group", "org-1", "--json", *d)[0] == 0
     code, out, _ = run(capsys, "tenants", "set", "acme", "--cache-group", "org-2", "--json", *d)
     assert code == 0 and json.loads(out)[0]["cache_group"] == "org-2"
@@ -70,3 +71,34 @@ def test_tenants_set_cache_group(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert code == 0 and json.loads(out)[0]["cache_group"] is None
     code, _, err = run(capsys, "tenants", "set", "acme", "--cache-group", "has space", *d)
     assert code == 1 and "cache_group" in err
+
+
+def test_every_command_shares_the_servers_data_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FAIRSERVE_DATA_DIR", raising=False)
+    monkeypatch.delenv("FAIRSERVE_DB_URL", raising=False)
+    assert run(capsys, "db", "upgrade")[0] == 0
+    assert run(capsys, "tenants", "add", "bob")[0] == 0
+    # `fairserve serve`'s default data directory, which GatewaySettings also names.
+    from gateway.settings import GatewaySettings
+
+    serve_db = BillingStore(Database(default_db_url(tmp_path / GatewaySettings().data_dir)))
+    assert [t.name for t in serve_db.list_tenants()] == ["bob"]
+    monkeypatch.setenv("FAIRSERVE_DATA_DIR", str(tmp_path / "elsewhere"))
+    assert run(capsys, "db", "upgrade")[0] == 0
+    assert (tmp_path / "elsewhere" / "fairserve.db").is_file()
+
+
+def test_a_database_without_schema_or_tenants_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = ["--data-dir", str(tmp_path / "empty")]
+    for argv in (["tenants", "list"], ["tenants", "add", "bob"], ["keys", "create", "--tenant", "bob"], ["usage"]):
+        code, _, err = run(capsys, *argv, *d)
+        assert code == 1 and "has no fairserve schema" in err and "fairserve db upgrade" in err, argv
+    assert run(capsys, "db", "upgrade", *d)[0] == 0
+    for argv in (["tenants", "list"], ["keys", "list"], ["usage"]):
+        code, _, err = run(capsys, *argv, *d)
+        assert code == 1 and "has no tenants" in err and str(tmp_path / "empty") in err, argv
+    assert run(capsys, "tenants", "add", "bob", *d)[0] == 0
+    assert run(capsys, "tenants", "list", *d)[0] == 0

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 
-from engine.config import FairnessSettings
 from engine.kv_cache import BlockPool
 from engine.policy import build_policy
-from engine.request import Request, RequestMeta, RequestState, SamplingParams
+from engine.request import FinishReason, Request, RequestMeta, RequestState, SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.sim import SimConfig, SimRequest, Simulator
 from engine.sim_scenarios import TwoTenantSetup
+from fairness import FairnessConfig
 
 # Small enough to run in a second or two, large enough for many Y requests to finish.
 SETUP = TwoTenantSetup(duration_s=25.0, max_num_seqs=32, num_blocks=256, sample_every_s=1.0)
@@ -66,7 +66,7 @@ def test_a_tenant_returning_from_idle_is_lifted_and_cannot_monopolise() -> None:
     workload = [SimRequest(f"a{i}", "A", 0.0, 50, 50) for i in range(4000)]
     workload += [SimRequest(f"b{i}", "B", late, 50, 50) for i in range(4000)]
     config = SimConfig(max_num_seqs=16, max_num_batched_tokens=256, num_blocks=256,
-                       fairness=FairnessSettings(policy="vtc"))
+                       fairness=FairnessConfig(policy="vtc"))
     bound = 2 * max(1.0 * 50, 2.0 * config.num_blocks * config.block_size)
     at_arrival: dict[str, float] = {}
     gains: list[float] = []
@@ -90,7 +90,7 @@ def test_a_tenant_returning_from_idle_is_lifted_and_cannot_monopolise() -> None:
 
 def test_a_higher_class_is_never_preempted_for_a_lower_one() -> None:
     config = SimConfig(max_num_seqs=8, max_num_batched_tokens=128, num_blocks=40, block_size=4,
-                       fairness=FairnessSettings(policy="vtc"))
+                       fairness=FairnessConfig(policy="vtc"))
     workload = [SimRequest(f"r{i}", f"t{i % 3}", arrival=0.001 * i, prompt_tokens=12, output_tokens=30,
                            priority=i % 2) for i in range(60)]
     victims: list[int] = []
@@ -114,7 +114,7 @@ def test_a_higher_class_is_never_preempted_for_a_lower_one() -> None:
 def _promotion_run(max_queue_age_s: float) -> tuple[float, float]:
     """A class-1 request behind a class-0 backlog: (its admission time, when the backlog was last admitted)."""
     config = SimConfig(max_num_seqs=4, max_num_batched_tokens=64, num_blocks=128, block_size=4,
-                       fairness=FairnessSettings(policy="vtc", max_queue_age_s=max_queue_age_s))
+                       fairness=FairnessConfig(policy="vtc", max_queue_age_s=max_queue_age_s))
     workload = [SimRequest(f"h{i}", "busy", 0.0, 8, 20, priority=0) for i in range(300)]
     workload.append(SimRequest("low", "quiet", 0.0, 8, 5, priority=1))
     result = Simulator(config).run(workload)
@@ -134,7 +134,7 @@ def test_aging_promotes_a_waiting_lower_class_request() -> None:
 
 def test_edf_setting_orders_a_class_by_deadline() -> None:
     def admission_order(edf: bool) -> list[str]:
-        config = SimConfig(max_num_seqs=1, fairness=FairnessSettings(policy="vtc", edf=edf))
+        config = SimConfig(max_num_seqs=1, fairness=FairnessConfig(policy="vtc", edf=edf))
         workload = [SimRequest(f"d{i}", f"t{i}", arrival=0.001 * i, prompt_tokens=4, output_tokens=3,
                                deadline=1000.0 - i) for i in range(5)]
         result = Simulator(config).run(workload)
@@ -149,7 +149,7 @@ def test_a_lower_class_decode_does_not_take_the_block_a_higher_class_prefill_nee
     # 4-token chunks; when the pool runs dry H needs a block. Scheduling L's decode first would leave
     # H no candidate but itself; the scheduler must order by class and preempt L instead.
     scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=4, max_num_seqs=4, max_model_len=256),
-                          BlockPool(4, 4, enable_prefix_caching=False), build_policy(FairnessSettings()))
+                          BlockPool(4, 4, enable_prefix_caching=False), build_policy(FairnessConfig()))
 
     def request(rid: str, prompt: int, output: int, priority: int) -> Request:
         meta = RequestMeta(tenant_id=rid, priority=priority, arrival_time=0.0)
@@ -168,3 +168,28 @@ def test_a_lower_class_decode_does_not_take_the_block_a_higher_class_prefill_nee
     assert preempted and set(preempted) == {"L"}
     assert high.preemptions == [] and len(high.output_token_ids) == 3
     assert len(low.output_token_ids) == 10 and not scheduler.has_unfinished()
+
+
+def test_the_policy_hears_of_each_finished_request_once() -> None:
+    policy = build_policy(FairnessConfig())
+    finished: list[str] = []
+    original = policy.finish
+
+    def counting_finish(item: Request) -> None:
+        finished.append(item.request_id)
+        original(item)
+
+    policy.finish = counting_finish  # type: ignore[method-assign]
+    scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=4, max_model_len=256),
+                          BlockPool(16, 4, enable_prefix_caching=False), policy)
+    done = Request("done", [1] * 4, SamplingParams(max_tokens=2, ignore_eos=True), RequestMeta(tenant_id="a"))
+    dropped = Request("dropped", [1] * 4, SamplingParams(max_tokens=9, ignore_eos=True), RequestMeta(tenant_id="b"))
+    scheduler.add(done, 0.0)
+    scheduler.add(dropped, 0.0)
+    for step in range(10):
+        out = scheduler.schedule(float(step))
+        scheduler.update(out, {c.request.request_id: 5 for c in out.chunks}, set(), now=float(step))
+        if done.is_finished:
+            break
+    scheduler.finish(dropped, FinishReason.CANCELLED, 10.0)
+    assert sorted(finished) == ["done", "dropped"]

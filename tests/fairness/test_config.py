@@ -9,17 +9,36 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.config import FairnessSettings
-from fairness import EDFPolicy, FairnessConfig, FCFSPolicy, PriorityPolicy, VTCPolicy, make_policy
+from engine.config import EngineConfig
+from fairness import (
+    POLICIES,
+    EDFPolicy,
+    FairnessConfig,
+    FCFSPolicy,
+    PolicyEntry,
+    PriorityPolicy,
+    VTCPolicy,
+    make_policy,
+)
 from tests.fairness.stand_in import Job, Meta, drain, job
 from tests.fairness.test_vtc import steady_state_cost
 
 
-def test_defaults_match_the_engine_settings_and_convert_from_them() -> None:
-    settings_ = FairnessSettings(policy="vtc", key="user", w_cached=0.25, edf=True, max_queue_age_s=5.0)
-    config = FairnessConfig.from_settings(settings_)
-    assert config.model_dump() == vars(settings_)
-    assert FairnessConfig().model_dump() == vars(FairnessSettings())
+def test_the_engine_config_holds_the_fairness_config_itself() -> None:
+    engine = EngineConfig(fairness={"policy": "fcfs", "key": "user", "edf": True})
+    assert isinstance(engine.fairness, FairnessConfig)
+    assert engine.fairness == FairnessConfig(policy="fcfs", key="user", edf=True)
+    assert EngineConfig().fairness.policy == "vtc"
+
+
+def test_a_registered_policy_is_accepted_and_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Lottery(FCFSPolicy):
+        """A stand-in new policy: the registry line is all it needs."""
+
+    with pytest.raises(ValueError, match="lottery"):
+        FairnessConfig(policy="lottery")
+    monkeypatch.setitem(POLICIES, "lottery", PolicyEntry("lottery", Lottery, True, "test"))
+    assert isinstance(make_policy(FairnessConfig(policy="lottery", priority_classes=False)), Lottery)
 
 
 @pytest.mark.parametrize(

@@ -158,6 +158,21 @@ def test_raw_sse_ends_with_done(server: Server, client: httpx.Client) -> None:
     assert payloads[-1]["choices"][0]["finish_reason"] is not None
 
 
+def test_continuous_usage_stats_puts_usage_in_every_chunk(server: Server, client: httpx.Client) -> None:
+    body = {"model": server.model, "prompt": "count", "max_tokens": 6, "ignore_eos": True, "stream": True,
+            "stream_options": {"continuous_usage_stats": True}}
+    with client.stream("POST", "/v1/completions", json=body, headers=server.headers("alice")) as resp:
+        events = [line for line in resp.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    payloads = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    assert len(payloads) >= 2 and all(p["choices"] for p in payloads)  # no separate usage-only event
+    done = [p["usage"]["completion_tokens"] for p in payloads]
+    assert done == sorted(done) and done[-1] == 6
+    assert {p["usage"]["prompt_tokens"] for p in payloads} == {payloads[0]["usage"]["prompt_tokens"]} != {0}
+    assert all(p["usage"]["total_tokens"] == p["usage"]["prompt_tokens"] + p["usage"]["completion_tokens"]
+               for p in payloads)
+
+
 def test_ops_routes(server: Server, client: httpx.Client) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bench.submit_wake import measure
+from bench.diagnostics.submit_wake import measure
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is a Linux policy")

@@ -1,6 +1,6 @@
 """How late the gateway's event loop wakes while the ledger writes behind it, at two GIL switch intervals.
 
-    .venv/bin/python -m bench.loop_lag --seconds 6 --rows-per-s 1000 --rounds 2
+    .venv/bin/python -m bench.diagnostics.loop_lag --seconds 6 --rows-per-s 1000 --rounds 2
 
 The ledger writer is a thread of the gateway process. While it runs SQLAlchemy's Python code it
 holds the GIL, and CPython makes a running thread hand the GIL to a waiting one only once per switch
@@ -21,7 +21,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 
-from bench.jitter import pct
+from bench.diagnostics.jitter import pct
 from billing import BillingStore, Database, Ledger, LedgerConfig, UsageRecord, default_db_url
 from gateway.settings import GatewaySettings
 

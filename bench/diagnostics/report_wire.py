@@ -1,6 +1,6 @@
 """What one iteration's outputs cost from the engine loop to the gateway, whole outputs vs deltas.
 
-    .venv/bin/python -m bench.report_wire
+    .venv/bin/python -m bench.diagnostics.report_wire
 
 A whole RequestOutput carries the prompt, every token so far and the text so far: the engine copies
 the tokens and text for it, the worker pickles all of it and the gateway's event loop unpickles it,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.jitter import busy_slices, oversleeps, pct
+from bench.diagnostics.jitter import busy_slices, oversleeps, pct
 
 
 def test_busy_slices_are_calibrated_and_sleeps_never_return_early() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from bench.loop_lag import measure
+from bench.diagnostics.loop_lag import measure
 
 
 def test_every_segment_is_measured_every_row_lands_and_the_interval_is_restored() -> None:

@@ -1,6 +1,6 @@
 """How long handing a request to an idle engine worker holds the event loop, by the worker's CPU policy.
 
-    .venv/bin/python -m bench.submit_wake --rate 20 --seconds 8 --rounds 2
+    .venv/bin/python -m bench.diagnostics.submit_wake --rate 20 --seconds 8 --rounds 2
 
 `ProcessEngine.submit` writes the request into the worker's pipe on the event loop. When the worker
 sleeps waiting for work, that write wakes it, and Linux may run the woken worker on the writer's own
@@ -21,7 +21,7 @@ import time
 
 import uvloop
 
-from bench.jitter import pct
+from bench.diagnostics.jitter import pct
 from engine import EngineConfig, ProcessEngine, RequestMeta, SamplingParams
 
 PROMPT = "The batch never waits."

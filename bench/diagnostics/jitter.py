@@ -1,6 +1,6 @@
 """How much the machine itself delays work: stalls of a busy thread and oversleep of a waking one.
 
-    .venv/bin/python -m bench.jitter --seconds 10
+    .venv/bin/python -m bench.diagnostics.jitter --seconds 10
 
 No fairserve code runs here. A fixed slice of CPU work is timed over and over, and a thread asks
 to sleep 1 ms over and over; on a quiet machine both stay near their median. Whatever this

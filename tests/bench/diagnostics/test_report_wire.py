@@ -1,4 +1,4 @@
-"""bench.report_wire: deltas keep a report's size independent of context; the whole form grows with it."""
+"""bench.diagnostics.report_wire: deltas keep a report's size independent of context; the whole form grows with it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.report_wire import main, measure
+from bench.diagnostics.report_wire import main, measure
 
 
 def test_delta_reports_do_not_grow_with_context() -> None:

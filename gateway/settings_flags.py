@@ -1,0 +1,158 @@
+"""Command-line flags generated from the settings tree, and where each effective value came from.
+
+Hand-written on purpose: pydantic-settings' own CLI source names nested knobs `--engine.max_num_seqs`,
+while fairserve's flags are the knob's leaf name (`--max-num-seqs`, `--policy`), which a GPU user reads
+in every other server's docs. One walk over the model fields makes both the flags and `config show`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from engine.config import KV_CACHE_FRACTION_BY_DEVICE
+from fairness import POLICIES
+from gateway.settings import ENV_NESTED_DELIMITER, ENV_PREFIX, GatewaySettings, raw_sources
+
+# Leaf names that would read ambiguously as a bare flag get a qualified one.
+_QUALIFIED: dict[tuple[str, ...], str] = {("engine", "fairness", "key"): "--fairness-key"}
+# Choices that come from a registry rather than a Literal type.
+_REGISTRY_CHOICES = {("engine", "fairness", "policy"): lambda: list(POLICIES)}
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One leaf of the settings tree: its path, field, flags and environment variable."""
+
+    path: tuple[str, ...]
+    field: FieldInfo
+
+    @property
+    def dest(self) -> str:
+        return "knob__" + "__".join(self.path)
+
+    @property
+    def flags(self) -> list[str]:
+        """The flag names, the field's own `flags` (short, human names) first, then the leaf name."""
+        derived = _QUALIFIED.get(self.path, "--" + self.path[-1].replace("_", "-"))
+        extra = self.field.json_schema_extra
+        named = [str(flag) for flag in extra.get("flags", [])] if isinstance(extra, dict) else []  # type: ignore[union-attr]
+        return [*named, derived]
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + ENV_NESTED_DELIMITER.join(self.path).upper()
+
+    @property
+    def toml_key(self) -> str:
+        return ".".join(self.path)
+
+
+def knobs(model: type[BaseModel] = GatewaySettings, prefix: tuple[str, ...] = ()) -> Iterator[Knob]:
+    """Every leaf field of the tree, depth first in declaration order."""
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield from knobs(annotation, (*prefix, name))
+        else:
+            yield Knob((*prefix, name), info)
+
+
+def _scalar(annotation: Any) -> tuple[Any, list[Any] | None]:
+    """The argparse type and choices for a field's annotation (Optional unwrapped)."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = next(a for a in args if a is not type(None))
+        args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is Literal:
+        return type(args[0]), list(args)
+    if annotation in (int, float):
+        return annotation, None
+    return str, None
+
+
+def add_knob_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per knob; unset flags stay out of the namespace so lower sources can fill them."""
+    group = parser.add_argument_group("settings (each also FAIRSERVE_<PATH> in the environment and a "
+                                      "key in the --config TOML file)")
+    group.add_argument("--config", type=Path, default=None, help="TOML file of settings")
+    seen: set[str] = set()
+    for knob in knobs():
+        clash = seen.intersection(knob.flags)
+        if clash:
+            raise RuntimeError(f"settings flag {clash} defined twice: qualify it in _QUALIFIED")
+        seen.update(knob.flags)
+        help_ = f"{knob.field.description or knob.toml_key} [{knob.env}; default {_default_text(knob)}]"
+        if knob.field.annotation is bool:
+            group.add_argument(*knob.flags[-1:], dest=knob.dest, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=help_)
+            continue
+        kind, choices = _scalar(knob.field.annotation)
+        choices = _REGISTRY_CHOICES[knob.path]() if knob.path in _REGISTRY_CHOICES else choices
+        group.add_argument(*knob.flags, dest=knob.dest, type=kind, choices=choices, default=argparse.SUPPRESS,
+                           metavar=None if choices else knob.path[-1].upper(), help=help_)
+
+
+def _default_text(knob: Knob) -> str:
+    if knob.path == ("engine", "kv_cache_memory_fraction"):
+        return " / ".join(f"{v} on {k}" for k, v in KV_CACHE_FRACTION_BY_DEVICE.items())
+    if knob.path == ("engine", "cache_dir"):
+        return "<data_dir>/models"
+    default = knob.field.get_default(call_default_factory=True)
+    return "none" if default is None else str(default)
+
+
+def flags_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The knobs set on the command line, as the nested dict GatewaySettings.load takes."""
+    nested: dict[str, Any] = {}
+    for name, value in vars(args).items():
+        if not name.startswith("knob__"):
+            continue
+        *parents, leaf = name.removeprefix("knob__").split("__")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return nested
+
+
+def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
+    """The effective settings for parsed flags (ValidationError / ValueError on bad values)."""
+    return GatewaySettings.load(flags_from_args(args), args.config)
+
+
+def _lookup(tree: dict[str, Any], path: tuple[str, ...]) -> tuple[bool, Any]:
+    node: Any = tree
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def effective_rows(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """(key, effective value, source) for every knob, the source being flag, env, file or default."""
+    settings = settings_from_args(args)
+    layers = [("flag", flags_from_args(args)), *raw_sources(args.config).items()]
+    rows = []
+    for knob in knobs():
+        value: Any = settings
+        for part in knob.path:
+            value = getattr(value, part)
+        source = next((label for label, tree in layers if _lookup(tree, knob.path)[0]), "default")
+        source = {"flag": f"flag {knob.flags[0]}", "env": f"env {knob.env}",
+                  "file": f"file {args.config}"}.get(source, source)
+        if knob.path == ("engine", "kv_cache_memory_fraction") and value is None:
+            value, source = settings.engine.kv_fraction(), f"default for device {settings.engine.device}"
+        elif knob.path == ("engine", "cache_dir") and source == "default":
+            source = "default: <data_dir>/models"
+        rows.append((knob.toml_key, "none" if value is None else str(value), source))
+    return rows
