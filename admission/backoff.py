@@ -8,6 +8,10 @@ import random
 # The longest Retry-After every popular client honours: openai-python gives up above 120 s and
 # anthropic-sdk-python ignores values above 60 s. The gateway turns longer waits into a 503 that says so.
 RETRY_AFTER_CAP_S = 60
+# A per-minute token quota is a sliding window of 1 s slots (admission/sliding_window.py), so its honest wait
+# is up to 61 s after a reservation. Such a wait is still answered as a capped 429: a client back at 60 s
+# is at worst told to wait one more second, which beats turning every per-minute refusal into a 503.
+CAP_SLACK_S = 1.0
 
 
 def retry_after_seconds(estimate_s: float, jitter: float, rng: random.Random) -> int:
@@ -15,7 +19,7 @@ def retry_after_seconds(estimate_s: float, jitter: float, rng: random.Random) ->
 
     Jitter only lengthens the wait, so a client that obeys it never returns before the estimate; an
     estimate within `RETRY_AFTER_CAP_S` stays within it (the jitter is cut there), so only a wait
-    that is really longer than the cap is answered as one.
+    that is really longer than the cap (by more than `CAP_SLACK_S`) is answered as one.
     """
     if not math.isfinite(estimate_s) or estimate_s < 0:
         estimate_s = 0.0
@@ -23,7 +27,7 @@ def retry_after_seconds(estimate_s: float, jitter: float, rng: random.Random) ->
     # Jitter whole seconds too: many clients told "1" would otherwise all return together.
     spread = rng.uniform(0.0, max(jitter, 0.0))
     seconds = max(1, math.ceil(stretched + spread))
-    if estimate_s <= RETRY_AFTER_CAP_S:
+    if estimate_s <= RETRY_AFTER_CAP_S + CAP_SLACK_S:
         seconds = min(seconds, RETRY_AFTER_CAP_S)
     return seconds
 

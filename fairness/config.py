@@ -68,7 +68,8 @@ def make_policy(config: FairnessConfig | None = None) -> Any:
     key_fn = key_function(config.key)
 
     def make_base() -> Any:
-        base: Any = POLICIES[config.policy].build(cost, key_fn, config)
+        entry = POLICIES[config.policy]
+        base: Any = entry.build(cost, key_fn, **entry.configure(config))
         return EDFPolicy(base) if config.edf else base
 
     if config.priority_classes:

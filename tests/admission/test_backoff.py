@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import random
 
-from admission.backoff import RETRY_AFTER_CAP_S, ratelimit_headers, retry_after_seconds
+from admission.backoff import CAP_SLACK_S, RETRY_AFTER_CAP_S, ratelimit_headers, retry_after_seconds
 
 
 def test_retry_after_never_shorter_than_estimate_and_at_least_one() -> None:
@@ -34,4 +34,10 @@ def test_ratelimit_headers_for_binding_window() -> None:
 def test_jitter_never_pushes_an_estimate_within_the_cap_over_it() -> None:
     rng = random.Random(3)
     assert max(retry_after_seconds(59.5, 0.5, rng) for _ in range(200)) == RETRY_AFTER_CAP_S
-    assert min(retry_after_seconds(61.0, 0.5, rng) for _ in range(200)) >= 62
+    assert min(retry_after_seconds(61.5, 0.5, rng) for _ in range(200)) >= 62
+
+
+def test_a_per_minute_windows_slot_of_rounding_is_still_capped_a_longer_wait_is_not() -> None:
+    rng = random.Random(1)
+    assert max(retry_after_seconds(RETRY_AFTER_CAP_S + CAP_SLACK_S, 0.25, rng) for _ in range(200)) == RETRY_AFTER_CAP_S
+    assert min(retry_after_seconds(RETRY_AFTER_CAP_S + CAP_SLACK_S + 0.5, 0.0, rng) for _ in range(20)) > RETRY_AFTER_CAP_S

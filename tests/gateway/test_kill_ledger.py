@@ -16,7 +16,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from billing import Database, default_db_url
+from billing import BillingStore, Database, default_db_url
 from tests.billing.conftest import pg_url  # noqa: F401  (the fixture, for the PostgreSQL runs)
 from tests.gateway.conftest import wait_for
 from tests.gateway.serve_process import ServeProcess
@@ -94,7 +94,12 @@ def test_kill_9_loses_no_answered_request(tmp_path: Path, backend: str, victim: 
     serve = ServeProcess(tmp_path, "--db", db_url, "--max-num-seqs", "8")
     workers = engine_workers(serve.proc.pid)
     try:
-        key = serve.banner["api_key"]
+        # A tenant of its own: the PostgreSQL database is shared by the run, so its demo tenant (and with it
+        # the banner's api_key) belongs to whichever server started there first.
+        db = Database(db_url)
+        store = BillingStore(db)
+        key = store.create_key(store.create_tenant(f"kill-{uuid.uuid4().hex[:8]}").id)[0]
+        db.dispose()
         with httpx.Client(base_url=serve.url, timeout=30) as c:
             model = c.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"][0]["id"]
         load = Load(serve.url, key, model)
