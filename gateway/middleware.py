@@ -37,6 +37,7 @@ class EdgeMiddleware:
         given = headers.get(b"x-request-id", b"").decode("latin-1").strip()
         request_id = given if _VALID_ID.match(given) else new_request_id()
         scope.setdefault("state", {})["request_id"] = request_id
+        scope["state"]["request_id_chosen"] = request_id == given  # the client's own id, not one made here
         id_header = (b"x-request-id", request_id.encode())
 
         async def send_with_id(message: Message) -> None:

@@ -11,6 +11,7 @@ from typing import Any, cast
 from prometheus_client import start_http_server
 
 from admission.controller import AdmissionController
+from admission.edge import EdgeAdmission
 from admission.quota import QuotaStore, make_quota
 from admission.quota_redis import quota_metrics
 from admission.redis_link import RedisLink, connect
@@ -58,6 +59,10 @@ class GatewayState:
     metrics_server: Any = None  # the unauthenticated --metrics-port listener (prometheus_client), if any
     key_events: KeyEvents | None = None  # Redis pub/sub invalidation of the key cache (with --redis)
     _tenants_at: float = 0.0
+    edge: EdgeAdmission = field(init=False)  # admission and quota behind one call (admission/edge.py)
+
+    def __post_init__(self) -> None:
+        self.edge = EdgeAdmission(self.admission, self.quota)
 
     def refresh_tenant_labels(self, force: bool = False) -> None:
         """Re-read configured tenants for metric labels (cheap, at most every few seconds)."""

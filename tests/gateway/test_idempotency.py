@@ -141,3 +141,16 @@ def test_rejected_request_frees_its_key(server: Server) -> None:
     fresh = _post(server, "alice", key, body, **{"X-Request-Id": "after-reject"})
     assert fresh.status_code == 200 and "idempotent-replayed" not in fresh.headers
     assert len(server.usage_rows("request_id = 'after-reject'")) == 1
+
+
+def test_request_refused_for_a_reused_id_frees_its_key(server: Server) -> None:
+    used = f"used-{uuid.uuid4().hex}"
+    body = {"model": server.model, "prompt": "x", "max_tokens": 2}
+    first = _post(server, "alice", uuid.uuid4().hex, body, **{"X-Request-Id": used})
+    assert first.status_code == 200, first.text
+    key = uuid.uuid4().hex
+    reused = _post(server, "alice", key, body, **{"X-Request-Id": used})
+    assert reused.status_code == 409 and reused.json()["error"]["code"] == "duplicate_request_id"
+    # The 409 was raised inside the key's claim: leaving it let the key go, so the same key now runs.
+    fresh = _post(server, "alice", key, body, **{"X-Request-Id": f"fresh-{uuid.uuid4().hex}"})
+    assert fresh.status_code == 200 and "idempotent-replayed" not in fresh.headers
