@@ -17,13 +17,13 @@ from admission.quota_redis import quota_metrics
 from admission.redis_link import RedisLink, connect
 from billing import BillingStore, Database, KeyCache, Ledger, LedgerConfig, default_db_url
 from engine import AsyncEngine, ProcessEngine
-from gateway.admin_rejections import RejectionLog
-from gateway.auth import ensure_admin_token, ensure_metrics_token
-from gateway.auth_guard import FailureBudget
-from gateway.idempotency import IdempotencyStore, make_idempotency_store
-from gateway.key_events import KeyEvents
-from gateway.metrics import GatewayMetrics, TenantLabels
-from gateway.runs import RunRegistry
+from gateway.admin.rejections import RejectionLog
+from gateway.edge.auth import ensure_admin_token, ensure_metrics_token
+from gateway.edge.auth_guard import FailureBudget
+from gateway.edge.key_events import KeyEvents
+from gateway.idempotency.records import IdempotencyStore, make_idempotency_store
+from gateway.openai.runs import RunRegistry
+from gateway.ops.metrics import GatewayMetrics, TenantLabels
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from sqlalchemy import text
 from billing import Database, default_db_url
 from tests.billing.conftest import pg_url  # noqa: F401  (the fixture, for the PostgreSQL runs)
 from tests.gateway.conftest import wait_for
+from tests.gateway.ops.test_engine_watch import engine_workers
 from tests.gateway.serve_process import ServeProcess
-from tests.gateway.test_engine_watch import engine_workers
 
 CLIENTS = 6
 ANSWERED_BEFORE_KILL = 100
