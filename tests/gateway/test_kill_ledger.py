@@ -16,7 +16,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from billing import Database, default_db_url
+from billing import BillingStore, Database, default_db_url
 from tests.billing.conftest import pg_url  # noqa: F401  (the fixture, for the PostgreSQL runs)
 from tests.gateway.conftest import wait_for
 from tests.gateway.ops.test_engine_watch import engine_workers
@@ -81,6 +81,21 @@ def _billed(db_url: str, ids: set[str]) -> set[str]:
     return found & ids
 
 
+def _api_key(serve: ServeProcess, db_url: str) -> str:
+    """The demo key `serve` printed, or, on the session's shared PostgreSQL database (whose demo tenant an
+    earlier run created: `serve` mints a demo key on a deployment's first start only), a fresh tenant's key."""
+    key = str(serve.banner["api_key"])
+    if not key.startswith("none ("):  # the banner says "none (tenant 'demo' already exists; ...)" otherwise
+        return key
+    db = Database(db_url)
+    try:
+        store = BillingStore(db)
+        tenant = store.create_tenant(f"kill-{uuid.uuid4().hex[:8]}")
+        return store.create_key(tenant.id)[0]
+    finally:
+        db.dispose()
+
+
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
@@ -94,9 +109,11 @@ def test_kill_9_loses_no_answered_request(tmp_path: Path, backend: str, victim: 
     serve = ServeProcess(tmp_path, "--db", db_url, "--max-num-seqs", "8")
     workers = engine_workers(serve.proc.pid)
     try:
-        key = serve.banner["api_key"]
+        key = _api_key(serve, db_url)
         with httpx.Client(base_url=serve.url, timeout=30) as c:
-            model = c.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"][0]["id"]
+            listed = c.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
+            assert listed.status_code == 200, (listed.text, serve.banner)
+            model = listed.json()["data"][0]["id"]
         load = Load(serve.url, key, model)
         wait_for(lambda: len(load.answered) >= ANSWERED_BEFORE_KILL, 120, "answered requests under load")
         if victim in ("engine", "both"):
