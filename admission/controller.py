@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from admission.backoff import retry_after_seconds
 from admission.feasibility import LoadStats, RatePriors, drain_seconds, estimate
 from admission.queues import AdmissionQueues, QueueBounds, QueueFull, QueueSlot
+from admission.quota import QuotaDecision
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Rejection:
     message: str
     retry_after_s: int | None = None
     estimated_start_ms: int | None = None
+    quota: QuotaDecision | None = None  # the tenant's quota state, for RateLimit headers (admission/edge.py)
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,8 @@ class QuotaStore(Protocol):
 
     async def reserve(self, tenant_id: str, tokens: int, limits: QuotaLimits) -> QuotaDecision: ...
 
+    async def peek(self, tenant_id: str, limits: QuotaLimits) -> QuotaDecision: ...
+
     async def settle(self, tenant_id: str, reservation_id: str | None, actual_tokens: int,
                      limits: QuotaLimits) -> None: ...
 
@@ -162,6 +164,20 @@ class MemoryQuota:
                      for (limit, spec), u, w, c in zip(windows, used, waits, counters, strict=True)]
             return decide(tokens, views, rid, limits.policy())
 
+    def peek_now(self, tenant_id: str, limits: QuotaLimits) -> QuotaDecision:
+        """The tenant's windows as they stand, counting nothing (for RateLimit headers on a refusal)."""
+        windows = limits.windows()
+        if not windows:
+            return unlimited()
+        with self._lock:
+            now = self._clock()
+            counters = [self._window(tenant_id, spec) for _, spec in windows]
+            for c in counters:
+                c.advance(now)
+            views = [WindowView(limit, spec.seconds, c.used, 0.0, c.next_free_s(now))
+                     for (limit, spec), c in zip(windows, counters, strict=True)]
+            return decide(0, views, None, limits.policy())
+
     def settle_now(self, tenant_id: str, reservation_id: str | None, actual_tokens: int) -> None:
         """Replace a reservation by the tokens actually used: refund the rest (or count the excess now); once only."""
         check_tokens(actual_tokens)
@@ -186,6 +202,10 @@ class MemoryQuota:
     async def reserve(self, tenant_id: str, tokens: int, limits: QuotaLimits) -> QuotaDecision:
         """`reserve_now`, as the gateway awaits it."""
         return self.reserve_now(tenant_id, tokens, limits)
+
+    async def peek(self, tenant_id: str, limits: QuotaLimits) -> QuotaDecision:
+        """`peek_now`, as the gateway awaits it."""
+        return self.peek_now(tenant_id, limits)
 
     async def settle(self, tenant_id: str, reservation_id: str | None, actual_tokens: int,
                      limits: QuotaLimits) -> None:

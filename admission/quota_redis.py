@@ -169,7 +169,33 @@ end
 return 1
 """
 
+# KEYS: minute window, day window. ARGV: cap_m, cap_d (-1 = none), g_m, n_m, g_d, n_d. Counts nothing (it
+# only drops slots that left the window, as every script does); returns {used_m, free_m, used_d, free_d}.
+_PEEK_LUA = _WINDOW_LUA + """
+local caps = {tonumber(ARGV[1]), tonumber(ARGV[2])}
+local specs = {{tonumber(ARGV[3]), tonumber(ARGV[4])}, {tonumber(ARGV[5]), tonumber(ARGV[6])}}
+local out = {}
+for i = 1, 2 do
+  local used, free = 0, 0
+  if caps[i] >= 0 then
+    local w = load(KEYS[i], specs[i][1], specs[i][2])
+    save(w)
+    used = w.u
+    if w.o ~= nil and w.u > 0 then free = math.max(0, (w.o + w.n + 1) * w.g - now) end
+  end
+  out[#out + 1] = string.format('%d', used)
+  out[#out + 1] = string.format('%.6f', free)
+end
+return out
+"""
+
 _SPECS = [MINUTE.slot_s, MINUTE.slots, DAY.slot_s, DAY.slots]
+
+
+def _caps(limits: QuotaLimits) -> list[int]:
+    """The scripts' caps: each window's limit, -1 where the tenant has none."""
+    return [-1 if limits.tokens_per_minute is None else limits.tokens_per_minute,
+            -1 if limits.tokens_per_day is None else limits.tokens_per_day]
 
 
 class QuotaMetrics:
@@ -214,6 +240,7 @@ class RedisQuota:
         self.metrics = quota_metrics(registry)
         self._reserve = self.client.register_script(_RESERVE_LUA)
         self._settle = self.client.register_script(_SETTLE_LUA)
+        self._peek = self.client.register_script(_PEEK_LUA)
         self._last_log = 0.0
 
     def _keys(self, tenant_id: str, reservation_id: str) -> list[str]:
@@ -221,7 +248,7 @@ class RedisQuota:
         return [f"{base}:m", f"{base}:d", f"{base}:r:{reservation_id}"]
 
     def _unavailable(self, op: str, exc: BaseException) -> None:
-        outcome = "lost" if op == "settle" else "allowed" if self.fail_open else "denied"
+        outcome = "lost" if op == "settle" else "skipped" if op == "peek" else "allowed" if self.fail_open else "denied"
         self.metrics.unavailable.labels(op=op, outcome=outcome).inc()
         now = time.monotonic()
         if now - self._last_log > 5.0:  # a dead Redis must not flood the log at request rate
@@ -243,8 +270,7 @@ class RedisQuota:
         windows = limits.windows()
         if not windows:
             return unlimited()
-        caps = [-1 if limits.tokens_per_minute is None else limits.tokens_per_minute,
-                -1 if limits.tokens_per_day is None else limits.tokens_per_day]
+        caps = _caps(limits)
         rid = uuid.uuid4().hex
         reply = await self._run("reserve", self._reserve, self._keys(tenant_id, rid),
                                 [tokens, *caps, *_SPECS, int(RESERVATION_TTL_S * 1000)])
@@ -263,6 +289,20 @@ class RedisQuota:
             decision.allowed = ok
             decision.reservation_id = rid if ok and tokens > 0 else None
         return decision
+
+    async def peek(self, tenant_id: str, limits: QuotaLimits) -> QuotaDecision:
+        """The tenant's windows in Redis as they stand, counting nothing; unlimited-looking when Redis is away."""
+        windows = limits.windows()
+        if not windows:
+            return unlimited()
+        reply = await self._run("peek", self._peek, self._keys(tenant_id, "-")[:2], [*_caps(limits), *_SPECS])
+        if reply is None:
+            return QuotaDecision(self.fail_open, 0.0, None, None, 0.0, None, limits.policy(), "backend_unavailable")
+        views = []
+        for limit, spec in windows:
+            i = 0 if spec == MINUTE else 1
+            views.append(WindowView(limit, spec.seconds, int(reply[2 * i]), 0.0, float(reply[1 + 2 * i])))
+        return decide(0, views, None, limits.policy())
 
     async def settle(self, tenant_id: str, reservation_id: str | None, actual_tokens: int,
                      limits: QuotaLimits) -> None:

@@ -1,7 +1,7 @@
 """`fairserve bench`: flags, options and entry points (plugged into `fairserve` via the fairserve.commands group).
 
 The gateway must not import `bench/` (docs/architecture.md, "Layers"; an import-linter contract), so the subcommand is registered from
-here through the `fairserve.commands` entry point that `gateway/cli.py` loads; `python -m bench.cli`
+here through the `fairserve.commands` entry point that `gateway/cli/__init__.py` loads; `python -m bench.cli`
 runs the same thing without the dispatcher.
 """
 

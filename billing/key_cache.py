@@ -2,7 +2,7 @@
 
 Revocation, a disabled tenant or a changed weight/quota becomes visible within `ttl_s` (default 5 s):
 positive answers are cached for at most that long; with Redis configured the gateway also drops entries as
-soon as any replica announces a change (gateway/key_events.py), and the TTL is the fallback. Unknown keys are
+soon as any replica announces a change (gateway/edge/key_events.py), and the TTL is the fallback. Unknown keys are
 cached negatively in a separate bounded map for `negative_ttl_s` (default min(ttl_s, 1 s)), so a flood of
 distinct bad keys can neither turn into a flood of SQL queries for a repeated key nor evict the good keys.
 On a database outage a known key keeps working from its stale entry for up to `stale_if_error_s`; an

@@ -15,10 +15,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from engine import AsyncEngine, ProcessEngine
-from gateway import routes_admin, routes_control, routes_openai, routes_ops
-from gateway.engine_watch import keep_engine_alive
-from gateway.errors import APIError, error_response
-from gateway.middleware import EdgeMiddleware
+from gateway.admin import routes as admin_routes
+from gateway.edge.errors import APIError, error_response
+from gateway.edge.middleware import EdgeMiddleware
+from gateway.openai import cancel as cancel_routes
+from gateway.openai import routes as openai_routes
+from gateway.ops import routes as ops_routes
+from gateway.ops.engine_watch import keep_engine_alive
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState, build_state, close_state
 
@@ -70,7 +73,7 @@ def create_app(settings: GatewaySettings, engine: AsyncEngine | None = None) -> 
             await close_state(state)
 
     return Starlette(
-        routes=[*routes_openai.routes, *routes_control.routes, *routes_ops.routes, *routes_admin.routes],
+        routes=[*openai_routes.routes, *cancel_routes.routes, *ops_routes.routes, *admin_routes.routes],
         middleware=[Middleware(EdgeMiddleware, max_body_bytes=settings.max_body_bytes)],
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _server_error},
         lifespan=lifespan,

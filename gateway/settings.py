@@ -92,7 +92,7 @@ class GatewaySettings(StorageSettings):
         "reader, for a retry to attach (0: abort at once, like unkeyed runs)",
         json_schema_extra={"flags": ["--idempotent-orphan-grace"]})
     key_cache_ttl_s: float = Field(default=5.0, gt=0, description="seconds a verified API key is cached")
-    # Authentication failures allowed per client address (gateway/auth_guard.py): a burst, then a rate.
+    # Authentication failures allowed per client address (gateway/edge/auth_guard.py): a burst, then a rate.
     auth_failure_burst: int = Field(default=20, ge=1, description="failed authentications a client address "
                                     "may make at once before 429")
     auth_failure_rate_per_s: float = Field(default=2.0, gt=0, description="failed authentications per second "

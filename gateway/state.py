@@ -11,18 +11,19 @@ from typing import Any, cast
 from prometheus_client import start_http_server
 
 from admission.controller import AdmissionController
+from admission.edge import EdgeAdmission
 from admission.quota import QuotaStore, make_quota
 from admission.quota_redis import quota_metrics
 from admission.redis_link import RedisLink, connect
 from billing import BillingStore, Database, KeyCache, Ledger, LedgerConfig, default_db_url
 from engine import AsyncEngine, ProcessEngine
-from gateway.admin_rejections import RejectionLog
-from gateway.auth import ensure_admin_token, ensure_metrics_token
-from gateway.auth_guard import FailureBudget
-from gateway.idempotency import IdempotencyStore, make_idempotency_store
-from gateway.key_events import KeyEvents
-from gateway.metrics import GatewayMetrics, TenantLabels
-from gateway.runs import RunRegistry
+from gateway.admin.rejections import RejectionLog
+from gateway.edge.auth import ensure_admin_token, ensure_metrics_token
+from gateway.edge.auth_guard import FailureBudget
+from gateway.edge.key_events import KeyEvents
+from gateway.idempotency.records import IdempotencyStore, make_idempotency_store
+from gateway.openai.runs import RunRegistry
+from gateway.ops.metrics import GatewayMetrics, TenantLabels
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,10 @@ class GatewayState:
     metrics_server: Any = None  # the unauthenticated --metrics-port listener (prometheus_client), if any
     key_events: KeyEvents | None = None  # Redis pub/sub invalidation of the key cache (with --redis)
     _tenants_at: float = 0.0
+    edge: EdgeAdmission = field(init=False)  # admission and quota behind one call (admission/edge.py)
+
+    def __post_init__(self) -> None:
+        self.edge = EdgeAdmission(self.admission, self.quota)
 
     def refresh_tenant_labels(self, force: bool = False) -> None:
         """Re-read configured tenants for metric labels (cheap, at most every few seconds)."""

@@ -7,7 +7,7 @@ import pytest
 from bench.isolation import heavy_parameters
 from engine.limits import RequestCaps, RequestLimits
 from engine.request import InvalidRequestError
-from gateway.schemas import CompletionRequest
+from gateway.openai.schemas import CompletionRequest
 
 
 def test_the_heavy_neighbour_sits_exactly_at_the_caps() -> None:

@@ -1,4 +1,4 @@
-"""`fairserve db|tenants|keys|usage` end to end on a SQLite data directory (gateway/cli_billing.py)."""
+"""`fairserve db|tenants|keys|usage` end to end on a SQLite data directory (gateway/cli/billing.py)."""
 
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ from sqlalchemy import text
 from billing import BillingStore, Database, default_db_url
 from tests.billing.conftest import pg_url  # noqa: F401  (the fixture, for the PostgreSQL runs)
 from tests.gateway.conftest import wait_for
+from tests.gateway.ops.test_engine_watch import engine_workers
 from tests.gateway.serve_process import ServeProcess
-from tests.gateway.test_engine_watch import engine_workers
 
 CLIENTS = 6
 ANSWERED_BEFORE_KILL = 100
@@ -101,7 +101,9 @@ def test_kill_9_loses_no_answered_request(tmp_path: Path, backend: str, victim: 
         key = store.create_key(store.create_tenant(f"kill-{uuid.uuid4().hex[:8]}").id)[0]
         db.dispose()
         with httpx.Client(base_url=serve.url, timeout=30) as c:
-            model = c.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"][0]["id"]
+            listed = c.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
+            assert listed.status_code == 200, (listed.text, serve.banner)
+            model = listed.json()["data"][0]["id"]
         load = Load(serve.url, key, model)
         wait_for(lambda: len(load.answered) >= ANSWERED_BEFORE_KILL, 120, "answered requests under load")
         if victim in ("engine", "both"):

@@ -1,0 +1,90 @@
+"""Edge ASGI middleware: request ids on every response, and a hard cap on request body size."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.edge.errors import error_body
+
+_VALID_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+def new_request_id() -> str:
+    """A fresh request id."""
+    return "req-" + uuid.uuid4().hex
+
+
+class EdgeMiddleware:
+    """Assigns `X-Request-Id` (the client's if well formed), echoes it, and buffers bodies up to a limit.
+
+    Buffering here means every route sees a body that already fits, and an oversized body is
+    refused with 413 before any JSON parsing or authentication work.
+    """
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        given = headers.get(b"x-request-id", b"").decode("latin-1").strip()
+        request_id = given if _VALID_ID.match(given) else new_request_id()
+        scope.setdefault("state", {})["request_id"] = request_id
+        scope["state"]["request_id_chosen"] = request_id == given  # the client's own id, not one made here
+        id_header = (b"x-request-id", request_id.encode())
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                raw = list(message.get("headers", []))
+                # A replayed or attached response names the original request; others get this one's id.
+                if not any(k.lower() == b"x-request-id" for k, _ in raw):
+                    message = {**message, "headers": [*raw, id_header]}
+            await send(message)
+
+        if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            await self.app(scope, receive, send_with_id)
+            return
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await self._too_large(send_with_id)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                await self._too_large(send_with_id)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        delivered = False
+
+        async def replay(message_source: Receive = receive) -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await message_source()
+
+        await self.app(scope, replay, send_with_id)
+
+    async def _too_large(self, send: Send) -> None:
+        body = json.dumps(error_body(413, f"request body exceeds {self.max_body_bytes} bytes",
+                                     "request_too_large")).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})

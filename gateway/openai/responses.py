@@ -1,0 +1,212 @@
+"""ASGI responses that read a Run while watching for the client going away.
+
+Starlette's StreamingResponse stops sending on disconnect but gives no hook to abort the engine
+request, and a plain Response cannot notice a client that hangs up while it waits; these can.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from starlette.types import Message, Receive, Scope, Send
+
+from gateway.edge.errors import APIError, error_body
+from gateway.idempotency.records import Followed, StoredResponse
+from gateway.openai.format import sse
+from gateway.openai.runs import Run
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _raw(headers: Mapping[str, str], content_type: str) -> list[tuple[bytes, bytes]]:
+    out = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    out.append((b"content-type", content_type.encode()))
+    return out
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _send_json(send: Send, status: int, body: str, headers: Mapping[str, str]) -> None:
+    data = body.encode()
+    raw = _raw(headers, "application/json")
+    raw.append((b"content-length", str(len(data)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _send_error(send: Send, err: APIError, headers: Mapping[str, str]) -> None:
+    body = json.dumps(error_body(err.status, err.message, err.code, err.param))
+    await _send_json(send, err.status, body, {**headers, **err.headers})
+
+
+class RunResponse:
+    """Sends a Run's output (JSON once done, or SSE as it arrives); a disconnect leaves the Run."""
+
+    def __init__(self, run: Run, headers: Mapping[str, str]) -> None:
+        self.run = run
+        self.headers = dict(headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        run = self.run
+        run.readers += 1
+        gone = asyncio.ensure_future(_wait_disconnect(receive))
+        completed = False
+        try:
+            completed = await self._send(send, gone)
+        finally:
+            gone.cancel()
+            if not completed:
+                run.reader_left()
+            else:
+                run.readers -= 1
+
+    def _timed(self) -> dict[str, str]:
+        timing = self.run.server_timing()
+        return self.headers if timing is None else {**self.headers, "Server-Timing": timing}
+
+    async def _until_change(self, gone: asyncio.Future[None]) -> bool:
+        """Wait for the run to change; False when the client left first."""
+        change = self.run.next_change()
+        if gone.done():
+            return False
+
+        def left(_: object) -> None:
+            if not change.done():
+                change.set_result(None)
+
+        gone.add_done_callback(left)
+        try:
+            await change
+        finally:
+            gone.remove_done_callback(left)
+        return not gone.done()
+
+    async def _send(self, send: Send, gone: asyncio.Future[None]) -> bool:
+        run = self.run
+        if not run.spec.stream:
+            while not run.done:
+                if not await self._until_change(gone):
+                    return False
+            if run.error is not None:
+                await _send_error(send, run.error, self.headers)
+            else:
+                assert run.final is not None
+                await _send_json(send, run.final.status, run.final.chunks[0], self._timed())
+            return True
+        # Hold the headers until the first event or an error, so a failure is still a status code.
+        while not run.chunks and not run.done:
+            if not await self._until_change(gone):
+                return False
+        if not run.chunks and run.error is not None:
+            await _send_error(send, run.error, self.headers)
+            return True
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": _raw({**self._timed(), **_SSE_HEADERS}, "text/event-stream")})
+        # Every event that is ready goes out in one write, and the last ones with the end of the stream:
+        # each write is a syscall and a wake-up of the client, the largest per-event cost here.
+        sent = 0
+        while True:
+            source = run.final.chunks if run.final is not None else run.chunks
+            ready = b"".join(sse(chunk) for chunk in source[sent:])
+            sent = len(source)
+            if run.final is not None:
+                await send({"type": "http.response.body", "body": ready})
+                return True
+            if run.error is not None:
+                err = run.error
+                ready += sse(json.dumps(error_body(err.status, err.message, err.code))) + sse("[DONE]")
+                await send({"type": "http.response.body", "body": ready})
+                return True
+            if ready:
+                await send({"type": "http.response.body", "body": ready, "more_body": True})
+            if len(run.chunks) == sent and not await self._until_change(gone):
+                return False
+
+
+class StoredResponseSender:
+    """Replays a finished idempotent response: the JSON body, or every stored SSE event."""
+
+    def __init__(self, stored: StoredResponse, headers: Mapping[str, str]) -> None:
+        self.stored = stored
+        self.headers = {**stored.headers, **headers}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.stored.kind == "json":
+            await _send_json(send, self.stored.status, self.stored.chunks[0], self.headers)
+            return
+        await send({"type": "http.response.start", "status": self.stored.status,
+                    "headers": _raw({**self.headers, **_SSE_HEADERS}, "text/event-stream")})
+        body = b"".join(sse(c) for c in self.stored.chunks)
+        await send({"type": "http.response.body", "body": body})
+
+
+class FollowResponse:
+    """Attaches to an owner in another process through the idempotency store."""
+
+    def __init__(self, followed: AsyncIterator[Followed], stream: bool, headers: Mapping[str, str]) -> None:
+        self.followed = followed
+        self.stream = stream
+        self.headers = dict(headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gone = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await self._send(send, gone)
+        finally:
+            gone.cancel()
+            with contextlib.suppress(Exception):
+                await self.followed.aclose()  # type: ignore[attr-defined]
+
+    async def _next(self) -> Followed:
+        return await anext(self.followed)
+
+    async def _send(self, send: Send, gone: asyncio.Future[None]) -> None:
+        started = False
+        sent = 0
+        while not gone.done():
+            step: asyncio.Future[Followed] = asyncio.ensure_future(self._next())
+            racing: list[asyncio.Future[Any]] = [step, gone]
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                step.cancel()
+                return
+            item = step.result()
+            if item.abandoned:
+                err = APIError(409, "the original request with this Idempotency-Key ended without a result; "
+                               "retry it", "idempotency_abandoned")
+                if not started:
+                    await _send_error(send, err, self.headers)
+                else:
+                    await send({"type": "http.response.body", "body": b""})
+                return
+            if item.final is not None and not started:
+                await StoredResponseSender(item.final, self.headers)({}, _never, send)
+                return
+            if not self.stream:
+                continue
+            if not started:
+                started = True
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": _raw({**self.headers, **_SSE_HEADERS}, "text/event-stream")})
+            chunks = item.final.chunks if item.final is not None else item.chunks
+            skip = sent if item.final is not None else 0
+            for chunk in chunks[skip:]:
+                await send({"type": "http.response.body", "body": sse(chunk), "more_body": True})
+            sent = len(chunks) if item.final is not None else sent + len(chunks)
+            if item.final is not None:
+                await send({"type": "http.response.body", "body": b""})
+                return
+
+
+async def _never() -> Message:
+    await asyncio.Event().wait()
+    return {"type": "http.disconnect"}

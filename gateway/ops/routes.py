@@ -1,0 +1,48 @@
+"""Operational routes: Prometheus metrics (behind the metrics or admin token), liveness, readiness.
+
+/healthz and /readyz stay open for load balancers and carry no tenant data; /metrics names tenants.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.edge.auth import check_metrics
+from gateway.state import GatewayState
+
+
+async def metrics(request: Request) -> Response:
+    """GET /metrics: needs `Authorization: Bearer <metrics_token or admin_token>`."""
+    state: GatewayState = request.app.state.gateway
+    check_metrics(request, state.metrics_token, state.admin_token)
+    await run_in_threadpool(state.refresh_tenant_labels)
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def healthz(request: Request) -> JSONResponse:
+    """GET /healthz: the process answers."""
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> JSONResponse:
+    """GET /readyz: 200 when the engine loop runs, the database answers and the gateway admits.
+
+    `degraded` names optional dependencies that are away (Redis); they do not make the gateway unready.
+    """
+    state: GatewayState = request.app.state.gateway
+    ok, checks = await run_in_threadpool(state.ready)
+    dependencies = await state.dependencies()
+    degraded = sorted(name for name, dep in dependencies.items() if dep["state"] != "closed")
+    return JSONResponse({"ready": ok, "checks": checks, "degraded": degraded, "dependencies": dependencies},
+                        status_code=200 if ok else 503)
+
+
+routes = [
+    Route("/metrics", metrics, methods=["GET"]),
+    Route("/healthz", healthz, methods=["GET"]),
+    Route("/readyz", readyz, methods=["GET"]),
+]

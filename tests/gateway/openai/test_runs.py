@@ -1,0 +1,93 @@
+"""A Run fed by RunFeed as the engine front would, and the idempotency publisher reading it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from engine import (
+    DuplicateRequestError,
+    EngineDeadError,
+    FinishReason,
+    PromptTooLongError,
+    RequestMetrics,
+    RequestOutput,
+)
+from gateway.openai.format import DONE, Shape
+from gateway.openai.runs import Outcome, Run, RunFeed, RunSpec, publish_chunks
+
+
+def spec(stream: bool) -> RunSpec:
+    return RunSpec("req-1", "tenant-a", None, Shape(False, "req-1", "m", 0), stream, include_usage=False)
+
+
+def output(i: int, text: str, finished: bool = False) -> RequestOutput:
+    metrics = RequestMetrics(3, 0, i + 1, float(i + 1), 0, 0, 0, None, 0.0, 0.0, 0.0, None)
+    return RequestOutput("req-1", [1, 2, 3], [i], list(range(i + 1)), text, text, finished,
+                         FinishReason.LENGTH if finished else None, metrics)
+
+
+def test_a_stream_becomes_events_and_the_last_output_its_final_response_at_once() -> None:
+    async def scenario() -> tuple[Run, Outcome, list[int]]:
+        run = Run(spec(stream=True))
+        started: list[int] = []
+        feed = RunFeed(run, lambda: started.append(len(run.chunks)))
+        woken = run.next_change()
+        feed(output(0, "a"))
+        assert woken.done() and len(run.chunks) == 1 and not run.done
+        feed(output(1, "b", finished=True))
+        feed(output(2, "late"))  # nothing after the end counts
+        return run, await feed.outcome, started
+
+    run, outcome, started = asyncio.run(scenario())
+    assert started == [0]  # once, before the first event was added
+    assert [json.loads(c)["choices"][0]["text"] for c in run.chunks] == ["a", "b"]
+    assert run.final is not None and run.final.chunks == [*run.chunks, DONE]
+    assert outcome.status == "completed" and outcome.metrics is not None and outcome.metrics.completion_tokens == 2
+
+
+@pytest.mark.parametrize(("exc", "status", "code", "outcome"), [
+    (DuplicateRequestError("live", "request_id"), 409, "duplicate_request_id", "rejected"),
+    (PromptTooLongError("long", "prompt"), 400, "context_length_exceeded", "rejected"),
+    (EngineDeadError("gone"), 503, "engine_unavailable", "error"),
+    (KeyError("a gateway bug"), 500, "internal_error", "error"),
+])
+def test_an_error_ending_the_stream_becomes_its_status(exc: BaseException, status: int, code: str,
+                                                       outcome: str) -> None:
+    async def scenario() -> tuple[Run, Outcome]:
+        run = Run(spec(stream=False))
+        feed = RunFeed(run, lambda: None)
+        feed(exc)
+        return run, await feed.outcome
+
+    run, ended = asyncio.run(scenario())
+    assert run.error is not None and (run.error.status, run.error.code) == (status, code)
+    assert ended.status == outcome and run.final is None
+
+
+def test_publish_chunks_sends_every_event_in_order_however_slow_the_store() -> None:
+    async def scenario() -> tuple[Run, list[str]]:
+        run = Run(spec(stream=True))
+        feed = RunFeed(run, lambda: None)
+        published: list[str] = []
+        entered, gate = asyncio.Event(), asyncio.Event()
+
+        async def publish(chunk: str) -> None:
+            entered.set()
+            await gate.wait()  # the store answers only after more events have arrived
+            published.append(chunk)
+
+        feed(output(0, "0"))
+        task = asyncio.create_task(publish_chunks(run, publish))
+        await entered.wait()  # the first event is being published
+        for i in range(1, 5):
+            feed(output(i, str(i), finished=i == 4))
+        assert run.done and not published  # the feed never waited for the store
+        gate.set()
+        await task
+        return run, published
+
+    run, published = asyncio.run(scenario())
+    assert published == run.chunks and len(published) == 5
