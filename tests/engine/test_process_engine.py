@@ -311,6 +311,9 @@ def test_a_failed_pipe_under_a_live_worker_fails_streams_and_kills_the_worker(tr
 
         drain_after_exit = take_ready
 
+        def send(self, msg: object, block: bool = False, timeout: float | None = None) -> None:
+            real.send(msg, block, timeout)
+
         def close(self) -> None:
             real.close()
 
