@@ -33,6 +33,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -327,7 +328,7 @@ async def transport_ab(args: argparse.Namespace) -> dict[str, object]:
             order = ("zmq", "pipe") if i % 2 == 0 else ("pipe", "zmq")
             for transport in order:
                 rounds[transport].append(await transport_round(args, tmp, transport, i))
-    medians = {t: {k: sorted(r[k] for r in rs)[len(rs) // 2] for k in rs[0]} for t, rs in rounds.items()}
+    medians = {t: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for t, rs in rounds.items()}
     ratio = {k: medians["zmq"][k] / medians["pipe"][k] for k in medians["zmq"]}
     return {"rate": args.rate, "requests_per_round": int(args.rate * args.duration), "rounds": rounds,
             "median": medians, "ratio_zmq_over_pipe": ratio}
