@@ -29,6 +29,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from typing import Any
 
 import msgspec
@@ -66,6 +67,8 @@ class ZmqFrontChannel:
     def __init__(self, eof_message: Any) -> None:
         self.eof_message = eof_message
         self.dir = tempfile.mkdtemp(prefix="fairserve-engine-")
+        # Removed at close, or when the channel is dropped or the interpreter exits without one.
+        self._remove_dir = weakref.finalize(self, shutil.rmtree, self.dir, ignore_errors=True)
         self.to_worker_addr = f"ipc://{self.dir}/in"
         self.from_worker_addr = f"ipc://{self.dir}/out"
         self._ctx = zmq.Context()
@@ -151,7 +154,7 @@ class ZmqFrontChannel:
             self._out.close(linger=0)
             self._in.close(linger=0)
             self._ctx.term()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self._remove_dir()
 
 
 class ZmqWorkerLink(msgspec.Struct, frozen=True):
