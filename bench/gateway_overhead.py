@@ -10,6 +10,11 @@ difference. Then saturates a small-queue gateway and measures how fast overload 
 thread of the gateway: AsyncEngine), `on` (the loop in its own process: ProcessEngine) or `both`,
 measured one after the other in the same run and reported side by side.
 
+    .venv/bin/python -m bench.gateway_overhead --rate 100 --duration 3 --transport-ab 4
+
+instead compares the process engine's two transports (EngineConfig.transport: ZeroMQ and the framed
+pipe), alternating them round by round in one session, and reports each figure's zmq / pipe ratio.
+
 Two overhead figures: *unpaired* is the literal comparison (gateway percentiles minus in-process
 percentiles of separate runs), noisy because the engine's own latency varies between runs; *paired*
 subtracts from each request's client latency the engine share the gateway reported for that same
@@ -28,6 +33,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,9 +98,9 @@ def warmup(rate: float) -> int:
     return max(50, int(rate * 2))
 
 
-def engine_config(cache_dir: str, max_num_seqs: int) -> EngineConfig:
+def engine_config(cache_dir: str, max_num_seqs: int, transport: str = "zmq") -> EngineConfig:
     """The engine configuration both sides use."""
-    return EngineConfig(cache_dir=cache_dir, max_num_seqs=max_num_seqs)
+    return EngineConfig(cache_dir=cache_dir, max_num_seqs=max_num_seqs, transport=transport)  # type: ignore[arg-type]
 
 
 async def in_process(cfg: EngineConfig, process: bool, rate: float, n: int, max_tokens: int) -> Sample:
@@ -292,7 +298,45 @@ async def measure_mode(args: argparse.Namespace, tmp: str, process: bool) -> dic
     return report
 
 
+async def transport_round(args: argparse.Namespace, tmp: str, transport: str, index: int) -> dict[str, float]:
+    """One measurement of a transport: the process engine called directly, then through `fairserve serve`."""
+    n = int(args.rate * args.duration)
+    cfg = engine_config(str(Path(tmp) / "models"), args.max_num_seqs, transport)
+    direct = await in_process(cfg, True, args.rate, n, args.stream_tokens)
+    served = Served(str(Path(tmp) / f"{transport}-{index}"), "--max-num-seqs", str(args.max_num_seqs),
+                    "--engine-process", "--transport", transport)
+    poster = Poster(served, args.client)
+    paired: list[float] = []
+    try:
+        model = (await poster.pool.request("GET", "/v1/models")).json()["data"][0]["id"]  # type: ignore[index]
+        gateway = await through_gateway(poster, served, model, args.rate, n, args.stream_tokens, True, paired)
+    finally:
+        await poster.close()
+        served.stop()
+    return {"inproc_stream_total_p50_ms": direct.summary()["total_p50_ms"],
+            "gateway_stream_total_p50_ms": gateway.summary()["total_p50_ms"],
+            "paired_first_p50_ms": pct(paired, 0.5) * 1e3,
+            "gateway_cpu_ms_per_request": gateway.summary()["cpu_ms_per_request"]}
+
+
+async def transport_ab(args: argparse.Namespace) -> dict[str, object]:
+    """ZeroMQ against the pipe, alternating (zmq, pipe, pipe, zmq, ...) so drift hits both alike; the ratio
+    of each figure's median over the rounds, zmq / pipe (below 1: zmq is faster)."""
+    rounds: dict[str, list[dict[str, float]]] = {"zmq": [], "pipe": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.transport_ab):
+            order = ("zmq", "pipe") if i % 2 == 0 else ("pipe", "zmq")
+            for transport in order:
+                rounds[transport].append(await transport_round(args, tmp, transport, i))
+    medians = {t: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for t, rs in rounds.items()}
+    ratio = {k: medians["zmq"][k] / medians["pipe"][k] for k in medians["zmq"]}
+    return {"rate": args.rate, "requests_per_round": int(args.rate * args.duration), "rounds": rounds,
+            "median": medians, "ratio_zmq_over_pipe": ratio}
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
+    if args.transport_ab:
+        return await transport_ab(args)
     report: dict[str, object] = {"rate": args.rate, "requests": int(args.rate * args.duration), "client": args.client}
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.engine_process]
     with tempfile.TemporaryDirectory() as tmp:
@@ -341,10 +385,13 @@ def main() -> None:
                    help="engine loop on a gateway thread (off), in its own process (on), or measure both")
     p.add_argument("--client", choices=["http1", "httpx"], default="http1",
                    help="load client: a minimal keep-alive HTTP/1.1 client, or httpx (about 2 ms of its own per request)")
+    p.add_argument("--transport-ab", type=int, default=0, metavar="ROUNDS",
+                   help="instead: alternate the process engine's transports (zmq, pipe) for ROUNDS rounds each")
     args = p.parse_args()
     report = uvloop.run(main_async(args))  # the loop uvicorn uses too: the client's own cost stays small
     print(json.dumps(_rounded(report), indent=2))
-    print(side_by_side(report))
+    if not args.transport_ab:
+        print(side_by_side(report))
 
 
 def _rounded(value: object) -> object:

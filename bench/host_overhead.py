@@ -9,8 +9,9 @@ state (every running request decodes one token, nothing else happens); the split
 engine's own IterationTrace rows, the same figures a deployment writes with `trace_path`. The
 front's share (rebuilding each output's totals and detokenizing what the loop leaves to it) is
 timed separately, on the same outputs, with the front's own code (engine/front.py `OutputRoute`),
-and so is "publish": the stats snapshot and the pickled IterationReport that the loop sends the front
-under ProcessEngine after every step (engine/worker.py).
+and so is "publish": the stats snapshot and the encoded IterationReport that the loop sends the front
+under ProcessEngine after every step (engine/worker.py): msgspec, as the default ZeroMQ transport
+encodes it (engine/zmq_channel.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import pickle
 import random
 import statistics
 import tempfile
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 from engine.config import EngineConfig
@@ -38,6 +39,8 @@ from engine.outputs import text_in_loop
 from engine.process_engine import ProcessEngine
 from engine.request import RequestMeta, SamplingParams
 from engine.tokenizer import BYTE_SPECIAL_TOKENS
+
+_ENCODE = msgspec.msgpack.Encoder().encode
 
 PHASES = ("schedule", "prepare", "sample", "update", "outputs")
 PROMPT_TOKENS = 16
@@ -110,10 +113,9 @@ class Probe:
             t0 = time.perf_counter()
             outputs = self.engine.step_deltas()
             t1 = time.perf_counter()
-            # What the engine loop then does under ProcessEngine (engine/worker.py _report, engine/pipe.py):
-            # the stats snapshot and the pickled report, short of the pipe write itself.
-            pickle.dumps(IterationReport(outputs, self.engine.stats(), [self.engine.traces[-1]]),
-                         protocol=pickle.HIGHEST_PROTOCOL)
+            # What the engine loop then does under ProcessEngine (engine/worker.py _report, engine/zmq_channel.py):
+            # the stats snapshot and the encoded report, short of the socket send itself.
+            _ENCODE(IterationReport(outputs, self.engine.stats(), [self.engine.traces[-1]]))
             t2 = time.perf_counter()
             for delta in outputs:  # what the front does with each output, on the consumer's event loop
                 self.routes[delta.request_id].expand(delta)

@@ -1,6 +1,7 @@
 """The inference engine: requests, paged KV cache, scheduler, model runner, engine loop."""
 
 from engine.async_engine import AsyncEngine, EngineDeadError
+from engine.client import EngineClient, engine_client
 from engine.config import EngineConfig
 from engine.front import OutputStream
 from engine.llm import LLM, CompletionOutput
@@ -24,6 +25,7 @@ __all__ = [
     "AsyncEngine",
     "CompletionOutput",
     "DuplicateRequestError",
+    "EngineClient",
     "EngineConfig",
     "EngineDeadError",
     "EngineStartError",
@@ -42,4 +44,5 @@ __all__ = [
     "RequestOutput",
     "RequestState",
     "SamplingParams",
+    "engine_client",
 ]

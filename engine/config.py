@@ -60,10 +60,14 @@ class EngineConfig(BaseModel):
     # (docs/engine.md, "Kill to ready"). "spawn": a fresh interpreter each time.
     worker_start_method: Literal["forkserver", "spawn"] = Field(
         default="forkserver", description="how the process engine starts its worker")
+    # "zmq": ZeroMQ PUSH/PULL ipc sockets with msgspec frames (engine/zmq_channel.py); "pipe": the older framed,
+    # pickled pipe (engine/pipe.py), kept for A/B runs (docs/engine.md, "Transport").
+    transport: Literal["zmq", "pipe"] = Field(
+        default="zmq", description="how the gateway and the process engine's worker exchange messages")
     caps: RequestCaps = Field(default_factory=RequestCaps)
     # Off by default until measured to help: see docs/engine.md ("Overlap").
     overlap_publish: bool = Field(
-        default=False, description="pickle and write each step's report on a worker thread, overlapping the next step")
+        default=False, description="encode and send each step's report on a worker thread, overlapping the next step")
 
     @field_validator("block_size")
     @classmethod

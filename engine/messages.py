@@ -1,10 +1,18 @@
-"""The messages that cross the engine boundary, identical whether the loop runs on a thread or in a process."""
+"""The messages that cross the engine boundary, identical whether the loop runs on a thread or in a process.
+
+Each is a msgspec Struct in one tagged union (`EngineMessage`), so a frame decodes into exactly one of
+these types or is rejected as a whole: a truncated or foreign frame raises msgspec's DecodeError or
+ValidationError instead of becoming an object of some other class, as unpickling could. Their payloads
+(SamplingParams, RequestMeta, OutputDelta, EngineStats, IterationTrace) stay the engine's dataclasses,
+which msgspec encodes field by field at C speed. On the thread engine the structs are passed as they are.
+"""
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+
+import msgspec
 
 from engine.outputs import EngineStats, OutputDelta
 from engine.request import RequestMeta, SamplingParams
@@ -15,8 +23,7 @@ class EngineDeadError(RuntimeError):
     """The engine loop has stopped; no request can make progress."""
 
 
-@dataclass
-class Submit:
+class Submit(msgspec.Struct, tag=True, array_like=True):
     """Queue a request the front has already validated."""
 
     request_id: str
@@ -25,17 +32,15 @@ class Submit:
     meta: RequestMeta
 
 
-@dataclass
-class Abort:
+class Abort(msgspec.Struct, tag=True, array_like=True):
     """Cancel a live request at the next iteration boundary; work after `signal_time` counts as cancel lag."""
 
     request_id: str
     reason: str
-    signal_time: float = field(default_factory=time.time)
+    signal_time: float = msgspec.field(default_factory=time.time)
 
 
-@dataclass
-class SetWeight:
+class SetWeight(msgspec.Struct, tag=True, array_like=True):
     """Change a tenant's weight (and class) for queued and future requests."""
 
     tenant_id: str
@@ -43,13 +48,11 @@ class SetWeight:
     priority: int | None
 
 
-@dataclass
-class StopLoop:
+class StopLoop(msgspec.Struct, tag=True, array_like=True):
     """Cancel everything still live (reason "shutdown"), report the final outputs and stop."""
 
 
-@dataclass
-class IterationReport:
+class IterationReport(msgspec.Struct, tag=True, array_like=True):
     """One iteration's outputs, with the stats snapshot and the traces recorded since the last report."""
 
     outputs: list[OutputDelta]
@@ -57,8 +60,7 @@ class IterationReport:
     traces: list[IterationTrace]
 
 
-@dataclass
-class SubmitFailed:
+class SubmitFailed(msgspec.Struct, tag=True, array_like=True):
     """The engine refused a submit the front had validated (a race, e.g. a duplicate id)."""
 
     request_id: str
@@ -67,8 +69,7 @@ class SubmitFailed:
     field_name: str | None
 
 
-@dataclass
-class WorkerReady:
+class WorkerReady(msgspec.Struct, tag=True, array_like=True):
     """Sent once the engine is built: what the front needs to name the model and validate requests itself."""
 
     model_name: str
@@ -77,13 +78,25 @@ class WorkerReady:
     block_size: int
     num_kv_blocks: int
     stats: EngineStats
-    pid: int = field(default_factory=os.getpid)
+    pid: int = msgspec.field(default_factory=os.getpid)
     entered_at: float = 0.0  # wall time run_worker began: after the spawn, the interpreter and the imports
     build_seconds: float = 0.0  # building the LLMEngine: model load, KV cache, warm-up
 
 
-@dataclass
-class WorkerFailed:
+class WorkerFailed(msgspec.Struct, tag=True, array_like=True):
     """The engine could not be built, or its loop died."""
 
     error: str
+
+
+class WorkerExiting(msgspec.Struct, tag=True, array_like=True):
+    """The worker's last message on a clean exit: everything it sent before has arrived.
+
+    A pipe says this by end of file; a ZeroMQ socket has no end of file, and the process sentinel can fire
+    before the parent's socket has taken the last frames in, so the front waits (bounded) for this.
+    """
+
+
+# What the front sends to the loop, and what the loop sends back: each direction decodes only its own kinds.
+ToEngine = Submit | Abort | SetWeight | StopLoop
+FromEngine = IterationReport | SubmitFailed | WorkerReady | WorkerFailed | WorkerExiting

@@ -181,3 +181,92 @@ def runs_here(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
+
+
+class PipeFrontChannel:
+    """The gateway's side of the pipe transport (`transport="pipe"`), kept for A/B runs against ZeroMQ."""
+
+    def __init__(self, ctx: Any, eof_message: Any) -> None:
+        self.eof_message = eof_message
+        self._worker_in, self._to_worker = ctx.Pipe(duplex=False)
+        self._from_worker, self._worker_out = ctx.Pipe(duplex=False)
+        self._reader = PipeReader(self._from_worker.fileno(), eof_message)
+        self._writer = PipeWriter(self._to_worker.fileno())
+        self.fd: int = self._from_worker.fileno()
+
+    def worker_link(self) -> PipeWorkerLink:
+        """The worker's ends, handed to the process at its start."""
+        return PipeWorkerLink(self._worker_in, self._worker_out)
+
+    def after_spawn(self) -> None:
+        """Only the worker may hold its ends, so its death reads as EOF here."""
+        self._worker_in.close()
+        self._worker_out.close()
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Flush what a full pipe could not take on `loop`."""
+        self._writer.bind(loop)
+
+    def send(self, msg: Any, block: bool = False, timeout: float | None = None) -> None:
+        """See PipeWriter.send."""
+        self._writer.send(msg, block, timeout)
+
+    def take_ready(self) -> list[Any]:
+        """See PipeReader.take_ready."""
+        return self._reader.take_ready()
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        """See PipeReader.get."""
+        return self._reader.get(block, timeout)
+
+    def drain_after_exit(self) -> list[Any]:
+        """What an ended worker wrote: its pipe is at end of file, so everything is here."""
+        return self._reader.take_ready()
+
+    def close(self) -> None:
+        """Stop watching for room and close the gateway's ends."""
+        self._writer.close()
+        for conn in (self._to_worker, self._from_worker, self._worker_in, self._worker_out):
+            conn.close()
+
+
+class PipeWorkerLink:
+    """The worker's two pipe ends (multiprocessing Connections, which cross a spawn or forkserver start)."""
+
+    def __init__(self, inbox: Any, outbox: Any) -> None:
+        self.inbox = inbox
+        self.outbox = outbox
+
+    def open(self) -> tuple[PipeInbox, PipeOutbox]:
+        """The engine loop's inbox and outbox over these ends."""
+        return PipeInbox(self.inbox), PipeOutbox(self.outbox)
+
+
+class PipeInbox(PipeReader):
+    """A PipeReader whose end of file is StopLoop (the parent is gone), closing its Connection at the end."""
+
+    def __init__(self, conn: Any) -> None:
+        from engine.messages import StopLoop  # deferred: messages imports nothing from here, keep it that way
+
+        super().__init__(conn.fileno(), eof_message=StopLoop())
+        self._conn = conn
+
+    def close(self) -> None:
+        """Close the Connection."""
+        self._conn.close()
+
+
+class PipeOutbox:
+    """A PipeWriter whose sends block when the pipe is full (the worker has no event loop)."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._writer = PipeWriter(conn.fileno())
+
+    def send(self, msg: Any, block: bool = True, timeout: float | None = None) -> None:
+        """Write the whole message, waiting for room."""
+        self._writer.send(msg, block=True, timeout=timeout)
+
+    def close(self) -> None:
+        """Close the Connection: the front reads end of file after the last frame."""
+        self._conn.close()

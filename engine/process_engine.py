@@ -2,8 +2,10 @@
 
 The parent keeps only the tokenizer, the live-request table and the cached stats; it validates
 requests itself with the limits the worker reports once at startup and sends submit/abort/weight
-messages down one pipe. The worker's outputs are read on the event loop of the requests
-(`loop.add_reader` on the pipe and on the process sentinel), not on a reader thread: a thread would
+messages down one channel: ZeroMQ PUSH/PULL sockets with msgspec frames (engine/zmq_channel.py, the
+default) or the older framed pipe (engine/pipe.py), chosen by `EngineConfig.transport`. The worker's
+outputs are read on the event loop of the requests (`loop.add_reader` on the channel's descriptor and on
+the process sentinel), not on a reader thread: a thread would
 have to win the GIL from a busy event loop (up to the 5 ms switch interval) and then wake the loop
 again for every report, and both hops showed in the gateway's tail latency.
 """
@@ -18,7 +20,7 @@ import multiprocessing
 import queue
 import threading
 import time
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -29,12 +31,14 @@ from engine.limits import RequestLimits
 from engine.loader import DEFAULT_MODEL_NAME, default_model_dir
 from engine.messages import EngineDeadError, StopLoop, WorkerFailed, WorkerReady
 from engine.outputs import EngineStats
-from engine.pipe import PipeReader, PipeWriter, runs_here
+from engine.pipe import PipeFrontChannel, runs_here
 from engine.tokenizer import Tokenizer
 from engine.worker import default_worker_threads, run_worker
+from engine.zmq_channel import ZmqFrontChannel
 
 log = logging.getLogger("fairserve.engine")
-_EOF = object()  # what the worker's pipe reads as once the worker is gone
+_EOF = object()  # what the worker's channel reads as once the worker is gone (or said goodbye)
+FrontChannel = PipeFrontChannel | ZmqFrontChannel
 
 class EngineStartError(RuntimeError):
     """The engine worker process failed to build its engine or did not report ready in time."""
@@ -53,11 +57,8 @@ class ProcessEngine(EngineFront):
         # Provisional until the worker reports the engine's own figures at start().
         self.model_name = DEFAULT_MODEL_NAME if config.model is None else model_dir.resolve().name
         self.max_model_len = _context_length(model_dir, config.max_model_len)
-        self._writer: PipeWriter | None = None
         self._proc: BaseProcess | None = None
-        self._to_worker: Connection | None = None
-        self._from_worker: Connection | None = None
-        self._reader: PipeReader | None = None
+        self._channel: FrontChannel | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop that reads the worker's pipe
         self._watched: tuple[int, ...] = ()  # its descriptors: the pipe and the process sentinel
         self._exited = threading.Event()
@@ -73,28 +74,24 @@ class ProcessEngine(EngineFront):
         if self._proc is not None:
             return
         ctx = _worker_context(self.config.worker_start_method)
-        worker_in, to_worker = ctx.Pipe(duplex=False)
-        from_worker, worker_out = ctx.Pipe(duplex=False)
+        channel: FrontChannel = (ZmqFrontChannel(_EOF) if self.config.transport == "zmq"
+                                 else PipeFrontChannel(ctx, _EOF))
         spawned_at = time.time()
-        proc = ctx.Process(target=run_worker, args=(self.config, worker_in, worker_out, default_worker_threads()),
+        proc = ctx.Process(target=run_worker, args=(self.config, channel.worker_link(), default_worker_threads()),
                            name="fairserve-engine", daemon=True)
-        proc.start()
-        # Only the worker may hold its ends, so its death reads as EOF here.
-        worker_in.close()
-        worker_out.close()
-        reader = PipeReader(from_worker.fileno(), eof_message=_EOF)
         try:
-            ready = _await_ready(proc, reader, self.start_timeout_s)
+            proc.start()
+            if isinstance(channel, PipeFrontChannel):
+                channel.after_spawn()
+            ready = _await_ready(proc, channel, self.start_timeout_s)
         except BaseException:
             if proc.is_alive():
                 proc.kill()
-            proc.join(5)
-            to_worker.close()
-            from_worker.close()
+            if proc.pid is not None:
+                proc.join(5)
+            channel.close()
             raise
-        self._proc, self._to_worker, self._from_worker = proc, to_worker, from_worker
-        self._reader = reader
-        self._writer = PipeWriter(to_worker.fileno())
+        self._proc, self._channel = proc, channel
         self._exited.clear()
         self._stopping = False
         self._limits = RequestLimits(ready.vocab_size, ready.max_model_len, ready.block_size, ready.num_kv_blocks,
@@ -174,39 +171,35 @@ class ProcessEngine(EngineFront):
         self._attach(loop)
 
     def _release(self) -> None:
-        """Let go of an ended worker: its process, pipe ends and writer."""
+        """Let go of an ended worker: its process and its channel (sockets and their files, or pipe ends)."""
         if self._proc is not None:
             self._proc.join(5)
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        for conn in (self._to_worker, self._from_worker):
-            if conn is not None:
-                conn.close()
-        self._to_worker = self._from_worker = None
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
         self._proc = None
 
     # -- the pipes --------------------------------------------------------------------------
     def _send(self, msg: Any, block: bool = False, timeout: float | None = None) -> None:
-        writer = self._writer
-        if writer is None:
+        channel = self._channel
+        if channel is None:
             raise EngineDeadError("engine worker is not running")
         try:
-            writer.send(msg, block, timeout)
+            channel.send(msg, block, timeout)
         except OSError as exc:  # BrokenPipeError and a closed connection alike
             raise EngineDeadError(f"engine worker is gone: {exc}") from exc
 
     # -- reading the worker's outputs on the event loop -------------------------------------------
     def _attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Read the worker's pipe on `loop` (the loop of the latest generate, once the previous one closed)."""
-        if loop is self._loop or self._from_worker is None or self._proc is None or self._exited.is_set():
+        if loop is self._loop or self._channel is None or self._proc is None or self._exited.is_set():
             return
         if self._loop is not None and not self._loop.is_closed():
             return  # the loop that reads is still open; other loops get their outputs handed over
         self._loop = loop
-        if self._writer is not None:
-            self._writer.bind(loop)
-        self._watched = (self._from_worker.fileno(), self._proc.sentinel)
+        if isinstance(self._channel, PipeFrontChannel):
+            self._channel.bind(loop)
+        self._watched = (self._channel.fd, self._proc.sentinel)
         loop.add_reader(self._watched[0], self._on_readable)
         loop.add_reader(self._watched[1], self._worker_exited)
 
@@ -219,7 +212,7 @@ class ProcessEngine(EngineFront):
 
     def _on_readable(self) -> None:
         """Dispatch every message that has fully arrived; a half-written one waits for the next call."""
-        reader = self._reader
+        reader = self._channel
         assert reader is not None
         try:
             for msg in reader.take_ready():
@@ -236,28 +229,28 @@ class ProcessEngine(EngineFront):
 
     def _read_until_exit(self, deadline: float) -> None:
         """Off the loop (shutdown): dispatch messages until the worker's EOF or exit, or the deadline."""
-        reader, proc = self._reader, self._proc
+        reader, proc = self._channel, self._proc
         assert reader is not None and proc is not None
         with contextlib.suppress(OSError):
             while (left := deadline - time.monotonic()) > 0:
-                ready = wait([reader.fd, proc.sentinel], timeout=left)
-                if reader.fd in ready:
-                    for msg in reader.take_ready():
-                        if msg is _EOF:
-                            return
-                        self._dispatch(msg)
-                elif ready:
+                for msg in reader.take_ready():
+                    if msg is _EOF:
+                        return
+                    self._dispatch(msg)
+                # A ZeroMQ descriptor is edge-triggered: wake at least every 50 ms to look again.
+                ready = wait([reader.fd, proc.sentinel], timeout=min(left, 0.05))
+                if proc.sentinel in ready:
                     break
 
     def _worker_exited(self) -> None:
         """The worker ended (or shutdown gave up on it): deliver what it wrote, then fail what is left. Idempotent."""
         if self._loop is not None and runs_here(self._loop):
             self._detach()  # first: a readable sentinel would call this again on every loop pass
-        reader, proc = self._reader, self._proc
+        reader, proc = self._channel, self._proc
         if self._exited.is_set() or reader is None or proc is None:
             return
         with contextlib.suppress(OSError):
-            for msg in reader.take_ready():
+            for msg in reader.drain_after_exit() if not proc.is_alive() else reader.take_ready():
                 if msg is not _EOF:
                     self._dispatch(msg)
         self._alive = False
@@ -287,14 +280,21 @@ def _worker_context(method: str) -> Any:
     return multiprocessing.get_context("spawn")
 
 
-def _await_ready(proc: BaseProcess, reader: PipeReader, timeout_s: float) -> WorkerReady:
+def _await_ready(proc: BaseProcess, reader: FrontChannel, timeout_s: float) -> WorkerReady:
     """The worker's ready message, or EngineStartError naming why it did not come."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            msg = reader.get(timeout=deadline - time.monotonic())
+            # In slices: a socket has no end of file, so a worker that died early shows only in its exit code.
+            msg = reader.get(timeout=min(0.1, deadline - time.monotonic()))
         except queue.Empty:
-            raise EngineStartError(f"engine worker did not report ready within {timeout_s:.0f}s") from None
+            if not proc.is_alive():
+                proc.join(1.0)
+                msg = next(iter(reader.drain_after_exit()), _EOF)
+            elif time.monotonic() >= deadline:
+                raise EngineStartError(f"engine worker did not report ready within {timeout_s:.0f}s") from None
+            else:
+                continue
         if isinstance(msg, WorkerReady):
             return msg
         if isinstance(msg, WorkerFailed):

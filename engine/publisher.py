@@ -1,4 +1,4 @@
-"""Publishing a worker's messages from a thread of its own, so step N's report is pickled and written while
+"""Publishing a worker's messages from a thread of its own, so step N's report is encoded and sent while
 step N+1 is scheduled and run (its forward releases the GIL for most of its time).
 
 The messages are the same, in the same order, as when the loop sends them itself: one thread sends

@@ -15,7 +15,6 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 import torch
@@ -33,9 +32,10 @@ from engine.messages import (
     WorkerReady,
 )
 from engine.outputs import OutputDelta
-from engine.pipe import PipeReader, PipeWriter
+from engine.pipe import PipeWorkerLink
 from engine.publisher import BackgroundPublisher
 from engine.trace import IterationTrace
+from engine.zmq_channel import ZmqWorkerLink
 
 log = logging.getLogger("fairserve.engine.worker")
 
@@ -49,13 +49,20 @@ def default_worker_threads() -> int:
 
 
 class Inbox(Protocol):
-    """Where the loop's messages wait: a queue.Queue on a thread, a PipeReader in a worker process."""
+    """Where the loop's messages wait: a queue.Queue on a thread, a pipe or ZeroMQ inbox in a worker process."""
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         """The next message; raises queue.Empty when none came in time."""
 
     def get_nowait(self) -> Any:
         """The next message already there; raises queue.Empty."""
+
+
+class Outbox(Protocol):
+    """Where the worker's messages go: a pipe or a ZeroMQ PUSH socket (engine/zmq_channel.py)."""
+
+    def send(self, msg: Any, block: bool = True, timeout: float | None = None) -> None:
+        """Send one message, waiting for room; raises OSError once the gateway is gone."""
 
 
 class EngineLoop:
@@ -147,7 +154,7 @@ class EngineLoop:
             self._report(engine.step_deltas())  # retires the aborts and emits each stream's final output
 
 
-def run_worker(config: EngineConfig, inbox: Connection, outbox: Connection, num_threads: int) -> None:
+def run_worker(config: EngineConfig, link: PipeWorkerLink | ZmqWorkerLink, num_threads: int) -> None:
     """Process main: build the engine, report ready (or the failure), serve messages until told to stop."""
     # The parent owns this process's lifetime: a terminal's Ctrl-C or a group SIGTERM must not kill
     # the loop under a gateway that is still draining.
@@ -158,27 +165,30 @@ def run_worker(config: EngineConfig, inbox: Connection, outbox: Connection, num_
     if config.worker_batch_scheduling and hasattr(os, "SCHED_BATCH"):
         with contextlib.suppress(OSError):  # best effort: a policy the platform refuses changes nothing
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    # Our framing both ways (engine/pipe.py); sends block when the pipe is full, as there is no event loop here.
-    out = PipeWriter(outbox.fileno())
+    # Read between iterations, not on a thread (engine/pipe.py); the parent's end reads as StopLoop.
+    # Sends wait when the gateway is far behind, as there is no event loop here.
+    inbox, outbox = link.open()
+    try:
+        _serve(config, inbox, outbox, entered_at)
+    finally:
+        inbox.close()
+        outbox.close()
 
-    def tell(msg: Any) -> None:
-        out.send(msg, block=True)
 
+def _serve(config: EngineConfig, inbox: Inbox, outbox: Outbox, entered_at: float) -> None:
+    tell = outbox.send
     try:
         engine = LLMEngine(config)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             tell(WorkerFailed(f"{type(exc).__name__}: {exc}"))
-        outbox.close()
         return
     tell(WorkerReady(engine.model_name, engine.max_model_len, engine.vocab_size, engine.pool.block_size,
                      engine.pool.num_blocks, engine.stats(), entered_at=entered_at,
                      build_seconds=time.time() - entered_at))
-    # Read between iterations, not on a thread: see engine/pipe.py. End of file means the parent is gone.
-    box = PipeReader(inbox.fileno(), eof_message=StopLoop())
     publisher = BackgroundPublisher(tell) if config.overlap_publish else None
     try:
-        EngineLoop(engine, box, publisher or tell).run()
+        EngineLoop(engine, inbox, publisher or tell).run()
         if publisher is not None:
             publisher.close()
     except (BrokenPipeError, ConnectionResetError):
@@ -192,5 +202,3 @@ def run_worker(config: EngineConfig, inbox: Connection, outbox: Connection, num_
             tell(WorkerFailed(f"engine loop died: {exc!r}"))
     finally:
         engine.close()
-        outbox.close()
-        inbox.close()

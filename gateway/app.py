@@ -14,7 +14,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
-from engine import AsyncEngine, ProcessEngine
+from engine import EngineClient, ProcessEngine
 from gateway.admin import routes as admin_routes
 from gateway.edge.errors import APIError, error_response
 from gateway.edge.middleware import EdgeMiddleware
@@ -54,7 +54,7 @@ async def drain(state: GatewayState, grace_s: float) -> None:
         await state.runs.wait_idle(time.monotonic() + 5.0)
 
 
-def create_app(settings: GatewaySettings, engine: AsyncEngine | None = None) -> Starlette:
+def create_app(settings: GatewaySettings, engine: EngineClient | None = None) -> Starlette:
     """Build the gateway app; with `engine=None` it loads and starts its own engine at startup."""
 
     @contextlib.asynccontextmanager

@@ -6,7 +6,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from prometheus_client import start_http_server
 
@@ -16,7 +16,7 @@ from admission.quota import QuotaStore, make_quota
 from admission.quota_redis import quota_metrics
 from admission.redis_link import RedisLink, connect
 from billing import BillingStore, Database, KeyCache, Ledger, LedgerConfig, default_db_url
-from engine import AsyncEngine, ProcessEngine
+from engine import EngineClient, engine_client
 from gateway.admin.rejections import RejectionLog
 from gateway.edge.auth import ensure_admin_token, ensure_metrics_token
 from gateway.edge.auth_guard import FailureBudget
@@ -35,7 +35,7 @@ class GatewayState:
     """Engine, stores, admission and metrics shared by every request of one app."""
 
     settings: GatewaySettings
-    engine: AsyncEngine
+    engine: EngineClient
     owns_engine: bool
     db: Database
     store: BillingStore
@@ -99,7 +99,7 @@ class GatewayState:
                           "quota_on_failure": self.settings.quota_on_redis_failure}}
 
 
-def build_state(settings: GatewaySettings, engine: AsyncEngine | None) -> GatewayState:
+def build_state(settings: GatewaySettings, engine: EngineClient | None) -> GatewayState:
     """Open the database (migrated), ledger, stores, and the engine unless one is given."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     db = Database(settings.db_url or default_db_url(settings.data_dir))
@@ -107,9 +107,7 @@ def build_state(settings: GatewaySettings, engine: AsyncEngine | None) -> Gatewa
     store = BillingStore(db)
     owns_engine = engine is None
     if engine is None:
-        # ProcessEngine has AsyncEngine's public surface exactly; the gateway only uses that surface.
-        engine = cast(AsyncEngine, ProcessEngine(settings.engine)) if settings.engine_process \
-            else AsyncEngine(settings.engine)
+        engine = engine_client(settings.engine, in_process=not settings.engine_process)
         engine.start()
     labels = TenantLabels(settings.metrics_tenants)
     metrics = GatewayMetrics(labels, engine.stats)

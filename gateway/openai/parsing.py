@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 
 from admission.deadline import DeadlineError, parse_deadline
-from engine import AsyncEngine, InvalidRequestError, SamplingParams
+from engine import EngineClient, InvalidRequestError, SamplingParams
 from engine.limits import RequestCaps
 from gateway.edge.errors import APIError
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, first_error
@@ -92,7 +92,7 @@ class EngineInput:
     params: SamplingParams
 
 
-async def engine_input_async(body: CompletionRequest | ChatCompletionRequest, engine: AsyncEngine) -> EngineInput:
+async def engine_input_async(body: CompletionRequest | ChatCompletionRequest, engine: EngineClient) -> EngineInput:
     """`engine_input`, with a large text prompt tokenised off the event loop."""
     if _text_chars(body) > TOKENIZE_INLINE_CHARS:
         return await asyncio.to_thread(engine_input, body, engine)
@@ -108,7 +108,7 @@ def _text_chars(body: CompletionRequest | ChatCompletionRequest) -> int:
     return len(prompt[0]) if prompt and isinstance(prompt[0], str) else 0
 
 
-def engine_input(body: CompletionRequest | ChatCompletionRequest, engine: AsyncEngine) -> EngineInput:
+def engine_input(body: CompletionRequest | ChatCompletionRequest, engine: EngineClient) -> EngineInput:
     """Check the caps, tokenise, resolve max_tokens and validate everything the engine would refuse."""
     if body.model != engine.model_name:
         raise APIError(400, f"model {body.model!r} does not exist; this server serves {engine.model_name!r}",
@@ -141,7 +141,7 @@ def engine_input(body: CompletionRequest | ChatCompletionRequest, engine: AsyncE
     return EngineInput(ids, params)
 
 
-def _tokens(body: CompletionRequest | ChatCompletionRequest, engine: AsyncEngine,
+def _tokens(body: CompletionRequest | ChatCompletionRequest, engine: EngineClient,
             caps: RequestCaps) -> tuple[list[int], int | None, str, str]:
     """(prompt token ids, requested max tokens, its field name, the prompt's field name); 400 over a cap."""
     tok = engine.tokenizer

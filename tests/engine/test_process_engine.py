@@ -47,9 +47,12 @@ def started(cfg: EngineConfig) -> tuple[ProcessEngine, int]:
     return engine, new[0]
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[ProcessEngine]:
-    eng, _ = started(config())
+TRANSPORTS = ["zmq", "pipe"]
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def engine(request: pytest.FixtureRequest) -> Iterator[ProcessEngine]:
+    eng, _ = started(config(transport=request.param))
     yield eng
     eng.shutdown()
 
@@ -232,8 +235,9 @@ def test_duplicate_live_id_is_refused(engine: ProcessEngine) -> None:
     asyncio.run(scenario())
 
 
-def test_killed_worker_fails_in_flight_streams() -> None:
-    engine, pid = started(config())
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_killed_worker_fails_in_flight_streams(transport: str) -> None:
+    engine, pid = started(config(transport=transport))
     try:
         async def scenario() -> None:
             stream = engine.generate([1, 2, 3], SamplingParams(max_tokens=1500, ignore_eos=True), RequestMeta(), "k")
@@ -255,8 +259,9 @@ def test_killed_worker_fails_in_flight_streams() -> None:
         engine.shutdown(timeout_s=5)
 
 
-def test_restart_replaces_a_dead_worker_and_leaves_a_live_one_alone() -> None:
-    engine, pid = started(config())
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_restart_replaces_a_dead_worker_and_leaves_a_live_one_alone(transport: str) -> None:
+    engine, pid = started(config(transport=transport))
     try:
         engine.restart()  # alive: nothing happens
         assert engine._proc is not None and engine._proc.pid == pid
@@ -289,22 +294,34 @@ def test_restart_replaces_a_dead_worker_and_leaves_a_live_one_alone() -> None:
         engine.shutdown(timeout_s=5)
 
 
-def test_a_failed_pipe_under_a_live_worker_fails_streams_and_kills_the_worker() -> None:
-    engine, pid = started(config())
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_failed_pipe_under_a_live_worker_fails_streams_and_kills_the_worker(transport: str) -> None:
+    engine, pid = started(config(transport=transport))
+
+    real = engine._channel
+    assert real is not None
 
     class BrokenPipeEnd:
-        """The worker's pipe as seen after a read error: the worker lives on, but nothing more can arrive."""
+        """The worker's channel as seen after a read error: the worker lives on, but nothing more can arrive."""
 
-        fd = engine._reader.fd  # type: ignore[union-attr]
+        fd = real.fd
 
         def take_ready(self) -> list[object]:
             raise OSError(5, "Input/output error")
+
+        drain_after_exit = take_ready
+
+        def send(self, msg: object, block: bool = False, timeout: float | None = None) -> None:
+            real.send(msg, block, timeout)
+
+        def close(self) -> None:
+            real.close()
 
     try:
         async def scenario() -> None:
             stream = engine.generate([1, 2, 3], SamplingParams(max_tokens=1500, ignore_eos=True), RequestMeta(), "p")
             await anext(stream)
-            engine._reader = BrokenPipeEnd()  # type: ignore[assignment]
+            engine._channel = BrokenPipeEnd()  # type: ignore[assignment]
             with pytest.raises(EngineDeadError, match="pipe"):
                 async for _ in stream:
                     pass
@@ -315,8 +332,9 @@ def test_a_failed_pipe_under_a_live_worker_fails_streams_and_kills_the_worker() 
         engine.shutdown(timeout_s=5)
 
 
-def test_shutdown_cancels_in_flight_requests() -> None:
-    engine, pid = started(config())
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_shutdown_cancels_in_flight_requests(transport: str) -> None:
+    engine, pid = started(config(transport=transport))
 
     async def scenario() -> RequestOutput:
         stream = engine.generate([4, 5, 6], SamplingParams(max_tokens=1500, ignore_eos=True), RequestMeta(), "s")
