@@ -4,7 +4,6 @@ fail fast; the background probe backs off while it stays frozen and closes the b
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,18 +12,13 @@ from prometheus_client import CollectorRegistry
 
 from admission.breaker import BackendUnavailable
 from admission.redis_link import connect
-from bench.redis_server import RedisServer, redis_server_binary
+from bench.redis_server import RedisServer
+from tests.billing.services import private_redis
 
 
 @pytest.fixture()
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    if redis_server_binary() is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("redis-server is not installed (CI=true: Redis tests must run)")
-        pytest.skip("redis-server is not installed")
-    server = RedisServer(tmp_path / "redis")
-    yield server
-    server.stop()
+    yield from private_redis(tmp_path / "redis")
 
 
 def test_frozen_redis_opens_the_breaker_and_the_probe_closes_it(redis_server: RedisServer) -> None:

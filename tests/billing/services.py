@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from bench.redis_server import RedisServer, redis_server_binary
 
 PG_HOST, PG_PORT = "127.0.0.1", 5432
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -28,3 +32,14 @@ def require(host: str, port: int, what: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(message + " (CI=true: backend tests must run)")
     pytest.skip(message)
+
+
+def private_redis(path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own on a free port, for tests that kill or freeze it (never the shared one)."""
+    if redis_server_binary() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("redis-server is not installed (CI=true: Redis tests must run)")
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(path)
+    yield server
+    server.stop()

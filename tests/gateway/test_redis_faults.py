@@ -6,7 +6,6 @@ names the degraded dependency; the breaker closes again once Redis answers."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import uuid
 from collections.abc import Iterator
@@ -16,8 +15,9 @@ import httpx
 import pytest
 import redis
 
-from bench.redis_server import RedisServer, redis_server_binary
+from bench.redis_server import RedisServer
 from billing import BillingStore, Database, default_db_url
+from tests.billing.services import private_redis
 from tests.gateway.conftest import wait_for
 from tests.gateway.serve_process import ServeProcess
 
@@ -27,13 +27,7 @@ METERED_TPM = 10**9  # a quota that never denies: every request still reserves a
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A redis-server of this module's own, on a free port."""
-    if redis_server_binary() is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("redis-server is not installed (CI=true: Redis fault tests must run)")
-        pytest.skip("redis-server is not installed")
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.stop()
+    yield from private_redis(tmp_path_factory.mktemp("redis"))
 
 
 def _seed(data_dir: Path) -> dict[str, str]:

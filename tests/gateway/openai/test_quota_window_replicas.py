@@ -5,7 +5,6 @@ both replicas admitted work. A token bucket that starts full fails this within t
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -16,8 +15,9 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from bench.redis_server import RedisServer, redis_server_binary
+from bench.redis_server import RedisServer
 from billing import BillingStore, Database, default_db_url
+from tests.billing.services import private_redis
 from tests.gateway.serve_process import ServeProcess
 
 LIMIT = 600
@@ -28,13 +28,7 @@ PACE_S = 0.25  # each client thread offers a request this often: ~16/s offered, 
 
 @pytest.fixture()
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    if redis_server_binary() is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("redis-server is not installed (CI=true: Redis tests must run)")
-        pytest.skip("redis-server is not installed")
-    server = RedisServer(tmp_path / "redis")
-    yield server
-    server.stop()
+    yield from private_redis(tmp_path / "redis")
 
 
 def _client(url: str, key: str, stop: threading.Event, admitted: list[int]) -> None:
