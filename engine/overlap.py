@@ -26,6 +26,7 @@ do not yet hold the provisional decodes.
 from __future__ import annotations
 
 import time
+from collections.abc import Container
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from time import perf_counter
@@ -120,7 +121,7 @@ class OverlapStepper:
         t1 = time.time()
         engine.fail_requests(ran.failures, t1)
         engine.note_ran(current.out, current.started, t1)
-        finished = land(engine.scheduler, current.batch.sampling, ran.sampled, engine.eos_token_ids, t1)
+        finished = land(engine.scheduler, current.batch.sampling, ran.sampled, engine.eos_token_ids, t1, ran.failures)
         p1 = perf_counter()
         touched = retired + nxt.out.finished + [c.request for c in current.out.chunks]
         outputs = engine.collect_outputs(touched)
@@ -195,7 +196,7 @@ class OverlapStepper:
 
 
 def land(sched: Scheduler, sampling: list[Request], sampled: dict[str, int], eos_token_ids: set[int] | frozenset[int],
-         now: float) -> list[Request]:
+         now: float, failed: Container[str] = ()) -> list[Request]:
     """Put each sampled token in its placeholder and apply the token-level stops; returns the requests that ended.
     A request without a placeholder had ended before its step ran: its token is thrown away."""
     finished: list[Request] = []
@@ -204,8 +205,11 @@ def land(sched: Scheduler, sampling: list[Request], sampled: dict[str, int], eos
         if not request.num_output_placeholders:
             continue
         output = request.output_token_ids
-        token = output[-1] = sampled[request.request_id]
         request.num_output_placeholders = 0
+        if request.request_id in failed:
+            output.pop()  # its own sampling raised: it ended with no token, as without overlap
+            continue
+        token = output[-1] = sampled[request.request_id]
         if request.first_token_time is None:
             request.first_token_time = now
         if request.is_finished:

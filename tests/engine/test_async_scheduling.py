@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import pytest
 
-from engine import EngineConfig, FinishReason, LLMEngine, RequestMeta, SamplingParams
+from engine import (
+    EngineConfig,
+    FinishReason,
+    LLMEngine,
+    ProcessEngine,
+    RequestMeta,
+    RequestOutput,
+    SamplingParams,
+)
 from engine.loader import LoadedModel, load_model
 from engine.request import RequestState
 
@@ -150,3 +159,27 @@ def test_an_abort_while_the_token_is_in_flight_still_delivers_it(loaded: LoadedM
     assert last[0].metrics.completion_tokens == len(got) + 1
     assert not engine.has_unfinished() and engine.pool.num_used == 0
     engine.close()
+
+
+def test_a_worker_process_with_async_scheduling_streams_the_same(loaded: LoadedModel) -> None:
+    plain = run(loaded, False, GREEDY)
+    engine = ProcessEngine(EngineConfig(num_kv_blocks=64, max_num_batched_tokens=16, max_num_seqs=6,
+                                        async_scheduling="on"))
+    engine.start()
+    try:
+        async def one(i: int) -> RequestOutput:
+            last = None
+            async for out in engine.generate(PROMPTS[i], GREEDY[i], RequestMeta(tenant_id=f"t{i % 3}"), f"r{i}"):
+                last = out
+            assert last is not None
+            return last
+
+        async def all_of() -> list[RequestOutput]:
+            return await asyncio.gather(*(one(i) for i in range(len(PROMPTS))))
+
+        finals = asyncio.run(all_of())
+    finally:
+        engine.shutdown()
+    for i, out in enumerate(finals):
+        assert (list(out.token_ids), out.text, out.finish_reason) == (plain.tokens[f"r{i}"], plain.text[f"r{i}"],
+                                                                      FinishReason.LENGTH)
