@@ -61,7 +61,6 @@ class _Flight:
     batch: HostBatch | None
     future: Future[_Ran] | None
     started: float  # epoch seconds it was scheduled (the cancel bookkeeping's window)
-    began: float  # perf_counter when scheduling began
     schedule_s: float
     prepare_s: float
 
@@ -76,6 +75,7 @@ class OverlapStepper:
                                           initargs=(torch.get_num_threads(),))
         self._flight: _Flight | None = None
         self._forgotten: list[str] = []  # ended requests whose sampler state waits for the forward in flight
+        self._landed_at = 0.0  # perf_counter when the host last stopped waiting for a forward
 
     @property
     def in_flight(self) -> bool:
@@ -135,8 +135,10 @@ class OverlapStepper:
         trace.forward_s, trace.sample_s = ran.timing.forward_s, ran.timing.sample_s
         trace.update_s, trace.outputs_s = (p1 - w1) + (p3 - p2), p2 - p1
         trace.wait_s, trace.discarded_tokens = w1 - w0, discarded
-        # Host work of the next step that ran while this step's forward and sampling did.
-        trace.overlapped_s = max(0.0, min(w0, ran.ended) - max(nxt.began, ran.began))
+        # Host work that ran beside this step's forward and sampling: the previous step's landing and outputs,
+        # whatever the caller did with them (a worker publishes them), the next step's schedule and inputs.
+        trace.overlapped_s = max(0.0, min(w0, ran.ended) - max(ran.began, self._landed_at))
+        self._landed_at = w1
         engine.write_trace(trace)
         return outputs
 
@@ -147,11 +149,11 @@ class OverlapStepper:
         out = engine.scheduler.schedule(t0)
         p1 = perf_counter()
         if not out.chunks:
-            return _Flight(out, None, None, t0, p0, p1 - p0, 0.0)
+            return _Flight(out, None, None, t0, p1 - p0, 0.0)
         block_ids = engine.pool.block_ids
         batch = engine.runner.prepare_host(out, {c.request.request_id: block_ids(c.request.request_id) for c in out.chunks})
         future = self._thread.submit(self._run, batch)
-        return _Flight(out, batch, future, t0, p0, p1 - p0, perf_counter() - p1)
+        return _Flight(out, batch, future, t0, p1 - p0, perf_counter() - p1)
 
     def _run(self, batch: HostBatch) -> _Ran:
         """On the forward thread: forward and sampling; the failures are taken here, with their step."""
