@@ -2,6 +2,7 @@
 
     python -m bench.host_overhead                    # batches 64, 256, 1024; markdown table on stdout
     python -m bench.host_overhead --json out.json    # also the raw figures
+    python -m bench.host_overhead --async-ab         # also step time with async scheduling off / on, alternated
 
 A 1-layer, 32-wide seeded Llama (byte tokenizer) keeps the forward small, so what the engine does
 around it shows. Every request is admitted, prefilled, and then the engine is stepped in decode steady
@@ -63,6 +64,8 @@ class Row:
     host: float
     forward_ms: float
     step_ms: float
+    overlapped: float = 0.0  # async scheduling: host work the forward hid (µs per request per step)
+    wait_ms: float = 0.0  # async scheduling: the host waiting for the step's samples (ms per step)
 
 
 def tiny_model_config() -> dict[str, Any]:
@@ -73,12 +76,12 @@ def tiny_model_config() -> dict[str, Any]:
     return config
 
 
-def steady_engine(model_dir: Path, batch: int, steps: int, stop: list[str]) -> LLMEngine:
+def steady_engine(model_dir: Path, batch: int, steps: int, stop: list[str], overlap: bool = False) -> LLMEngine:
     """An engine holding `batch` requests, stepped until every one of them decodes (no prefill left)."""
     total = PROMPT_TOKENS + steps + 64
     blocks = batch * -(-total // 16) + 16
     config = EngineConfig(model=str(model_dir), max_num_seqs=batch, max_num_batched_tokens=max(batch, 2048),
-                          num_kv_blocks=blocks, max_model_len=total + 16)
+                          num_kv_blocks=blocks, max_model_len=total + 16, async_scheduling="on" if overlap else "off")
     engine = LLMEngine(config)
     engine.front_detokenizes = True  # as under the engine loop (engine/worker.py), which a server runs
     rng = random.Random(0)
@@ -96,9 +99,10 @@ def steady_engine(model_dir: Path, batch: int, steps: int, stop: list[str]) -> L
 class Probe:
     """One batch size's engine in decode steady state, with the front's routes for its requests."""
 
-    def __init__(self, model_dir: Path, batch: int, steps: int, stop: list[str]) -> None:
+    def __init__(self, model_dir: Path, batch: int, steps: int, stop: list[str], overlap: bool = False) -> None:
         self.batch = batch
-        self.engine = steady_engine(model_dir, batch, steps, stop)
+        self.overlap = overlap
+        self.engine = steady_engine(model_dir, batch, steps, stop, overlap)
         self.loop = asyncio.new_event_loop()
         self.routes = {}
         for request_id, request in self.engine.scheduler.requests.items():
@@ -138,7 +142,8 @@ class Probe:
         return Row(self.batch, steps, **phases, front=per_request(fronts), publish=per_request(publishes),
                    other=other, host=host,
                    forward_ms=statistics.fmean(t.forward_s for t in traces) * 1e3,
-                   step_ms=statistics.fmean(walls) * 1e3)
+                   step_ms=statistics.fmean(walls) * 1e3, overlapped=per_request([t.overlapped_s for t in traces]),
+                   wait_ms=statistics.fmean(t.wait_s for t in traces) * 1e3)
 
     def close(self) -> None:
         """Release the trace file and the front's event loop."""
@@ -163,6 +168,39 @@ def measure(model_dir: Path, batches: list[int], steps: int, warmup: int, rounds
         for probe in probes:
             probe.close()
     return [best[b] for b in batches]
+
+
+def async_ab(model_dir: Path, batches: list[int], steps: int, warmup: int, rounds: int,
+             stop: list[str]) -> dict[int, dict[str, list[Row]]]:
+    """Every batch size with async scheduling off and on, one engine each, their rounds alternated (off, on,
+    off, on...) so load from other work falls on both alike; every round of each is kept."""
+    probes = [Probe(model_dir, b, warmup + rounds * steps, stop, overlap) for b in batches for overlap in (False, True)]
+    rows: dict[int, dict[str, list[Row]]] = {b: {"off": [], "on": []} for b in batches}
+    try:
+        for probe in probes:
+            probe.round(warmup)
+        for _ in range(rounds):
+            for probe in probes:
+                rows[probe.batch]["on" if probe.overlap else "off"].append(probe.round(steps))
+    finally:
+        for probe in probes:
+            probe.close()
+    return rows
+
+
+def async_markdown(rows: dict[int, dict[str, list[Row]]]) -> str:
+    """The A/B table: step time off and on (medians of the rounds), their paired ratio, what the forward hid."""
+    head = ("| batch | step ms, off | step ms, on | on/off (median of paired rounds) | forward ms | "
+            "host hidden under the forward, µs/request | host waiting for samples, ms/step |")
+    lines = [head, "|---:" * 7 + "|"]
+    for batch, by in rows.items():
+        off, on = by["off"], by["on"]
+        ratio = statistics.median(b.step_ms / a.step_ms for a, b in zip(off, on, strict=True))
+        lines.append(f"| {batch} | {statistics.median(r.step_ms for r in off):.2f} | "
+                     f"{statistics.median(r.step_ms for r in on):.2f} | {ratio:.3f} | "
+                     f"{statistics.median(r.forward_ms for r in on):.2f} | "
+                     f"{statistics.median(r.overlapped for r in on):.2f} | {statistics.median(r.wait_ms for r in on):.2f} |")
+    return "\n".join(lines)
 
 
 def process_steps_per_s(model_dir: Path, batch: int, overlap: bool, seconds: float) -> float:
@@ -228,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overlap", type=int, default=0, metavar="BATCH",
                         help="also compare ProcessEngine decode steps/s with and without overlap_publish at BATCH")
     parser.add_argument("--overlap-seconds", type=float, default=3.0, help="measured window of each --overlap run")
+    parser.add_argument("--async-ab", action="store_true",
+                        help="also compare step time with EngineConfig.async_scheduling off and on, rounds alternated")
     parser.add_argument("--json", help="also write the raw figures here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -236,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         write_seeded_llama(model_dir, tiny_model_config())
         batches = [int(b) for b in args.batches.split(",")]
         rows = measure(model_dir, batches, args.steps, args.warmup, args.rounds, args.stop)
+        ab = async_ab(model_dir, batches, args.steps, args.warmup, args.rounds, args.stop) if args.async_ab else {}
         overlap: dict[str, list[float]] = {"off": [], "on": []}
         for _ in range(args.rounds if args.overlap else 0):  # alternated, A/B
             for mode in ("off", "on"):
@@ -246,9 +287,13 @@ def main(argv: list[str] | None = None) -> int:
         off, on = max(overlap["off"]), max(overlap["on"])
         print(f"\nProcessEngine at batch {args.overlap}, decode steps/s (best of {args.rounds}, alternated): "
               f"overlap_publish off {off:.1f}, on {on:.1f}, on/off {on / off:.3f}")
+    if ab:
+        print(f"\nasync scheduling off / on, in-process LLMEngine, {args.rounds} alternated rounds of {args.steps} steps")
+        print(async_markdown(ab))
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": [r.__dict__ for r in rows], "overlap": overlap}, indent=2)
-                                   + "\n")
+        raw_ab = {b: {m: [r.__dict__ for r in rs] for m, rs in by.items()} for b, by in ab.items()}
+        Path(args.json).write_text(json.dumps({"rows": [r.__dict__ for r in rows], "overlap": overlap,
+                                               "async_ab": raw_ab}, indent=2) + "\n")
     return 0
 
 

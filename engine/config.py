@@ -69,6 +69,12 @@ class EngineConfig(BaseModel):
     overlap_publish: bool = Field(
         default=False, description="encode and send each step's report on a worker thread, overlapping the next step")
 
+    # Async scheduling (engine/overlap.py). auto: on for CUDA, where the forward runs on the device and
+    # the host work beside it is free; off on CPU, where the forward needs the same cores and the GIL
+    # (measured: docs/engine.md, "Overlap").
+    async_scheduling: Literal["auto", "on", "off"] = Field(
+        default="auto", description="schedule step N+1 while step N's forward runs (auto: on for CUDA, off on CPU)")
+
     @field_validator("block_size")
     @classmethod
     def _power_of_two(cls, value: int) -> int:
@@ -103,6 +109,12 @@ class EngineConfig(BaseModel):
             if int(index or 0) >= torch.cuda.device_count():
                 raise ValueError(f"device {self.device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
         return self
+
+    def overlaps(self) -> bool:
+        """Whether the engine schedules the next step while a forward runs (`async_scheduling` resolved)."""
+        if self.async_scheduling == "auto":
+            return self.device.startswith("cuda")
+        return self.async_scheduling == "on"
 
     def kv_fraction(self) -> float:
         """The KV cache's share of memory: the configured one, else the device's default."""

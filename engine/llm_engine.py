@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import partial
 from time import perf_counter  # bound here: tests replace this module's `time` with a fake clock
 
@@ -31,6 +31,7 @@ from engine.limits import RequestLimits
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner, kv_block_bytes
 from engine.outputs import EngineStats, OutputDelta, RequestInfo, RequestMetrics, RequestOutput, text_in_loop
+from engine.overlap import OverlapStepper
 from engine.policy import build_policy
 from engine.request import (
     DuplicateRequestError,
@@ -62,7 +63,7 @@ class _Stream:
         self.held_delta = ""  # text decoded since the last output, when intermediate outputs are skipped
 
 
-_Emitted = tuple[Request, _Stream, list[int], str]  # request, its stream, new token ids, new text
+Emitted = tuple[Request, _Stream, list[int], str]  # request, its stream, new token ids, new text
 
 
 class LLMEngine:
@@ -107,6 +108,8 @@ class LLMEngine:
         self._last_step: dict[str, tuple[int, float, float]] = {}  # request -> (tokens, start, end) of its last iteration
         self._failures = RequestFailures()  # detokenisation and stop checks; the sampler keeps its own
         self.failed_requests = 0  # requests ended alone by an exception of their own, since start
+        # Async scheduling (engine/overlap.py): step N+1 is scheduled while step N's forward runs.
+        self.overlap = OverlapStepper(self) if config.overlaps() else None
 
     def _blocks_from_memory(self) -> int:
         mc = self.loaded.config
@@ -160,8 +163,8 @@ class LLMEngine:
         return [i for i in ids if self.abort_request(i, reason)]
 
     def has_unfinished(self) -> bool:
-        """True while any request is queued or running."""
-        return self.scheduler.has_unfinished()
+        """True while any request is queued or running, or a step's results have not landed."""
+        return self.scheduler.has_unfinished() or (self.overlap is not None and self.overlap.in_flight)
 
     def live_request(self, request_id: str) -> RequestInfo | None:
         """Owner and state of a live request."""
@@ -185,8 +188,10 @@ class LLMEngine:
         return [OutputDelta(r.request_id, new_ids, delta, r.is_finished, r.finish_reason, RequestMetrics.of(r))
                 for r, _, new_ids, delta in self._iterate()]
 
-    def _iterate(self) -> list[_Emitted]:
+    def _iterate(self) -> list[Emitted]:
         """Run one iteration; what each request has new to report."""
+        if self.overlap is not None:
+            return self.overlap.iterate()
         t0 = time.time()
         p0 = perf_counter()
         out = self.scheduler.schedule(t0)
@@ -194,38 +199,38 @@ class LLMEngine:
         tables = {c.request.request_id: self.pool.block_ids(c.request.request_id) for c in out.chunks}
         sampled = self.runner.execute(out, tables)
         t1 = time.time()
-        self._fail(self.runner.sampler.failures.take(), t1)
-        for c in out.chunks:
-            self._last_step[c.request.request_id] = (c.length, t0, t1)
-            if c.request.cancel_time is not None and c.request.cancel_time < t0:
-                c.request.tokens_after_cancel += c.length
+        self.fail_requests(self.runner.sampler.failures.take(), t1)
+        self.note_ran(out, t0, t1)
         p2 = perf_counter()
         finished = self.scheduler.update(out, sampled, self.eos_token_ids)
         p3 = perf_counter()
-        outputs = self._collect_outputs(out, finished)
+        outputs = self.collect_outputs(out.finished + [c.request for c in out.chunks])
         p4 = perf_counter()
-        trace = self._record(out, t1 - t0, len(finished) + len(out.finished))
+        trace = self.record_trace(out, t1 - t0, len(finished) + len(out.finished))
         run = self.runner.timing
         # Block tables and the cancel bookkeeping above count as preparation: host work before the forward.
         trace.schedule_s, trace.prepare_s = p1 - p0, (p2 - p1) - run.forward_s - run.sample_s
         trace.forward_s, trace.sample_s, trace.update_s, trace.outputs_s = run.forward_s, run.sample_s, p3 - p2, p4 - p3
-        if self._trace_writer:
-            self._trace_writer.write(trace)
+        self.write_trace(trace)
         return outputs
 
-    def _collect_outputs(self, out: SchedulerOutput, finished: list[Request]) -> list[_Emitted]:
-        """Every request with new tokens or text, or that ended (only the last for a whole response)."""
-        touched: dict[str, Request] = {r.request_id: r for r in out.finished}
+    def note_ran(self, out: SchedulerOutput, t0: float, t1: float) -> None:
+        """The step scheduled at `t0` ran until `t1`: what a cancel signal inside that window finds computed."""
         for c in out.chunks:
-            touched.setdefault(c.request.request_id, c.request)
+            self._last_step[c.request.request_id] = (c.length, t0, t1)
+            if c.request.cancel_time is not None and c.request.cancel_time < t0:
+                c.request.tokens_after_cancel += c.length
+
+    def collect_outputs(self, touched: Iterable[Request]) -> list[Emitted]:
+        """Every touched request with new tokens or text, or that ended (only the last for a whole response)."""
         outputs = []
-        for request in touched.values():
+        for request in {r.request_id: r for r in touched}.values():
             stream = self._streams.get(request.request_id)
             if stream is None:
                 continue
             text = self._failures.run(request.request_id, partial(self._new_text, request, stream), None)
             if text is None:  # its detokenisation or stop check raised: it ends alone, with what it had
-                self._fail(self._failures.take(), time.time())
+                self.fail_requests(self._failures.take(), time.time())
                 request.finish_reason = FinishReason.ERROR  # also when it had just ended for another reason
                 text = ""
             new_ids = request.output_token_ids[stream.sent_tokens :]
@@ -260,7 +265,7 @@ class LLMEngine:
             delta += tail + stream.stop.flush()
         return delta
 
-    def _fail(self, errors: dict[str, Exception], now: float) -> None:
+    def fail_requests(self, errors: dict[str, Exception], now: float) -> None:
         """End each request whose own work raised, with finish_reason "error"; the others go on."""
         for request_id in errors:
             request = self.scheduler.requests.get(request_id)
@@ -271,10 +276,18 @@ class LLMEngine:
     def _forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
         self._last_step.pop(request_id, None)
-        self.runner.sampler.forget(request_id)
+        if self.overlap is not None:
+            self.overlap.forget_later(request_id)  # the forward thread may be sampling it
+        else:
+            self.runner.sampler.forget(request_id)
         self.runner.forget(request_id)
 
-    def _record(self, out: SchedulerOutput, seconds: float, completions: int) -> IterationTrace:
+    def write_trace(self, trace: IterationTrace) -> None:
+        """Append a finished trace row to the trace file, if one is configured."""
+        if self._trace_writer:
+            self._trace_writer.write(trace)
+
+    def record_trace(self, out: SchedulerOutput, seconds: float, completions: int) -> IterationTrace:
         trace = IterationTrace(
             iteration=out.iteration, time=time.time(), waiting=self.scheduler.num_waiting,
             running=len(self.scheduler.running), prefill_tokens=out.prefill_tokens, decode_tokens=out.decode_tokens,
@@ -324,6 +337,8 @@ class LLMEngine:
 
     # -- swap preemption --------------------------------------------------------------------
     def _swap_out(self, request: Request) -> int:
+        if self.overlap is not None:
+            self.overlap.wait_forward()  # the forward in flight may still write these blocks
         ids = self.pool.block_ids(request.request_id)[: -(-request.num_computed_tokens // self.pool.block_size)]
         need = kv_block_bytes(self.loaded.config.num_layers, self.pool.block_size, self.loaded.config.num_kv_heads,
                               self.loaded.config.head_dim, self.loaded.dtype) * len(ids)
@@ -332,9 +347,13 @@ class LLMEngine:
         return self.runner.swap_out(request, ids)
 
     def _swap_in(self, request: Request) -> int:
+        if self.overlap is not None:
+            self.overlap.wait_forward()  # it may still write a block just freed and handed to this request
         return self.runner.swap_in(request, self.pool.block_ids(request.request_id))
 
     def close(self) -> None:
-        """Release the trace file."""
+        """Stop the forward thread and release the trace file."""
+        if self.overlap is not None:
+            self.overlap.close()
         if self._trace_writer:
             self._trace_writer.close()

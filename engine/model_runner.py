@@ -33,6 +33,22 @@ def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim
 
 
 @dataclass
+class HostBatch:
+    """A batch's inputs built on the host, before they go to the device: what `ModelRunner.run` needs."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    table: torch.Tensor
+    starts: torch.Tensor
+    seq_lens: torch.Tensor
+    max_query_len: int
+    sample_rows: list[int]
+    sampling: list[Request]  # the requests of `sample_rows`, fixed here (the scheduler moves on meanwhile)
+    placeholders: bool  # some ids are still in flight (async scheduling): -(1 + row of the previous samples)
+
+
+@dataclass
 class RunnerTiming:
     """perf_counter seconds of the last `execute`, per phase (read into the IterationTrace)."""
 
@@ -71,8 +87,16 @@ class ModelRunner:
         self.block_rows = BlockTableRows()
         self._swapped: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
-    def prepare(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+    def prepare(self, out: SchedulerOutput,
+                block_tables: dict[str, list[int]]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """Flatten the batch: token ids, positions, attention metadata, and the rows whose logits are sampled."""
+        batch = self.prepare_host(out, block_tables)
+        ids, positions, meta = self._to_device(batch)
+        return ids, positions, meta, batch.sample_rows
+
+    def prepare_host(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> HostBatch:
+        """`prepare`'s host half: everything but the copy to the device (async scheduling builds this while
+        the previous step's forward runs)."""
         chunks = out.chunks
         ids = [c.request.request_id for c in chunks]
         lists = [block_tables[i] for i in ids]
@@ -81,8 +105,7 @@ class ModelRunner:
             return self._prepare_one_token_each(out, table)
         return self._prepare_chunks(out, torch.from_numpy(table))
 
-    def _prepare_chunks(self, out: SchedulerOutput,
-                        table_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+    def _prepare_chunks(self, out: SchedulerOutput, table_t: torch.Tensor) -> HostBatch:
         """Any mix of prefill chunks and decodes."""
         chunks = out.chunks
         token_ids: list[int] = []
@@ -102,14 +125,13 @@ class ModelRunner:
         ends_list = ends.tolist()
         sample_rows = [e - 1 for e, c in zip(ends_list, chunks, strict=True) if c.samples]
         ids_t = torch.tensor(token_ids, dtype=torch.int64)
-        return self._to_device(ids_t, positions, slots, table_t, starts, seq_lens,
-                               max((c.length for c in chunks), default=0), sample_rows)
+        return HostBatch(ids_t, positions, slots, table_t, starts, seq_lens, max((c.length for c in chunks), default=0),
+                         sample_rows, [c.request for c in chunks if c.samples], min(token_ids, default=0) < 0)
 
-    def _prepare_one_token_each(self, out: SchedulerOutput,
-                                table: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+    def _prepare_one_token_each(self, out: SchedulerOutput, table: np.ndarray) -> HostBatch:
         """The decode steady state (every chunk one token): one pass over the chunks, then numpy on arrays
         of a few hundred entries, where each torch call's fixed cost (microseconds) would dominate."""
-        token_ids, positions_l, sample_rows = [], [], []
+        token_ids, positions_l, sample_rows, sampling = [], [], [], []
         for row, chunk in enumerate(out.chunks):
             request, start = chunk.request, chunk.start
             prompt, output = request.prompt_token_ids, request.output_token_ids
@@ -118,51 +140,71 @@ class ModelRunner:
             positions_l.append(start)
             if start + 1 == n + len(output):
                 sample_rows.append(row)
+                sampling.append(request)
         positions = np.array(positions_l, dtype=np.int64)
         bs = self.block_size
         slots = table[np.arange(len(positions_l)), positions // bs].astype(np.int64) * bs + positions % bs
         starts = np.arange(len(token_ids) + 1, dtype=np.int32)
         seq_lens = (positions + 1).astype(np.int32)
+        ids = np.array(token_ids, dtype=np.int64)
         from_numpy = torch.from_numpy
-        return self._to_device(from_numpy(np.array(token_ids, dtype=np.int64)), from_numpy(positions),
-                               from_numpy(slots), from_numpy(table), from_numpy(starts), from_numpy(seq_lens), 1,
-                               sample_rows)
+        return HostBatch(from_numpy(ids), from_numpy(positions), from_numpy(slots), from_numpy(table),
+                         from_numpy(starts), from_numpy(seq_lens), 1, sample_rows, sampling,
+                         bool(len(ids)) and int(ids.min()) < 0)
 
-    def _to_device(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, table_t: torch.Tensor,
-                   starts: torch.Tensor, seq_lens: torch.Tensor, max_query_len: int,
-                   sample_rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+    def _to_device(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=slots.to(dev),
-            block_tables=table_t.to(dev),
-            query_start_loc=starts.to(dev),
-            seq_lens=seq_lens.to(dev),
-            max_query_len=max_query_len,
-            max_seq_len=int(seq_lens.max()) if len(seq_lens) else 0,
+            slot_mapping=batch.slots.to(dev),
+            block_tables=batch.table.to(dev),
+            query_start_loc=batch.starts.to(dev),
+            seq_lens=batch.seq_lens.to(dev),
+            max_query_len=batch.max_query_len,
+            max_seq_len=int(batch.seq_lens.max()) if len(batch.seq_lens) else 0,
             backend=self.backend,
         )
-        return ids.to(dev), positions.to(dev), meta, sample_rows
+        ids = batch.ids.to(dev)
+        if batch.placeholders:
+            # Async scheduling: a token sampled by the previous forward is still a placeholder in the host
+            # lists, -(1 + its row); it is taken from that forward's sampled ids where they are (on a GPU,
+            # without a copy to the host and back), so this step need not wait for them.
+            prev = self.sampler.last_sampled
+            if prev is None or not len(prev):
+                raise RuntimeError("a placeholder token without the previous step's samples")
+            ids = torch.where(ids < 0, prev[(-ids - 1).clamp(0, len(prev) - 1)], ids)
+        return ids, batch.positions.to(dev), meta
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> dict[str, int]:
         """Run the model once on the batch; return the sampled token of every request whose chunk completes."""
-        timing = self.timing = RunnerTiming()
         if not out.chunks:
+            self.timing = RunnerTiming()
             return {}
         t0 = time.perf_counter()
-        ids, positions, meta, sample_rows = self.prepare(out, block_tables)
+        batch = self.prepare_host(out, block_tables)
+        prepare_s = time.perf_counter() - t0
+        sampled = self.run(batch)
+        self.timing.prepare_s = prepare_s
+        return sampled
+
+    @torch.inference_mode()
+    def run(self, batch: HostBatch) -> dict[str, int]:
+        """The forward pass and sampling of a prepared batch (async scheduling runs this on a thread of its own)."""
+        timing = self.timing = RunnerTiming()
         t1 = time.perf_counter()
+        ids, positions, meta = self._to_device(batch)
         hidden = self.model(ids, positions, self.kv_caches, meta)
-        sampling = [c.request for c in out.chunks if c.samples]
+        sampling = batch.sampling
         if not sampling:
-            timing.prepare_s, timing.forward_s = t1 - t0, time.perf_counter() - t1
+            self.sampler.last_sampled = None
+            timing.forward_s = time.perf_counter() - t1
             return {}
         logits = self.model.compute_logits(  # type: ignore[operator]
-            hidden[torch.tensor(sample_rows, device=hidden.device)])
+            hidden[torch.tensor(batch.sample_rows, device=hidden.device)])
         t2 = time.perf_counter()
         tokens = self.sampler.sample(logits, sampling)
         sampled = {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
-        timing.prepare_s, timing.forward_s, timing.sample_s = t1 - t0, t2 - t1, time.perf_counter() - t2
+        timing.forward_s, timing.sample_s = t2 - t1, time.perf_counter() - t2
         return sampled
 
     # -- swap preemption --------------------------------------------------------------------

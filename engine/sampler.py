@@ -25,6 +25,8 @@ class Sampler:
         self._per_request: dict[str, torch.Generator] = {}
         self._bias: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # request -> (token ids, biases), built once
         self.failures = RequestFailures()
+        # The ids of the last `sample` where the logits were (async scheduling feeds the next forward from them).
+        self.last_sampled: torch.Tensor | None = None
 
     def forget(self, request_id: str) -> None:
         """Drop a finished request's generator."""
@@ -44,8 +46,10 @@ class Sampler:
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
         """logits: [len(requests), vocab] float32 on any device; returns one token id per request."""
         plain = all(r.sampling.greedy and not r.sampling.logit_bias for r in requests)
-        tokens = logits.argmax(dim=-1).cpu()
+        on_device = logits.argmax(dim=-1)
+        tokens = on_device.cpu()
         if plain:
+            self.last_sampled = on_device
             return tokens.tolist()  # type: ignore[no-any-return]
         logits = logits.float().cpu()
         out = [int(t) for t in tokens.tolist()]
@@ -54,6 +58,7 @@ class Sampler:
             if params.greedy and not params.logit_bias:
                 continue
             out[row] = self.failures.run(request.request_id, partial(self._sample_row, logits[row], request), FAILED_TOKEN)
+        self.last_sampled = torch.tensor(out, dtype=torch.int64, device=on_device.device)
         return out
 
     def _sample_row(self, scores: torch.Tensor, request: Request) -> int:

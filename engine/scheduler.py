@@ -139,6 +139,7 @@ class Scheduler:
         # (`_charge_decodes`), before anything that reads or changes the counters: a preemption's victim
         # choice, a prefill chunk's charge. So every counter sees the same additions in the same order.
         block_size = self.pool.block_size
+        max_model_len = self.config.max_model_len
         decoding = self._decoding
         chunks = out.chunks
         decode_tokens = 0
@@ -152,10 +153,13 @@ class Scheduler:
             output = request.output_token_ids
             remaining = len(request.prompt_token_ids) + len(output) - computed
             if remaining == 1 and output:
+                in_flight = request.num_output_placeholders
+                if in_flight and (len(output) >= request.sampling.max_tokens or computed + 1 >= max_model_len):
+                    continue  # its token in flight ends it by length: nothing to speculate on
                 if computed % block_size == 0 and not self._grow(request, computed + 1, out, now):
                     continue
                 chunks.append(ScheduledChunk(request, computed, 1))
-                decoding.append(request)
+                (out.provisional if in_flight else decoding).append(request)
                 decode_tokens += 1
                 budget -= 1
                 continue
@@ -201,8 +205,8 @@ class Scheduler:
             return
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.policy.peek(now)
-            if request is None:
-                break
+            if request is None or request.num_output_placeholders:
+                break  # (a victim whose last token is still in flight comes back once it lands)
             if request.state is RequestState.SWAPPED:
                 if not self._swap_back(request):
                     self._wait_for_blocks()
@@ -278,6 +282,9 @@ class Scheduler:
         out.prefill_tokens += length - int(is_decode_step)
         # Every sampling chunk yields one new output token: that is the decode charge.
         decode = int(start + length == request.num_tokens)
+        if decode and request.num_output_placeholders:
+            out.provisional.append(request)
+            decode = 0
         if new_prompt or decode:
             request.charged_service += self.policy.charge(request, new_prompt, decode, 0)
 

@@ -46,6 +46,9 @@ class SchedulerOutput:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     cached_tokens: int = 0
+    # Decodes of requests whose previous token is still in flight (async scheduling): charged only once
+    # that token lands and the request goes on (engine/overlap.py), so a discarded step is never charged.
+    provisional: list[Request] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:

@@ -58,8 +58,15 @@ def workload(n: int, seed: int, shared_prefix: int = 0) -> list[tuple[list[int],
     return [(prefix + [rng.randrange(256) for _ in range(rng.randint(4, 60))], rng.randint(2, 24)) for _ in range(n)]
 
 
-def run_engine(ref: Reference, items: list[tuple[list[int], int]], **config: Any) -> tuple[LLM, list[list[int]]]:
-    llm = LLM(str(ref.path), dtype="float32", **config)
+@pytest.fixture(params=["off", "on"])
+def scheduling(request: pytest.FixtureRequest) -> str:
+    """EngineConfig.async_scheduling: every batching mode must match transformers with and without overlap."""
+    return str(request.param)
+
+
+def run_engine(ref: Reference, items: list[tuple[list[int], int]], scheduling: str,
+               **config: Any) -> tuple[LLM, list[list[int]]]:
+    llm = LLM(str(ref.path), dtype="float32", async_scheduling=scheduling, **config)
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in items]
     outs = llm.generate([p for p, _ in items], params)
     return llm, [o.token_ids for o in outs]
@@ -77,31 +84,31 @@ def test_single_requests_match(reference: Reference) -> None:
         assert out.token_ids == reference.greedy(prompt, n)
 
 
-def test_concurrent_mixed_lengths_match(reference: Reference) -> None:
+def test_concurrent_mixed_lengths_match(reference: Reference, scheduling: str) -> None:
     items = workload(18, seed=2)
-    _, got = run_engine(reference, items, max_num_batched_tokens=512, max_num_seqs=32)
+    _, got = run_engine(reference, items, scheduling, max_num_batched_tokens=512, max_num_seqs=32)
     assert got == expected(reference, items)
 
 
-def test_chunked_prefill_matches(reference: Reference) -> None:
+def test_chunked_prefill_matches(reference: Reference, scheduling: str) -> None:
     items = workload(16, seed=3)
-    llm, got = run_engine(reference, items, max_num_batched_tokens=8, max_num_seqs=16)
+    llm, got = run_engine(reference, items, scheduling, max_num_batched_tokens=8, max_num_seqs=16)
     assert got == expected(reference, items)
     # The budget really forced chunks: prompts longer than 8 tokens took several iterations.
     assert max(t.prefill_tokens for t in llm.engine.traces) <= 8
 
 
-def test_preemption_matches(reference: Reference) -> None:
+def test_preemption_matches(reference: Reference, scheduling: str) -> None:
     items = workload(16, seed=4)
-    llm, got = run_engine(reference, items, num_kv_blocks=10, block_size=16, max_num_seqs=16, enable_prefix_caching=False)
+    llm, got = run_engine(reference, items, scheduling, num_kv_blocks=10, block_size=16, max_num_seqs=16, enable_prefix_caching=False)
     assert llm.engine.stats().preemptions_total > 0, "ten blocks must not hold sixteen requests"
     assert got == expected(reference, items)
     assert llm.engine.pool.num_free == 10
 
 
-def test_prefix_cache_hits_match(reference: Reference) -> None:
+def test_prefix_cache_hits_match(reference: Reference, scheduling: str) -> None:
     items = workload(16, seed=5, shared_prefix=40)
-    llm = LLM(str(reference.path), dtype="float32", max_num_seqs=16)
+    llm = LLM(str(reference.path), dtype="float32", max_num_seqs=16, async_scheduling=scheduling)
     first = llm.generate(items[0][0], SamplingParams(max_tokens=items[0][1], temperature=0.0, ignore_eos=True))
     outs = llm.generate([p for p, _ in items[1:]],
                         [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in items[1:]])

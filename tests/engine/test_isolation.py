@@ -16,10 +16,12 @@ from engine.loader import LoadedModel, load_model
 FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} | {"prompt"}
 
 
-@pytest.fixture(scope="module")
-def engine() -> LLMEngine:
+@pytest.fixture(scope="module", params=["off", "on"])
+def engine(request: pytest.FixtureRequest) -> LLMEngine:
+    """With and without async scheduling: a failure found while the next step is in flight ends its request alone."""
     loaded: LoadedModel = load_model(None)
-    return LLMEngine(EngineConfig(num_kv_blocks=64, max_num_batched_tokens=64), loaded=loaded)
+    return LLMEngine(EngineConfig(num_kv_blocks=64, max_num_batched_tokens=64, async_scheduling=request.param),
+                     loaded=loaded)
 
 
 def finish_all(engine: LLMEngine, limit: int = 200) -> dict[str, FinishReason | None]:
