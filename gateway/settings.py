@@ -4,7 +4,7 @@ Every knob is one field with its default and description, here, in `engine.Engin
 `fairness.FairnessConfig`. From that field alone it gets its `fairserve serve` flag
 (gateway/settings_flags.py), its `FAIRSERVE_*` environment variable (nested with `__`, e.g.
 `FAIRSERVE_ENGINE__MAX_NUM_SEQS`) and its key in an optional TOML file (`--config`; tables `[engine]`
-and `[engine.fairness]`). Precedence: flag, then environment, then file, then the default.
+`[engine.fairness]` and `[routing]`). Precedence: flag, then environment, then file, then the default.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from billing import default_db_url
 from engine.config import EngineConfig
 from engine.remote.address import check_address
 from fairness import policy_entry
+from routing.config import RoutingSettings
 
 ENV_PREFIX = "FAIRSERVE_"
 ENV_NESTED_DELIMITER = "__"
@@ -138,6 +139,8 @@ class GatewaySettings(StorageSettings):
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="also serve /metrics here "
                                      "without a credential (the main port's /metrics needs a token)")
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    # How a gateway with several engines picks one per request (routing/score.py); inert with one engine.
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
     # The engine loop in its own process (ProcessEngine) rather than a thread sharing the gateway's GIL:
     # on by measurement (docs/gateway.md, "Benchmark: gateway overhead").
     engine_process: bool = Field(default=True, description="run the engine loop in its own process")
