@@ -172,12 +172,14 @@ def cmd_scale(args: argparse.Namespace) -> int:
     settings, secrets, kept_cfg = kept
     cfg = kept_cfg.model_copy(update={"drain_timeout_s": cfg.drain_timeout_s})
     started = time.monotonic()
+    drained = 0
     if hasattr(args, "ray__engines"):
-        deploy.scale_engines(settings, cfg, args.ray__engines)
+        drained = deploy.scale_engines(settings, cfg, args.ray__engines)
     if hasattr(args, "ray__gateways"):
         deploy.scale_gateways(settings, cfg, secrets, args.ray__gateways)
-    print(f"engines: {len(deploy.engine_names())}  gateways: {len(deploy.gateway_names())}  "
-          f"({time.monotonic() - started:.1f}s)")
+    print(f"engines: {len(deploy.engine_names())}")
+    print(f"gateways: {len(deploy.gateway_names())}")
+    print(f"drained: {drained} requests finished on removed engines ({time.monotonic() - started:.1f}s)")
     return 0
 
 

@@ -112,12 +112,16 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, what: str, every
         time.sleep(every_s)  # polling a condition, bounded by the deadline
 
 
-def drain_engines(names: list[str], cfg: ClusterConfig) -> None:
+def drain_engines(names: list[str], cfg: ClusterConfig) -> int:
     """Scale-down: take engines out of every gateway's rotation, wait until no gateway has a request live
-    on them (or `drain_timeout_s` passed), then stop and kill them for good."""
+    on them (or `drain_timeout_s` passed), then stop and kill them for good. Returns how many requests
+    were live on them when the drain began (each one finished there rather than being cut off)."""
     reg = registry(cfg)
     ray.get([reg.drain_engine.remote(name) for name in names])
     gateways = [ray.get_actor(g) for g in gateway_names()]
+    seen: list[list[dict[str, Any]]] = ray.get([g.engine_loads.remote() for g in gateways])
+    live = sum(int(load["in_flight"] or 0) for loads in seen for load in loads
+               if load["key"].partition("@")[0] in names)
 
     def drained() -> bool:
         return not any(ray.get([g.holds.remote(name) for g in gateways for name in names]))
@@ -128,6 +132,7 @@ def drain_engines(names: list[str], cfg: ClusterConfig) -> None:
     for name in names:
         kill_actor(name, "stop")
         ray.get(reg.forget_engine.remote(name))
+    return live
 
 
 def kill_actor(name: str, stop_method: str) -> None:
@@ -141,13 +146,14 @@ def kill_actor(name: str, stop_method: str) -> None:
     ray.kill(actor, no_restart=True)
 
 
-def scale_engines(settings: GatewaySettings, cfg: ClusterConfig, target: int) -> None:
-    """Add engines (returns once they serve), or drain and remove the newest ones."""
+def scale_engines(settings: GatewaySettings, cfg: ClusterConfig, target: int) -> int:
+    """Add engines (returns once they serve), or drain and remove the newest ones; requests drained."""
     names = engine_names()
     if target > len(names):
         ray.get([a.engine_id.remote() for a in start_engines(settings, cfg, target - len(names))])
     elif target < len(names):
-        drain_engines(names[target:], cfg)
+        return drain_engines(names[target:], cfg)
+    return 0
 
 
 def scale_gateways(settings: GatewaySettings, cfg: ClusterConfig, secrets: dict[str, str], target: int) -> None:
@@ -188,11 +194,12 @@ def status(cfg: ClusterConfig) -> Deployment:
     gw_rows = []
     for name in gateway_names():
         row: dict[str, Any] = {"name": name, "url": gateways[name].url if name in gateways else None}
+        seen: list[dict[str, Any]] = []
         try:
             seen = ray.get(ray.get_actor(name).engine_loads.remote(), timeout=5)
             row["health"] = "up"
         except Exception as exc:
-            seen, row["health"] = [], f"down ({type(exc).__name__})"
+            row["health"] = f"down ({type(exc).__name__})"
         for load in seen:
             loads.setdefault(load["key"].partition("@")[0], []).append(load)
         gw_rows.append(row)

@@ -41,7 +41,7 @@ class GatewayActor:
         self._registry = ray.get_actor(REGISTRY_NAME)
         first = self._first_engine()
         self.router = EngineRouter({member_key(first): join(first, heartbeat_timeout_s)},
-                                   getattr(settings, "routing", None))
+                                   settings.routing)
         self.membership = Membership(self.router, self._registry.engines.remote, poll_interval_s,
                                      heartbeat_timeout_s)
         self.app = create_app(settings, engine=self.router)
@@ -59,7 +59,8 @@ class GatewayActor:
         """A registered engine to build the router on (it names the model and brings the tokenizer)."""
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
-            entries = [e for e in ray.get(self._registry.engines.remote()) if not e.draining]
+            registered: list[EngineEntry] = ray.get(self._registry.engines.remote())
+            entries = [e for e in registered if not e.draining]
             if entries:
                 return entries[0]
             time.sleep(0.2)  # polling the registry for a condition, bounded by the deadline

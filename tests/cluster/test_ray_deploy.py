@@ -139,17 +139,21 @@ def test_scale_2_3_1_loses_no_accepted_request(deployment: Deployment) -> None:
     load = Load(deployment.url, deployment.api_key, deployment.model, long_share=0.5)
     try:
         wait_for(lambda: load.count("answered") > 5, 60, "answers before scaling")
-        assert deployment.cluster.fairserve("scale", "--engines", "3")["engines"].startswith("3")
+        assert deployment.cluster.fairserve("scale", "--engines", "3")["engines"] == "3"
         wait_for(lambda: any(k.startswith("fairserve-engine-2@") and v["routed"] > 0
                              for k, v in deployment.loads().items()), 60, "requests routed to the third engine")
         wait_for(lambda: all(v["in_flight"] for v in deployment.loads().values()), 60,
                  "requests in flight on every engine before scaling down")
-        assert deployment.cluster.fairserve("scale", "--engines", "1")["engines"].startswith("1")
+        down = deployment.cluster.fairserve("scale", "--engines", "1")
+        assert down["engines"] == "1"
+        drained = int(down["drained"].split()[0])
+        assert drained > 0, "no request was in flight on the removed engines: the drain was not exercised"
         assert set(deployment.registered()) == {"fairserve-engine-0"}
         seen = load.count("answered")
         wait_for(lambda: load.count("answered") > seen + 5, 60, "answers from the one engine left")
     finally:
         tally = load.finish()
+    print(f"scale 2 -> 3 -> 1: {drained} requests drained from the removed engines; {tally}")
     assert set(tally) == {"answered"}, tally
     assert [k.partition("@")[0] for k in deployment.loads()] == ["fairserve-engine-0"]
     deployment.assert_ledger_complete(load.ids("answered"))
