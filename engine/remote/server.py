@@ -78,16 +78,24 @@ class EngineServer:
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         """Build the engine and bind; returns when gateways can connect (`address` is then set)."""
-        engine = self._engine = LLMEngine(self.config)
-        root = Path(engine.loaded.path)
-        self._tokenizer_files = {n: (root / n).read_text() for n in TOKENIZER_FILES if (root / n).is_file()}
+        # Bound before the engine is built, so a taken address fails in milliseconds, not after the model
+        # loads; a gateway that connects meanwhile waits in the socket's queue for its announce.
         ctx = self._ctx = zmq.Context()
         router = self._router = ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a gateway that reconnects takes its identity over
         router.setsockopt(zmq.SNDHWM, _SNDHWM)
         router.setsockopt(zmq.RCVHWM, 0)
-        router.bind(bindable(self.listen))
-        self.address = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        router.setsockopt(zmq.LINGER, 0)
+        try:
+            router.bind(bindable(self.listen))
+            self.address = router.getsockopt_string(zmq.LAST_ENDPOINT)
+            engine = self._engine = LLMEngine(self.config)
+        except BaseException:
+            router.close(linger=0)
+            ctx.term()
+            raise
+        root = Path(engine.loaded.path)
+        self._tokenizer_files = {n: (root / n).read_text() for n in TOKENIZER_FILES if (root / n).is_file()}
         self._link = GatewayLink(ctx, router, self._outbox_addr, self._items, self._announce,
                                  self.gateway_timeout_s)
         self._link.latest_stats = engine.stats()
