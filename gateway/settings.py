@@ -205,6 +205,9 @@ class EngineServerSettings(LayeredSettings):
                                      "a gateway's requests are aborted", json_schema_extra={"flags": ["--gateway-timeout"]})
     grace_period_s: float = Field(default=10.0, ge=0, description="seconds live requests get to finish on SIGTERM",
                                   json_schema_extra={"flags": ["--grace-period"]})
+    # The socket thread forwards every report the loop publishes: at CPython's 5 ms it could wait that long
+    # for the loop thread to offer the GIL, on every report (docs/engine.md, "Engines on their own").
+    switch_interval_ms: float = Field(default=0.5, gt=0, le=100, description="CPython's GIL switch interval")
     engine: EngineConfig = Field(default_factory=EngineConfig)
 
     @field_validator("listen")

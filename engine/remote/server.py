@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import torch
 import zmq
 
 from engine.config import EngineConfig
@@ -42,7 +43,7 @@ from engine.publisher import BackgroundPublisher
 from engine.remote.address import bindable
 from engine.remote.gateways import QUIT, GatewayLink, PeerLost
 from engine.remote.messages import TOKENIZER_FILES, Announce
-from engine.worker import EngineLoop
+from engine.worker import EngineLoop, default_worker_threads
 
 log = logging.getLogger("fairserve.engine.remote")
 _ENCODER = msgspec.msgpack.Encoder()
@@ -89,6 +90,9 @@ class EngineServer:
         try:
             router.bind(bindable(self.listen))
             self.address = router.getsockopt_string(zmq.LAST_ENDPOINT)
+            # As the local worker: every core but one for torch, which the socket thread (and a gateway on
+            # the same host) keeps; torch's default, every core, starved both on the 2-core test VM.
+            torch.set_num_threads(default_worker_threads())
             engine = self._engine = LLMEngine(self.config)
         except BaseException:
             router.close(linger=0)
@@ -120,6 +124,7 @@ class EngineServer:
             self._close(push, link, ctx, engine)
             for signum, handler in restore.items():
                 signal.signal(signum, handler)
+            log.info("engine %s stopped", self.engine_id)
             self.stopped.set()
 
     def stop(self) -> None:

@@ -42,9 +42,10 @@ def ledger_status(data_dir: Path, request_id: str) -> tuple[str, str | None] | N
 
 def test_serve_attached_to_an_engine_process_survives_its_kill_and_restart(tmp_path: Path) -> None:
     engine = EngineProcess(tmp_path / "engine", *ENGINE_ARGS)
-    serve = ServeProcess(tmp_path / "gateway", "--engine", engine.address)
+    serve: ServeProcess | None = None
     restarted: EngineProcess | None = None
     try:
+        serve = ServeProcess(tmp_path / "gateway", "--engine", engine.address)
         key = serve.banner["api_key"]
         with httpx.Client(base_url=serve.url, timeout=30, headers=serve.headers(key)) as client:
             model = client.get("/v1/models").json()["data"][0]["id"]
@@ -88,7 +89,8 @@ def test_serve_attached_to_an_engine_process_survives_its_kill_and_restart(tmp_p
             again = client.post("/v1/chat/completions", json=chat(model, 5))
             assert again.status_code == 200 and again.json()["usage"]["completion_tokens"] == 5, again.text
     finally:
-        serve.stop()
+        if serve is not None:
+            serve.stop()
         engine.kill()
         if restarted is not None:
             restarted.stop()

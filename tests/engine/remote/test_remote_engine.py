@@ -4,6 +4,7 @@ a silent gateway's requests reaped, kill -9 and rejoin, and a SIGTERM drain."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from engine import (
     RequestOutput,
     SamplingParams,
 )
+from engine.loader import default_model_dir
 from engine.messages import Abort, IterationReport, Submit
 from engine.remote.client import RemoteEngine
 from engine.remote.messages import FromServer, Hello
@@ -159,7 +161,7 @@ def test_engine_killed_fails_in_flight_and_a_restart_rejoins(tmp_path: Path) -> 
     async def scenario() -> None:
         engine = RemoteEngine(first.address, heartbeat_timeout_s=0.5)
         engine.start()
-        second: EngineProcess | None = None
+        later: list[EngineProcess] = []
         try:
             stream = engine.submit(engine.tokenizer.encode("doomed"), LONG, RequestMeta(tenant_id="t"), "doomed")
             await anext(stream)
@@ -172,14 +174,26 @@ def test_engine_killed_fails_in_flight_and_a_restart_rejoins(tmp_path: Path) -> 
             with pytest.raises(EngineDeadError):
                 engine.submit([1, 2], GREEDY, RequestMeta(tenant_id="t"), "while-down")
             second = await asyncio.to_thread(EngineProcess, tmp_path, *ENGINE_ARGS, port=first.port)
+            later.append(second)
             await until(lambda: engine.is_alive, 10, "the gateway to rejoin the restarted engine")
             assert engine.engine_id == second.engine_id != first.engine_id
             outs = await collect(engine, "again", GREEDY, "after-restart")
             assert outs[-1].finished and len(outs[-1].token_ids) == GREEDY.max_tokens
+            # An engine of another model on the same address is not served under this model's name.
+            second.kill()
+            await until(lambda: not engine.is_alive, 5, "the gateway to notice the second kill")
+            other = tmp_path / "another-model"
+            shutil.copytree(default_model_dir(str(tmp_path / "models")), other)
+            later.append(await asyncio.to_thread(EngineProcess, tmp_path, *ENGINE_ARGS, "--model", str(other),
+                                                 port=first.port))
+            await until(lambda: "another-model" in (engine._error or ""), 10, "the other model to be refused")
+            assert not engine.is_alive and engine.engine_id == second.engine_id
+            with pytest.raises(EngineDeadError, match="another-model"):
+                engine.submit([1, 2], GREEDY, RequestMeta(tenant_id="t"), "wrong-model")
         finally:
             engine.shutdown()
-            if second is not None:
-                second.stop()
+            for proc in later:
+                proc.kill()
 
     try:
         asyncio.run(scenario())
