@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -119,6 +120,8 @@ class EngineServerProcess:
             self.proc.kill()
             raise RuntimeError("fairserve engine did not start")
         self.address = banner["engine"]
+        # Keep reading its log, so a chatty engine never blocks on a full pipe mid-measurement.
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
 
     def stop(self) -> None:
         """SIGTERM (it drains) and wait."""

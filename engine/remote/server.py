@@ -255,7 +255,8 @@ class GatewayInbox:
 
     def _take(self, item: Any) -> None:
         if isinstance(item, PeerLost):
-            lost = [rid for rid, owner in self._owners.items() if owner == item.peer]
+            # A copy first: with overlap_publish the publisher thread pops finished ids meanwhile.
+            lost = [rid for rid, owner in list(self._owners.items()) if owner == item.peer]
             self._pending.extend(Abort(rid, "gateway_lost") for rid in lost)
             return
         if isinstance(item, (StopLoop, _Wake)):
