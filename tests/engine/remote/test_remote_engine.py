@@ -4,7 +4,9 @@ a silent gateway's requests reaped, kill -9 and rejoin, and a SIGTERM drain."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -199,6 +201,39 @@ def test_engine_killed_fails_in_flight_and_a_restart_rejoins(tmp_path: Path) -> 
         asyncio.run(scenario())
     finally:
         first.kill()
+
+
+def test_a_frozen_engine_is_failed_over_and_then_told_to_drop_what_the_gateway_gave_up(tmp_path: Path) -> None:
+    """SIGSTOP past the heartbeat: the gateway fails the request; when the same engine answers again the
+    gateway rejoins it and aborts that request there (the engine's own gateway timeout, 30 s, is not it)."""
+    proc = EngineProcess(tmp_path, *ENGINE_ARGS, "--gateway-timeout", "30")
+
+    async def scenario() -> None:
+        engine = RemoteEngine(proc.address)
+        engine.start()
+        try:
+            stream = engine.submit(engine.tokenizer.encode("frozen"), LONG, RequestMeta(tenant_id="frozen"), "frozen")
+            await anext(stream)
+            os.kill(proc.proc.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(EngineDeadError, match="no word"):
+                    async for _ in stream:
+                        pass
+            finally:
+                os.kill(proc.proc.pid, signal.SIGCONT)
+            await until(lambda: engine.is_alive, 10, "the gateway to rejoin the engine")
+            assert engine.engine_id == proc.engine_id  # the same process: it still had the request
+            rejoined = time.monotonic()
+            # 1500 tokens take seconds here; the abort ends it at the next iteration.
+            await until(lambda: not engine.stats().running_by_tenant.get("frozen"), 5, "the engine to drop it")
+            assert time.monotonic() - rejoined < 1.5
+        finally:
+            engine.shutdown()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        proc.kill()
 
 
 def test_sigterm_drains_live_requests_then_exits(tmp_path: Path) -> None:
