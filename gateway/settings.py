@@ -223,11 +223,11 @@ class EngineServerSettings(LayeredSettings):
         return self
 
 
-def raw_sources(config_file: Path | None, model: type[BaseSettings] = GatewaySettings) -> dict[str, dict[str, Any]]:
+def raw_sources(config_file: Path | None) -> dict[str, dict[str, Any]]:
     """What the environment and the TOML file each set, as nested dicts (for `fairserve config show`)."""
-    found = {"env": EnvSettingsSource(model)()}
+    found = {"env": EnvSettingsSource(GatewaySettings)()}
     if config_file is not None:
-        found["file"] = TomlConfigSettingsSource(model, toml_file=config_file)()
+        found["file"] = TomlConfigSettingsSource(GatewaySettings, toml_file=config_file)()
     return found
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import build_parser, main
+from gateway.settings import EngineServerSettings, GatewaySettings
 
 
 def test_engine_takes_every_engine_knob_and_its_own() -> None:
@@ -42,3 +43,17 @@ def test_engine_on_a_taken_port_exits_with_the_reason(tmp_path: Path, capsys: py
         port = taken.getsockname()[1]
         assert main(["engine", "--listen", f"tcp://127.0.0.1:{port}", "--data-dir", str(tmp_path)]) == 1
     assert f"cannot listen on tcp://127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_engine_settings_read_the_same_environment_and_file_as_serve(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAIRSERVE_ENGINE__MAX_NUM_SEQS", "5")
+    engine_toml = tmp_path / "engine.toml"
+    engine_toml.write_text('listen = "tcp://127.0.0.1:0"\n[engine]\nblock_size = 32\n')
+    engine = EngineServerSettings.load({"data_dir": str(tmp_path)}, engine_toml)
+    assert engine.listen == "tcp://127.0.0.1:0" and engine.engine.block_size == 32
+    assert engine.engine.max_num_seqs == 5 and engine.engine.cache_dir == str(tmp_path / "models")
+    serve_toml = tmp_path / "serve.toml"
+    serve_toml.write_text('engines = ["tcp://127.0.0.1:7001"]\n')
+    serve = GatewaySettings.load({"data_dir": str(tmp_path)}, serve_toml)
+    assert serve.engines == ["tcp://127.0.0.1:7001"] and serve.engine.max_num_seqs == 5
