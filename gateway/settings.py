@@ -208,6 +208,9 @@ class EngineServerSettings(LayeredSettings):
                                      "a gateway's requests are aborted", json_schema_extra={"flags": ["--gateway-timeout"]})
     grace_period_s: float = Field(default=10.0, ge=0, description="seconds live requests get to finish on SIGTERM",
                                   json_schema_extra={"flags": ["--grace-period"]})
+    # The socket thread forwards every report the loop publishes: at CPython's 5 ms it could wait that long
+    # for the loop thread to offer the GIL, on every report (docs/engine.md, "Engines on their own").
+    switch_interval_ms: float = Field(default=0.5, gt=0, le=100, description="CPython's GIL switch interval")
     engine: EngineConfig = Field(default_factory=EngineConfig)
 
     @field_validator("listen")
@@ -223,11 +226,11 @@ class EngineServerSettings(LayeredSettings):
         return self
 
 
-def raw_sources(config_file: Path | None, model: type[BaseSettings] = GatewaySettings) -> dict[str, dict[str, Any]]:
+def raw_sources(config_file: Path | None) -> dict[str, dict[str, Any]]:
     """What the environment and the TOML file each set, as nested dicts (for `fairserve config show`)."""
-    found = {"env": EnvSettingsSource(model)()}
+    found = {"env": EnvSettingsSource(GatewaySettings)()}
     if config_file is not None:
-        found["file"] = TomlConfigSettingsSource(model, toml_file=config_file)()
+        found["file"] = TomlConfigSettingsSource(GatewaySettings, toml_file=config_file)()
     return found
 
 

@@ -17,6 +17,7 @@ from admission.quota_redis import quota_metrics
 from admission.redis_link import RedisLink, connect
 from billing import BillingStore, Database, KeyCache, Ledger, LedgerConfig, default_db_url
 from engine import EngineClient, engine_client
+from engine.remote.client import RemoteEngine
 from gateway.admin.rejections import RejectionLog
 from gateway.edge.auth import ensure_admin_token, ensure_metrics_token
 from gateway.edge.auth_guard import FailureBudget
@@ -99,6 +100,18 @@ class GatewayState:
                           "quota_on_failure": self.settings.quota_on_redis_failure}}
 
 
+def gateway_engine(settings: GatewaySettings) -> EngineClient:
+    """The engine a gateway serves from: its own (thread or worker process) unless `--engine` names one.
+
+    An attached engine is reached over TCP (engine/remote/client.py); the gateway neither starts nor stops
+    it, and it rejoins by itself after the engine comes back.
+    """
+    if not settings.engines:
+        return engine_client(settings.engine, in_process=not settings.engine_process)
+    (address,) = settings.engines  # several are refused when the settings are read, until the router lands
+    return RemoteEngine(address, settings.engine_heartbeat_timeout_s)
+
+
 def build_state(settings: GatewaySettings, engine: EngineClient | None) -> GatewayState:
     """Open the database (migrated), ledger, stores, and the engine unless one is given."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -107,7 +120,7 @@ def build_state(settings: GatewaySettings, engine: EngineClient | None) -> Gatew
     store = BillingStore(db)
     owns_engine = engine is None
     if engine is None:
-        engine = engine_client(settings.engine, in_process=not settings.engine_process)
+        engine = gateway_engine(settings)
         engine.start()
     labels = TenantLabels(settings.metrics_tenants)
     metrics = GatewayMetrics(labels, engine.stats)

@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,7 @@ class RemoteEngine(EngineFront):
         self._lost_ids: list[str] = []  # failed here on a timeout: the same engine, if it returns, aborts them
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick: asyncio.Handle | None = None
+        self._read_soon = False  # a read is already scheduled on the loop
         self._stats = EngineStats(alive=False)
 
     @property
@@ -155,6 +157,15 @@ class RemoteEngine(EngineFront):
                 sock.send(_ENCODER.encode(msg), zmq.NOBLOCK, copy=False)
             except zmq.ZMQError as exc:  # Again: no live connection (ZMQ_IMMEDIATE)
                 raise EngineDeadError(f"the engine at {self._address} is unreachable") from exc
+            # One socket both ways: a send lets ZeroMQ take in what arrived, and that spends the descriptor's
+            # edge, so the reader would not be woken for it (the tick would find it, 100 ms late). Read it
+            # soon, as pyzmq's own asyncio sockets do after a send.
+            pending = bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+        if pending and not self._read_soon:
+            loop = self._loop
+            if loop is not None and _runs_here(loop):
+                self._read_soon = True
+                loop.call_soon(self._read)
 
     def _say(self, msg: Any) -> bool:
         """Send a message nobody waits on (heartbeat, hello, abort); False when it could not go."""
@@ -166,6 +177,7 @@ class RemoteEngine(EngineFront):
 
     def _read(self) -> None:
         """Dispatch every frame that has arrived (the descriptor is edge-triggered: read until empty)."""
+        self._read_soon = False
         frames: list[bytes] = []
         with self._sock_lock:
             sock = self._sock
@@ -196,9 +208,11 @@ class RemoteEngine(EngineFront):
         if self.model_name and ann.model_name != self.model_name:
             if self._alive:
                 self._lost(f"the engine at {self._address} now serves {ann.model_name!r}")
-            self._error = (f"the engine at {self._address} serves {ann.model_name!r}, not {self.model_name!r}: "
-                           "refused (one gateway serves one model)")
-            log.error("%s", self._error)
+            refusal = (f"the engine at {self._address} serves {ann.model_name!r}, not {self.model_name!r}: "
+                       "refused (one gateway serves one model)")
+            if self._error != refusal:  # said once, not at every Hello it answers
+                log.error("%s", refusal)
+                self._error = refusal
             return
         if ann.engine_id != self._engine_id and self._alive:
             self._lost(f"the engine at {self._address} restarted")  # too fast for the heartbeat to notice
@@ -258,6 +272,16 @@ class RemoteEngine(EngineFront):
             self._lost(f"no word from the engine at {self._address} for {self.heartbeat_timeout_s:.2f}s")
         self._say(Ping() if self._alive else Hello(self.gateway_id, want_tokenizer=not hasattr(self, "tokenizer")))
         self._tick = loop.call_later(self._tick_s, self._on_tick)
+
+
+def check_one_model(engines: Sequence[EngineFront]) -> str:
+    """The one model every engine serves; ValueError naming them when they differ (a gateway serves one model
+    under one name, so engines of different models must not be mixed behind it)."""
+    names = {getattr(e, "model_name", "") for e in engines}
+    if len(names) != 1:
+        listed = ", ".join(f"{getattr(e, 'address', '?')}: {getattr(e, 'model_name', '')!r}" for e in engines)
+        raise ValueError(f"engines serve different models ({listed}); one gateway serves one model")
+    return names.pop()
 
 
 def tokenizer_from_files(files: dict[str, str]) -> Tokenizer:

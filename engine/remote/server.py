@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import torch
 import zmq
 
 from engine.config import EngineConfig
@@ -42,7 +43,7 @@ from engine.publisher import BackgroundPublisher
 from engine.remote.address import bindable
 from engine.remote.gateways import QUIT, GatewayLink, PeerLost
 from engine.remote.messages import TOKENIZER_FILES, Announce
-from engine.worker import EngineLoop
+from engine.worker import EngineLoop, default_worker_threads
 
 log = logging.getLogger("fairserve.engine.remote")
 _ENCODER = msgspec.msgpack.Encoder()
@@ -78,16 +79,27 @@ class EngineServer:
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         """Build the engine and bind; returns when gateways can connect (`address` is then set)."""
-        engine = self._engine = LLMEngine(self.config)
-        root = Path(engine.loaded.path)
-        self._tokenizer_files = {n: (root / n).read_text() for n in TOKENIZER_FILES if (root / n).is_file()}
+        # Bound before the engine is built, so a taken address fails in milliseconds, not after the model
+        # loads; a gateway that connects meanwhile waits in the socket's queue for its announce.
         ctx = self._ctx = zmq.Context()
         router = self._router = ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a gateway that reconnects takes its identity over
         router.setsockopt(zmq.SNDHWM, _SNDHWM)
         router.setsockopt(zmq.RCVHWM, 0)
-        router.bind(bindable(self.listen))
-        self.address = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        router.setsockopt(zmq.LINGER, 0)
+        try:
+            router.bind(bindable(self.listen))
+            self.address = router.getsockopt_string(zmq.LAST_ENDPOINT)
+            # As the local worker: every core but one for torch, which the socket thread (and a gateway on
+            # the same host) keeps; torch's default, every core, starved both on the 2-core test VM.
+            torch.set_num_threads(default_worker_threads())
+            engine = self._engine = LLMEngine(self.config)
+        except BaseException:
+            router.close(linger=0)
+            ctx.term()
+            raise
+        root = Path(engine.loaded.path)
+        self._tokenizer_files = {n: (root / n).read_text() for n in TOKENIZER_FILES if (root / n).is_file()}
         self._link = GatewayLink(ctx, router, self._outbox_addr, self._items, self._announce,
                                  self.gateway_timeout_s)
         self._link.latest_stats = engine.stats()
@@ -112,6 +124,7 @@ class EngineServer:
             self._close(push, link, ctx, engine)
             for signum, handler in restore.items():
                 signal.signal(signum, handler)
+            log.info("engine %s stopped", self.engine_id)
             self.stopped.set()
 
     def stop(self) -> None:
@@ -242,7 +255,8 @@ class GatewayInbox:
 
     def _take(self, item: Any) -> None:
         if isinstance(item, PeerLost):
-            lost = [rid for rid, owner in self._owners.items() if owner == item.peer]
+            # A copy first: with overlap_publish the publisher thread pops finished ids meanwhile.
+            lost = [rid for rid, owner in list(self._owners.items()) if owner == item.peer]
             self._pending.extend(Abort(rid, "gateway_lost") for rid in lost)
             return
         if isinstance(item, (StopLoop, _Wake)):

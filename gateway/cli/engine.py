@@ -49,5 +49,6 @@ def run_engine(args: argparse.Namespace) -> int:
         print(f"fairserve engine: cannot listen on {settings.listen}: {exc}", file=sys.stderr)
         return 1
     print(f"engine: {server.address}\nengine_id: {server.engine_id}", flush=True)
+    sys.setswitchinterval(settings.switch_interval_ms / 1e3)  # process-wide, so set here at the entry point
     server.run()
     return 0

@@ -4,6 +4,9 @@ a silent gateway's requests reaped, kill -9 and rejoin, and a SIGTERM drain."""
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,6 +26,7 @@ from engine import (
     RequestOutput,
     SamplingParams,
 )
+from engine.loader import default_model_dir
 from engine.messages import Abort, IterationReport, Submit
 from engine.remote.client import RemoteEngine
 from engine.remote.messages import FromServer, Hello
@@ -159,7 +163,7 @@ def test_engine_killed_fails_in_flight_and_a_restart_rejoins(tmp_path: Path) -> 
     async def scenario() -> None:
         engine = RemoteEngine(first.address, heartbeat_timeout_s=0.5)
         engine.start()
-        second: EngineProcess | None = None
+        later: list[EngineProcess] = []
         try:
             stream = engine.submit(engine.tokenizer.encode("doomed"), LONG, RequestMeta(tenant_id="t"), "doomed")
             await anext(stream)
@@ -172,19 +176,64 @@ def test_engine_killed_fails_in_flight_and_a_restart_rejoins(tmp_path: Path) -> 
             with pytest.raises(EngineDeadError):
                 engine.submit([1, 2], GREEDY, RequestMeta(tenant_id="t"), "while-down")
             second = await asyncio.to_thread(EngineProcess, tmp_path, *ENGINE_ARGS, port=first.port)
+            later.append(second)
             await until(lambda: engine.is_alive, 10, "the gateway to rejoin the restarted engine")
             assert engine.engine_id == second.engine_id != first.engine_id
             outs = await collect(engine, "again", GREEDY, "after-restart")
             assert outs[-1].finished and len(outs[-1].token_ids) == GREEDY.max_tokens
+            # An engine of another model on the same address is not served under this model's name.
+            second.kill()
+            await until(lambda: not engine.is_alive, 5, "the gateway to notice the second kill")
+            other = tmp_path / "another-model"
+            shutil.copytree(default_model_dir(str(tmp_path / "models")), other)
+            later.append(await asyncio.to_thread(EngineProcess, tmp_path, *ENGINE_ARGS, "--model", str(other),
+                                                 port=first.port))
+            await until(lambda: "another-model" in (engine._error or ""), 10, "the other model to be refused")
+            assert not engine.is_alive and engine.engine_id == second.engine_id
+            with pytest.raises(EngineDeadError, match="another-model"):
+                engine.submit([1, 2], GREEDY, RequestMeta(tenant_id="t"), "wrong-model")
         finally:
             engine.shutdown()
-            if second is not None:
-                second.stop()
+            for proc in later:
+                proc.kill()
 
     try:
         asyncio.run(scenario())
     finally:
         first.kill()
+
+
+def test_a_frozen_engine_is_failed_over_and_then_told_to_drop_what_the_gateway_gave_up(tmp_path: Path) -> None:
+    """SIGSTOP past the heartbeat: the gateway fails the request; when the same engine answers again the
+    gateway rejoins it and aborts that request there (the engine's own gateway timeout, 30 s, is not it)."""
+    proc = EngineProcess(tmp_path, *ENGINE_ARGS, "--gateway-timeout", "30")
+
+    async def scenario() -> None:
+        engine = RemoteEngine(proc.address)
+        engine.start()
+        try:
+            stream = engine.submit(engine.tokenizer.encode("frozen"), LONG, RequestMeta(tenant_id="frozen"), "frozen")
+            await anext(stream)
+            os.kill(proc.proc.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(EngineDeadError, match="no word"):
+                    async for _ in stream:
+                        pass
+            finally:
+                os.kill(proc.proc.pid, signal.SIGCONT)
+            await until(lambda: engine.is_alive, 10, "the gateway to rejoin the engine")
+            assert engine.engine_id == proc.engine_id  # the same process: it still had the request
+            await until(lambda: not engine.stats().running_by_tenant.get("frozen"), 60, "the request to end")
+            # What the engine charged for it (w_out = 2 a token): run to the end it would be over 3000; the
+            # abort the gateway sent on rejoining ended it within a few iterations of the thaw.
+            assert engine.stats().service["frozen"] < LONG.max_tokens
+        finally:
+            engine.shutdown()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        proc.kill()
 
 
 def test_sigterm_drains_live_requests_then_exits(tmp_path: Path) -> None:
