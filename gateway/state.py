@@ -6,6 +6,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from prometheus_client import start_http_server
@@ -26,6 +27,7 @@ from gateway.idempotency.records import IdempotencyStore, make_idempotency_store
 from gateway.openai.runs import RunRegistry
 from gateway.ops.metrics import GatewayMetrics, TenantLabels
 from gateway.settings import GatewaySettings
+from routing import engine_loads
 
 log = logging.getLogger(__name__)
 TENANT_REFRESH_S = 10.0
@@ -123,7 +125,7 @@ def build_state(settings: GatewaySettings, engine: EngineClient | None) -> Gatew
         engine = gateway_engine(settings)
         engine.start()
     labels = TenantLabels(settings.metrics_tenants)
-    metrics = GatewayMetrics(labels, engine.stats)
+    metrics = GatewayMetrics(labels, engine.stats, partial(engine_loads, engine))
     ledger = Ledger(db, LedgerConfig(data_dir=str(settings.data_dir)), registry=metrics.registry)
     ledger.start()
     quota_metrics(metrics.registry)  # exported (at 0) with or without Redis, as documented

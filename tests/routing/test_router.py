@@ -251,3 +251,23 @@ def test_a_lone_engine_shows_as_one_load(engines: dict[str, AsyncEngine]) -> Non
     [load] = engine_loads(engines["e0"])
     assert load.key == "local" and load.alive and load.routed is None and load.kv_blocks_total == 128
     assert [entry.key for entry in engine_loads(EngineRouter(engines))] == ["e0", "e1"]
+
+
+def test_an_engine_that_returns_gets_the_weights_it_missed_and_no_stale_affinity(
+        engines: dict[str, AsyncEngine]) -> None:
+    router = EngineRouter(engines)
+
+    async def scenario() -> None:
+        home, _ = await complete(router, PREFIX + [1], "a", "a1")
+        assert home == "e0"  # both idle: the first engine
+        engines["e0"].shutdown()
+        router.set_tenant_weight("heavy", 3.0)  # e0 is down: it cannot hear this
+        assert (await complete(router, PREFIX + [2], "a", "a2"))[0] == "e1"
+        engines["e0"].start()  # back, with an empty cache
+        # e1 now holds A's prefix and e0's memory of it was dropped at the death: A goes to e1, not to
+        # e0 by the tie-break a stale memory would win.
+        assert (await complete(router, PREFIX + [3], "a", "a3"))[0] == "e1"
+        assert (await complete(router, [7, 7, 7], "heavy", "h"))[0] == "e0"
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert engines["e0"].engine.policy._weights["heavy"] == 3.0  # type: ignore[attr-defined]

@@ -16,3 +16,10 @@ def test_stats_of_many_engines_add_up() -> None:
     assert s.waiting_by_tenant == {"x": 3, "y": 4} and s.service == {"x": 1.5, "y": 2.0}
     assert s.iteration_seconds == 0.05 and s.prefill_tokens_per_s == 150.0 and s.alive
     assert not aggregate_stats([]).alive
+
+
+def test_one_engine_stats_are_a_copy() -> None:
+    one = EngineStats(waiting=2, service={"x": 1.0})
+    merged = aggregate_stats([one])
+    merged.alive = False
+    assert merged == EngineStats(waiting=2, service={"x": 1.0}, alive=False) and one.alive
