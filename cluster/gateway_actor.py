@@ -33,9 +33,9 @@ STARTUP_TIMEOUT_S = 300.0
 class GatewayActor:
     """One gateway replica; its `url()` answers once uvicorn listens."""
 
-    def __init__(self, name: str, settings: GatewaySettings, secrets: dict[str, str], poll_interval_s: float,
-                 heartbeat_timeout_s: float = 0.5) -> None:
+    def __init__(self, name: str, settings: GatewaySettings, secrets: dict[str, str], poll_interval_s: float) -> None:
         self.name = name
+        heartbeat_timeout_s = settings.engine_heartbeat_timeout_s
         self.settings = settings
         install_secrets(settings.data_dir, secrets)
         self._registry = ray.get_actor(REGISTRY_NAME)
