@@ -124,7 +124,7 @@ def drain_engines(names: list[str], cfg: ClusterConfig) -> int:
                if load["key"].partition("@")[0] in names)
 
     def drained() -> bool:
-        return not any(ray.get([g.holds.remote(name) for g in gateways for name in names]))
+        return not any(_holds(g, name) for g in gateways for name in names)
 
     # Past the grace, what is left ends as the engine stops: cancelled, each with its own ledger row.
     with contextlib.suppress(TimeoutError):
@@ -133,6 +133,15 @@ def drain_engines(names: list[str], cfg: ClusterConfig) -> int:
         kill_actor(name, "stop")
         ray.get(reg.forget_engine.remote(name))
     return live
+
+
+def _holds(gateway: Any, engine_name: str) -> bool:
+    """Whether a gateway still routes to, or has requests live on, an engine. A gateway that does not answer
+    holds nothing: dead, its requests died with it; restarted, it reads the registry and skips draining ones."""
+    try:
+        return bool(ray.get(gateway.holds.remote(engine_name), timeout=10))
+    except Exception:
+        return False
 
 
 def kill_actor(name: str, stop_method: str) -> None:
