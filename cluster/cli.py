@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from cluster.config import ClusterConfig
+from cluster.config import ENV_PREFIX, ClusterConfig
 from gateway.settings_flags import add_knob_flags
 
 _CONNECT = ("address", "namespace")
@@ -51,7 +51,8 @@ def _cluster_flags(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> N
         field = ClusterConfig.model_fields[name]
         kind = next((t for t in (int, float) if t in _types(field.annotation)), str)
         group.add_argument("--" + name.replace("_", "-"), dest="ray__" + name, type=kind, default=argparse.SUPPRESS,
-                           help=f"{field.description} [default {field.default}]")
+                           metavar={int: "N", float: "X"}.get(kind, name.upper()),
+                           help=f"{field.description} [{ENV_PREFIX}{name.upper()}; default {field.default}]")
 
 
 def _types(annotation: Any) -> tuple[Any, ...]:

@@ -34,7 +34,9 @@ def _cluster_config(args: argparse.Namespace, **overrides: Any) -> ClusterConfig
 
 def _gateway_settings(args: argparse.Namespace) -> GatewaySettings:
     flags = flags_from_args(args)
-    flags.pop("engines", None)
+    if flags.pop("engines", None):
+        raise ValueError("--engine attaches `serve` to running engines; under `ray up` the engines are "
+                         "actors: give their count with --engines N")
     return GatewaySettings.load(flags, args.config)
 
 
