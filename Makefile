@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml fairserve_client/pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned to the CPU build on disk, so nothing pulls a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,ray]'  # ray: the tests of cluster/ (fairserve ray) run in CI
 	# The client is a distribution of its own (openai is its only dependency; see its pyproject.toml).
 	$(BIN)/pip install -q -e ./fairserve_client
 	touch $(STAMP)

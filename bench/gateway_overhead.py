@@ -13,7 +13,8 @@ measured one after the other in the same run and reported side by side.
     .venv/bin/python -m bench.gateway_overhead --rate 100 --duration 3 --transport-ab 4
 
 instead compares the process engine's two transports (EngineConfig.transport: ZeroMQ and the framed
-pipe), alternating them round by round in one session, and reports each figure's zmq / pipe ratio.
+pipe), alternating them round by round in one session, and reports each figure's zmq / pipe ratio;
+`--remote-ab 4` likewise compares the local process engine with a `fairserve engine` reached over TCP.
 
 Two overhead figures: *unpaired* is the literal comparison (gateway percentiles minus in-process
 percentiles of separate runs), noisy because the engine's own latency varies between runs; *paired*
@@ -47,7 +48,7 @@ import httpx
 import uvloop
 
 from bench.http1 import Http1Pool
-from engine import AsyncEngine, EngineConfig, ProcessEngine, RequestMeta, SamplingParams
+from engine import AsyncEngine, EngineClient, EngineConfig, ProcessEngine, RequestMeta, SamplingParams
 
 PROMPT = "The batch never waits."
 NAN = float("nan")
@@ -102,9 +103,11 @@ def engine_config(cache_dir: str, max_num_seqs: int, transport: str = "zmq") -> 
     return EngineConfig(cache_dir=cache_dir, max_num_seqs=max_num_seqs, transport=transport)  # type: ignore[arg-type]
 
 
-async def in_process(cfg: EngineConfig, process: bool, rate: float, n: int, max_tokens: int) -> Sample:
-    """Latency of the engine's generate called directly, tokenising the prompt like the gateway does."""
-    engine = ProcessEngine(cfg) if process else AsyncEngine(cfg)
+async def in_process(cfg: EngineConfig, process: bool, rate: float, n: int, max_tokens: int,
+                     engine: EngineClient | None = None) -> Sample:
+    """Latency of the engine's generate called directly (`engine`, else one built from `cfg`), tokenising
+    the prompt like the gateway does."""
+    engine = engine or (ProcessEngine(cfg) if process else AsyncEngine(cfg))
     engine.start()
     try:
         async def one(i: int) -> tuple[float, float]:
@@ -298,10 +301,10 @@ async def measure_mode(args: argparse.Namespace, tmp: str, process: bool) -> dic
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
-    if args.transport_ab:
-        from bench.transport_ab import transport_ab  # deferred: that module builds on this one
+    if args.transport_ab or args.remote_ab:
+        from bench.transport_ab import remote_ab, transport_ab  # deferred: that module builds on this one
 
-        return await transport_ab(args)
+        return await (transport_ab(args) if args.transport_ab else remote_ab(args))
     report: dict[str, object] = {"rate": args.rate, "requests": int(args.rate * args.duration), "client": args.client}
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.engine_process]
     with tempfile.TemporaryDirectory() as tmp:
@@ -352,10 +355,12 @@ def main() -> None:
                    help="load client: a minimal keep-alive HTTP/1.1 client, or httpx (about 2 ms of its own per request)")
     p.add_argument("--transport-ab", type=int, default=0, metavar="ROUNDS",
                    help="instead: alternate the process engine's transports (zmq, pipe) for ROUNDS rounds each")
+    p.add_argument("--remote-ab", type=int, default=0, metavar="ROUNDS",
+                   help="instead: alternate the local process engine and a `fairserve engine` over TCP")
     args = p.parse_args()
     report = uvloop.run(main_async(args))  # the loop uvicorn uses too: the client's own cost stays small
     print(json.dumps(_rounded(report), indent=2))
-    if not args.transport_ab:
+    if not args.transport_ab and not args.remote_ab:
         print(side_by_side(report))
 
 

@@ -5,25 +5,43 @@
 Each round measures one transport (EngineConfig.transport) twice with bench.gateway_overhead's tools: the
 process engine called directly, then through `fairserve serve`. Rounds alternate zmq, pipe, pipe, zmq, ...
 so the machine's drift hits both alike; the report is each figure's median per transport and their ratio.
+
+    .venv/bin/python -m bench.gateway_overhead --rate 100 --duration 3 --remote-ab 6
+
+does the same for where the engine runs: the gateway's own worker process (`local`, ipc) against a
+`fairserve engine` process reached over TCP (`remote`, engine/remote/), alternating local, remote,
+remote, local, ...; the ratio is remote / local.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
+import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from bench.gateway_overhead import Poster, Served, engine_config, in_process, pct, through_gateway
+from engine.remote.client import RemoteEngine
 
 
 async def transport_round(args: argparse.Namespace, tmp: str, transport: str, index: int) -> dict[str, float]:
     """One measurement of a transport: the process engine called directly, then through `fairserve serve`."""
-    n = int(args.rate * args.duration)
     cfg = engine_config(str(Path(tmp) / "models"), args.max_num_seqs, transport)
-    direct = await in_process(cfg, True, args.rate, n, args.stream_tokens)
-    served = Served(str(Path(tmp) / f"{transport}-{index}"), "--max-num-seqs", str(args.max_num_seqs),
-                    "--engine-process", "--transport", transport)
+    direct = await in_process(cfg, True, args.rate, int(args.rate * args.duration), args.stream_tokens)
+    return await served_round(args, direct.summary()["total_p50_ms"], Served(
+        str(Path(tmp) / f"{transport}-{index}"), "--max-num-seqs", str(args.max_num_seqs), "--engine-process",
+        "--transport", transport))
+
+
+async def served_round(args: argparse.Namespace, direct_total_p50_ms: float, served: Served) -> dict[str, float]:
+    """The gateway half of a round: streams through `served`, which is stopped after."""
+    n = int(args.rate * args.duration)
     poster = Poster(served, args.client)
     paired: list[float] = []
     try:
@@ -32,7 +50,8 @@ async def transport_round(args: argparse.Namespace, tmp: str, transport: str, in
     finally:
         await poster.close()
         served.stop()
-    return {"inproc_stream_total_p50_ms": direct.summary()["total_p50_ms"],
+    return {"inproc_stream_total_p50_ms": direct_total_p50_ms,
+            "gateway_stream_first_p50_ms": gateway.summary()["first_p50_ms"],
             "gateway_stream_total_p50_ms": gateway.summary()["total_p50_ms"],
             "paired_first_p50_ms": pct(paired, 0.5) * 1e3,
             "gateway_cpu_ms_per_request": gateway.summary()["cpu_ms_per_request"]}
@@ -41,13 +60,70 @@ async def transport_round(args: argparse.Namespace, tmp: str, transport: str, in
 async def transport_ab(args: argparse.Namespace) -> dict[str, object]:
     """ZeroMQ against the pipe, alternating (zmq, pipe, pipe, zmq, ...) so drift hits both alike; the ratio
     of each figure's median over the rounds, zmq / pipe (below 1: zmq is faster)."""
-    rounds: dict[str, list[dict[str, float]]] = {"zmq": [], "pipe": []}
+    return await alternate(args, args.transport_ab, ("zmq", "pipe"), transport_round)
+
+
+async def remote_round(args: argparse.Namespace, tmp: str, arm: str, index: int) -> dict[str, float]:
+    """One measurement of where the engine runs: called directly, then through `fairserve serve`."""
+    if arm == "local":
+        return await transport_round(args, tmp, "zmq", index)
+    engine = EngineServerProcess(str(Path(tmp) / "models"), "--max-num-seqs", str(args.max_num_seqs))
+    try:
+        client = RemoteEngine(engine.address)
+        direct = await in_process(engine_config("", args.max_num_seqs), True, args.rate,
+                                  int(args.rate * args.duration), args.stream_tokens, engine=client)
+        return await served_round(args, direct.summary()["total_p50_ms"], Served(
+            str(Path(tmp) / f"remote-{index}"), "--engine", engine.address))
+    finally:
+        engine.stop()
+
+
+async def remote_ab(args: argparse.Namespace) -> dict[str, object]:
+    """The local process engine against a `fairserve engine` over TCP, alternating; ratio remote / local."""
+    return await alternate(args, args.remote_ab, ("remote", "local"), remote_round)
+
+
+Round = Callable[[argparse.Namespace, str, str, int], Awaitable[dict[str, float]]]
+
+
+async def alternate(args: argparse.Namespace, n_rounds: int, arms: tuple[str, str], one: Round) -> dict[str, object]:
+    """`n_rounds` of each arm in the order a, b, b, a, ...; medians per arm and the ratio a / b."""
+    a, b = arms
+    rounds: dict[str, list[dict[str, float]]] = {a: [], b: []}
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.transport_ab):
-            order = ("zmq", "pipe") if i % 2 == 0 else ("pipe", "zmq")
-            for transport in order:
-                rounds[transport].append(await transport_round(args, tmp, transport, i))
+        for i in range(n_rounds):
+            for arm in (arms if i % 2 == 0 else arms[::-1]):
+                rounds[arm].append(await one(args, tmp, arm, i))
     medians = {t: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for t, rs in rounds.items()}
-    ratio = {k: medians["zmq"][k] / medians["pipe"][k] for k in medians["zmq"]}
+    ratio = {k: medians[a][k] / medians[b][k] for k in medians[a]}
     return {"rate": args.rate, "requests_per_round": int(args.rate * args.duration), "rounds": rounds,
-            "median": medians, "ratio_zmq_over_pipe": ratio}
+            "median": medians, f"ratio_{a}_over_{b}": ratio}
+
+
+class EngineServerProcess:
+    """`fairserve engine --listen tcp://127.0.0.1:0` in a subprocess; parses its banner for the address."""
+
+    def __init__(self, cache_dir: str, *args: str) -> None:
+        cmd = [sys.executable, "-m", "gateway.cli", "engine", "--listen", "tcp://127.0.0.1:0",
+               "--cache-dir", cache_dir, *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        banner: dict[str, str] = {}
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            key, sep, value = line.strip().partition(": ")
+            if sep and key in ("engine", "engine_id"):
+                banner[key] = value
+            if key == "engine_id":
+                break
+        if "engine_id" not in banner:
+            self.proc.kill()
+            raise RuntimeError("fairserve engine did not start")
+        self.address = banner["engine"]
+        # Keep reading its log, so a chatty engine never blocks on a full pipe mid-measurement.
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
+
+    def stop(self) -> None:
+        """SIGTERM (it drains) and wait."""
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(60)

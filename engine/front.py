@@ -108,6 +108,12 @@ class EngineFront:
         return self._limits.caps if self._limits is not None else RequestCaps()
 
     @property
+    def limits(self) -> RequestLimits | None:
+        """What a request must fit (vocabulary, context, KV geometry incl. block_size), once the engine
+        has reported it; a router reads the block size from here to key its prefix affinity."""
+        return self._limits
+
+    @property
     def is_alive(self) -> bool:
         """True while the loop runs."""
         return self._alive
@@ -278,6 +284,7 @@ class OutputStream:
         self.queue: asyncio.Queue[Any] | None = asyncio.Queue() if sink is None else None
         self._sink = sink
         self._ended = False
+        self._on_end: list[Callable[[], None]] = []
 
     def put(self, item: RequestOutput | BaseException) -> None:
         """Take one output (or the stream's error) from the front, on the consumer's loop."""
@@ -310,6 +317,16 @@ class OutputStream:
             self._end(abort=False)
         return item  # type: ignore[no-any-return]
 
+    def when_ended(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once when this stream ends (finished, failed or closed); at once if it already has.
+
+        A router that remembers which engine serves a request forgets it here, however the request ends.
+        """
+        if self._ended:
+            callback()
+        else:
+            self._on_end.append(callback)
+
     def close(self) -> None:
         """Stop reading; aborts the request unless it already ended. Idempotent."""
         self._end(abort=True)
@@ -325,3 +342,9 @@ class OutputStream:
         if abort:
             self.front.abort(self.request_id, "cancelled")
         self.front._forget(self.request_id)
+        callbacks, self._on_end = self._on_end, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # bookkeeping of whoever asked; the stream has ended regardless
+                log.exception("an end callback of %s raised", self.request_id)

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from engine import EngineClient, ProcessEngine
+from engine.remote.client import RemoteEngine
 from gateway.admin import routes as admin_routes
 from gateway.edge.errors import APIError, error_response
 from gateway.edge.middleware import EdgeMiddleware
@@ -61,6 +62,8 @@ def create_app(settings: GatewaySettings, engine: EngineClient | None = None) ->
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state = await asyncio.to_thread(build_state, settings, engine)
         app.state.gateway = state
+        if isinstance(state.engine, RemoteEngine):  # its heartbeat runs on this loop from now, not at the first request
+            state.engine.bind(asyncio.get_running_loop())
         watch = None
         if state.owns_engine and settings.restart_engine and isinstance(state.engine, ProcessEngine):
             watch = asyncio.create_task(keep_engine_alive(state, state.engine))

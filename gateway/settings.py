@@ -4,16 +4,16 @@ Every knob is one field with its default and description, here, in `engine.Engin
 `fairness.FairnessConfig`. From that field alone it gets its `fairserve serve` flag
 (gateway/settings_flags.py), its `FAIRSERVE_*` environment variable (nested with `__`, e.g.
 `FAIRSERVE_ENGINE__MAX_NUM_SEQS`) and its key in an optional TOML file (`--config`; tables `[engine]`
-and `[engine.fairness]`). Precedence: flag, then environment, then file, then the default.
+`[engine.fairness]` and `[routing]`). Precedence: flag, then environment, then file, then the default.
 """
 
 from __future__ import annotations
 
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -27,7 +27,9 @@ from admission.feasibility import RatePriors
 from admission.queues import QueueBounds
 from billing import default_db_url
 from engine.config import EngineConfig
+from engine.remote.address import check_address
 from fairness import policy_entry
+from routing.config import RoutingSettings
 
 ENV_PREFIX = "FAIRSERVE_"
 ENV_NESTED_DELIMITER = "__"
@@ -39,14 +41,45 @@ DEFAULT_DATA_DIR = Path("./fairserve-data")
 _config_file: ContextVar[Path | None] = ContextVar("fairserve_config_file", default=None)
 
 
-class StorageSettings(BaseSettings):
-    """Where a deployment keeps its state: shared by `serve` and the db/tenants/keys/usage commands, so a
-    command run after `make serve` finds the server's database without being told."""
+class LayeredSettings(BaseSettings):
+    """A settings tree read from flags, then FAIRSERVE_* variables, then a `--config` TOML file (`load`)."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER, extra="forbid",
         arbitrary_types_allowed=True, validate_default=True,
     )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags (passed as init values), then the environment, then the `--config` TOML file."""
+        toml_file = _config_file.get()
+        if toml_file is None:
+            return init_settings, env_settings
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=toml_file)
+
+    @classmethod
+    def load(cls, flags: dict[str, Any] | None = None, config_file: Path | None = None) -> Self:
+        """The effective settings: `flags` (a nested dict of what the command line set) over the
+        FAIRSERVE_* environment over `config_file` over the defaults. Raises pydantic's ValidationError."""
+        if config_file is not None and not config_file.is_file():
+            raise ValueError(f"config file {config_file} does not exist")
+        token = _config_file.set(config_file)
+        try:
+            return cls(**(flags or {}))
+        finally:
+            _config_file.reset(token)
+
+
+class StorageSettings(LayeredSettings):
+    """Where a deployment keeps its state: shared by `serve` and the db/tenants/keys/usage commands, so a
+    command run after `make serve` finds the server's database without being told."""
 
     data_dir: Path = Field(default=DEFAULT_DATA_DIR, description="database, secrets, ledger spill and models")
     db_url: str | None = Field(default=None, description="SQLAlchemy URL (default: SQLite in the data dir)",
@@ -106,6 +139,8 @@ class GatewaySettings(StorageSettings):
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="also serve /metrics here "
                                      "without a credential (the main port's /metrics needs a token)")
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    # How a gateway with several engines picks one per request (routing/score.py); inert with one engine.
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
     # The engine loop in its own process (ProcessEngine) rather than a thread sharing the gateway's GIL:
     # on by measurement (docs/gateway.md, "Benchmark: gateway overhead").
     engine_process: bool = Field(default=True, description="run the engine loop in its own process")
@@ -114,21 +149,15 @@ class GatewaySettings(StorageSettings):
     # helper threads run Python for milliseconds at a time; at CPython's 5 ms the event loop can wait that
     # long for every turn (docs/gateway.md, loop lag).
     switch_interval_ms: float = Field(default=0.5, gt=0, le=100, description="CPython's GIL switch interval")
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Flags (passed as init values), then the environment, then the `--config` TOML file."""
-        toml_file = _config_file.get()
-        if toml_file is None:
-            return init_settings, env_settings
-        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=toml_file)
+    # Engines started on their own (`fairserve engine --listen ...`) that this gateway attaches to instead
+    # of starting one: none = the gateway's own engine, as always.
+    engines: list[str] = Field(default_factory=list, description="tcp://HOST:PORT of a running `fairserve "
+                               "engine` to serve from instead of starting one (repeatable)",
+                               json_schema_extra={"flags": ["--engine"]})
+    # The engine heartbeats every 50 ms: this much silence and its requests in flight fail with a retryable 503.
+    engine_heartbeat_timeout_s: float = Field(
+        default=0.5, gt=0, le=60, description="seconds of silence after which an --engine counts as down",
+        json_schema_extra={"flags": ["--engine-heartbeat-timeout"]})
 
     @model_validator(mode="after")
     def _models_in_data_dir(self) -> GatewaySettings:
@@ -136,17 +165,17 @@ class GatewaySettings(StorageSettings):
             self.engine.cache_dir = str(self.data_dir / "models")
         return self
 
+    @field_validator("engines")
     @classmethod
-    def load(cls, flags: dict[str, Any] | None = None, config_file: Path | None = None) -> GatewaySettings:
-        """The effective settings: `flags` (a nested dict of what the command line set) over the
-        FAIRSERVE_* environment over `config_file` over the defaults. Raises pydantic's ValidationError."""
-        if config_file is not None and not config_file.is_file():
-            raise ValueError(f"config file {config_file} does not exist")
-        token = _config_file.set(config_file)
-        try:
-            return cls(**(flags or {}))
-        finally:
-            _config_file.reset(token)
+    def _engine_addresses(cls, value: list[str]) -> list[str]:
+        for address in value:
+            check_address(address)
+        if len(value) > 1:
+            # The engine router (routing.EngineRouter) is built on another branch; until it is merged,
+            # one gateway attaches to one engine.
+            raise ValueError(f"{len(value)} engines given; this build attaches a gateway to one --engine "
+                             "(several need the engine router, not in this build)")
+        return value
 
     def admission_settings(self) -> AdmissionSettings:
         """The admission layer's view of these settings."""
@@ -160,6 +189,41 @@ class GatewaySettings(StorageSettings):
             priors=RatePriors(self.prior_prefill_tokens_per_s, self.prior_iteration_s),
             fair_policy=policy_entry(self.engine.fairness.policy).interleaves_tenants,
         )
+
+
+class EngineServerSettings(LayeredSettings):
+    """`fairserve engine`: one engine served over TCP to the gateways that attach to it (`serve --engine`).
+
+    The `engine` subtree is the very EngineConfig `serve` has, so a knob means the same in both commands
+    and in the same FAIRSERVE_ENGINE__* variable and `[engine]` table.
+    """
+
+    data_dir: Path = Field(default=DEFAULT_DATA_DIR, description="where the embedded default model is built "
+                           "(<data_dir>/models)")
+    listen: str = Field(default="tcp://127.0.0.1:5555", description="tcp://HOST:PORT to serve gateways on "
+                        "(port 0 picks a free one); no authentication: keep it on a private network")
+    # The engine aborts the requests of a gateway it has not heard from for this long: a dead gateway must
+    # not keep the engine computing for nobody. Gateways ping every 0.1 s.
+    gateway_timeout_s: float = Field(default=3.0, gt=0, le=600, description="seconds of silence after which "
+                                     "a gateway's requests are aborted", json_schema_extra={"flags": ["--gateway-timeout"]})
+    grace_period_s: float = Field(default=10.0, ge=0, description="seconds live requests get to finish on SIGTERM",
+                                  json_schema_extra={"flags": ["--grace-period"]})
+    # The socket thread forwards every report the loop publishes: at CPython's 5 ms it could wait that long
+    # for the loop thread to offer the GIL, on every report (docs/engine.md, "Engines on their own").
+    switch_interval_ms: float = Field(default=0.5, gt=0, le=100, description="CPython's GIL switch interval")
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_address(cls, value: str) -> str:
+        check_address(value, bind=True)
+        return value
+
+    @model_validator(mode="after")
+    def _models_in_data_dir(self) -> EngineServerSettings:
+        if self.engine.cache_dir is None:
+            self.engine.cache_dir = str(self.data_dir / "models")
+        return self
 
 
 def raw_sources(config_file: Path | None) -> dict[str, dict[str, Any]]:

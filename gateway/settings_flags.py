@@ -13,15 +13,16 @@ import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from engine.config import KV_CACHE_FRACTION_BY_DEVICE
 from fairness import POLICIES
-from gateway.settings import ENV_NESTED_DELIMITER, ENV_PREFIX, GatewaySettings, raw_sources
+from gateway.settings import ENV_NESTED_DELIMITER, ENV_PREFIX, GatewaySettings, LayeredSettings, raw_sources
 
+S = TypeVar("S", bound=LayeredSettings)
 # Leaf names that would read ambiguously as a bare flag get a qualified one.
 _QUALIFIED: dict[tuple[str, ...], str] = {("engine", "fairness", "key"): "--fairness-key"}
 # Choices that come from a registry rather than a Literal type.
@@ -72,6 +73,8 @@ def _scalar(annotation: Any) -> tuple[Any, list[Any] | None]:
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         annotation = next(a for a in args if a is not type(None))
         args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is list:
+        return _scalar(args[0])
     if typing.get_origin(annotation) is Literal:
         return type(args[0]), list(args)
     if annotation in (int, float):
@@ -79,25 +82,36 @@ def _scalar(annotation: Any) -> tuple[Any, list[Any] | None]:
     return str, None
 
 
-def add_knob_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per knob; unset flags stay out of the namespace so lower sources can fill them."""
+def add_knob_flags(parser: argparse.ArgumentParser, model: type[BaseModel] = GatewaySettings,
+                   aliases: dict[str, str] | None = None) -> None:
+    """One flag per knob of `model`; unset flags stay out of the namespace so lower sources can fill them.
+
+    `aliases` maps a leaf name to one more flag for it in this command only (`fairserve engine` gives
+    an engine's `redis_url` the `--redis` that `serve` spends on the gateway's own Redis).
+    """
     group = parser.add_argument_group("settings (each also FAIRSERVE_<PATH> in the environment and a "
                                       "key in the --config TOML file)")
     group.add_argument("--config", type=Path, default=None, help="TOML file of settings")
     seen: set[str] = set()
-    for knob in knobs():
-        clash = seen.intersection(knob.flags)
+    for knob in knobs(model):
+        flags = knob.flags
+        alias = (aliases or {}).get(knob.path[-1])
+        if alias is not None and alias not in flags and alias not in seen:
+            flags = [alias, *flags]
+        clash = seen.intersection(flags)
         if clash:
             raise RuntimeError(f"settings flag {clash} defined twice: qualify it in _QUALIFIED")
-        seen.update(knob.flags)
+        seen.update(flags)
         help_ = f"{knob.field.description or knob.toml_key} [{knob.env}; default {_default_text(knob)}]"
         if knob.field.annotation is bool:
-            group.add_argument(*knob.flags[-1:], dest=knob.dest, action=argparse.BooleanOptionalAction,
+            group.add_argument(*flags[-1:], dest=knob.dest, action=argparse.BooleanOptionalAction,
                                default=argparse.SUPPRESS, help=help_)
             continue
         kind, choices = _scalar(knob.field.annotation)
         choices = _REGISTRY_CHOICES[knob.path]() if knob.path in _REGISTRY_CHOICES else choices
-        group.add_argument(*knob.flags, dest=knob.dest, type=kind, choices=choices, default=argparse.SUPPRESS,
+        repeated = typing.get_origin(knob.field.annotation) is list  # e.g. --engine A --engine B
+        group.add_argument(*flags, dest=knob.dest, type=kind, choices=choices, default=argparse.SUPPRESS,
+                           action="append" if repeated else "store",
                            metavar=None if choices else knob.path[-1].upper(), help=help_)
 
 
@@ -127,6 +141,11 @@ def flags_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
     """The effective settings for parsed flags (ValidationError / ValueError on bad values)."""
     return GatewaySettings.load(flags_from_args(args), args.config)
+
+
+def load_from_args(args: argparse.Namespace, model: type[S]) -> S:
+    """Another command's settings tree (e.g. `fairserve engine`'s) for its parsed flags."""
+    return model.load(flags_from_args(args), args.config)
 
 
 def _lookup(tree: dict[str, Any], path: tuple[str, ...]) -> tuple[bool, Any]:

@@ -6,6 +6,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from prometheus_client import start_http_server
@@ -17,6 +18,7 @@ from admission.quota_redis import quota_metrics
 from admission.redis_link import RedisLink, connect
 from billing import BillingStore, Database, KeyCache, Ledger, LedgerConfig, default_db_url
 from engine import EngineClient, engine_client
+from engine.remote.client import RemoteEngine
 from gateway.admin.rejections import RejectionLog
 from gateway.edge.auth import ensure_admin_token, ensure_metrics_token
 from gateway.edge.auth_guard import FailureBudget
@@ -25,6 +27,7 @@ from gateway.idempotency.records import IdempotencyStore, make_idempotency_store
 from gateway.openai.runs import RunRegistry
 from gateway.ops.metrics import GatewayMetrics, TenantLabels
 from gateway.settings import GatewaySettings
+from routing import engine_loads
 
 log = logging.getLogger(__name__)
 TENANT_REFRESH_S = 10.0
@@ -99,6 +102,18 @@ class GatewayState:
                           "quota_on_failure": self.settings.quota_on_redis_failure}}
 
 
+def gateway_engine(settings: GatewaySettings) -> EngineClient:
+    """The engine a gateway serves from: its own (thread or worker process) unless `--engine` names one.
+
+    An attached engine is reached over TCP (engine/remote/client.py); the gateway neither starts nor stops
+    it, and it rejoins by itself after the engine comes back.
+    """
+    if not settings.engines:
+        return engine_client(settings.engine, in_process=not settings.engine_process)
+    (address,) = settings.engines  # several are refused when the settings are read, until the router lands
+    return RemoteEngine(address, settings.engine_heartbeat_timeout_s)
+
+
 def build_state(settings: GatewaySettings, engine: EngineClient | None) -> GatewayState:
     """Open the database (migrated), ledger, stores, and the engine unless one is given."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -107,10 +122,10 @@ def build_state(settings: GatewaySettings, engine: EngineClient | None) -> Gatew
     store = BillingStore(db)
     owns_engine = engine is None
     if engine is None:
-        engine = engine_client(settings.engine, in_process=not settings.engine_process)
+        engine = gateway_engine(settings)
         engine.start()
     labels = TenantLabels(settings.metrics_tenants)
-    metrics = GatewayMetrics(labels, engine.stats)
+    metrics = GatewayMetrics(labels, engine.stats, partial(engine_loads, engine))
     ledger = Ledger(db, LedgerConfig(data_dir=str(settings.data_dir)), registry=metrics.registry)
     ledger.start()
     quota_metrics(metrics.registry)  # exported (at 0) with or without Redis, as documented

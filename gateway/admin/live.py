@@ -18,6 +18,7 @@ from starlette.responses import Response, StreamingResponse
 from billing import Tenant
 from gateway.admin.http import NO_STORE, jsonable, query_int, reply
 from gateway.state import GatewayState
+from routing import engine_loads
 
 HISTORY_SAMPLES = 900  # at one sample a second: the last 15 minutes
 MIN_SAMPLE_INTERVAL_S = 0.5
@@ -139,6 +140,11 @@ def rejections_by_reason(state: GatewayState) -> dict[str, int]:
     return counts
 
 
+def engine_rows(state: GatewayState) -> list[dict[str, Any]]:
+    """One row per engine behind the gateway (routing.engine_loads), with its KV share, for the API and the page."""
+    return [{**asdict(load), "kv_use": load.kv_use} for load in engine_loads(state.engine)]
+
+
 def live_snapshot(state: GatewayState, live: LiveRuntime, history_points: int) -> dict[str, Any]:
     """Engine gauges, per-tenant queues and service, rejections, recent iterations and share history."""
     stats = state.engine.stats()
@@ -176,6 +182,7 @@ def live_snapshot(state: GatewayState, live: LiveRuntime, history_points: int) -
             "iteration_seconds": stats.iteration_seconds, "prefill_tokens_per_s": stats.prefill_tokens_per_s,
             "decode_tokens_per_s": stats.decode_tokens_per_s, "iterations": stats.iterations,
         },
+        "engines": engine_rows(state),
         "tenants": rows,
         "other_service": other,
         "rejections": {"by_reason": rejections_by_reason(state), "recent": state.rejections.as_json(30)},

@@ -12,6 +12,7 @@ from starlette.staticfiles import StaticFiles
 
 from gateway.admin import api, live
 from gateway.admin.http import AdminHandler, admin_endpoint
+from gateway.admin.live import engine_rows
 from gateway.state import GatewayState
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -39,6 +40,12 @@ async def engine_state(request: Request, state: GatewayState) -> Response:
                          "live_requests": len(state.runs.by_id), "draining": state.draining})
 
 
+async def engines(request: Request, state: GatewayState) -> Response:
+    """GET /admin/api/engines: each engine's health, load and the requests routed to it (a gateway's only
+    engine is one entry, "local")."""
+    return JSONResponse({"engines": engine_rows(state)})
+
+
 def _api(path: str, handler: AdminHandler, *methods: str) -> Route:
     return Route(f"/admin/api{path}", admin_endpoint(handler), methods=list(methods))
 
@@ -47,6 +54,7 @@ routes: list[BaseRoute] = [
     Route("/admin", admin_page, methods=["GET"]),
     Mount("/admin/static", StaticFiles(directory=STATIC_DIR), name="admin-static"),
     _api("/engine", engine_state, "GET"),
+    _api("/engines", engines, "GET"),
     _api("/live", live.live, "GET"),
     _api("/live/stream", live.live_stream, "GET"),
     _api("/tenants", api.list_tenants, "GET"),

@@ -10,6 +10,7 @@ from importlib.metadata import entry_points
 # Modules that define `register(subparsers)`; each adds its subcommands with a `func` default.
 COMMAND_MODULES = (
     "gateway.cli.serve",  # serve
+    "gateway.cli.engine",  # engine
     "gateway.cli.config",  # config show
     "gateway.cli.model",  # model init
     "gateway.cli.billing",  # db, tenants, keys, usage

@@ -109,7 +109,8 @@ async def _own(state: GatewayState, ctx: RequestContext, run: Run, feed: RunFeed
         admission.slot.release()
         state.runs.remove(run)
     await asyncio.sleep(0)  # the readers woke at the last notify: let them send the reply before the bookkeeping
-    if run.error is not None and run.error.code == "engine_unavailable" and not state.engine.is_alive:
+    if run.error is not None and run.error.code == "engine_unavailable" and not state.engine.is_alive \
+            and not state.settings.engines:  # an attached engine rejoins by itself (engine/remote/client.py)
         state.engine_failed = True  # unless a new worker is already up (gateway/ops/engine_watch.py)
     m = outcome.metrics
     try:

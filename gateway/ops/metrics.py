@@ -86,10 +86,47 @@ class _EngineCollector(Collector):
         yield preempt
 
 
+class _EnginesCollector(Collector):
+    """Per-engine health, load and routed requests (label `engine`: the router's key, or "local" for a
+    gateway's only engine), read at scrape time. Engines are few and named by the operator, so the label
+    is bounded."""
+
+    def __init__(self, loads: Callable[[], Iterable[Any]]) -> None:
+        self._loads = loads
+
+    def collect(self) -> Iterator[Metric]:
+        loads = list(self._loads())
+        gauges = [
+            (GaugeMetricFamily("fairserve_engine_up", "1 while the engine answers", labels=["engine"]),
+             lambda e: 1.0 if e.alive else 0.0),
+            (GaugeMetricFamily("fairserve_engine_waiting", "Requests queued in the engine", labels=["engine"]),
+             lambda e: e.waiting),
+            (GaugeMetricFamily("fairserve_engine_running", "Requests running in the engine", labels=["engine"]),
+             lambda e: e.running),
+            (GaugeMetricFamily("fairserve_engine_kv_use", "Share of the engine's KV blocks in use", labels=["engine"]),
+             lambda e: e.kv_use),
+        ]
+        for family, value in gauges:
+            for e in loads:
+                family.add_metric([e.key], float(value(e)))
+            yield family
+        in_flight = GaugeMetricFamily("fairserve_engine_in_flight", "This gateway's requests live on the engine",
+                                      labels=["engine"])
+        routed = CounterMetricFamily("fairserve_engine_routed", "Requests this gateway routed to the engine",
+                                     labels=["engine"])
+        for e in loads:
+            if e.routed is not None:  # a lone engine is not routed to: it has no count of its own
+                in_flight.add_metric([e.key], float(e.in_flight or 0))
+                routed.add_metric([e.key], float(e.routed))
+        yield in_flight
+        yield routed
+
+
 class GatewayMetrics:
     """Every fairserve metric of one app, registered on its own registry."""
 
-    def __init__(self, labels: TenantLabels, stats: Callable[[], Any] | None = None) -> None:
+    def __init__(self, labels: TenantLabels, stats: Callable[[], Any] | None = None,
+                 loads: Callable[[], Iterable[Any]] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.labels = labels
         r = self.registry
@@ -113,6 +150,8 @@ class GatewayMetrics:
                                        ["result"], registry=r)
         if stats is not None:
             r.register(_EngineCollector(stats, labels))
+        if loads is not None:  # routing.EngineLoad rows, one per engine
+            r.register(_EnginesCollector(loads))
 
     def observe_finished(self, tenant_id: str, status: str, m: Any) -> None:
         """Record one finished engine request from its RequestMetrics."""

@@ -288,3 +288,24 @@ def test_async_engine_death_fails_streams(loaded: LoadedModel) -> None:
     with pytest.raises(EngineDeadError):
         asyncio.run(late())
     assert math.isfinite(engine.stats().iteration_seconds)
+
+
+def test_end_callbacks_run_once_however_a_stream_ends(loaded: LoadedModel) -> None:
+    """What a router forgets a request by: the callback runs when the stream finishes or is closed, once."""
+    engine = AsyncEngine(EngineConfig(num_kv_blocks=64), engine=make_engine(loaded))
+    engine.start()
+    ended: list[str] = []
+
+    async def scenario() -> None:
+        done = engine.submit([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True), RequestMeta(), "done")
+        done.when_ended(lambda: ended.append("done"))
+        assert [out.finished async for out in done][-1] and ended == ["done"]
+        done.when_ended(lambda: ended.append("late"))  # already ended: at once
+        closed = engine.submit([1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True), RequestMeta(), "closed")
+        closed.when_ended(lambda: ended.append("closed"))
+        closed.close()
+        closed.close()
+
+    asyncio.run(scenario())
+    assert ended == ["done", "late", "closed"]
+    engine.shutdown()

@@ -98,12 +98,29 @@ export class LiveView {
       row.querySelector(".c-running").textContent = num(t.running);
       row.querySelector(".c-service").textContent = num(t.service);
     }
+    this.engines(snap.engines || []);
     this.rejections(snap.rejections);
     fillBody($("iterations"), snap.iterations.slice(0, 12).map((it) => el("tr", {},
       el("td", {}, it.iteration), el("td", {}, it.waiting), el("td", {}, it.running),
       el("td", {}, it.prefill_tokens), el("td", {}, it.decode_tokens),
       el("td", {}, `${it.kv_blocks_used}/${it.kv_blocks_free}`), el("td", {}, it.preemptions),
       el("td", {}, num(it.seconds * 1000, 1)))));
+  }
+
+  engines(rows) {
+    const up = rows.filter((e) => e.alive).length;
+    $("engines-status").textContent = `${up} of ${rows.length} up`;
+    fillBody($("engines"), rows.map((e) => {
+      const fill = el("div");
+      fill.style.width = `${(100 * e.kv_use).toFixed(1)}%`; // through the CSSOM: the page's CSP refuses inline styles
+      return el("tr", { dataset: { key: e.key }, class: e.alive ? "" : "disabled" },
+        el("td", {}, el("strong", {}, e.key), e.address ? el("div", { class: "muted small" }, e.address) : null),
+        el("td", { class: "c-status" }, e.alive ? (e.leaving ? "leaving" : "up") : "down"),
+        el("td", { class: "c-waiting" }, num(e.waiting)), el("td", { class: "c-running" }, num(e.running)),
+        el("td", { class: "c-kv" }, `${e.kv_blocks_used} / ${e.kv_blocks_total}`, el("div", { class: "bar" }, fill)),
+        el("td", { class: "c-in-flight" }, e.in_flight === null ? "–" : num(e.in_flight)),
+        el("td", { class: "c-routed" }, e.routed === null ? "–" : num(e.routed)));
+    }));
   }
 
   rejections(rej) {

@@ -15,7 +15,7 @@ from gateway.admin.live import ServiceHistory, ServiceSample, share_point
 from tests.gateway.conftest import Server, wait_for
 
 ALL_ENDPOINTS = [
-    ("GET", "/admin/api/engine"), ("GET", "/admin/api/live"), ("GET", "/admin/api/live/stream"),
+    ("GET", "/admin/api/engine"), ("GET", "/admin/api/engines"), ("GET", "/admin/api/live"), ("GET", "/admin/api/live/stream"),
     ("GET", "/admin/api/tenants"), ("POST", "/admin/api/tenants"), ("GET", "/admin/api/tenants/alice"),
     ("PATCH", "/admin/api/tenants/alice"), ("POST", "/admin/api/tenants/alice/disable"),
     ("POST", "/admin/api/tenants/alice/enable"), ("GET", "/admin/api/tenants/alice/keys"),
@@ -94,6 +94,12 @@ def test_engine_endpoint_still_serves_raw_stats(server: Server, admin: httpx.Cli
     body = admin.get("/admin/api/engine").json()
     assert body["model"] == server.model
     assert body["stats"]["kv_blocks_total"] == server.state.engine.stats().kv_blocks_total
+
+
+def test_engines_endpoint_lists_a_lone_engine_as_one_entry(server: Server, admin: httpx.Client) -> None:
+    [row] = admin.get("/admin/api/engines").json()["engines"]
+    assert row["key"] == "local" and row["alive"] and row["routed"] is None and row["in_flight"] is None
+    assert row["kv_blocks_total"] == server.state.engine.stats().kv_blocks_total and 0 <= row["kv_use"] <= 1
 
 
 # -- tenants ----------------------------------------------------------------------------------------

@@ -105,6 +105,14 @@ def test_dashboard_end_to_end(server: Server, browser: Any) -> None:
         page.wait_for_selector("#dashboard", state="visible")
         page.wait_for_function("() => document.getElementById('conn').textContent === 'live'")
 
+        # The engines panel: this gateway's only engine is one entry, up, with nothing routed to count.
+        local = "#engines tr[data-key='local']"
+        page.wait_for_selector(local)
+        assert page.inner_text(f"{local} .c-status") == "up"
+        assert page.inner_text(f"{local} .c-routed") == "–"
+        assert page.inner_text(f"{local} .c-kv").startswith("0 / ")
+        assert page.inner_text("#engines-status") == "1 of 1 up"
+
         # Create a tenant, then set its weight inline.
         page.fill("#new-tenant [name=name]", name)
         page.click("#new-tenant button[type=submit]")
@@ -149,6 +157,8 @@ def test_dashboard_end_to_end(server: Server, browser: Any) -> None:
                 " return Number(d.updates) > before && (latest[n] || 0) > 0 && Number(d.series) >= 1; }",
                 arg=[name, updates_before], timeout=45_000)
             page.wait_for_function("() => document.getElementById('g-running').textContent !== '0'")
+            page.wait_for_function("() => document.querySelector(\"#engines tr[data-key='local'] .c-running\")"
+                                   ".textContent !== '0'")
             # A few more seconds of points so the screenshot shows lines, not dots.
             page.wait_for_function("() => Number(document.getElementById('share-chart').dataset.points) >= 5",
                                    timeout=30_000)

@@ -1,0 +1,150 @@
+"""The `fairserve ray` commands (parsed in cluster/cli.py): up, status, scale, down."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import httpx
+import ray
+from pydantic import ValidationError
+
+from billing import BillingStore, Database
+from cluster import deploy
+from cluster.config import ClusterConfig
+from gateway.edge.auth import (
+    ADMIN_TOKEN_FILE,
+    METRICS_TOKEN_FILE,
+    ensure_admin_token,
+    ensure_demo_key,
+    ensure_metrics_token,
+)
+from gateway.settings import GatewaySettings, settings_error_text
+from gateway.settings_flags import flags_from_args
+
+
+def _cluster_config(args: argparse.Namespace, **overrides: Any) -> ClusterConfig:
+    given = {k.removeprefix("ray__"): v for k, v in vars(args).items() if k.startswith("ray__")}
+    return ClusterConfig(**{**given, **overrides})
+
+
+def _gateway_settings(args: argparse.Namespace) -> GatewaySettings:
+    flags = flags_from_args(args)
+    if flags.pop("engines", None):
+        raise ValueError("--engine attaches `serve` to running engines; under `ray up` the engines are "
+                         "actors: give their count with --engines N")
+    return GatewaySettings.load(flags, args.config)
+
+
+def _secrets(settings: GatewaySettings) -> tuple[dict[str, str], dict[str, str]]:
+    """Migrate the database, mint the demo key and tokens here, once; (tokens for replicas, banner)."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    db = Database(settings.database_url())
+    db.upgrade()
+    api_key = ensure_demo_key(BillingStore(db), settings.data_dir, settings.demo_tenant) or (
+        f"none (tenant {settings.demo_tenant!r} already exists; `fairserve keys create --tenant "
+        f"{settings.demo_tenant}` issues a key)")
+    db.dispose()
+    admin, metrics = ensure_admin_token(settings.data_dir), ensure_metrics_token(settings.data_dir)
+    return ({ADMIN_TOKEN_FILE: admin, METRICS_TOKEN_FILE: metrics},
+            {"api_key": api_key, "metrics_token": metrics, "admin_token": admin})
+
+
+def _wait_answering(url: str, timeout_s: float) -> None:
+    """Until the gateway's /healthz answers 200 (bounded)."""
+    def answers() -> bool:
+        try:
+            return httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+    deploy.wait_until(answers, timeout_s, f"the gateway at {url} to answer")
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Start the deployment, print the banner once the first gateway answers; stay up if the cluster is ours."""
+    try:
+        settings = _gateway_settings(args)
+        cfg = _cluster_config(args)
+    except (ValidationError, ValueError) as exc:
+        print(f"fairserve ray up: invalid settings:\n{settings_error_text(exc)}", file=sys.stderr)
+        return 2
+    secrets, banner = _secrets(settings)
+    started = deploy.connect(cfg)
+    if started and cfg.engine_host is None:
+        cfg = cfg.model_copy(update={"engine_host": "127.0.0.1"})  # one machine: engines stay on loopback
+    if deploy.engine_names() or deploy.gateway_names():
+        print(f"fairserve ray up: namespace {cfg.namespace!r} already has a deployment; "
+              "`fairserve ray down` it first or pick another --namespace", file=sys.stderr)
+        return 1
+    reg = deploy.registry(cfg)
+    ray.get(reg.keep_deployment.remote(settings, secrets, cfg))
+    deploy.start_engines(settings, cfg, cfg.engines)
+    gateways = deploy.start_gateways(settings, cfg, secrets, cfg.gateways)
+    url = ray.get(gateways[0].url.remote(), timeout=cfg.ready_timeout_s)
+    _wait_answering(url, cfg.ready_timeout_s)
+    lines = [f"url: {url}", f"admin: {url}/admin", *(f"{k}: {v}" for k, v in banner.items())]
+    print("\n".join(lines), flush=True)
+    if started:
+        _serve_until_signal(cfg)
+    return 0
+
+
+def _serve_until_signal(cfg: ClusterConfig) -> None:
+    """The local cluster lives in this process: hold it until SIGINT/SIGTERM, then take it down."""
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    stop.wait()
+    deploy.down(cfg)
+    ray.shutdown()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print each engine and gateway with its health and load."""
+    cfg = _cluster_config(args, address=getattr(args, "ray__address", None) or "auto")
+    deploy.connect(cfg)
+    found = deploy.status(cfg)
+    print(f"engines: {len(found.engines)}")
+    for e in found.engines:
+        print(f"  {e['name']}  {e['health']}  {e['address']}  node={e['node']}  "
+              f"running={e['running']} waiting={e['waiting']} in_flight={e['in_flight']}  "
+              f"alive_at_gateways={e['alive_at_gateways']}/{len(found.gateways)}")
+    print(f"gateways: {len(found.gateways)}")
+    for g in found.gateways:
+        print(f"  {g['name']}  {g['health']}  {g['url']}")
+    return 0
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    """Change the engine and/or gateway count to the one given."""
+    cfg = _cluster_config(args, address=getattr(args, "ray__address", None) or "auto")
+    deploy.connect(cfg)
+    kept = ray.get(deploy.registry(cfg).deployment.remote())
+    if kept is None:
+        print("fairserve ray scale: no deployment in this namespace (run `fairserve ray up`)", file=sys.stderr)
+        return 1
+    settings, secrets, kept_cfg = kept
+    cfg = kept_cfg.model_copy(update={"drain_timeout_s": cfg.drain_timeout_s})
+    started = time.monotonic()
+    drained = 0
+    if hasattr(args, "ray__engines"):
+        drained = deploy.scale_engines(settings, cfg, args.ray__engines)
+    if hasattr(args, "ray__gateways"):
+        deploy.scale_gateways(settings, cfg, secrets, args.ray__gateways)
+    print(f"engines: {len(deploy.engine_names())}")
+    print(f"gateways: {len(deploy.gateway_names())}")
+    print(f"drained: {drained} requests finished on removed engines ({time.monotonic() - started:.1f}s)")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    """Stop the deployment (the cluster itself stays, unless `ray up` started it: then stop that process)."""
+    cfg = _cluster_config(args, address=getattr(args, "ray__address", None) or "auto")
+    deploy.connect(cfg)
+    deploy.down(cfg)
+    print("down")
+    return 0

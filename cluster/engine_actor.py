@@ -1,0 +1,64 @@
+"""The engine actor: one `EngineServer` per actor, registered in the registry, restarted by Ray.
+
+Ray gives the actor its resources (`num_gpus=1` on CUDA, `engine_cpus` otherwise; cluster/deploy.py) and
+restarts its process when it dies (`max_restarts`); a restart runs `__init__` again, which binds a fresh
+port, gets a fresh engine_id and registers again, so gateways swap the old incarnation for the new one.
+The server's loop runs on a thread of its own; the actor's methods (pings, load, stop) run on Ray's.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import ray
+
+from cluster.registry import REGISTRY_NAME, EngineEntry
+from engine.config import EngineConfig
+from engine.remote.server import EngineServer
+
+# Engines re-register this often: a registry that Ray restarted (and so forgot them) learns them back.
+REREGISTER_S = 5.0
+
+
+class EngineActor:
+    """Runs one engine server for the life of the actor's process."""
+
+    def __init__(self, name: str, config: EngineConfig, host: str | None) -> None:
+        self.name = name
+        self.node_ip = ray.util.get_node_ip_address()
+        self.server = EngineServer(config, f"tcp://{host or self.node_ip}:0")
+        self.server.start()
+        self._serving = threading.Thread(target=self.server.run, name="engine-server", daemon=True)
+        self._serving.start()
+        self._stopped = threading.Event()
+        self._registry = ray.get_actor(REGISTRY_NAME)
+        self._handle = ray.get_runtime_context().current_actor
+        ray.get(self._register())
+        threading.Thread(target=self._reregister, name="engine-reregister", daemon=True).start()
+
+    def _register(self) -> ray.ObjectRef:
+        entry = EngineEntry(self.name, self.server.address, self.server.engine_id, self.node_ip, os.getpid())
+        return self._registry.register_engine.remote(entry, self._handle)
+
+    def _reregister(self) -> None:
+        while not self._stopped.wait(REREGISTER_S):
+            try:
+                ray.get(self._register(), timeout=REREGISTER_S)
+            except Exception:  # the registry is restarting: the next round registers again
+                continue
+
+    def engine_id(self) -> str:
+        """This incarnation's id (the registry's ping)."""
+        return str(self.server.engine_id)
+
+    def describe(self) -> dict[str, object]:
+        """Address, id, node and process, for `ray status` and the tests."""
+        return {"name": self.name, "address": self.server.address, "engine_id": self.server.engine_id,
+                "node_ip": self.node_ip, "pid": os.getpid(), "serving": self._serving.is_alive()}
+
+    def stop(self) -> None:
+        """Stop serving (scale-down calls this after draining, before killing the actor)."""
+        self._stopped.set()
+        self.server.stop()
+        self._serving.join(30)

@@ -1,0 +1,300 @@
+"""`RemoteEngine`: the gateway's EngineClient for an engine server at a tcp:// address (engine/remote/server.py).
+
+One DEALER socket, connected with ZMQ_IMMEDIATE: a message is queued only on a live connection, so
+nothing meant for an engine that died is ever delivered to the one restarted in its place, and a send
+while no engine is connected fails at once (EngineDeadError) instead of waiting in a queue.
+
+Outputs are read on the event loop as ProcessEngine reads its worker: `add_reader` on the socket's
+descriptor, which ZeroMQ makes edge-triggered, so each wake-up drains until the socket is empty. A timer
+on the same loop sends this gateway's heartbeat (Ping; Hello while the engine is lost) and watches the
+engine's: the engine reports stats at least every 50 ms, so `heartbeat_timeout_s` of silence means it is
+gone (killed, frozen, or cut off). Then every request in flight fails with EngineDeadError (the gateway's
+retryable 503, an error event on a stream) and readiness drops. When the engine answers again it
+announces itself: the same `engine_id` (it was only unreachable) is told to abort what this side already
+failed; a new one is a fresh process that never saw those requests. Either way the gateway serves again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import zmq
+
+from engine.front import EngineFront
+from engine.limits import RequestCaps, RequestLimits
+from engine.messages import Abort, EngineDeadError, WorkerExiting
+from engine.outputs import EngineStats
+from engine.process_engine import EngineStartError
+from engine.remote.messages import TOKENIZER_FILES, Announce, FromServer, Hello, Ping
+from engine.tokenizer import Tokenizer
+
+log = logging.getLogger("fairserve.engine.remote")
+_ENCODER = msgspec.msgpack.Encoder()
+_HELLO_EVERY_S = 1.0  # while starting: a Hello lost to a connection not yet up is sent again after this
+
+
+class RemoteEngine(EngineFront):
+    """Asyncio front of an engine server reached over TCP; the same surface as ProcessEngine."""
+
+    start_timeout_s = 60.0
+
+    def __init__(self, address: str, heartbeat_timeout_s: float = 0.5) -> None:
+        super().__init__()
+        self._address = address
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        # Ping this often: several per engine timeout, and the engine's own heartbeat is checked as often.
+        self._tick_s = min(0.1, heartbeat_timeout_s / 5)
+        self.gateway_id = uuid.uuid4().hex
+        self.model_name = ""
+        self.max_model_len = 0
+        self._engine_id: str | None = None
+        self._ctx: zmq.Context[Any] = zmq.Context()
+        self._sock: zmq.Socket[Any] | None = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.IDENTITY, self.gateway_id.encode())
+        self._sock.setsockopt(zmq.IMMEDIATE, 1)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDHWM, 0)  # as the local channel: a send queues, it never waits on the loop
+        self._sock.setsockopt(zmq.RCVHWM, 0)
+        self._sock.setsockopt(zmq.RECONNECT_IVL, 50)
+        self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+        self._sock.connect(address)
+        self._fd = int(self._sock.getsockopt(zmq.FD))
+        self._decoder = msgspec.msgpack.Decoder(FromServer)
+        self._sock_lock = threading.Lock()  # a zmq socket is not thread-safe; shutdown may come from a thread
+        self._heard_at = 0.0
+        self._lost_ids: list[str] = []  # failed here on a timeout: the same engine, if it returns, aborts them
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tick: asyncio.Handle | None = None
+        self._read_soon = False  # a read is already scheduled on the loop
+        self._stats = EngineStats(alive=False)
+
+    @property
+    def address(self) -> str:
+        """The engine server's tcp:// address."""
+        return self._address
+
+    @property
+    def engine_id(self) -> str | None:
+        """The engine process this front last heard announce itself (None before the first)."""
+        return self._engine_id
+
+    @property
+    def is_alive(self) -> bool:
+        """True while the engine has been heard from within `heartbeat_timeout_s`."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._read()  # no loop reads the socket: look now, on the caller's thread
+        return self._alive and time.monotonic() - self._heard_at <= self.heartbeat_timeout_s
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Wait (bounded by `start_timeout_s`) for the engine's announce; raises EngineStartError."""
+        deadline = time.monotonic() + self.start_timeout_s
+        said_at = -_HELLO_EVERY_S
+        while not self._alive:
+            now = time.monotonic()
+            if now >= deadline:
+                raise EngineStartError(f"no engine answered at {self._address} within {self.start_timeout_s:.0f}s")
+            if now - said_at >= _HELLO_EVERY_S and self._say(Hello(self.gateway_id, want_tokenizer=True)):
+                said_at = now
+            sock = self._sock
+            if sock is None:
+                raise EngineStartError("the engine front was shut down")
+            with self._sock_lock:
+                sock.poll(50, zmq.POLLIN)
+            self._read()
+        with contextlib.suppress(RuntimeError):  # started on a loop: read there now, else at the first submit
+            self._attach(asyncio.get_running_loop())
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the engine and keep its heartbeat on `loop` from now on (call on that loop's thread)."""
+        self._attach(loop)
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Abort this gateway's live requests on the engine, fail them here, and close the socket."""
+        loop = self._loop
+        if loop is not None and loop.is_running() and not _runs_here(loop):
+            done = threading.Event()
+
+            def there() -> None:
+                self._detach()
+                done.set()
+
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(there)
+                done.wait(timeout_s)
+        else:
+            self._detach()
+        with self._lock:
+            live = list(self._streams)
+        for request_id in live:
+            self._say(Abort(request_id, "shutdown"))
+        self._error = "engine front shut down"
+        self._fail_all(EngineDeadError(self._error))
+        with self._sock_lock:
+            sock, self._sock = self._sock, None
+            if sock is not None:
+                sock.close(linger=min(int(timeout_s * 1000), 500))  # the aborts get a moment to leave
+        self._ctx.term()
+
+    # -- the socket -----------------------------------------------------------------------------
+    def _send(self, msg: Any) -> None:
+        with self._sock_lock:
+            sock = self._sock
+            if sock is None:
+                raise EngineDeadError("engine front is shut down")
+            try:
+                sock.send(_ENCODER.encode(msg), zmq.NOBLOCK, copy=False)
+            except zmq.ZMQError as exc:  # Again: no live connection (ZMQ_IMMEDIATE)
+                raise EngineDeadError(f"the engine at {self._address} is unreachable") from exc
+            # One socket both ways: a send lets ZeroMQ take in what arrived, and that spends the descriptor's
+            # edge, so the reader would not be woken for it (the tick would find it, 100 ms late). Read it
+            # soon, as pyzmq's own asyncio sockets do after a send.
+            pending = bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+        if pending and not self._read_soon:
+            loop = self._loop
+            if loop is not None and _runs_here(loop):
+                self._read_soon = True
+                loop.call_soon(self._read)
+
+    def _say(self, msg: Any) -> bool:
+        """Send a message nobody waits on (heartbeat, hello, abort); False when it could not go."""
+        try:
+            self._send(msg)
+        except EngineDeadError:
+            return False
+        return True
+
+    def _read(self) -> None:
+        """Dispatch every frame that has arrived (the descriptor is edge-triggered: read until empty)."""
+        self._read_soon = False
+        frames: list[bytes] = []
+        with self._sock_lock:
+            sock = self._sock
+            while sock is not None:
+                try:
+                    frames.append(sock.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+        if not frames:
+            return
+        self._heard_at = time.monotonic()
+        for frame in frames:
+            try:
+                msg = self._decoder.decode(frame)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.error("dropped a frame from the engine that does not decode (%d bytes): %s", len(frame), exc)
+                continue
+            if isinstance(msg, Announce):
+                self._adopt(msg)
+            elif isinstance(msg, WorkerExiting):
+                if self._alive:
+                    self._lost(f"the engine at {self._address} shut down")
+            elif self._alive:
+                self._dispatch(msg)
+
+    def _adopt(self, ann: Announce) -> None:
+        """Take an engine's announce: the first one, the same engine back, or a fresh process."""
+        if self.model_name and ann.model_name != self.model_name:
+            if self._alive:
+                self._lost(f"the engine at {self._address} now serves {ann.model_name!r}")
+            refusal = (f"the engine at {self._address} serves {ann.model_name!r}, not {self.model_name!r}: "
+                       "refused (one gateway serves one model)")
+            if self._error != refusal:  # said once, not at every Hello it answers
+                log.error("%s", refusal)
+                self._error = refusal
+            return
+        if ann.engine_id != self._engine_id and self._alive:
+            self._lost(f"the engine at {self._address} restarted")  # too fast for the heartbeat to notice
+        if ann.engine_id == self._engine_id:
+            for request_id in self._lost_ids:  # this side gave up on them: the engine should too
+                self._say(Abort(request_id, "gateway_lost"))
+        self._lost_ids = []
+        if not hasattr(self, "tokenizer"):
+            if not ann.tokenizer_files:
+                return  # an announce that answered a Ping: wait for the one our Hello asks the files in
+            self.tokenizer = tokenizer_from_files(ann.tokenizer_files)
+        self._limits = RequestLimits(ann.vocab_size, ann.max_model_len, ann.block_size, ann.num_kv_blocks,
+                                     RequestCaps(**ann.caps))
+        self.model_name, self.max_model_len = ann.model_name, ann.max_model_len
+        if ann.engine_id != self._engine_id and self._engine_id is not None:
+            log.warning("engine at %s is back as %s: serving again", self._address, ann.engine_id)
+        self._engine_id = ann.engine_id
+        self._stats = ann.stats
+        self._error = None
+        self._heard_at = time.monotonic()
+        self._alive = True
+
+    def _lost(self, reason: str) -> None:
+        """Fail every request in flight: the engine is gone (or not the one that had them)."""
+        log.error("%s: failing the requests in flight", reason)
+        self._error = reason
+        with self._lock:
+            self._lost_ids = list(self._streams)
+        self._fail_all(EngineDeadError(reason))
+
+    # -- on the event loop ------------------------------------------------------------------------
+    def _attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read on `loop` (the loop of the latest submit, once the previous one closed)."""
+        if loop is self._loop or self._sock is None:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            return  # the loop that reads is still open; other loops get their outputs handed over
+        self._loop = loop
+        loop.add_reader(self._fd, self._read)
+        self._tick = loop.call_soon(self._on_tick)  # also drains what came before the reader was added
+
+    def _detach(self) -> None:
+        loop, self._loop = self._loop, None
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+        if loop is not None and not loop.is_closed():
+            loop.remove_reader(self._fd)
+
+    def _on_tick(self) -> None:
+        """Heartbeat both ways: say we are here, and notice an engine that has gone quiet."""
+        loop = self._loop
+        if loop is None:
+            return
+        self._read()
+        if self._alive and time.monotonic() - self._heard_at > self.heartbeat_timeout_s:
+            self._lost(f"no word from the engine at {self._address} for {self.heartbeat_timeout_s:.2f}s")
+        self._say(Ping() if self._alive else Hello(self.gateway_id, want_tokenizer=not hasattr(self, "tokenizer")))
+        self._tick = loop.call_later(self._tick_s, self._on_tick)
+
+
+def check_one_model(engines: Sequence[EngineFront]) -> str:
+    """The one model every engine serves; ValueError naming them when they differ (a gateway serves one model
+    under one name, so engines of different models must not be mixed behind it)."""
+    names = {getattr(e, "model_name", "") for e in engines}
+    if len(names) != 1:
+        listed = ", ".join(f"{getattr(e, 'address', '?')}: {getattr(e, 'model_name', '')!r}" for e in engines)
+        raise ValueError(f"engines serve different models ({listed}); one gateway serves one model")
+    return names.pop()
+
+
+def tokenizer_from_files(files: dict[str, str]) -> Tokenizer:
+    """The engine's tokenizer from the files it announced (only the names a tokenizer reads are written)."""
+    with tempfile.TemporaryDirectory(prefix="fairserve-tokenizer-") as tmp:
+        for name in TOKENIZER_FILES:
+            if name in files:
+                (Path(tmp) / name).write_text(files[name])
+        return Tokenizer.from_dir(tmp)
+
+
+def _runs_here(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False

@@ -1,0 +1,49 @@
+"""The messages only a remote engine needs, beside engine/messages.py's: the handshake and the heartbeat.
+
+A gateway says `Hello` and the engine answers `Announce`: everything the gateway needs to validate requests
+and name the model without a copy of it (the limits and caps the engine enforces and the tokenizer's own
+files, sent as text). The tokenizer travels in the handshake because the front detokenizes and checks
+token ids itself (engine/front.py), and a gateway on another host must not need the model's directory;
+it is sent only when asked, so a gateway that rejoins a restarted engine does not fetch megabytes again.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from engine.messages import Abort, IterationReport, SetWeight, Submit, SubmitFailed, WorkerExiting
+from engine.outputs import EngineStats
+
+# The files of a model directory engine.tokenizer.Tokenizer.from_dir reads; those present are announced.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json",
+                   "chat_template.jinja")
+
+
+class Hello(msgspec.Struct, tag=True, array_like=True):
+    """A gateway (re)joins: the engine answers with an Announce, with the tokenizer files if asked."""
+
+    gateway_id: str
+    want_tokenizer: bool = False
+
+
+class Ping(msgspec.Struct, tag=True, array_like=True):
+    """A gateway's heartbeat: an engine that hears none for `gateway_timeout_s` aborts that gateway's requests."""
+
+
+class Announce(msgspec.Struct, tag=True, array_like=True):
+    """Who the engine is and what a request must fit; a new `engine_id` means a fresh process."""
+
+    engine_id: str
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    block_size: int
+    num_kv_blocks: int
+    caps: dict[str, int]  # engine.limits.RequestCaps fields (a pydantic model msgspec does not encode)
+    stats: EngineStats
+    tokenizer_files: dict[str, str] = {}  # file name -> text; empty unless the Hello asked
+
+
+# Gateways may not send StopLoop: only the engine's operator stops it (a signal, or EngineServer.stop).
+ToServer = Submit | Abort | SetWeight | Hello | Ping
+FromServer = IterationReport | SubmitFailed | Announce | WorkerExiting

@@ -1,0 +1,54 @@
+"""`fairserve engine`: one engine served over TCP, for gateways started with `fairserve serve --engine`.
+
+It prints `engine: tcp://HOST:PORT` and `engine_id: ...` once gateways can connect (scripts read these,
+as they read `serve`'s banner). SIGTERM or Ctrl-C drains: new requests are refused (the gateway answers
+them with a retryable 503), live ones get `--grace-period` to finish, then the engine stops; a second
+signal stops at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+import zmq
+from pydantic import ValidationError
+
+from engine.remote.server import EngineServer
+from gateway.settings import EngineServerSettings, settings_error_text
+from gateway.settings_flags import add_knob_flags, load_from_args
+
+# An engine's Redis (the shared fair-share counters) is `--redis` here, as the gateway's is in `serve`.
+_ALIASES = {"redis_url": "--redis"}
+
+
+def register(subparsers: Any) -> None:
+    """Add the `engine` subcommand: one flag per EngineConfig knob, plus where to listen."""
+    p = subparsers.add_parser("engine", help="run one engine server that gateways attach to (serve --engine)",
+                              description="Every setting below can also come from its FAIRSERVE_* environment "
+                              "variable or the --config TOML file ([engine] table), as for `serve`.")
+    add_knob_flags(p, EngineServerSettings, _ALIASES)
+    p.set_defaults(func=run_engine)
+
+
+def run_engine(args: argparse.Namespace) -> int:
+    """Build the engine, bind, print the banner, and serve until a signal."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = load_from_args(args, EngineServerSettings)
+    except (ValidationError, ValueError) as exc:
+        print(f"fairserve engine: invalid settings:\n{settings_error_text(exc)}", file=sys.stderr)
+        return 2
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    server = EngineServer(settings.engine, settings.listen, settings.gateway_timeout_s, settings.grace_period_s)
+    try:
+        server.start()
+    except zmq.ZMQError as exc:  # the address is taken, or not this host's
+        print(f"fairserve engine: cannot listen on {settings.listen}: {exc}", file=sys.stderr)
+        return 1
+    print(f"engine: {server.address}\nengine_id: {server.engine_id}", flush=True)
+    sys.setswitchinterval(settings.switch_interval_ms / 1e3)  # process-wide, so set here at the entry point
+    server.run()
+    return 0

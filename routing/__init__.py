@@ -1,0 +1,7 @@
+"""Routing: many engines behind one EngineClient, each request sent where its prefix and the load say."""
+
+from routing.config import RoutingSettings
+from routing.loads import EngineLoad, engine_loads
+from routing.router import EngineRouter
+
+__all__ = ["EngineLoad", "EngineRouter", "RoutingSettings", "engine_loads"]

@@ -1,0 +1,71 @@
+"""Prefix affinity: the tenant-scoped digests of a prompt's first blocks, and what each engine was sent.
+
+The digests are the engine's own prefix-cache keys (engine/kv_cache.py: `prefix_root` of the tenant,
+cache group and salt, then `chain_hash` per full block), so a digest the router remembers for an
+engine names blocks that engine computed, and two tenants with the same prompt never share one: tenant
+B is not pulled toward the engine that holds tenant A's blocks, and routing reveals nothing of A's
+prompts to B. The router cannot see an engine's cache, only what it sent there; an evicted block is a
+missed hint, which costs a prefill and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from engine.kv_cache import chain_hash, prefix_root
+from engine.request import RequestMeta
+
+
+def prefix_digests(prompt_token_ids: Sequence[int], meta: RequestMeta, block_size: int, blocks: int) -> list[bytes]:
+    """Keys of the prompt's first `blocks` full blocks, as an engine with `block_size` caches them.
+
+    Like `BlockPool.match_prefix`, a prompt's last token is never part of a cached block, so a prompt of
+    exactly n blocks contributes n - 1.
+    """
+    full = min((len(prompt_token_ids) - 1) // block_size, blocks)
+    parent = prefix_root(meta.tenant_id, meta.cache_group, meta.cache_salt)
+    keys = []
+    for i in range(max(full, 0)):
+        parent = chain_hash(parent, prompt_token_ids[i * block_size:(i + 1) * block_size])
+        keys.append(parent)
+    return keys
+
+
+class DigestMemory:
+    """A bounded LRU of the block digests routed to one engine.
+
+    Hand-written over an OrderedDict: the whole need is "insert or refresh, evict the oldest", one dict
+    operation each, on the request path.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._keys: OrderedDict[bytes, None] = OrderedDict()
+
+    def matched(self, digests: Sequence[bytes]) -> int:
+        """How many leading blocks of a prompt this engine was sent before.
+
+        Each digest chains over all blocks before it, so the deepest remembered one vouches for the whole
+        prefix up to it.
+        """
+        for depth in range(len(digests), 0, -1):
+            if digests[depth - 1] in self._keys:
+                return depth
+        return 0
+
+    def remember(self, digests: Sequence[bytes]) -> None:
+        """Record a routed prompt's digests as the most recent."""
+        keys = self._keys
+        for digest in digests:
+            keys[digest] = None
+            keys.move_to_end(digest)
+        while len(keys) > self.capacity:
+            keys.popitem(last=False)
+
+    def clear(self) -> None:
+        """Forget everything: the engine restarted with an empty cache."""
+        self._keys.clear()
+
+    def __len__(self) -> int:
+        return len(self._keys)

@@ -1,0 +1,161 @@
+"""fairserve on a local Ray cluster: `fairserve ray up` serves OpenAI requests from 2 engines behind 1 gateway;
+an engine actor killed with SIGKILL fails only its own in-flight requests (retryable), is restarted by Ray and
+serves again; scaling 2 -> 3 -> 1 engines under load loses no accepted request; every answered request has
+its ledger row (PostgreSQL, shared by URL). The tests run in file order on one deployment."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import ray
+from sqlalchemy import text
+
+from billing import Database
+from tests.cluster.conftest import Cluster
+from tests.cluster.load import Load
+from tests.gateway.conftest import wait_for
+
+ENGINES = 2
+
+
+@dataclass
+class Deployment:
+    """What `fairserve ray up` printed, and the model it serves."""
+
+    cluster: Cluster
+    url: str
+    api_key: str
+    db_url: str
+    model: str
+    up_to_first_answer_s: float
+
+    def gateway(self) -> Any:
+        return ray.get_actor("fairserve-gateway-0")
+
+    def registered(self) -> dict[str, Any]:
+        """The registry's engines by actor name."""
+        registry = ray.get_actor("fairserve-registry")
+        return {e.name: e for e in ray.get(registry.engines.remote())}
+
+    def loads(self) -> dict[str, dict[str, Any]]:
+        """The gateway's view of each engine (router key -> load)."""
+        return {load["key"]: load for load in ray.get(self.gateway().engine_loads.remote())}
+
+    def billed(self, ids: set[str]) -> set[str]:
+        db = Database(self.db_url)
+        try:
+            with db.engine.connect() as conn:
+                rows = conn.execute(text("SELECT request_id FROM usage WHERE request_id LIKE 'ray-%'"))
+                return {r[0] for r in rows} & ids
+        finally:
+            db.dispose()
+
+    def assert_ledger_complete(self, answered: set[str]) -> None:
+        """Every answered request has its row (the ledger writes behind: wait, bounded, for the flush)."""
+        wait_for(lambda: self.billed(answered) == answered, 60, "every answered request in the ledger")
+
+
+@pytest.fixture(scope="module")
+def deployment(ray_cluster: Cluster, pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    data_dir = tmp_path_factory.mktemp("ray-deploy")
+    started = time.monotonic()
+    banner = ray_cluster.fairserve("up", "--engines", str(ENGINES), "--gateways", "1", "--port", "0",
+                                   "--engine-host", "127.0.0.1", "--data-dir", str(data_dir), "--db", pg_url,
+                                   "--max-num-seqs", "8", "--num-kv-blocks", "256")
+    for key in ("url", "admin", "api_key", "admin_token"):
+        assert key in banner, banner
+    client = openai.OpenAI(base_url=banner["url"] + "/v1", api_key=banner["api_key"], max_retries=0)
+    model = client.models.list().data[0].id
+    client.completions.create(model=model, prompt="hello", max_tokens=2)
+    up_s = time.monotonic() - started
+    print(f"fairserve ray up -> first answered request: {up_s:.1f}s")
+    try:
+        yield Deployment(ray_cluster, banner["url"], banner["api_key"], pg_url, model, up_s)
+    finally:
+        ray_cluster.fairserve("down")
+
+
+def test_two_engines_one_gateway_serve_openai(deployment: Deployment) -> None:
+    client = openai.OpenAI(base_url=deployment.url + "/v1", api_key=deployment.api_key, max_retries=0)
+    chat = client.chat.completions.create(model=deployment.model, max_tokens=4,
+                                          messages=[{"role": "user", "content": "hi"}])
+    assert chat.choices[0].message.content is not None and chat.usage is not None
+    streamed = client.completions.create(model=deployment.model, prompt="count", max_tokens=4, stream=True)
+    assert any(chunk.choices and chunk.choices[0].text for chunk in streamed)
+    assert set(deployment.registered()) == {f"fairserve-engine-{i}" for i in range(ENGINES)}
+    load = Load(deployment.url, deployment.api_key, deployment.model)
+    try:
+        # Concurrent load spreads: both engines get requests routed to them.
+        wait_for(lambda: sum(1 for v in deployment.loads().values() if v["routed"]) == ENGINES, 120,
+                 "both engines serving")
+    finally:
+        tally = load.finish()
+    assert set(tally) == {"answered"}, tally
+    deployment.assert_ledger_complete(load.ids("answered"))
+    status = deployment.cluster.fairserve("status")
+    assert status["engines"] == str(ENGINES) and status["gateways"] == "1", status
+
+
+def test_killed_engine_fails_its_requests_retryably_and_serves_again(deployment: Deployment) -> None:
+    victim = deployment.registered()["fairserve-engine-0"]
+    key = f"{victim.name}@{victim.engine_id}"
+    load = Load(deployment.url, deployment.api_key, deployment.model, long_share=0.6)
+    try:
+        wait_for(lambda: (deployment.loads().get(key) or {}).get("in_flight", 0) > 0, 60, "requests on the victim")
+        killed_at = time.monotonic()
+        os.kill(victim.pid, signal.SIGKILL)
+        wait_for(lambda: load.count("retryable") > 0, 30, "a retryable failure of a request on the killed engine")
+        back = wait_for(lambda: _restarted(deployment, victim), 120, "Ray to restart the engine actor")
+        registered_s = time.monotonic() - killed_at
+        new_key = f"{back.name}@{back.engine_id}"
+        wait_for(lambda: (deployment.loads().get(new_key) or {}).get("routed", 0) > 0, 60,
+                 "requests routed to the restarted engine")
+        seen = load.count("answered")
+        wait_for(lambda: load.count("answered") > seen + 5, 60, "answers after the restart")
+        serving_s = time.monotonic() - killed_at
+    finally:
+        tally = load.finish()
+    print(f"engine actor SIGKILL -> re-registered {registered_s:.1f}s, routed to again {serving_s:.1f}s; {tally}")
+    assert back.pid != victim.pid and back.address != victim.address
+    assert set(tally) <= {"answered", "retryable"}, tally
+    assert key not in deployment.loads(), "the dead incarnation is still a member"
+    deployment.assert_ledger_complete(load.ids("answered"))
+
+
+def _restarted(deployment: Deployment, victim: Any) -> Any:
+    entry = deployment.registered().get(victim.name)
+    return entry if entry is not None and entry.engine_id != victim.engine_id else None
+
+
+def test_scale_2_3_1_loses_no_accepted_request(deployment: Deployment) -> None:
+    load = Load(deployment.url, deployment.api_key, deployment.model, long_share=0.5)
+    try:
+        wait_for(lambda: load.count("answered") > 5, 60, "answers before scaling")
+        assert deployment.cluster.fairserve("scale", "--engines", "3")["engines"] == "3"
+        wait_for(lambda: any(k.startswith("fairserve-engine-2@") and v["routed"] > 0
+                             for k, v in deployment.loads().items()), 60, "requests routed to the third engine")
+        wait_for(lambda: all(v["in_flight"] for v in deployment.loads().values()), 60,
+                 "requests in flight on every engine before scaling down")
+        down = deployment.cluster.fairserve("scale", "--engines", "1")
+        assert down["engines"] == "1"
+        drained = int(down["drained"].split()[0])
+        assert drained > 0, "no request was in flight on the removed engines: the drain was not exercised"
+        assert set(deployment.registered()) == {"fairserve-engine-0"}
+        seen = load.count("answered")
+        wait_for(lambda: load.count("answered") > seen + 5, 60, "answers from the one engine left")
+    finally:
+        tally = load.finish()
+    print(f"scale 2 -> 3 -> 1: {drained} requests drained from the removed engines; {tally}")
+    assert set(tally) == {"answered"}, tally
+    assert [k.partition("@")[0] for k in deployment.loads()] == ["fairserve-engine-0"]
+    deployment.assert_ledger_complete(load.ids("answered"))
+    with httpx.Client(base_url=deployment.url, timeout=10) as client:
+        assert client.get("/readyz").status_code == 200

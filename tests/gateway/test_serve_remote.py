@@ -1,0 +1,96 @@
+"""`fairserve serve --engine tcp://...`: a gateway process attached to an engine process it did not start.
+
+It answers OpenAI requests over HTTP through the remote engine; when the engine is killed -9 mid-stream the
+stream ends with an error event, requests get a retryable 503 with Retry-After, their ledger rows say
+"error", /readyz reports the engine down within a second; and an engine restarted on the same port is
+served again without restarting the gateway."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import text
+
+from billing import Database, default_db_url
+from tests.engine.remote.engine_process import EngineProcess
+from tests.gateway.conftest import wait_for
+from tests.gateway.serve_process import ServeProcess
+
+ENGINE_ARGS = ("--num-kv-blocks", "512", "--max-num-batched-tokens", "64")
+
+
+def chat(model: str, max_tokens: int, stream: bool = False) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "count to a thousand"}],
+            "max_tokens": max_tokens, "stream": stream}
+
+
+def ledger_status(data_dir: Path, request_id: str) -> tuple[str, str | None] | None:
+    db = Database(default_db_url(data_dir))
+    try:
+        with db.engine.connect() as conn:
+            row = conn.execute(text("SELECT status, finish_reason FROM usage WHERE request_id = :r"),
+                               {"r": request_id}).first()
+    finally:
+        db.dispose()
+    return None if row is None else (row[0], row[1])
+
+
+def test_serve_attached_to_an_engine_process_survives_its_kill_and_restart(tmp_path: Path) -> None:
+    engine = EngineProcess(tmp_path / "engine", *ENGINE_ARGS)
+    serve: ServeProcess | None = None
+    restarted: EngineProcess | None = None
+    try:
+        serve = ServeProcess(tmp_path / "gateway", "--engine", engine.address)
+        key = serve.banner["api_key"]
+        with httpx.Client(base_url=serve.url, timeout=30, headers=serve.headers(key)) as client:
+            model = client.get("/v1/models").json()["data"][0]["id"]
+            done = client.post("/v1/chat/completions", json=chat(model, 6))
+            assert done.status_code == 200, done.text
+            assert done.json()["usage"]["completion_tokens"] == 6
+            assert client.get("/readyz").status_code == 200
+
+            # A non-stream request and a stream in flight when the engine dies.
+            held: dict[str, httpx.Response] = {}
+            plain = threading.Thread(target=lambda: held.setdefault("r", client.post(
+                "/v1/chat/completions", json=chat(model, 2000), headers={"X-Request-Id": "remote-plain"})))
+            events: list[str] = []
+            with client.stream("POST", "/v1/chat/completions", json=chat(model, 2000, stream=True),
+                               headers={"X-Request-Id": "remote-stream"}) as resp:
+                lines = resp.iter_lines()
+                events.append(next(line for line in lines if line.startswith("data:")))
+                plain.start()
+                admin = {"Authorization": f"Bearer {serve.banner['admin_token']}"}
+                wait_for(lambda: client.get("/admin/api/live", headers=admin).json()["engine"]["running"] == 2,
+                         10, "both requests to run on the engine")
+                engine.kill()
+                killed_at = time.monotonic()
+                wait_for(lambda: client.get("/readyz").status_code == 503, 5, "/readyz to report the engine down")
+                down_after = time.monotonic() - killed_at
+                events += [line for line in lines if line.startswith("data:")]
+            plain.join(30)
+            assert down_after < 1.0, f"/readyz said the engine was down only {down_after:.2f}s after the kill"
+            assert events[-1] == "data: [DONE]"
+            error = json.loads(events[-2].removeprefix("data: "))["error"]
+            assert error["code"] == "engine_unavailable", events[-3:]
+            assert held["r"].status_code == 503 and "Retry-After" in held["r"].headers, held["r"].text
+            refused = client.post("/v1/chat/completions", json=chat(model, 4))
+            assert refused.status_code == 503 and "Retry-After" in refused.headers
+            for rid in ("remote-stream", "remote-plain"):
+                row = wait_for(lambda r=rid: ledger_status(tmp_path / "gateway", r), 10, f"the ledger row of {rid}")
+                assert row == ("error", "error"), (rid, row)
+
+            restarted = EngineProcess(tmp_path / "engine", *ENGINE_ARGS, port=engine.port)
+            wait_for(lambda: client.get("/readyz").status_code == 200, 10, "the gateway to rejoin the new engine")
+            again = client.post("/v1/chat/completions", json=chat(model, 5))
+            assert again.status_code == 200 and again.json()["usage"]["completion_tokens"] == 5, again.text
+    finally:
+        if serve is not None:
+            serve.stop()
+        engine.kill()
+        if restarted is not None:
+            restarted.stop()
