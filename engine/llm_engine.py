@@ -20,11 +20,13 @@ from collections import deque
 from collections.abc import Sequence
 from functools import partial
 from time import perf_counter  # bound here: tests replace this module's `time` with a fake clock
+from typing import Any
 
 import torch
 
 from engine.attention import resolve_backend
 from engine.config import EngineConfig
+from engine.counter_sync import CounterSync
 from engine.isolation import RequestFailures
 from engine.kv_cache import BlockPool
 from engine.limits import RequestLimits
@@ -107,6 +109,11 @@ class LLMEngine:
         self._last_step: dict[str, tuple[int, float, float]] = {}  # request -> (tokens, start, end) of its last iteration
         self._failures = RequestFailures()  # detokenisation and stop checks; the sampler keeps its own
         self.failed_requests = 0  # requests ended alone by an exception of their own, since start
+        # One fair share across engines: other engines' service reaches the policy's counters at step starts.
+        self.counter_sync: CounterSync | None = None
+        if config.redis_url is not None:
+            self.counter_sync = CounterSync(config.redis_url, config.counter_sync_interval_s, config.counter_sync_prefix)
+            self.counter_sync.start()
 
     def _blocks_from_memory(self) -> int:
         mc = self.loaded.config
@@ -189,6 +196,8 @@ class LLMEngine:
         """Run one iteration; what each request has new to report."""
         t0 = time.time()
         p0 = perf_counter()
+        if self.counter_sync is not None:
+            self.counter_sync.exchange(self.policy)  # type: ignore[arg-type]
         out = self.scheduler.schedule(t0)
         p1 = perf_counter()
         tables = {c.request.request_id: self.pool.block_ids(c.request.request_id) for c in out.chunks}
@@ -319,8 +328,14 @@ class LLMEngine:
             preemptions_by_kind={f"{r}/{m}": n for (r, m), n in sched.preemptions_by_kind.items()}, recomputed_tokens_total=sched.recomputed_tokens_total,
             swapped_bytes_total=sched.swapped_bytes_total, kv_alloc_failures=self.pool.alloc_failures,
             deadline_misses=sum(sched.deadline_misses.values()), waiting_for_blocks=sched.waiting_for_blocks,
-            service=dict(self.policy.service()), iterations=s.iterations,
+            service=dict(self.policy.service()), iterations=s.iterations, **self._sync_stats(),
         )
+
+    def _sync_stats(self) -> dict[str, Any]:
+        if self.counter_sync is None:
+            return {}
+        state, age, engines = self.counter_sync.status()
+        return {"counter_sync": state, "counter_sync_age_s": age, "counter_sync_engines": engines}
 
     # -- swap preemption --------------------------------------------------------------------
     def _swap_out(self, request: Request) -> int:
@@ -335,6 +350,8 @@ class LLMEngine:
         return self.runner.swap_in(request, self.pool.block_ids(request.request_id))
 
     def close(self) -> None:
-        """Release the trace file."""
+        """Stop the counter sync and release the trace file."""
+        if self.counter_sync is not None:
+            self.counter_sync.close()
         if self._trace_writer:
             self._trace_writer.close()
