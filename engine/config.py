@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from engine.limits import RequestCaps
 from fairness.config import FairnessConfig
+from fairness.registry import policy_entry
 
 # The share of memory the KV cache may take when num_kv_blocks is not given, by device type. On CUDA the
 # engine owns the accelerator, so it takes most of what is free after the weights (vLLM's
@@ -74,6 +75,18 @@ class EngineConfig(BaseModel):
     # (measured: docs/engine.md, "Overlap").
     async_scheduling: Literal["auto", "on", "off"] = Field(
         default="auto", description="schedule step N+1 while step N's forward runs (auto: on for CUDA, off on CPU)")
+    # One fair share across engines (engine/counter_sync.py, docs/fairness.md "Across engines"). Off by default:
+    # a lone engine has nobody to share with. `fairserve serve` does not pass the gateway's --redis along
+    # either: the engine it spawns is alone unless asked (--engine-redis).
+    redis_url: str | None = Field(
+        default=None, description="redis:// URL where engines share VTC counters, so tenants get one fair "
+        "share across every engine using it (default: off, counters local)")
+    counter_sync_interval_s: float = Field(
+        default=0.1, gt=0, le=1.0, allow_inf_nan=False,
+        description="seconds between publishing this engine's charged service and reading the others'")
+    counter_sync_prefix: str = Field(
+        default="fairserve:vtc", min_length=1, pattern=r"^[^\s]+$",
+        description="Redis key prefix of the shared counters: engines with the same prefix share one fair share")
 
     @field_validator("block_size")
     @classmethod
@@ -89,6 +102,20 @@ class EngineConfig(BaseModel):
             raise ValueError(f"model {value!r} is not a directory (a Hugging Face model directory with "
                              "config.json, *.safetensors and tokenizer.json)")
         return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"redis_url {value!r}: use redis://HOST:PORT/DB, rediss://... or unix://PATH")
+        return value
+
+    @model_validator(mode="after")
+    def _shared_policy(self) -> EngineConfig:
+        if self.redis_url is not None and not policy_entry(self.fairness.policy).shares_counters:
+            raise ValueError(f"redis_url shares fairness counters across engines, and policy "
+                             f"{self.fairness.policy!r} keeps none: use a policy that does (vtc) or drop redis_url")
+        return self
 
     @model_validator(mode="after")
     def _device_available(self) -> EngineConfig:

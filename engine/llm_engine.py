@@ -20,11 +20,13 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from functools import partial
 from time import perf_counter  # bound here: tests replace this module's `time` with a fake clock
+from typing import Any
 
 import torch
 
 from engine.attention import resolve_backend
 from engine.config import EngineConfig
+from engine.counter_sync import CounterSync
 from engine.isolation import RequestFailures
 from engine.kv_cache import BlockPool
 from engine.limits import RequestLimits
@@ -110,6 +112,11 @@ class LLMEngine:
         self.failed_requests = 0  # requests ended alone by an exception of their own, since start
         # Async scheduling (engine/overlap.py): step N+1 is scheduled while step N's forward runs.
         self.overlap = OverlapStepper(self) if config.overlaps() else None
+        # One fair share across engines: other engines' service reaches the policy's counters at step starts.
+        self.counter_sync: CounterSync | None = None
+        if config.redis_url is not None:
+            self.counter_sync = CounterSync(config.redis_url, config.counter_sync_interval_s, config.counter_sync_prefix)
+            self.counter_sync.start()
 
     def _blocks_from_memory(self) -> int:
         mc = self.loaded.config
@@ -190,6 +197,8 @@ class LLMEngine:
 
     def _iterate(self) -> list[Emitted]:
         """Run one iteration; what each request has new to report."""
+        if self.counter_sync is not None:
+            self.counter_sync.exchange(self.policy)  # type: ignore[arg-type]
         if self.overlap is not None:
             return self.overlap.iterate()
         t0 = time.time()
@@ -332,8 +341,14 @@ class LLMEngine:
             preemptions_by_kind={f"{r}/{m}": n for (r, m), n in sched.preemptions_by_kind.items()}, recomputed_tokens_total=sched.recomputed_tokens_total,
             swapped_bytes_total=sched.swapped_bytes_total, kv_alloc_failures=self.pool.alloc_failures,
             deadline_misses=sum(sched.deadline_misses.values()), waiting_for_blocks=sched.waiting_for_blocks,
-            service=dict(self.policy.service()), iterations=s.iterations,
+            service=dict(self.policy.service()), iterations=s.iterations, **self._sync_stats(),
         )
+
+    def _sync_stats(self) -> dict[str, Any]:
+        if self.counter_sync is None:
+            return {}
+        state, age, engines = self.counter_sync.status()
+        return {"counter_sync": state, "counter_sync_age_s": age, "counter_sync_engines": engines}
 
     # -- swap preemption --------------------------------------------------------------------
     def _swap_out(self, request: Request) -> int:
@@ -352,8 +367,10 @@ class LLMEngine:
         return self.runner.swap_in(request, self.pool.block_ids(request.request_id))
 
     def close(self) -> None:
-        """Stop the forward thread and release the trace file."""
+        """Stop the forward thread and the counter sync, and release the trace file."""
         if self.overlap is not None:
             self.overlap.close()
+        if self.counter_sync is not None:
+            self.counter_sync.close()
         if self._trace_writer:
             self._trace_writer.close()

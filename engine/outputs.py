@@ -164,3 +164,8 @@ class EngineStats:
     waiting_for_blocks: int = 0
     service: dict[str, float] = field(default_factory=dict)
     iterations: int = 0
+    # Shared counters (engine/counter_sync.py): "off", "ok", or "stale" (Redis unreachable: this engine runs on
+    # the counters it has); seconds since the last successful exchange; other engines publishing.
+    counter_sync: str = "off"
+    counter_sync_age_s: float = 0.0
+    counter_sync_engines: int = 0

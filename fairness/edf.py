@@ -98,6 +98,17 @@ class EDFPolicy(Generic[T]):
         """Virtual counters by fairness key (base policy)."""
         return self.base.counters()  # type: ignore[no-any-return]
 
+    def local_service(self) -> Mapping[str, float]:
+        """The base policy's charged service here (fairness/shared.py); none when it keeps no counters."""
+        local = getattr(self.base, "local_service", None)
+        return local() if local is not None else {}  # type: ignore[no-any-return]
+
+    def absorb_remote(self, totals: Mapping[str, float]) -> None:
+        """Forwarded to the base policy when it keeps counters."""
+        absorb = getattr(self.base, "absorb_remote", None)
+        if absorb is not None:
+            absorb(totals)
+
     def __contains__(self, item: object) -> bool:
         return getattr(item, "request_id", None) in self._seq_of or item in self.base
 

@@ -21,6 +21,7 @@ from typing import Any, Generic
 from fairness.base import T
 from fairness.cost import check_weight
 from fairness.errors import DuplicateItemError, FairnessError
+from fairness.shared import class_counter, split_class_counter
 from fairness.victim import lowest_class, preemptible
 
 # Promoted-and-admitted items remembered for charging; bounded in case `finish` is never called.
@@ -165,6 +166,25 @@ class PriorityPolicy(Generic[T]):
             return None
         return self._base(candidates[0].meta.priority).victim(candidates)  # type: ignore[no-any-return]
 
+    # -- across engines (fairness/shared.py) ----------------------------------------------------
+
+    def local_service(self) -> Mapping[str, float]:
+        """Each class's charged service here, by "<class>:<key>": a key's share is kept per class."""
+        return {class_counter(cls, key): value for cls, base in self._classes.items()
+                for key, value in _local_service(base).items()}
+
+    def absorb_remote(self, totals: Mapping[str, float]) -> None:
+        """Other engines' service by "<class>:<key>", handed to each class (made now if new here)."""
+        per_class: dict[int, dict[str, float]] = defaultdict(dict)
+        for name, value in totals.items():
+            parsed = split_class_counter(name)
+            if parsed is not None:
+                per_class[parsed[0]][parsed[1]] = value
+        for cls, group in per_class.items():
+            absorb = getattr(self._base(cls), "absorb_remote", None)
+            if absorb is not None:
+                absorb(group)
+
     # -- reports ---------------------------------------------------------------------------------
 
     def service(self) -> Mapping[str, float]:
@@ -196,3 +216,8 @@ class PriorityPolicy(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._class_of)
+
+
+def _local_service(base: Any) -> Mapping[str, float]:
+    local = getattr(base, "local_service", None)
+    return local() if local is not None else {}  # type: ignore[no-any-return]

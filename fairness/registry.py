@@ -32,13 +32,16 @@ class PolicyEntry:
     summary: str
     # The policy's own knobs from the FairnessConfig, as keyword arguments of `build` (none by default).
     configure: Callable[[FairnessConfig], dict[str, Any]] = lambda config: {}
+    # True when it keeps counters other engines' service can raise (fairness/shared.py), so engines
+    # sharing a Redis keep one fair share (EngineConfig.redis_url); arrival order has nothing to share.
+    shares_counters: bool = False
 
 
 POLICIES: dict[str, PolicyEntry] = {
     entry.name: entry
     for entry in (
         PolicyEntry("vtc", VTCPolicy, True, "Virtual Token Counter fair share (the default)",
-                    configure=lambda config: {"lift_allowance": config.lift_allowance}),
+                    configure=lambda config: {"lift_allowance": config.lift_allowance}, shares_counters=True),
         PolicyEntry("fcfs", FCFSPolicy, False, "first come, first served across tenants"),
     )
 }

@@ -21,6 +21,11 @@ requests (so its weight still holds), never more, so a flood leads the others by
 `allowance` beyond the paper's bound. The simulator tests show both (docs/fairness.md, "Lifting").
 `allowance = 0` is the paper's rule.
 
+Across engines (fairness/shared.py): a counter is the weighted service charged here, plus the lifts
+applied here, plus the other engines' charged service as last heard (`absorb_remote`). Only the charged
+part is published (`local_service`): a lift is this engine's correction and would be counted once per
+engine if it travelled.
+
 Backlogged keys sit in a heap of (counter, backlog order, key) with lazy invalidation: every
 counter change pushes a fresh entry and `peek` drops stale tops, so add/peek/pop/charge cost
 O(log K) amortised for K backlogged keys; the heap is rebuilt once stale entries dominate.
@@ -58,6 +63,11 @@ class VTCPolicy(Generic[T]):
         self._counters: dict[str, float] = defaultdict(float)
         self._weights: dict[str, float] = {}
         self._service: dict[str, float] = defaultdict(float)
+        # The three parts of each counter (docs/fairness.md, "Across engines"): weighted service charged here
+        # (the only part other engines may add), lifts (local), and other engines' charged service.
+        self._charged: dict[str, float] = defaultdict(float)
+        self._lifted: dict[str, float] = defaultdict(float)
+        self._remote: dict[str, float] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._backlog_seq: dict[str, int] = {}  # backlogged key -> when it became backlogged (tie-break)
         self._next_seq = 0
@@ -107,7 +117,9 @@ class VTCPolicy(Generic[T]):
             floor_key = self._last_left
         if floor_key is not None and floor_key != key:
             floor = self._counters[floor_key] - self.lift_allowance / self._weights[key]
-            self._counters[key] = max(self._counters[key], floor)
+            if floor > self._counters[key]:
+                self._lifted[key] += floor - self._counters[key]
+                self._counters[key] = floor
 
     def _leave(self, key: str) -> None:
         del self._queues[key]
@@ -143,6 +155,7 @@ class VTCPolicy(Generic[T]):
             if weight is None:
                 weight = self._weights[key] = check_weight(key, item.meta.weight)
             self._counters[key] += cost / weight
+            self._charged[key] += cost / weight
             if key in self._backlog_seq:
                 self._push(key)
         return cost
@@ -168,10 +181,11 @@ class VTCPolicy(Generic[T]):
                 weight = self._weights.get(key)
                 if weight is None:
                     weight = self._weights[key] = check_weight(key, group[0].meta.weight)
-                counter, step = self._counters[key], cost / weight
+                counter, charged, step = self._counters[key], self._charged[key], cost / weight
                 for _ in group:
                     counter += step
-                self._counters[key] = counter
+                    charged += step
+                self._counters[key], self._charged[key] = counter, charged
                 if key in self._backlog_seq:
                     self._push(key)
         return cost
@@ -190,6 +204,30 @@ class VTCPolicy(Generic[T]):
             return None
         counters = self._counters
         return max(candidates, key=lambda r: (counters.get(self.key_fn(r), 0.0), r.meta.arrival_time))
+
+    # -- across engines (fairness/shared.py) ----------------------------------------------------
+
+    def local_service(self) -> Mapping[str, float]:
+        """Weighted service charged on this engine by key: what other engines add to their counters (no lifts)."""
+        return dict(self._charged)
+
+    def absorb_remote(self, totals: Mapping[str, float]) -> None:
+        """Raise each key's counter by the other engines' service charged since the last call (never lower it).
+
+        A key absent here gets a counter too, so that when it comes back its lift starts from what it was
+        served elsewhere.
+        """
+        for key, total in totals.items():
+            gained = total - self._remote.get(key, 0.0)
+            if gained > 0:
+                self._remote[key] = total
+                self._counters[key] += gained
+                if key in self._backlog_seq:
+                    self._push(key)
+
+    def lifts(self) -> Mapping[str, float]:
+        """Counter raised by lifts by key, in total (local only, never published)."""
+        return dict(self._lifted)
 
     # -- reports ---------------------------------------------------------------------------------
 

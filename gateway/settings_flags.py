@@ -24,7 +24,13 @@ from gateway.settings import ENV_NESTED_DELIMITER, ENV_PREFIX, GatewaySettings, 
 
 S = TypeVar("S", bound=LayeredSettings)
 # Leaf names that would read ambiguously as a bare flag get a qualified one.
-_QUALIFIED: dict[tuple[str, ...], str] = {("engine", "fairness", "key"): "--fairness-key"}
+_QUALIFIED: dict[tuple[str, ...], str] = {
+    ("engine", "fairness", "key"): "--fairness-key",
+    # The engine's Redis (shared VTC counters) beside the gateway's own --redis (quotas, idempotency) in `serve`;
+    # in `fairserve engine`, whose tree is EngineConfig alone, it is the only Redis and takes the short name.
+    ("engine", "redis_url"): "--engine-redis",
+    ("redis_url",): "--redis",
+}
 # Choices that come from a registry rather than a Literal type.
 _REGISTRY_CHOICES = {("engine", "fairness", "policy"): lambda: list(POLICIES)}
 
