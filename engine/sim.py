@@ -140,6 +140,8 @@ class _AnyToken(dict[str, int]):
         return 1
 
 
+_SAMPLED, _NO_STOP = _AnyToken(), frozenset[int]()
+
 IterationHook = Callable[["Simulator", SchedulerOutput], None]
 
 
@@ -162,6 +164,8 @@ class Simulator:
         self._prompts: dict[int, list[int]] = {}
         self._specs: dict[str, SimRequest] = {}
         self.clock = 0.0
+        self._idle = 0  # consecutive iterations that scheduled nothing
+        self.on_complete: Callable[[Completion], None] | None = None  # e.g. a cluster's outstanding-work count
 
     # -- workload ---------------------------------------------------------------------------
     def make_request(self, spec: SimRequest) -> Request:
@@ -206,6 +210,7 @@ class Simulator:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         wall0 = time.perf_counter()
+        self._idle = 0
         try:
             self._loop(specs, result, until, max_iterations, service_every, track_service, on_iteration)
         finally:
@@ -223,10 +228,9 @@ class Simulator:
 
     def _loop(self, specs: list[SimRequest], result: SimResult, until: float | None, max_iterations: int | None,
               service_every: float | None, track_service: bool, on_iteration: IterationHook | None) -> None:
-        sched, cost = self.scheduler, self.config.cost
-        sampled, no_stop = _AnyToken(), frozenset[int]()
+        sched = self.scheduler
         next_sample = self.clock if service_every else None
-        i, idle = 0, 0
+        i = 0
         while True:
             if i < len(specs) and specs[i].arrival <= self.clock:
                 t0 = time.perf_counter()
@@ -244,28 +248,7 @@ class Simulator:
             if (until is not None and self.clock >= until) or (max_iterations is not None
                                                               and result.iterations >= max_iterations):
                 break
-            out = sched.schedule(self.clock)
-            chunks = out.chunks
-            if not chunks:
-                idle += 1
-                if idle > self.config.max_idle_iterations:
-                    raise SimulationError(f"stalled: {sched.num_waiting} requests wait but nothing can run "
-                                          f"(num_blocks={self.config.num_blocks} too small?)")
-            else:
-                idle = 0
-            context = 0
-            for c in chunks:
-                context += c.start + c.length
-            batched = out.prefill_tokens + out.decode_tokens
-            self.clock += cost.seconds(batched, context)
-            finished = sched.update(out, sampled, no_stop, now=self.clock)
-            result.iterations += 1
-            result.request_iterations += len(chunks)
-            result.batched_tokens += batched
-            for request in out.finished:
-                self._complete(request, result)
-            for request in finished:
-                self._complete(request, result)
+            out = self.step(result)
             if track_service:
                 values = self.policy.service().values()
                 if len(values) > 1:
@@ -276,6 +259,36 @@ class Simulator:
             if on_iteration is not None:
                 on_iteration(self, out)
 
+    def step(self, result: SimResult) -> SchedulerOutput:
+        """One iteration at `self.clock`: schedule, advance the clock by the cost model, update, record.
+
+        Public so that a cluster of simulators (engine/sim_cluster.py) can interleave engines on one clock.
+        """
+        sched = self.scheduler
+        out = sched.schedule(self.clock)
+        chunks = out.chunks
+        if not chunks:
+            self._idle += 1
+            if self._idle > self.config.max_idle_iterations:
+                raise SimulationError(f"stalled: {sched.num_waiting} requests wait but nothing can run "
+                                      f"(num_blocks={self.config.num_blocks} too small?)")
+        else:
+            self._idle = 0
+        context = 0
+        for c in chunks:
+            context += c.start + c.length
+        batched = out.prefill_tokens + out.decode_tokens
+        self.clock += self.config.cost.seconds(batched, context)
+        finished = sched.update(out, _SAMPLED, _NO_STOP, now=self.clock)
+        result.iterations += 1
+        result.request_iterations += len(chunks)
+        result.batched_tokens += batched
+        for request in out.finished:
+            self._complete(request, result)
+        for request in finished:
+            self._complete(request, result)
+        return out
+
     def service(self) -> Mapping[str, float]:
         """Charged service by fairness key so far."""
         return self.policy.service()
@@ -285,10 +298,12 @@ class Simulator:
         self._swapped.pop(request.request_id, None)
         assert request.finish_reason is not None and request.finished_time is not None
         result.output_tokens += len(request.output_token_ids)
-        result.completions[spec.name] = Completion(
+        done = result.completions[spec.name] = Completion(
             spec.name, spec.tenant, spec.arrival, request.first_scheduled_time, request.first_token_time,
             request.finished_time, request.finish_reason, len(request.output_token_ids), len(request.preemptions),
             request.recomputed_tokens)
+        if self.on_complete is not None:
+            self.on_complete(done)
 
     # -- swap preemption against a bounded host buffer ---------------------------------------
     def _swap_out(self, request: Request) -> int:

@@ -1,4 +1,5 @@
-"""`fairserve sim`: run the real scheduler on a virtual clock (essay trace, two-tenant fairness, scale)."""
+"""`fairserve sim`: run the real scheduler on a virtual clock (essay trace, two-tenant fairness, scale, and a
+cluster of engines behind routers)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import sys
 from typing import Any
 
 from engine.sim import SimulationError
+from engine.sim_cluster import ClusterConfig
+from engine.sim_cluster_report import cluster_scenario
 from engine.sim_scenarios import TwoTenantSetup, essay_scenario, scale_scenario, two_tenants_scenario
 from fairness import DEFAULT_POLICY, POLICIES
 
-SCENARIOS = ("essay", "two-tenants", "scale")
+SCENARIOS = ("essay", "two-tenants", "scale", "cluster")
 
 
 def register(subparsers: Any) -> None:
@@ -19,12 +22,19 @@ def register(subparsers: Any) -> None:
     sim = subparsers.add_parser("sim", help="simulate the scheduler with a virtual clock and a cost model")
     sim.add_argument("--scenario", choices=SCENARIOS, default="essay", help="which workload to simulate")
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    sim.add_argument("--duration", type=float, default=60.0, help="two-tenants: simulated seconds")
+    sim.add_argument("--duration", type=float, default=None,
+                     help="simulated seconds (two-tenants: default 60; cluster: default 15)")
     sim.add_argument("--requests", type=int, default=100_000, help="scale: number of requests")
-    sim.add_argument("--tenants", type=int, default=1000, help="scale: number of tenants")
+    sim.add_argument("--tenants", type=int, default=1000, help="scale, cluster: number of tenants")
     sim.add_argument("--max-num-seqs", type=int, default=256, help="scale: batch size (seats)")
     sim.add_argument("--policy", choices=list(POLICIES), default=DEFAULT_POLICY, help="scale: fairness policy")
     sim.add_argument("--seed", type=int, default=0, help="scale: workload seed")
+    sim.add_argument("--engines", type=int, default=8, help="cluster: number of engines")
+    sim.add_argument("--routers", type=int, default=4, help="cluster: number of routers (skewed ingress)")
+    sim.add_argument("--staleness-ms", default="100",
+                     help="cluster: counter publication period in virtual ms (0 = exact), or 'none' for no sharing")
+    sim.add_argument("--warmup", type=float, default=5.0, help="cluster: seconds before the measurement window")
+    sim.add_argument("--load", type=float, default=3.0, help="cluster: offered work / estimated capacity")
     sim.set_defaults(func=run_sim)
 
 
@@ -35,10 +45,14 @@ def run_sim(args: argparse.Namespace) -> int:
             report = essay_scenario()
             text = _essay_text(report)
         elif args.scenario == "two-tenants":
-            if not args.duration > 0:
+            duration = 60.0 if args.duration is None else args.duration
+            if not duration > 0:
                 raise SimulationError("--duration must be > 0")
-            report = two_tenants_scenario(TwoTenantSetup(duration_s=args.duration))
+            report = two_tenants_scenario(TwoTenantSetup(duration_s=duration))
             text = _two_tenants_text(report)
+        elif args.scenario == "cluster":
+            report = cluster_scenario(_cluster_config(args))
+            text = cluster_text([report])
         else:
             if args.requests < 1 or args.tenants < 1 or args.max_num_seqs < 1:
                 raise SimulationError("--requests, --tenants and --max-num-seqs must be >= 1")
@@ -49,6 +63,36 @@ def run_sim(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps(report) if args.json else text)
     return 0
+
+
+def _cluster_config(args: argparse.Namespace) -> ClusterConfig:
+    if args.staleness_ms.strip().lower() == "none":
+        staleness: float | None = None
+    else:
+        try:
+            staleness = float(args.staleness_ms) / 1e3
+        except ValueError:
+            raise SimulationError("--staleness-ms must be a number of milliseconds or 'none'") from None
+    config = ClusterConfig(engines=args.engines, routers=args.routers, tenants=args.tenants, staleness_s=staleness,
+                           duration_s=15.0 if args.duration is None else args.duration, warmup_s=args.warmup,
+                           load=args.load, seed=args.seed)
+    try:
+        config.validate()
+    except ValueError as exc:
+        raise SimulationError(f"--{str(exc).replace('_s ', ' ').replace('_', '-')}") from None
+    return config
+
+
+def cluster_text(reports: list[dict[str, Any]]) -> str:
+    """One table row per cluster run (also the table of docs/scale.md)."""
+    lines = ["| engines | sharing (staleness) | backlogged tenants | max weighted gap | gap ÷ bound | Jain | "
+             "tokens/s (virtual) | prefix hits | wall s |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in reports:
+        sharing = "none" if r["staleness_ms"] is None else f"{r['staleness_ms']:g} ms"
+        lines.append(f"| {r['engines']} | {sharing} | {r['backlogged']} | {r['max_gap']:,.0f} | "
+                     f"{r['gap_over_bound']:.3f} | {r['jain']:.3f} | {r['tokens_per_s']:,.0f} | "
+                     f"{r['prefix_hit_rate']:.0%} | {r['wall_seconds']:.1f} |")
+    return "\n".join(lines)
 
 
 def _essay_text(report: dict[str, Any]) -> str:
