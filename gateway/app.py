@@ -25,6 +25,7 @@ from gateway.ops import routes as ops_routes
 from gateway.ops.engine_watch import keep_engine_alive
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState, build_state, close_state
+from routing import EngineRouter
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def create_app(settings: GatewaySettings, engine: EngineClient | None = None) ->
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state = await asyncio.to_thread(build_state, settings, engine)
         app.state.gateway = state
-        if isinstance(state.engine, RemoteEngine):  # its heartbeat runs on this loop from now, not at the first request
+        if isinstance(state.engine, RemoteEngine | EngineRouter):  # heartbeats run on this loop from now
             state.engine.bind(asyncio.get_running_loop())
         watch = None
         if state.owns_engine and settings.restart_engine and isinstance(state.engine, ProcessEngine):

@@ -170,11 +170,8 @@ class GatewaySettings(StorageSettings):
     def _engine_addresses(cls, value: list[str]) -> list[str]:
         for address in value:
             check_address(address)
-        if len(value) > 1:
-            # The engine router (routing.EngineRouter) is built on another branch; until it is merged,
-            # one gateway attaches to one engine.
-            raise ValueError(f"{len(value)} engines given; this build attaches a gateway to one --engine "
-                             "(several need the engine router, not in this build)")
+        if len(set(value)) != len(value):
+            raise ValueError("the same engine address is given twice")
         return value
 
     def admission_settings(self) -> AdmissionSettings:

@@ -18,7 +18,7 @@ from admission.quota_redis import quota_metrics
 from admission.redis_link import RedisLink, connect
 from billing import BillingStore, Database, KeyCache, Ledger, LedgerConfig, default_db_url
 from engine import EngineClient, engine_client
-from engine.remote.client import RemoteEngine
+from engine.remote.client import RemoteEngine, check_one_model
 from gateway.admin.rejections import RejectionLog
 from gateway.edge.auth import ensure_admin_token, ensure_metrics_token
 from gateway.edge.auth_guard import FailureBudget
@@ -27,7 +27,7 @@ from gateway.idempotency.records import IdempotencyStore, make_idempotency_store
 from gateway.openai.runs import RunRegistry
 from gateway.ops.metrics import GatewayMetrics, TenantLabels
 from gateway.settings import GatewaySettings
-from routing import engine_loads
+from routing import EngineRouter, engine_loads
 
 log = logging.getLogger(__name__)
 TENANT_REFRESH_S = 10.0
@@ -105,13 +105,25 @@ class GatewayState:
 def gateway_engine(settings: GatewaySettings) -> EngineClient:
     """The engine a gateway serves from: its own (thread or worker process) unless `--engine` names one.
 
-    An attached engine is reached over TCP (engine/remote/client.py); the gateway neither starts nor stops
+    Several `--engine` go behind an EngineRouter. An attached engine is reached over TCP (engine/remote/client.py); the gateway neither starts nor stops
     it, and it rejoins by itself after the engine comes back.
     """
     if not settings.engines:
         return engine_client(settings.engine, in_process=not settings.engine_process)
-    (address,) = settings.engines  # several are refused when the settings are read, until the router lands
-    return RemoteEngine(address, settings.engine_heartbeat_timeout_s)
+    if len(settings.engines) == 1:
+        return RemoteEngine(settings.engines[0], settings.engine_heartbeat_timeout_s)
+    # Several: each is reached first (its announce names the model and brings the tokenizer), then the
+    # router (routing/router.py) picks one per request. Engines of different models are refused here.
+    remotes = [RemoteEngine(address, settings.engine_heartbeat_timeout_s) for address in settings.engines]
+    try:
+        for remote in remotes:
+            remote.start()
+        check_one_model(remotes)
+    except BaseException:
+        for remote in remotes:
+            remote.shutdown(timeout_s=1.0)
+        raise
+    return EngineRouter(dict(zip(settings.engines, remotes, strict=True)), settings.routing)
 
 
 def build_state(settings: GatewaySettings, engine: EngineClient | None) -> GatewayState:

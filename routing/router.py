@@ -15,6 +15,7 @@ land on the same engine.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -123,6 +124,13 @@ class EngineRouter:
                 self._leaving.append(member)
             self._refit()
         return member.client
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read every engine that was started before `loop` existed on it from now (remote engines' heartbeats)."""
+        for m in self._everyone():
+            bind = getattr(m.client, "bind", None)
+            if bind is not None:
+                bind(loop)
 
     def keys(self) -> list[str]:
         """The engines in the rotation."""

@@ -14,10 +14,11 @@ from typing import Any
 from engine.outputs import EngineStats
 from engine.trace import IterationTrace
 
-_SLOWEST = {"iteration_seconds"}
+_SLOWEST = {"iteration_seconds", "counter_sync_age_s", "counter_sync_engines"}  # the largest of them
+_SYNC_ORDER = ("off", "ok", "stale")  # the counter sync the cluster reports is its worst engine's
 # Each field's merge, worked out once from the dataclass: admission reads the stats twice per request.
 _MAPS = tuple(f.name for f in fields(EngineStats) if f.default_factory is dict)
-_SUMS = tuple(f.name for f in fields(EngineStats) if f.name not in _SLOWEST and f.name != "alive" and f.name not in _MAPS)
+_SUMS = tuple(f.name for f in fields(EngineStats) if f.name not in _SLOWEST and f.name not in ("alive", "counter_sync") and f.name not in _MAPS)
 
 
 def _merge(maps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -29,7 +30,7 @@ def _merge(maps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def aggregate_stats(snapshots: Sequence[EngineStats]) -> EngineStats:
-    """Sum counts, rates and per-tenant maps; the slowest iteration; alive when any engine is."""
+    """Sum counts, rates and per-tenant maps; the slowest iteration (and stalest counter sync); alive when any is."""
     if not snapshots:
         return EngineStats(alive=False)
     if len(snapshots) == 1:
@@ -39,7 +40,9 @@ def aggregate_stats(snapshots: Sequence[EngineStats]) -> EngineStats:
     values: dict[str, Any] = {name: sum(getattr(s, name) for s in snapshots) for name in _SUMS}
     for name in _MAPS:
         values[name] = _merge([getattr(s, name) for s in snapshots])
-    values["iteration_seconds"] = max(s.iteration_seconds for s in snapshots)
+    for name in _SLOWEST:
+        values[name] = max(getattr(s, name) for s in snapshots)
+    values["counter_sync"] = max((s.counter_sync for s in snapshots), key=_SYNC_ORDER.index)
     values["alive"] = any(s.alive for s in snapshots)
     return EngineStats(**values)
 

@@ -55,8 +55,10 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 def make_engine(loaded: LoadedModel, url: str | None, prefix: str = "unused") -> LLMEngine:
+    # A 10 ms sync interval: these engines step in a few ms, so the default 100 ms would leave counters
+    # ~30 steps stale and the ratio would need many more tokens to settle (test time).
     config = EngineConfig(num_kv_blocks=128, max_num_seqs=4, max_num_batched_tokens=64, enable_prefix_caching=False,
-                          redis_url=url, counter_sync_prefix=prefix, fairness=FairnessConfig(w_in=1.0, w_out=1.0))
+                          redis_url=url, counter_sync_prefix=prefix, counter_sync_interval_s=0.01, fairness=FairnessConfig(w_in=1.0, w_out=1.0))
     return LLMEngine(config, loaded=loaded)
 
 
@@ -115,7 +117,7 @@ class Cluster:
 
 
 def shares(loaded: LoadedModel, layouts: list[Layout], url: str | None, prefix: str = "unused",
-           warmup: int = 1000, tokens: int = 6000) -> dict[str, int]:
+           warmup: int = 500, tokens: int = 2500) -> dict[str, int]:
     """Tokens each tenant was served of `tokens`, after a warm-up in which the counters first meet."""
     cluster = Cluster(loaded, layouts, url, prefix)
     try:
@@ -132,7 +134,7 @@ def test_skewed_ingress_gets_one_share_across_engines_only_with_shared_counters(
     """Engine 1 has A and B backlogged, engine 2 only B: shared, A gets all of engine 1 (1:1); alone, 1:3."""
     layouts: list[Layout] = [{"A": 1.0, "B": 1.0}, {"B": 1.0}]
     shared = shares(loaded, layouts, *shared_redis)
-    alone = shares(loaded, layouts, None, warmup=0, tokens=3000)
+    alone = shares(loaded, layouts, None, warmup=0, tokens=1500)
     print(f"\n1:1 skewed ingress, A:B served tokens: shared {shared['A'] / shared['B']:.3f} ({shared}), "
           f"alone {alone['A'] / alone['B']:.3f} ({alone})")
     assert shared["A"] / shared["B"] == pytest.approx(1.0, rel=0.10)
@@ -144,8 +146,8 @@ def test_weights_four_to_one_hold_across_engines_only_with_shared_counters(
     """A (weight 4) on both engines, B (weight 1) on engine 1 only: shared 4:1; alone A also gets 4/5 of
     engine 1 on top of all of engine 2 (9:1)."""
     layouts: list[Layout] = [{"A": 4.0, "B": 1.0}, {"A": 4.0}]
-    shared = shares(loaded, layouts, *shared_redis, tokens=8000)
-    alone = shares(loaded, layouts, None, warmup=0, tokens=3000)
+    shared = shares(loaded, layouts, *shared_redis, tokens=3000)
+    alone = shares(loaded, layouts, None, warmup=0, tokens=1500)
     print(f"\n4:1 weights, A:B served tokens: shared {shared['A'] / shared['B']:.3f} ({shared}), "
           f"alone {alone['A'] / alone['B']:.3f} ({alone})")
     assert shared["A"] / shared["B"] == pytest.approx(4.0, rel=0.10)
@@ -170,7 +172,7 @@ def test_engines_step_on_through_a_frozen_and_a_dead_redis_and_resync(
         own_redis.kill()
         cluster.step_until(lambda: one.stats().counter_sync == "stale", "a dead Redis to show as stale")
         assert cluster.run(200)["A"] > 0
-        assert one.stats().counter_sync_age_s > one.counter_sync.stale_after_s  # type: ignore[union-attr]
+        assert one.stats().counter_sync == "stale"  # and it stays so while Redis is gone
         served_meanwhile = two.policy.local_service()["0:B"]  # type: ignore[attr-defined]
         own_redis.start()  # empty: the engines republish their cumulative totals
         cluster.step_until(lambda: cluster.synced() and one.counter_sync.remote_service().get(  # type: ignore[union-attr]
