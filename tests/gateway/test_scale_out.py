@@ -294,14 +294,20 @@ def test_a_retry_on_the_other_gateway_attaches_to_the_running_request(cluster: C
         assert resp.status_code == 200
         lines = (line for line in resp.iter_lines() if line)
         owner.append(next(lines))  # it is generating on an engine now
-        retry = client.post(f"{g2.url}/v1/completions", json=body,
-                            headers={**headers, "X-Request-Id": f"{rid}-retry"})
+        with client.stream("POST", f"{g2.url}/v1/completions", json=body,
+                           headers={**headers, "X-Request-Id": f"{rid}-retry"}) as retry:
+            retry_lines = (line for line in retry.iter_lines() if line)
+            follower = [next(retry_lines)]
+            # Attached, not replayed: the run is still live on gateway 1 (nothing else runs in the cluster now).
+            running = sum(r["in_flight"] for r in cluster.engine_rows(g1).values())
+            follower += list(retry_lines)
         owner += list(lines)
+    assert running == 1, "the owner's run had ended before the retry attached"
     assert owner[-1] == "data: [DONE]"
-    assert retry.status_code == 200, retry.text
+    assert retry.status_code == 200
     assert retry.headers.get("idempotent-replayed") == "true", dict(retry.headers)
     assert retry.headers["x-request-id"] == rid
-    assert [line for line in retry.text.splitlines() if line] == owner
+    assert follower == owner
     # A barrier, not a sleep: gateway 2 writes its ledger in order, so once a later request of this tenant
     # through it is billed, a second run of the retry would be billed too.
     sentinel = f"scale-sentinel-{idem[:8]}"
