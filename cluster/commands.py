@@ -13,16 +13,10 @@ import httpx
 import ray
 from pydantic import ValidationError
 
-from billing import BillingStore, Database
 from cluster import deploy
 from cluster.config import ClusterConfig
-from gateway.edge.auth import (
-    ADMIN_TOKEN_FILE,
-    METRICS_TOKEN_FILE,
-    ensure_admin_token,
-    ensure_demo_key,
-    ensure_metrics_token,
-)
+from gateway.cli.serve import prepare_deployment
+from gateway.edge.auth import ADMIN_TOKEN_FILE, METRICS_TOKEN_FILE
 from gateway.settings import GatewaySettings, settings_error_text
 from gateway.settings_flags import flags_from_args
 
@@ -42,16 +36,8 @@ def _gateway_settings(args: argparse.Namespace) -> GatewaySettings:
 
 def _secrets(settings: GatewaySettings) -> tuple[dict[str, str], dict[str, str]]:
     """Migrate the database, mint the demo key and tokens here, once; (tokens for replicas, banner)."""
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    db = Database(settings.database_url())
-    db.upgrade()
-    api_key = ensure_demo_key(BillingStore(db), settings.data_dir, settings.demo_tenant) or (
-        f"none (tenant {settings.demo_tenant!r} already exists; `fairserve keys create --tenant "
-        f"{settings.demo_tenant}` issues a key)")
-    db.dispose()
-    admin, metrics = ensure_admin_token(settings.data_dir), ensure_metrics_token(settings.data_dir)
-    return ({ADMIN_TOKEN_FILE: admin, METRICS_TOKEN_FILE: metrics},
-            {"api_key": api_key, "metrics_token": metrics, "admin_token": admin})
+    banner = prepare_deployment(settings)
+    return ({ADMIN_TOKEN_FILE: banner["admin_token"], METRICS_TOKEN_FILE: banner["metrics_token"]}, banner)
 
 
 def _wait_answering(url: str, timeout_s: float) -> None:

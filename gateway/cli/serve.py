@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from billing import BillingStore, Database
 from gateway.app import create_app
 from gateway.edge.auth import ensure_admin_token, ensure_demo_key, ensure_metrics_token
-from gateway.settings import settings_error_text
+from gateway.settings import GatewaySettings, settings_error_text
 from gateway.settings_flags import add_knob_flags, settings_from_args
 
 
@@ -54,6 +54,23 @@ class _Server(uvicorn.Server):
             self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
 
 
+def prepare_deployment(settings: GatewaySettings) -> dict[str, str]:
+    """Migrate the database and mint the demo key and the tokens, once per deployment (`serve`, `ray up`).
+
+    Returns the banner's secrets in print order: api_key, metrics_token, admin_token (last: scripts such
+    as tests/gateway/serve_process.py take it as the end of the banner).
+    """
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    db = Database(settings.database_url())
+    db.upgrade()
+    api_key = ensure_demo_key(BillingStore(db), settings.data_dir, settings.demo_tenant) or (
+        f"none (tenant {settings.demo_tenant!r} already exists; `fairserve keys create --tenant "
+        f"{settings.demo_tenant}` issues a key)")
+    db.dispose()
+    return {"api_key": api_key, "metrics_token": ensure_metrics_token(settings.data_dir),
+            "admin_token": ensure_admin_token(settings.data_dir)}
+
+
 def serve(args: argparse.Namespace) -> int:
     """Run the server until SIGINT/SIGTERM."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -63,20 +80,11 @@ def serve(args: argparse.Namespace) -> int:
     except (ValidationError, ValueError) as exc:
         print(f"fairserve serve: invalid settings:\n{settings_error_text(exc)}", file=sys.stderr)
         return 2
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    db = Database(settings.database_url())
-    db.upgrade()
-    api_key = ensure_demo_key(BillingStore(db), settings.data_dir, settings.demo_tenant) or (
-        f"none (tenant {settings.demo_tenant!r} already exists; `fairserve keys create --tenant "
-        f"{settings.demo_tenant}` issues a key)")
-    db.dispose()
-    admin_token = ensure_admin_token(settings.data_dir)
-    metrics_token = ensure_metrics_token(settings.data_dir)
+    banner = prepare_deployment(settings)
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                             timeout_graceful_shutdown=int(settings.grace_period_s) + 1, lifespan="on")
-    # admin_token stays last: scripts (tests/gateway/serve_process.py) take it as the end of the banner.
-    server = _Server(config, {"api_key": api_key, "metrics_token": metrics_token, "admin_token": admin_token})
+    server = _Server(config, banner)
     sys.setswitchinterval(settings.switch_interval_ms / 1e3)  # process-wide, so set here at the entry point
     server.run()
     return 0
