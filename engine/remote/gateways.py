@@ -20,6 +20,7 @@ them back into the loop's messages and remembers which gateway owns each request
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -38,6 +39,12 @@ log = logging.getLogger("fairserve.engine.remote")
 HEARTBEAT_S = 0.05  # the longest a connected gateway goes without a message from the engine
 _TICK_S = 0.01  # how often the thread looks at the clocks when no socket wakes it
 _REAP_EVERY_S = 0.1
+# After the goodbye the thread keeps reading the gateways this long before the socket closes. Closing a TCP
+# socket with unread bytes in its receive buffer (a gateway's Ping that came in meanwhile) sends a reset, and
+# a reset makes the gateway's kernel drop what it has received and not yet handed to ZeroMQ: the request's
+# final output and the goodbye itself. Reading on, and giving the gateways time to take in the last frames
+# first, turns that close into an orderly one.
+_GOODBYE_READ_S = 0.3
 QUIT = b"!quit"  # the inproc control frames the loop thread sends: stop after saying goodbye
 _ENCODER = msgspec.msgpack.Encoder()
 
@@ -112,8 +119,17 @@ class GatewayLink:
             name = peer.bytes
             if name == QUIT:
                 self._broadcast(_ENCODER.encode(WorkerExiting()), now)
+                self._read_until_closed(now + _GOODBYE_READ_S)
                 return False
             self._send(name, frame, now)
+
+    def _read_until_closed(self, until: float) -> None:
+        """Read and drop what gateways send until `until`, so the socket closes with nothing unread."""
+        while (left := until - time.monotonic()) > 0:
+            if self._router.poll(max(1, int(left * 1000)), zmq.POLLIN):
+                with contextlib.suppress(zmq.Again):
+                    while True:
+                        self._router.recv_multipart(zmq.NOBLOCK)
 
     def _send(self, peer: bytes, frame: Any, now: float) -> None:
         try:
