@@ -9,10 +9,10 @@ around it shows. Every request is admitted, prefilled, and then the engine is st
 state (every running request decodes one token, nothing else happens); the split is read from the
 engine's own IterationTrace rows, the same figures a deployment writes with `trace_path`. The
 front's share (rebuilding each output's totals and detokenizing what the loop leaves to it) is
-timed separately, on the same outputs, with the front's own code (engine/front.py `OutputRoute`),
+timed separately, on the same outputs, with the front's own code (engine/boundary/front.py `OutputRoute`),
 and so is "publish": the stats snapshot and the encoded IterationReport that the loop sends the front
-under ProcessEngine after every step (engine/worker.py): msgspec, as the default ZeroMQ transport
-encodes it (engine/zmq_channel.py).
+under ProcessEngine after every step (engine/boundary/worker.py): msgspec, as the default ZeroMQ transport
+encodes it (engine/boundary/zmq_channel.py).
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from typing import Any
 import msgspec
 import torch
 
+from engine.boundary.front import OutputRoute
+from engine.boundary.messages import IterationReport
+from engine.boundary.process_engine import ProcessEngine
 from engine.config import EngineConfig
-from engine.front import OutputRoute
 from engine.llm_engine import LLMEngine
 from engine.loader import default_model_config, write_seeded_llama
-from engine.messages import IterationReport
 from engine.outputs import text_in_loop
-from engine.process_engine import ProcessEngine
 from engine.request import RequestMeta, SamplingParams
 from engine.tokenizer import BYTE_SPECIAL_TOKENS
 
@@ -83,7 +83,7 @@ def steady_engine(model_dir: Path, batch: int, steps: int, stop: list[str], over
     config = EngineConfig(model=str(model_dir), max_num_seqs=batch, max_num_batched_tokens=max(batch, 2048),
                           num_kv_blocks=blocks, max_model_len=total + 16, async_scheduling="on" if overlap else "off")
     engine = LLMEngine(config)
-    engine.front_detokenizes = True  # as under the engine loop (engine/worker.py), which a server runs
+    engine.front_detokenizes = True  # as under the engine loop (engine/boundary/worker.py), which a server runs
     rng = random.Random(0)
     params = SamplingParams(max_tokens=steps + 32, temperature=0.0, ignore_eos=True, stop=stop)
     for i in range(batch):
@@ -117,7 +117,7 @@ class Probe:
             t0 = time.perf_counter()
             outputs = self.engine.step_deltas()
             t1 = time.perf_counter()
-            # What the engine loop then does under ProcessEngine (engine/worker.py _report, engine/zmq_channel.py):
+            # What the engine loop then does under ProcessEngine (engine/boundary/worker.py _report, engine/boundary/zmq_channel.py):
             # the stats snapshot and the encoded report, short of the socket send itself.
             _ENCODE(IterationReport(outputs, self.engine.stats(), [self.engine.traces[-1]]))
             t2 = time.perf_counter()

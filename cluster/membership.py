@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cluster.registry import EngineEntry
-from engine.client import EngineClient
+from engine.boundary.client import EngineClient
 from engine.remote.client import RemoteEngine
 from routing.router import EngineRouter
 

@@ -1,13 +1,13 @@
 """The inference engine: requests, paged KV cache, scheduler, model runner, engine loop."""
 
-from engine.async_engine import AsyncEngine, EngineDeadError
-from engine.client import EngineClient, engine_client
+from engine.boundary.async_engine import AsyncEngine, EngineDeadError
+from engine.boundary.client import EngineClient, engine_client
+from engine.boundary.front import OutputStream
+from engine.boundary.process_engine import EngineStartError, ProcessEngine
 from engine.config import EngineConfig
-from engine.front import OutputStream
 from engine.llm import LLM, CompletionOutput
 from engine.llm_engine import LLMEngine
 from engine.outputs import EngineStats, RequestInfo, RequestMetrics, RequestOutput
-from engine.process_engine import EngineStartError, ProcessEngine
 from engine.request import (
     DuplicateRequestError,
     FinishReason,

@@ -61,8 +61,8 @@ class EngineConfig(BaseModel):
     # (docs/engine.md, "Kill to ready"). "spawn": a fresh interpreter each time.
     worker_start_method: Literal["forkserver", "spawn"] = Field(
         default="forkserver", description="how the process engine starts its worker")
-    # "zmq": ZeroMQ PUSH/PULL ipc sockets with msgspec frames (engine/zmq_channel.py); "pipe": the older framed,
-    # pickled pipe (engine/pipe.py), kept for A/B runs (docs/engine.md, "Transport").
+    # "zmq": ZeroMQ PUSH/PULL ipc sockets with msgspec frames (engine/boundary/zmq_channel.py); "pipe": the older framed,
+    # pickled pipe (engine/boundary/pipe.py), kept for A/B runs (docs/engine.md, "Transport").
     transport: Literal["zmq", "pipe"] = Field(
         default="zmq", description="how the gateway and the process engine's worker exchange messages")
     caps: RequestCaps = Field(default_factory=RequestCaps)

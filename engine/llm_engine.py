@@ -100,7 +100,7 @@ class LLMEngine:
         self.scheduler.swap_out = self._swap_out
         self.scheduler.swap_in = self._swap_in
         self._streams: dict[str, _Stream] = {}
-        # Set by the engine loop (engine/worker.py): its front detokenizes every request without stop strings,
+        # Set by the engine loop (engine/boundary/worker.py): its front detokenizes every request without stop strings,
         # off this loop, and such a request's outputs here carry token ids and no text.
         self.front_detokenizes = False
         self._trace_writer = TraceWriter(config.trace_path) if config.trace_path else None

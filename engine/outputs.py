@@ -18,7 +18,7 @@ def text_in_loop(params: SamplingParams) -> bool:
     A stop string must end its request in the iteration whose token completes the match, so that the
     request is charged (fairness counters, ledger) exactly the tokens up to it; an abort sent back by
     a front would arrive an iteration or more later, after more tokens were computed and charged.
-    Every other request's ids are turned into text by the front (engine/front.py), off the loop.
+    Every other request's ids are turned into text by the front (engine/boundary/front.py), off the loop.
     """
     return bool(params.stop)
 
@@ -27,7 +27,7 @@ class RequestMetrics(msgspec.Struct, array_like=True, gc=False):
     """Token counts, service and timings of one request (epoch seconds).
 
     A msgspec Struct encoded as an array: the engine worker sends one per request per step across the
-    engine boundary (engine/messages.py), and positional fields keep that frame small and fast to decode.
+    engine boundary (engine/boundary/messages.py), and positional fields keep that frame small and fast to decode.
     """
 
     prompt_tokens: int

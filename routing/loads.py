@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.client import EngineClient
+from engine.boundary.client import EngineClient
 from engine.outputs import EngineStats
 
 LOCAL_KEY = "local"  # the key a gateway's only engine shows under when no router names it

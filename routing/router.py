@@ -1,6 +1,6 @@
 """EngineRouter: one EngineClient over many engines, each request sent to the engine the scorer picks.
 
-The gateway holds it exactly as it would hold one engine (engine/client.py). A request goes to the
+The gateway holds it exactly as it would hold one engine (engine/boundary/client.py). A request goes to the
 healthy engine with the best score (routing/score.py: prefix affinity against load), and the router
 remembers which engine serves it until its stream ends, so abort, live_request and a replay's attach
 reach that engine. Membership changes at run time (`add_engine`, `remove_engine`): a removed engine
@@ -22,10 +22,10 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from engine.client import EngineClient
-from engine.front import OutputStream, Sink
+from engine.boundary.client import EngineClient
+from engine.boundary.front import OutputStream, Sink
+from engine.boundary.messages import EngineDeadError
 from engine.limits import RequestCaps
-from engine.messages import EngineDeadError
 from engine.outputs import EngineStats, RequestInfo, RequestOutput
 from engine.request import DuplicateRequestError, RequestMeta, SamplingParams
 from engine.tokenizer import Tokenizer

@@ -19,8 +19,8 @@ import random
 import time
 from dataclasses import dataclass
 
-from engine.front import OutputRoute
-from engine.messages import IterationReport
+from engine.boundary.front import OutputRoute
+from engine.boundary.messages import IterationReport
 from engine.outputs import EngineStats, OutputDelta, RequestMetrics, RequestOutput
 
 SHAPES = [(64, 16, 8), (1000, 128, 32), (4000, 512, 64), (256, 8000, 32)]  # (prompt tokens, tokens so far, streams)

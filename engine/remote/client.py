@@ -30,11 +30,11 @@ from typing import Any
 import msgspec
 import zmq
 
-from engine.front import EngineFront
+from engine.boundary.front import EngineFront
+from engine.boundary.messages import Abort, EngineDeadError, WorkerExiting
+from engine.boundary.process_engine import EngineStartError
 from engine.limits import RequestCaps, RequestLimits
-from engine.messages import Abort, EngineDeadError, WorkerExiting
 from engine.outputs import EngineStats
-from engine.process_engine import EngineStartError
 from engine.remote.messages import TOKENIZER_FILES, Announce, FromServer, Hello, Ping
 from engine.tokenizer import Tokenizer
 

@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from engine.messages import IterationReport, Submit, SubmitFailed, WorkerExiting
+from engine.boundary.messages import IterationReport, Submit, SubmitFailed, WorkerExiting
 from engine.outputs import EngineStats
 from engine.remote.messages import Announce, Hello, Ping, ToServer
 

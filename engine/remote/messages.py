@@ -1,9 +1,9 @@
-"""The messages only a remote engine needs, beside engine/messages.py's: the handshake and the heartbeat.
+"""The messages only a remote engine needs, beside engine/boundary/messages.py's: the handshake and the heartbeat.
 
 A gateway says `Hello` and the engine answers `Announce`: everything the gateway needs to validate requests
 and name the model without a copy of it (the limits and caps the engine enforces and the tokenizer's own
 files, sent as text). The tokenizer travels in the handshake because the front detokenizes and checks
-token ids itself (engine/front.py), and a gateway on another host must not need the model's directory;
+token ids itself (engine/boundary/front.py), and a gateway on another host must not need the model's directory;
 it is sent only when asked, so a gateway that rejoins a restarted engine does not fetch megabytes again.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
-from engine.messages import Abort, IterationReport, SetWeight, Submit, SubmitFailed, WorkerExiting
+from engine.boundary.messages import Abort, IterationReport, SetWeight, Submit, SubmitFailed, WorkerExiting
 from engine.outputs import EngineStats
 
 # The files of a model directory engine.tokenizer.Tokenizer.from_dir reads; those present are announced.

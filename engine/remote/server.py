@@ -4,11 +4,11 @@ Socket pattern: one ROUTER socket on the engine, one DEALER per gateway (as vLLM
 core does). A ROUTER knows every connected peer by its identity, so the outputs of a request go back to
 the gateway that submitted it and to no other, while stats, the heartbeat, go to all of them; a DEALER
 sends and receives without a request/reply lockstep, so submits and aborts stream in while outputs stream
-out. PUSH/PULL (the local process engine's ipc pattern, engine/zmq_channel.py) has one peer per
+out. PUSH/PULL (the local process engine's ipc pattern, engine/boundary/zmq_channel.py) has one peer per
 direction and no way to address a reply; PUB/SUB would send every gateway every output and drop
 messages for a slow subscriber without telling anyone.
 
-Threads: the engine loop (engine/worker.py `EngineLoop`, the same loop the local worker runs) on the
+Threads: the engine loop (engine/boundary/worker.py `EngineLoop`, the same loop the local worker runs) on the
 thread that calls `run()`, and the socket thread (engine/remote/gateways.py) that owns the ROUTER,
 answers handshakes, sends the heartbeat and reaps silent gateways. They meet at a `queue.Queue` (gateway
 -> loop) and an inproc PUSH/PULL pair (loop -> gateways), so neither waits on the other's work.
@@ -35,15 +35,15 @@ import msgspec
 import torch
 import zmq
 
+from engine.boundary.messages import Abort, IterationReport, StopLoop, Submit, SubmitFailed
+from engine.boundary.publisher import BackgroundPublisher
+from engine.boundary.worker import EngineLoop, default_worker_threads
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.messages import Abort, IterationReport, StopLoop, Submit, SubmitFailed
 from engine.outputs import OutputDelta
-from engine.publisher import BackgroundPublisher
 from engine.remote.address import bindable
 from engine.remote.gateways import QUIT, GatewayLink, PeerLost
 from engine.remote.messages import TOKENIZER_FILES, Announce
-from engine.worker import EngineLoop, default_worker_threads
 
 log = logging.getLogger("fairserve.engine.remote")
 _ENCODER = msgspec.msgpack.Encoder()

@@ -8,10 +8,10 @@ import json
 import sys
 from typing import Any
 
-from engine.sim import SimulationError
-from engine.sim_cluster import ClusterConfig
-from engine.sim_cluster_report import cluster_scenario
-from engine.sim_scenarios import TwoTenantSetup, essay_scenario, scale_scenario, two_tenants_scenario
+from engine.sim.cluster import ClusterConfig
+from engine.sim.cluster_report import cluster_scenario
+from engine.sim.scenarios import TwoTenantSetup, essay_scenario, scale_scenario, two_tenants_scenario
+from engine.sim.simulator import SimulationError
 from fairness import DEFAULT_POLICY, POLICIES
 
 SCENARIOS = ("essay", "two-tenants", "scale", "cluster")

@@ -12,8 +12,8 @@ from engine.kv_cache import BlockPool
 from engine.policy import build_policy
 from engine.request import FinishReason, Request, RequestMeta, RequestState, SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from engine.sim import SimConfig, SimRequest, Simulator
-from engine.sim_scenarios import TwoTenantSetup
+from engine.sim.scenarios import TwoTenantSetup
+from engine.sim.simulator import SimConfig, SimRequest, Simulator
 from fairness import FairnessConfig
 
 # Small enough to run in a second or two, large enough for many Y requests to finish.

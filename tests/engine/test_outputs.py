@@ -46,7 +46,7 @@ def test_a_report_crosses_the_zmq_wire_field_for_field() -> None:
     """The ZeroMQ transport msgspec-encodes every report: each field of each delta, the stats and traces come back."""
     import msgspec
 
-    from engine.messages import FromEngine, IterationReport
+    from engine.boundary.messages import FromEngine, IterationReport
     from engine.outputs import EngineStats
     from engine.trace import IterationTrace
 

@@ -20,8 +20,8 @@ from engine import (
     RequestMeta,
     SamplingParams,
 )
-from engine.client import EngineClient
-from engine.front import OutputStream
+from engine.boundary.client import EngineClient
+from engine.boundary.front import OutputStream
 from engine.loader import LoadedModel, load_model
 from engine.outputs import RequestOutput
 from routing import EngineRouter, RoutingSettings, engine_loads

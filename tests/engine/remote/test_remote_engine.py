@@ -26,8 +26,8 @@ from engine import (
     RequestOutput,
     SamplingParams,
 )
+from engine.boundary.messages import Abort, IterationReport, Submit
 from engine.loader import default_model_dir
-from engine.messages import Abort, IterationReport, Submit
 from engine.remote.client import RemoteEngine
 from engine.remote.messages import FromServer, Hello
 from tests.engine.remote.engine_process import EngineProcess

@@ -113,7 +113,7 @@ def test_stop_strings_and_whole_responses_match_llm(engine: ProcessEngine, refer
 
 def test_streams_arrive_whole_under_uvloop(engine: ProcessEngine) -> None:
     """`fairserve serve` runs on uvloop, whose readers make the watched pipe non-blocking (the half-frame
-    case itself is pinned in tests/engine/test_pipe.py)."""
+    case itself is pinned in tests/engine/boundary/test_pipe.py)."""
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     prompts = [[(7 * i + j) % 200 + 3 for j in range(80)] for i in range(8)]
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.pipe import PipeReader, PipeWriter
+from engine.boundary.pipe import PipeReader, PipeWriter
 
 
 @pytest.fixture()

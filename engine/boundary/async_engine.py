@@ -1,6 +1,6 @@
 """`AsyncEngine`: the engine loop on a thread of this process, behind the same message boundary as a worker.
 
-Only messages (engine/messages.py) cross the boundary, so `ProcessEngine` can run the very same
+Only messages (engine/boundary/messages.py) cross the boundary, so `ProcessEngine` can run the very same
 `EngineLoop` in its own process without the gateway changing.
 """
 
@@ -11,11 +11,11 @@ import queue
 import threading
 from typing import Any
 
+from engine.boundary.front import EngineFront
+from engine.boundary.messages import EngineDeadError, StopLoop
+from engine.boundary.worker import EngineLoop
 from engine.config import EngineConfig
-from engine.front import EngineFront
 from engine.llm_engine import LLMEngine
-from engine.messages import EngineDeadError, StopLoop
-from engine.worker import EngineLoop
 
 log = logging.getLogger("fairserve.engine")
 

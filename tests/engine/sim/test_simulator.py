@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from engine.sim import CostModel, SimConfig, SimRequest, SimulationError, Simulator
-from engine.sim_scenarios import ESSAY_TRACE, TwoTenantSetup, essay_scenario, scale_scenario
+from engine.sim.scenarios import ESSAY_TRACE, TwoTenantSetup, essay_scenario, scale_scenario
+from engine.sim.simulator import CostModel, SimConfig, SimRequest, SimulationError, Simulator
 from gateway.cli import main
 
 

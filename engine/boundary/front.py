@@ -15,8 +15,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from engine.limits import RequestCaps, RequestLimits
-from engine.messages import (
+from engine.boundary.messages import (
     Abort,
     EngineDeadError,
     IterationReport,
@@ -25,6 +24,7 @@ from engine.messages import (
     SubmitFailed,
     WorkerFailed,
 )
+from engine.limits import RequestCaps, RequestLimits
 from engine.outputs import EngineStats, OutputDelta, RequestInfo, RequestOutput, TokenPrefix, text_in_loop
 from engine.request import (
     DuplicateRequestError,

@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from engine.sim import CostModel, SimConfig, SimRequest, SimResult, Simulator
+from engine.sim.simulator import CostModel, SimConfig, SimRequest, SimResult, Simulator
 from fairness import FairnessConfig
 
 # The essay's trace: two slots, prefills complete, (name, arrival step, output steps).

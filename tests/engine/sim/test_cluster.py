@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from engine.request import Request, RequestMeta, SamplingParams
-from engine.sim_cluster import ClusterConfig
-from engine.sim_cluster_report import cluster_scenario, dynamo_config, jain_index
-from engine.sim_shared import EngineView, RouteWeights, SharedVTC, others_service, pick_engine
+from engine.sim.cluster import ClusterConfig
+from engine.sim.cluster_report import cluster_scenario, dynamo_config, jain_index
+from engine.sim.shared import EngineView, RouteWeights, SharedVTC, others_service, pick_engine
 from gateway.cli import main
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.request import Request
-from engine.sim import SchedulerOutput, SimConfig, SimRequest, Simulator
+from engine.sim.simulator import SchedulerOutput, SimConfig, SimRequest, Simulator
 from fairness.config import FairnessConfig
 
 

@@ -262,7 +262,7 @@ class Simulator:
     def step(self, result: SimResult) -> SchedulerOutput:
         """One iteration at `self.clock`: schedule, advance the clock by the cost model, update, record.
 
-        Public so that a cluster of simulators (engine/sim_cluster.py) can interleave engines on one clock.
+        Public so that a cluster of simulators (engine/sim/cluster.py) can interleave engines on one clock.
         """
         sched = self.scheduler
         out = sched.schedule(self.clock)

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from engine import EngineConfig, FinishReason, ProcessEngine, RequestMeta, RequestOutput, SamplingParams
-from engine.publisher import BackgroundPublisher
+from engine.boundary.publisher import BackgroundPublisher
 
 PROMPTS = [[(7 * i + j) % 250 + 1 for j in range(40 + 9 * i)] for i in range(6)]  # 40-85 tokens
 GREEDY = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
+from engine.boundary.front import OutputStream, Sink
 from engine.config import EngineConfig
-from engine.front import OutputStream, Sink
 from engine.limits import RequestCaps
 from engine.outputs import EngineStats, RequestInfo, RequestOutput
 from engine.request import RequestMeta, SamplingParams
@@ -69,7 +69,8 @@ class EngineClient(Protocol):
 
 def engine_client(config: EngineConfig, in_process: bool) -> EngineClient:
     """The engine for `config`: its loop on a thread here (`in_process`) or in a worker process."""
-    from engine.async_engine import AsyncEngine  # deferred: each pulls in torch, the caller picks one
-    from engine.process_engine import ProcessEngine
+    # deferred: each pulls in torch, the caller picks one
+    from engine.boundary.async_engine import AsyncEngine
+    from engine.boundary.process_engine import ProcessEngine
 
     return AsyncEngine(config) if in_process else ProcessEngine(config)

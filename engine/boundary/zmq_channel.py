@@ -3,7 +3,7 @@
 Socket pattern as vLLM V1's EngineCoreClient: requests go into the engine over PUSH -> PULL and outputs
 come back over PUSH -> PULL. Both directions are one-way streams with a single peer, so there is no
 request/reply lockstep to wait on (REQ/REP) and no identity routing to pay for (ROUTER/DEALER); PUSH/PULL
-gives ordered, message-atomic delivery, which is what the hand-written pipe framing (engine/pipe.py)
+gives ordered, message-atomic delivery, which is what the hand-written pipe framing (engine/boundary/pipe.py)
 had to build and fix by hand: a frame arrives whole or not at all, so a half-written frame cannot exist.
 
 Each PULL binds and each PUSH connects. A connecting PUSH queues messages at once, before the peer has
@@ -35,7 +35,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from engine.messages import FromEngine, StopLoop, ToEngine, WorkerExiting
+from engine.boundary.messages import FromEngine, StopLoop, ToEngine, WorkerExiting
 
 log = logging.getLogger("fairserve.engine.zmq")
 _ENCODER = msgspec.msgpack.Encoder()

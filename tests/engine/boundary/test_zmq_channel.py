@@ -12,9 +12,9 @@ import pytest
 import zmq
 
 from engine import EngineConfig, ProcessEngine, RequestMeta, SamplingParams
-from engine.messages import SetWeight, Submit, WorkerFailed
+from engine.boundary.messages import SetWeight, Submit, WorkerFailed
+from engine.boundary.zmq_channel import ZmqFrontChannel
 from engine.request import SamplingParams as Params
-from engine.zmq_channel import ZmqFrontChannel
 
 EOF_MARK = "eof"
 GARBAGE = [b"\xc1\xff not msgpack", msgspec.msgpack.encode(["NoSuchMessage", 1, 2]), b"", b"\x93"]

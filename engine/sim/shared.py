@@ -1,4 +1,4 @@
-"""The two seams of the cluster simulator (engine/sim_cluster.py): the counter merge and the router's score.
+"""The two seams of the cluster simulator (engine/sim/cluster.py): the counter merge and the router's score.
 
 Both are kept behind one function each so the real ones can be swapped in when they land:
 

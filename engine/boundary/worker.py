@@ -1,7 +1,7 @@
 """The engine loop as a process main: one LLMEngine fed by messages from a pipe, publishing outputs, stats and traces.
 
 `EngineLoop` is the one engine loop: `AsyncEngine` runs it on a thread, `ProcessEngine` spawns
-`run_worker`, which runs it in its own process. Both speak to it only through engine/messages.py, so
+`run_worker`, which runs it in its own process. Both speak to it only through engine/boundary/messages.py, so
 the gateway sees the same boundary either way.
 """
 
@@ -19,9 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.messages import (
+from engine.boundary.messages import (
     Abort,
     IterationReport,
     SetWeight,
@@ -31,11 +29,13 @@ from engine.messages import (
     WorkerFailed,
     WorkerReady,
 )
+from engine.boundary.pipe import PipeWorkerLink
+from engine.boundary.publisher import BackgroundPublisher
+from engine.boundary.zmq_channel import ZmqWorkerLink
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
 from engine.outputs import OutputDelta
-from engine.pipe import PipeWorkerLink
-from engine.publisher import BackgroundPublisher
 from engine.trace import IterationTrace
-from engine.zmq_channel import ZmqWorkerLink
 
 log = logging.getLogger("fairserve.engine.worker")
 
@@ -59,7 +59,7 @@ class Inbox(Protocol):
 
 
 class Outbox(Protocol):
-    """Where the worker's messages go: a pipe or a ZeroMQ PUSH socket (engine/zmq_channel.py)."""
+    """Where the worker's messages go: a pipe or a ZeroMQ PUSH socket (engine/boundary/zmq_channel.py)."""
 
     def send(self, msg: Any, block: bool = True, timeout: float | None = None) -> None:
         """Send one message, waiting for room; raises OSError once the gateway is gone."""
@@ -70,7 +70,7 @@ class EngineLoop:
 
     def __init__(self, engine: LLMEngine, inbox: Inbox, publish: Callable[[Any], None]) -> None:
         self.engine = engine
-        # Its front (engine/front.py) turns token ids into text for every request without stop strings.
+        # Its front (engine/boundary/front.py) turns token ids into text for every request without stop strings.
         engine.front_detokenizes = True
         self.inbox = inbox
         self.publish = publish
@@ -165,7 +165,7 @@ def run_worker(config: EngineConfig, link: PipeWorkerLink | ZmqWorkerLink, num_t
     if config.worker_batch_scheduling and hasattr(os, "SCHED_BATCH"):
         with contextlib.suppress(OSError):  # best effort: a policy the platform refuses changes nothing
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    # Read between iterations, not on a thread (engine/pipe.py); the parent's end reads as StopLoop.
+    # Read between iterations, not on a thread (engine/boundary/pipe.py); the parent's end reads as StopLoop.
     # Sends wait when the gateway is far behind, as there is no event loop here.
     inbox, outbox = link.open()
     try:

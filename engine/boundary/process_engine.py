@@ -2,8 +2,8 @@
 
 The parent keeps only the tokenizer, the live-request table and the cached stats; it validates
 requests itself with the limits the worker reports once at startup and sends submit/abort/weight
-messages down one channel: ZeroMQ PUSH/PULL sockets with msgspec frames (engine/zmq_channel.py, the
-default) or the older framed pipe (engine/pipe.py), chosen by `EngineConfig.transport`. The worker's
+messages down one channel: ZeroMQ PUSH/PULL sockets with msgspec frames (engine/boundary/zmq_channel.py, the
+default) or the older framed pipe (engine/boundary/pipe.py), chosen by `EngineConfig.transport`. The worker's
 outputs are read on the event loop of the requests (`loop.add_reader` on the channel's descriptor and on
 the process sentinel), not on a reader thread: a thread would
 have to win the GIL from a busy event loop (up to the 5 ms switch interval) and then wake the loop
@@ -25,16 +25,16 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+from engine.boundary.front import EngineFront
+from engine.boundary.messages import EngineDeadError, StopLoop, WorkerFailed, WorkerReady
+from engine.boundary.pipe import PipeFrontChannel, runs_here
+from engine.boundary.worker import default_worker_threads, run_worker
+from engine.boundary.zmq_channel import ZmqFrontChannel
 from engine.config import EngineConfig
-from engine.front import EngineFront
 from engine.limits import RequestLimits
 from engine.loader import DEFAULT_MODEL_NAME, default_model_dir
-from engine.messages import EngineDeadError, StopLoop, WorkerFailed, WorkerReady
 from engine.outputs import EngineStats
-from engine.pipe import PipeFrontChannel, runs_here
 from engine.tokenizer import Tokenizer
-from engine.worker import default_worker_threads, run_worker
-from engine.zmq_channel import ZmqFrontChannel
 
 log = logging.getLogger("fairserve.engine")
 _EOF = object()  # what the worker's channel reads as once the worker is gone (or said goodbye)
@@ -271,11 +271,11 @@ class ProcessEngine(EngineFront):
 
 def _worker_context(method: str) -> Any:
     """The multiprocessing context workers start from. Never plain fork: the gateway holds threads and torch
-    state. A forkserver is a fresh interpreter that only imported engine.worker (no threads, no CUDA), which
+    state. A forkserver is a fresh interpreter that only imported engine.boundary.worker (no threads, no CUDA), which
     is what makes forking from it safe."""
     if method == "forkserver":
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["engine.worker"])  # read when the server starts (at the first worker)
+        ctx.set_forkserver_preload(["engine.boundary.worker"])  # read when the server starts (at the first worker)
         return ctx
     return multiprocessing.get_context("spawn")
 

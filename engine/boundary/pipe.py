@@ -246,7 +246,8 @@ class PipeInbox(PipeReader):
     """A PipeReader whose end of file is StopLoop (the parent is gone), closing its Connection at the end."""
 
     def __init__(self, conn: Any) -> None:
-        from engine.messages import StopLoop  # deferred: messages imports nothing from here, keep it that way
+        # deferred: messages imports nothing from here, keep it that way
+        from engine.boundary.messages import StopLoop
 
         super().__init__(conn.fileno(), eof_message=StopLoop())
         self._conn = conn
