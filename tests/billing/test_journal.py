@@ -100,7 +100,8 @@ def test_a_live_owners_journal_is_not_a_leftover(tmp_path: Path) -> None:
     live.append(b'{"x":1}\n')
     other = Journal(tmp_path / "j")
     assert other.leftovers() == []  # live holds its lock: its rows are not replayed (nor deleted) by others
-    live._fd and os.close(live._fd)
+    if live._fd:
+        os.close(live._fd)
     os.close(live._lock_fd or -1)  # as if the process had died: the kernel drops its lock
     live._fd = live._lock_fd = None
     assert other.leftovers() == [live.path]

@@ -62,9 +62,9 @@ def ray_cluster() -> Iterator[Cluster]:
     """A local Ray cluster (this process is its driver); workers import this checkout."""
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     namespace = f"fairserve-test-{uuid.uuid4().hex[:8]}"
-    ctx = ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, namespace=namespace,
-                   configure_logging=False)
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, namespace=namespace,
+             configure_logging=False)
     try:
-        yield Cluster(ctx.address_info["gcs_address"], namespace)
+        yield Cluster(ray.get_runtime_context().gcs_address, namespace)
     finally:
         ray.shutdown()

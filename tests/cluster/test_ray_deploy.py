@@ -19,6 +19,7 @@ import ray
 from sqlalchemy import text
 
 from billing import Database
+from cluster.registry import EngineEntry
 from tests.cluster.conftest import Cluster
 from tests.cluster.load import Load
 from tests.gateway.conftest import wait_for
@@ -43,7 +44,8 @@ class Deployment:
     def registered(self) -> dict[str, Any]:
         """The registry's engines by actor name."""
         registry = ray.get_actor("fairserve-registry")
-        return {e.name: e for e in ray.get(registry.engines.remote())}
+        entries: list[EngineEntry] = ray.get(registry.engines.remote())
+        return {e.name: e for e in entries}
 
     def loads(self) -> dict[str, dict[str, Any]]:
         """The gateway's view of each engine (router key -> load)."""

@@ -4,6 +4,7 @@ request's own work raises ends that request with finish_reason "error" while the
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from engine import EngineConfig, FinishReason, InvalidRequestError, LLMEngine, RequestMeta, SamplingParams
 from engine.limits import RequestCaps
 from engine.loader import LoadedModel, load_model
+from engine.tokenizer import IncrementalDetokenizer
 
 FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} | {"prompt"}
 
@@ -128,8 +130,8 @@ def test_a_sampling_failure_ends_only_its_request(engine: LLMEngine) -> None:
     assert engine.pool.num_used == 0  # its blocks went back
 
 
-class BrokenDetokenizer:
-    def push(self, ids: list[int]) -> str:
+class BrokenDetokenizer(IncrementalDetokenizer):
+    def push(self, new_ids: Sequence[int]) -> str:
         raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
 
     def finish(self) -> str:
@@ -138,7 +140,7 @@ class BrokenDetokenizer:
 
 def test_a_detokenization_failure_ends_only_its_request(engine: LLMEngine) -> None:
     poison_and_neighbour(engine)
-    engine._streams["poison"].detokenizer = BrokenDetokenizer()
+    engine._streams["poison"].detokenizer = BrokenDetokenizer(engine.tokenizer, [1, 2, 3])
     reasons = finish_all(engine)
     assert reasons == {"poison": FinishReason.ERROR, "neighbour": FinishReason.LENGTH}
     assert not engine.has_unfinished() and engine.pool.num_used == 0

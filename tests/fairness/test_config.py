@@ -25,7 +25,7 @@ from tests.fairness.test_vtc import steady_state_cost
 
 
 def test_the_engine_config_holds_the_fairness_config_itself() -> None:
-    engine = EngineConfig(fairness={"policy": "fcfs", "key": "user", "edf": True})
+    engine = EngineConfig.model_validate({"fairness": {"policy": "fcfs", "key": "user", "edf": True}})
     assert isinstance(engine.fairness, FairnessConfig)
     assert engine.fairness == FairnessConfig(policy="fcfs", key="user", edf=True)
     assert EngineConfig().fairness.policy == "vtc"

@@ -176,7 +176,7 @@ def test_a_key_served_elsewhere_comes_back_with_that_service() -> None:
 
 
 def test_priority_classes_share_per_class_and_edf_forwards() -> None:
-    policy = PriorityPolicy(lambda: EDFPolicy(VTCPolicy[Any]()))
+    policy = PriorityPolicy[Any](lambda: EDFPolicy(VTCPolicy[Any]()))
     item = job("r1", "A", priority=1)
     policy.add(item, 0.0)
     policy.pop(item)

@@ -19,7 +19,7 @@ import uvicorn
 from sqlalchemy import text
 
 from billing import BillingStore, Tenant
-from engine import AsyncEngine, EngineConfig
+from engine import AsyncEngine, EngineClient, EngineConfig
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
@@ -94,7 +94,7 @@ class Server:
         self.thread.join(30)
 
 
-def start_server(settings: GatewaySettings, engine: AsyncEngine | None) -> Server:
+def start_server(settings: GatewaySettings, engine: EngineClient | None) -> Server:
     """Run create_app(settings, engine) under uvicorn on an ephemeral 127.0.0.1 port in a thread."""
     app = create_app(settings, engine)
     sock = socket.socket()

@@ -7,6 +7,7 @@ served again without restarting the gateway."""
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -81,7 +82,8 @@ def test_serve_attached_to_an_engine_process_survives_its_kill_and_restart(tmp_p
             refused = client.post("/v1/chat/completions", json=chat(model, 4))
             assert refused.status_code == 503 and "Retry-After" in refused.headers
             for rid in ("remote-stream", "remote-plain"):
-                row = wait_for(lambda r=rid: ledger_status(tmp_path / "gateway", r), 10, f"the ledger row of {rid}")
+                row = wait_for(functools.partial(ledger_status, tmp_path / "gateway", rid), 10,
+                               f"the ledger row of {rid}")
                 assert row == ("error", "error"), (rid, row)
 
             restarted = EngineProcess(tmp_path / "engine", *ENGINE_ARGS, port=engine.port)

@@ -49,10 +49,10 @@ def test_each_load_term_counts_with_its_weight() -> None:
     only = {"queue_weight": 0.0, "waiting_token_weight": 0.0, "running_weight": 0.0, "kv_weight": 0.0}
     for name, busy in (("queue_weight", engine(waiting=4)), ("waiting_token_weight", engine(waiting_tokens=512)),
                        ("running_weight", engine(running=4)), ("kv_weight", engine(kv=32))):
-        w = RoutingSettings(**{**only, name: 1.0})
+        w = RoutingSettings.model_validate({**only, name: 1.0})
         assert load(busy, w) == 0.5, name
         assert choose([busy, engine()], w) == 1, name
-        assert load(busy, RoutingSettings(**only)) == 0.0
+        assert load(busy, RoutingSettings.model_validate(only)) == 0.0
 
 
 def test_ties_go_to_the_engine_with_fewer_of_our_requests() -> None:

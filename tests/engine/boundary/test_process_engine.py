@@ -27,6 +27,7 @@ from engine import (
     RequestOutput,
     SamplingParams,
 )
+from engine.boundary.process_engine import FrontChannel
 from engine.loader import default_model_dir
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -298,8 +299,9 @@ def test_restart_replaces_a_dead_worker_and_leaves_a_live_one_alone(transport: s
 def test_a_failed_pipe_under_a_live_worker_fails_streams_and_kills_the_worker(transport: str) -> None:
     engine, pid = started(config(transport=transport))
 
-    real = engine._channel
-    assert real is not None
+    channel = engine._channel
+    assert channel is not None
+    real: FrontChannel = channel  # typed, not narrowed: the class body below sees it
 
     class BrokenPipeEnd:
         """The worker's channel as seen after a read error: the worker lives on, but nothing more can arrive."""

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from engine import AsyncEngine
 from gateway.admin.live import ServiceHistory, ServiceSample, share_point
 from tests.gateway.conftest import Server, wait_for
 
@@ -160,7 +161,9 @@ def test_tenant_request_errors(admin: httpx.Client) -> None:
 def test_weight_change_reaches_the_running_scheduler_and_the_audit_log(server: Server, admin: httpx.Client) -> None:
     t = _new_tenant(admin)
     secret, _ = _new_key(admin, t["id"])
-    policy = server.state.engine.engine.policy
+    served = server.state.engine
+    assert isinstance(served, AsyncEngine)  # the suite's in-process engine: its scheduler is in reach
+    policy = served.engine.policy
     started = threading.Event()
     result: dict[str, Any] = {}
 
@@ -299,7 +302,9 @@ def test_live_snapshot_tracks_queues_service_and_shares(server: Server, admin: h
     assert sum(point["weight_share"].values()) == pytest.approx(1.0)
     engine = snap["engine"]
     assert engine["kv_blocks_used"] + engine["kv_blocks_free"] == engine["kv_blocks_total"] > 0
-    assert engine["max_num_seqs"] == server.state.engine.config.max_num_seqs
+    served = server.state.engine
+    assert isinstance(served, AsyncEngine)  # the suite's in-process engine, with its config
+    assert engine["max_num_seqs"] == served.config.max_num_seqs
     assert snap["iterations"] and {"waiting", "running", "kv_blocks_used", "preemptions"} <= set(snap["iterations"][0])
     assert admin.get("/admin/api/live", params={"history": 0}).json()["share"]["points"] == []
     _error(admin.get("/admin/api/live", params={"history": -1}), 400, "invalid_value", "history")

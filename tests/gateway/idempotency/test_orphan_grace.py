@@ -16,9 +16,10 @@ from tests.gateway.conftest import Server, start_server, wait_for
 @pytest.fixture()
 def graced(server: Server) -> Iterator[Server]:
     """A second gateway on the same engine and database whose keyed runs outlive their readers by 3 s."""
-    settings = GatewaySettings(data_dir=server.state.settings.data_dir, port=0, engine=server.state.engine.config,
+    engine = server.state.engine
+    assert isinstance(engine, AsyncEngine)  # the suite's in-process engine, whose config this gateway shares
+    settings = GatewaySettings(data_dir=server.state.settings.data_dir, port=0, engine=engine.config,
                                idempotent_orphan_grace_s=3.0)
-    engine: AsyncEngine = server.state.engine
     srv = start_server(settings, engine)
     srv.keys, srv.tenants = server.keys, server.tenants
     yield srv

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from engine import AsyncEngine
 from gateway.idempotency.records import StoredResponse
 from gateway.idempotency.redis_store import RedisIdempotencyStore, redis_key
 from gateway.settings import GatewaySettings
@@ -77,9 +78,11 @@ def test_redis_record_expires_after_ttl(redis_url: str) -> None:
 @pytest.fixture(scope="module")
 def replicas(server: Server, redis_url: str) -> Iterator[tuple[Server, ServeProcess]]:
     """Gateway A in this process and gateway B as a `fairserve serve` subprocess, sharing DB and Redis."""
-    settings = GatewaySettings(data_dir=server.state.settings.data_dir, port=0, engine=server.state.engine.config,
+    engine = server.state.engine
+    assert isinstance(engine, AsyncEngine)  # the suite's in-process engine, whose config this gateway shares
+    settings = GatewaySettings(data_dir=server.state.settings.data_dir, port=0, engine=engine.config,
                                redis_url=redis_url, redis_timeout_s=2.0)  # no breaker trip on a loaded machine
-    a = start_server(settings, server.state.engine)
+    a = start_server(settings, engine)
     a.keys, a.tenants = server.keys, server.tenants
     b = ServeProcess(server.state.settings.data_dir, "--redis", redis_url, "--redis-timeout", "2", "--max-num-seqs", "8")
     try:

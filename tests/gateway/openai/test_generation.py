@@ -116,9 +116,10 @@ def test_tenant_queue_bound_is_429(server: Server) -> None:
 @pytest.fixture()
 def tight(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A second gateway on the same engine and database with a one-request global queue."""
-    settings = GatewaySettings(data_dir=server.state.settings.data_dir, port=0, engine=server.state.engine.config,
+    engine = server.state.engine
+    assert isinstance(engine, AsyncEngine)  # the suite's in-process engine, whose config this gateway shares
+    settings = GatewaySettings(data_dir=server.state.settings.data_dir, port=0, engine=engine.config,
                                max_queued_requests=1, retry_jitter=0.0)
-    engine: AsyncEngine = server.state.engine
     srv = start_server(settings, engine)
     srv.keys, srv.tenants = server.keys, server.tenants
     yield srv

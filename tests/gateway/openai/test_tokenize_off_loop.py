@@ -30,9 +30,10 @@ def test_large_prompts_are_tokenised_off_the_loop(engine: AsyncEngine, monkeypat
 
     monkeypatch.setattr(engine.tokenizer, "encode", encode)
     monkeypatch.setattr(engine.tokenizer, "encode_chat", encode_chat)
-    bodies = [CompletionRequest(model=engine.model_name, prompt="a" * chars, max_tokens=1),
-              ChatCompletionRequest.model_validate({"model": engine.model_name, "max_tokens": 1,
-                                                    "messages": [{"role": "user", "content": "b" * chars}]})]
+    bodies: list[CompletionRequest | ChatCompletionRequest] = [
+        CompletionRequest(model=engine.model_name, prompt="a" * chars, max_tokens=1),
+        ChatCompletionRequest.model_validate({"model": engine.model_name, "max_tokens": 1,
+                                              "messages": [{"role": "user", "content": "b" * chars}]})]
 
     async def parse_all() -> int:
         for body in bodies:

@@ -95,8 +95,12 @@ def test_a_crash_loop_of_serving_workers_gets_no_back_off(tmp_path: Path) -> Non
                 (worker,) = engine_workers(serve.proc.pid)
                 workers.append(worker)
                 os.kill(worker, signal.SIGKILL)
-                wait_for(lambda w=worker: client.get("/readyz").status_code == 200
-                         and engine_workers(serve.proc.pid) not in ([], [w]), 60, "a replacement worker")
+
+                def replaced(w: int = worker) -> bool:
+                    return (client.get("/readyz").status_code == 200
+                            and engine_workers(serve.proc.pid) not in ([], [w]))
+
+                wait_for(replaced, 60, "a replacement worker")
             assert client.post("/v1/completions", json=body, headers=headers).status_code == 200
             assert 'fairserve_engine_restarts_total{result="ok"} 3.0' in client.get(
                 "/metrics", headers={"Authorization": f"Bearer {serve.banner['metrics_token']}"}).text
