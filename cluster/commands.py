@@ -15,10 +15,13 @@ from pydantic import ValidationError
 
 from cluster import deploy
 from cluster.config import ClusterConfig
+from engine.remote.curve import ClusterKey, create_key_file
 from gateway.cli.serve import prepare_deployment
 from gateway.edge.auth import ADMIN_TOKEN_FILE, METRICS_TOKEN_FILE
 from gateway.settings import GatewaySettings, settings_error_text
 from gateway.settings_flags import flags_from_args
+
+CLUSTER_KEY_FILE = "cluster_key"  # in the data dir of the driver and of every gateway replica
 
 
 def _cluster_config(args: argparse.Namespace, **overrides: Any) -> ClusterConfig:
@@ -35,9 +38,22 @@ def _gateway_settings(args: argparse.Namespace) -> GatewaySettings:
 
 
 def _secrets(settings: GatewaySettings) -> tuple[dict[str, str], dict[str, str]]:
-    """Migrate the database, mint the demo key and tokens here, once; (tokens for replicas, banner)."""
+    """Migrate the database, mint the demo key and tokens here, once; (secrets for replicas, banner).
+
+    The secrets include the cluster key (engine/remote/curve.py): `--cluster-key FILE`, or one created in
+    the data dir. Engines bind their node's address, so on a cluster their ports are reachable from the
+    network; a deployment's engines admit only its own gateways, always.
+    """
     banner = prepare_deployment(settings)
-    return ({ADMIN_TOKEN_FILE: banner["admin_token"], METRICS_TOKEN_FILE: banner["metrics_token"]}, banner)
+    key_file = settings.cluster_key_file or settings.data_dir / CLUSTER_KEY_FILE
+    create_key_file(key_file)
+    secrets = {ADMIN_TOKEN_FILE: banner["admin_token"], METRICS_TOKEN_FILE: banner["metrics_token"],
+               CLUSTER_KEY_FILE: key_file.read_text(encoding="ascii").strip()}
+    return secrets, banner
+
+
+def _cluster_key(secrets: dict[str, str]) -> ClusterKey:
+    return ClusterKey.from_secret(secrets[CLUSTER_KEY_FILE])
 
 
 def _wait_answering(url: str, timeout_s: float) -> None:
@@ -59,6 +75,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"fairserve ray up: invalid settings:\n{settings_error_text(exc)}", file=sys.stderr)
         return 2
     secrets, banner = _secrets(settings)
+    # Each gateway replica finds the key where install_secrets (cluster/gateway_actor.py) writes it.
+    settings = settings.model_copy(update={"cluster_key_file": settings.data_dir / CLUSTER_KEY_FILE})
     started = deploy.connect(cfg)
     if started and cfg.engine_host is None:
         cfg = cfg.model_copy(update={"engine_host": "127.0.0.1"})  # one machine: engines stay on loopback
@@ -68,7 +86,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 1
     reg = deploy.registry(cfg)
     ray.get(reg.keep_deployment.remote(settings, secrets, cfg))
-    deploy.start_engines(settings, cfg, cfg.engines)
+    deploy.start_engines(settings, cfg, cfg.engines, _cluster_key(secrets))
     gateways = deploy.start_gateways(settings, cfg, secrets, cfg.gateways)
     url = ray.get(gateways[0].url.remote(), timeout=cfg.ready_timeout_s)
     _wait_answering(url, cfg.ready_timeout_s)
@@ -118,7 +136,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     started = time.monotonic()
     drained = 0
     if hasattr(args, "ray__engines"):
-        drained = deploy.scale_engines(settings, cfg, args.ray__engines)
+        drained = deploy.scale_engines(settings, cfg, args.ray__engines, _cluster_key(secrets))
     if hasattr(args, "ray__gateways"):
         deploy.scale_gateways(settings, cfg, secrets, args.ray__gateways)
     print(f"engines: {len(deploy.engine_names())}")

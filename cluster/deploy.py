@@ -20,6 +20,7 @@ from cluster.engine_actor import EngineActor
 from cluster.gateway_actor import GatewayActor
 from cluster.registry import REGISTRY_NAME, Registry
 from engine.config import EngineConfig
+from engine.remote.curve import ClusterKey
 from gateway.settings import GatewaySettings
 
 ENGINE_PREFIX = "fairserve-engine-"
@@ -76,8 +77,9 @@ def engine_resources(config: EngineConfig, cfg: ClusterConfig) -> dict[str, floa
     return {"num_cpus": cfg.engine_cpus}
 
 
-def start_engines(settings: GatewaySettings, cfg: ClusterConfig, n: int) -> list[Any]:
-    """Create `n` more engine actors (they register themselves once serving)."""
+def start_engines(settings: GatewaySettings, cfg: ClusterConfig, n: int, key: ClusterKey | None = None) -> list[Any]:
+    """Create `n` more engine actors (they register themselves once serving; with `key`, only to gateways
+    holding it)."""
     config = settings.engine
     if config.device.startswith("cuda"):
         config = config.model_copy(update={"device": "cuda"})  # the one GPU Ray gave the actor
@@ -86,7 +88,7 @@ def start_engines(settings: GatewaySettings, cfg: ClusterConfig, n: int) -> list
         options = ray.remote(EngineActor).options(  # type: ignore[attr-defined]
             name=name, lifetime="detached", max_restarts=cfg.max_restarts, max_task_retries=0,
             **engine_resources(settings.engine, cfg))
-        actors.append(options.remote(name, config, cfg.engine_host))
+        actors.append(options.remote(name, config, cfg.engine_host, key))
     return actors
 
 
@@ -155,11 +157,11 @@ def kill_actor(name: str, stop_method: str) -> None:
     ray.kill(actor, no_restart=True)
 
 
-def scale_engines(settings: GatewaySettings, cfg: ClusterConfig, target: int) -> int:
+def scale_engines(settings: GatewaySettings, cfg: ClusterConfig, target: int, key: ClusterKey | None = None) -> int:
     """Add engines (returns once they serve), or drain and remove the newest ones; requests drained."""
     names = engine_names()
     if target > len(names):
-        ray.get([a.engine_id.remote() for a in start_engines(settings, cfg, target - len(names))])
+        ray.get([a.engine_id.remote() for a in start_engines(settings, cfg, target - len(names), key)])
     elif target < len(names):
         return drain_engines(names[target:], cfg)
     return 0

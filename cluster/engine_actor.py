@@ -15,6 +15,7 @@ import ray
 
 from cluster.registry import REGISTRY_NAME, EngineEntry
 from engine.config import EngineConfig
+from engine.remote.curve import ClusterKey
 from engine.remote.server import EngineServer
 
 # Engines re-register this often: a registry that Ray restarted (and so forgot them) learns them back.
@@ -24,10 +25,10 @@ REREGISTER_S = 5.0
 class EngineActor:
     """Runs one engine server for the life of the actor's process."""
 
-    def __init__(self, name: str, config: EngineConfig, host: str | None) -> None:
+    def __init__(self, name: str, config: EngineConfig, host: str | None, key: ClusterKey | None = None) -> None:
         self.name = name
         self.node_ip = ray.util.get_node_ip_address()
-        self.server = EngineServer(config, f"tcp://{host or self.node_ip}:0")
+        self.server = EngineServer(config, f"tcp://{host or self.node_ip}:0", cluster_key=key)
         self.server.start()
         self._serving = threading.Thread(target=self.server.run, name="engine-server", daemon=True)
         self._serving.start()

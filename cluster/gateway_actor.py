@@ -37,13 +37,14 @@ class GatewayActor:
         self.name = name
         heartbeat_timeout_s = settings.engine_heartbeat_timeout_s
         self.settings = settings
-        install_secrets(settings.data_dir, secrets)
+        install_secrets(settings.data_dir, secrets)  # the cluster key among them (cluster/commands.py)
+        key = settings.cluster_key()
         self._registry = ray.get_actor(REGISTRY_NAME)
         first = self._first_engine()
-        self.router = EngineRouter({member_key(first): join(first, heartbeat_timeout_s)},
+        self.router = EngineRouter({member_key(first): join(first, heartbeat_timeout_s, key)},
                                    settings.routing)
         self.membership = Membership(self.router, self._registry.engines.remote, poll_interval_s,
-                                     heartbeat_timeout_s)
+                                     heartbeat_timeout_s, key)
         self.app = create_app(settings, engine=self.router)
         config = uvicorn.Config(self.app, host=settings.host, port=settings.port, log_level="warning",
                                 lifespan="on", timeout_graceful_shutdown=int(settings.grace_period_s) + 1)

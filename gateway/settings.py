@@ -28,6 +28,7 @@ from admission.queues import QueueBounds
 from billing import default_db_url
 from engine.config import EngineConfig
 from engine.remote.address import check_address
+from engine.remote.curve import ClusterKey
 from fairness import policy_entry
 from routing.config import RoutingSettings
 
@@ -154,6 +155,11 @@ class GatewaySettings(StorageSettings):
     engines: list[str] = Field(default_factory=list, description="tcp://HOST:PORT of a running `fairserve "
                                "engine` to serve from instead of starting one (repeatable)",
                                json_schema_extra={"flags": ["--engine"]})
+    # One CurveZMQ secret shared with the engines (engine/remote/curve.py): without it an engine's port
+    # takes work from anyone who reaches it. Checked here, so a bad file is refused before anything starts.
+    cluster_key_file: Path | None = Field(
+        default=None, description="the --cluster-key file of the engines given with --engine (encrypts the "
+        "link and keeps out peers without it)", json_schema_extra={"flags": ["--cluster-key"]})
     # The engine heartbeats every 50 ms: this much silence and its requests in flight fail with a retryable 503.
     engine_heartbeat_timeout_s: float = Field(
         default=0.5, gt=0, le=60, description="seconds of silence after which an --engine counts as down",
@@ -173,6 +179,17 @@ class GatewaySettings(StorageSettings):
         if len(set(value)) != len(value):
             raise ValueError("the same engine address is given twice")
         return value
+
+    @field_validator("cluster_key_file")
+    @classmethod
+    def _readable_key(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            ClusterKey.load(value)  # ClusterKeyError (a ValueError) names what is wrong
+        return value
+
+    def cluster_key(self) -> ClusterKey | None:
+        """The engines' key pairs, when a key file is set."""
+        return None if self.cluster_key_file is None else ClusterKey.load(self.cluster_key_file)
 
     def admission_settings(self) -> AdmissionSettings:
         """The admission layer's view of these settings."""
@@ -198,7 +215,11 @@ class EngineServerSettings(LayeredSettings):
     data_dir: Path = Field(default=DEFAULT_DATA_DIR, description="where the embedded default model is built "
                            "(<data_dir>/models)")
     listen: str = Field(default="tcp://127.0.0.1:5555", description="tcp://HOST:PORT to serve gateways on "
-                        "(port 0 picks a free one); no authentication: keep it on a private network")
+                        "(port 0 picks a free one); without --cluster-key anyone who reaches it can submit work")
+    # engine/remote/curve.py: CURVE encryption, and only gateways holding the same file get in.
+    cluster_key_file: Path | None = Field(
+        default=None, description="a key file shared with this engine's gateways (created 0600 if missing): "
+        "the link is encrypted and peers without it are refused", json_schema_extra={"flags": ["--cluster-key"]})
     # The engine aborts the requests of a gateway it has not heard from for this long: a dead gateway must
     # not keep the engine computing for nobody. Gateways ping every 0.1 s.
     gateway_timeout_s: float = Field(default=3.0, gt=0, le=600, description="seconds of silence after which "

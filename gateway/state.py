@@ -111,10 +111,11 @@ def gateway_engine(settings: GatewaySettings) -> EngineClient:
     if not settings.engines:
         return engine_client(settings.engine, in_process=not settings.engine_process)
     if len(settings.engines) == 1:
-        return RemoteEngine(settings.engines[0], settings.engine_heartbeat_timeout_s)
+        return RemoteEngine(settings.engines[0], settings.engine_heartbeat_timeout_s, settings.cluster_key())
     # Several: each is reached first (its announce names the model and brings the tokenizer), then the
     # router (routing/router.py) picks one per request. Engines of different models are refused here.
-    remotes = [RemoteEngine(address, settings.engine_heartbeat_timeout_s) for address in settings.engines]
+    key = settings.cluster_key()
+    remotes = [RemoteEngine(address, settings.engine_heartbeat_timeout_s, key) for address in settings.engines]
     try:
         for remote in remotes:
             remote.start()

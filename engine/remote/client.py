@@ -29,12 +29,14 @@ from typing import Any
 
 import msgspec
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from engine.boundary.front import EngineFront
 from engine.boundary.messages import Abort, EngineDeadError, WorkerExiting
 from engine.boundary.process_engine import EngineStartError
 from engine.limits import RequestCaps, RequestLimits
 from engine.outputs import EngineStats
+from engine.remote.curve import HANDSHAKE_REFUSED, ClusterKey, connect_securely
 from engine.remote.messages import TOKENIZER_FILES, Announce, FromServer, Hello, Ping
 from engine.tokenizer import Tokenizer
 
@@ -48,7 +50,8 @@ class RemoteEngine(EngineFront):
 
     start_timeout_s = 60.0
 
-    def __init__(self, address: str, heartbeat_timeout_s: float = 0.5) -> None:
+    def __init__(self, address: str, heartbeat_timeout_s: float = 0.5,
+                 cluster_key: ClusterKey | None = None) -> None:
         super().__init__()
         self._address = address
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -67,6 +70,11 @@ class RemoteEngine(EngineFront):
         self._sock.setsockopt(zmq.RCVHWM, 0)
         self._sock.setsockopt(zmq.RECONNECT_IVL, 50)
         self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+        if cluster_key is not None:
+            connect_securely(self._sock, cluster_key)
+        # Until the first announce: a refused handshake (a key that is not the engine's, or one side
+        # without a key) fails start() at once with that reason, not after start_timeout_s of silence.
+        self._handshakes: zmq.Socket[Any] | None = self._sock.get_monitor_socket(HANDSHAKE_REFUSED)
         self._sock.connect(address)
         self._fd = int(self._sock.getsockopt(zmq.FD))
         self._decoder = msgspec.msgpack.Decoder(FromServer)
@@ -113,8 +121,32 @@ class RemoteEngine(EngineFront):
             with self._sock_lock:
                 sock.poll(50, zmq.POLLIN)
             self._read()
+            self._check_handshake()
+        self._stop_handshake_watch()
         with contextlib.suppress(RuntimeError):  # started on a loop: read there now, else at the first submit
             self._attach(asyncio.get_running_loop())
+
+    def _check_handshake(self) -> None:
+        """Raise EngineStartError if the engine refused this gateway's handshake (or this gateway its)."""
+        mon = self._handshakes
+        if mon is None or self._alive:
+            return
+        try:
+            event = recv_monitor_message(mon, zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        self._stop_handshake_watch()
+        raise EngineStartError(
+            f"the engine at {self._address} and this gateway could not agree a handshake ({event['event']!r}): "
+            "both must have the same --cluster-key, or neither")
+
+    def _stop_handshake_watch(self) -> None:
+        mon, self._handshakes = self._handshakes, None
+        if mon is not None:
+            with self._sock_lock:
+                if self._sock is not None:
+                    self._sock.disable_monitor()
+            mon.close(linger=0)
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Read the engine and keep its heartbeat on `loop` from now on (call on that loop's thread)."""
@@ -122,6 +154,7 @@ class RemoteEngine(EngineFront):
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Abort this gateway's live requests on the engine, fail them here, and close the socket."""
+        self._stop_handshake_watch()
         loop = self._loop
         if loop is not None and loop.is_running() and not _runs_here(loop):
             done = threading.Event()

@@ -34,6 +34,7 @@ from typing import Any
 import msgspec
 import torch
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
 from engine.boundary.messages import Abort, IterationReport, StopLoop, Submit, SubmitFailed
 from engine.boundary.publisher import BackgroundPublisher
@@ -42,6 +43,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import OutputDelta
 from engine.remote.address import bindable
+from engine.remote.curve import ClusterKey, serve_securely
 from engine.remote.gateways import QUIT, GatewayLink, PeerLost
 from engine.remote.messages import TOKENIZER_FILES, Announce
 
@@ -56,8 +58,9 @@ class EngineServer:
     """Build an engine, bind `listen`, and serve its loop to every gateway that connects."""
 
     def __init__(self, config: EngineConfig, listen: str, gateway_timeout_s: float = 3.0,
-                 grace_period_s: float = 10.0) -> None:
+                 grace_period_s: float = 10.0, cluster_key: ClusterKey | None = None) -> None:
         self.config = config
+        self.cluster_key = cluster_key  # None: the port admits anyone who reaches it (engine/remote/curve.py)
         self.listen = listen
         self.gateway_timeout_s = gateway_timeout_s
         self.grace_period_s = grace_period_s
@@ -67,6 +70,7 @@ class EngineServer:
         self._ctx: zmq.Context[Any] | None = None
         self._router: zmq.Socket[Any] | None = None
         self._link: GatewayLink | None = None
+        self._auth: ThreadAuthenticator | None = None
         self._items: queue.Queue[Any] = queue.Queue()
         self._owners: dict[str, bytes] = {}  # live request id -> the gateway that submitted it
         self._outbox_addr = f"inproc://fairserve-engine-{self.engine_id}"
@@ -88,6 +92,8 @@ class EngineServer:
         router.setsockopt(zmq.RCVHWM, 0)
         router.setsockopt(zmq.LINGER, 0)
         try:
+            if self.cluster_key is not None:
+                self._auth = serve_securely(ctx, router, self.cluster_key)
             router.bind(bindable(self.listen))
             self.address = router.getsockopt_string(zmq.LAST_ENDPOINT)
             # As the local worker: every core but one for torch, which the socket thread (and a gateway on
@@ -96,6 +102,7 @@ class EngineServer:
             engine = self._engine = LLMEngine(self.config)
         except BaseException:
             router.close(linger=0)
+            self._stop_auth()
             ctx.term()
             raise
         root = Path(engine.loaded.path)
@@ -167,8 +174,15 @@ class EngineServer:
             push.close(linger=_CLOSE_LINGER_MS)
             if self._router is not None:
                 self._router.close(linger=_CLOSE_LINGER_MS)
+            self._stop_auth()
             ctx.term()
             engine.close()
+
+    def _stop_auth(self) -> None:
+        """Stop the ZAP thread, whose socket would otherwise keep `ctx.term()` waiting."""
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
 
     # -- what the loop publishes ------------------------------------------------------------------
     def _announce(self, want_tokenizer: bool) -> Announce:

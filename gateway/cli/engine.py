@@ -4,6 +4,9 @@ It prints `engine: tcp://HOST:PORT` and `engine_id: ...` once gateways can conne
 as they read `serve`'s banner). SIGTERM or Ctrl-C drains: new requests are refused (the gateway answers
 them with a retryable 503), live ones get `--grace-period` to finish, then the engine stops; a second
 signal stops at once.
+
+With `--cluster-key FILE` (created 0600 when missing) the port speaks CurveZMQ and admits only gateways
+started with the same file (engine/remote/curve.py); without it, anyone who reaches the port can submit work.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 import zmq
 from pydantic import ValidationError
 
+from engine.remote.curve import ClusterKey, ClusterKeyError, create_key_file
 from engine.remote.server import EngineServer
 from gateway.settings import EngineServerSettings, settings_error_text
 from gateway.settings_flags import add_knob_flags, load_from_args
@@ -42,7 +46,18 @@ def run_engine(args: argparse.Namespace) -> int:
         print(f"fairserve engine: invalid settings:\n{settings_error_text(exc)}", file=sys.stderr)
         return 2
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    server = EngineServer(settings.engine, settings.listen, settings.gateway_timeout_s, settings.grace_period_s)
+    key = None
+    if settings.cluster_key_file is not None:
+        if create_key_file(settings.cluster_key_file):
+            print(f"cluster_key: created {settings.cluster_key_file} (give it to every gateway: "
+                  "serve --cluster-key)", flush=True)
+        try:
+            key = ClusterKey.load(settings.cluster_key_file)
+        except ClusterKeyError as exc:
+            print(f"fairserve engine: invalid settings:\ncluster_key_file: {exc}", file=sys.stderr)
+            return 2
+    server = EngineServer(settings.engine, settings.listen, settings.gateway_timeout_s, settings.grace_period_s,
+                          cluster_key=key)
     try:
         server.start()
     except zmq.ZMQError as exc:  # the address is taken, or not this host's

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -96,3 +98,29 @@ def test_serve_attached_to_an_engine_process_survives_its_kill_and_restart(tmp_p
         engine.kill()
         if restarted is not None:
             restarted.stop()
+
+
+def test_serve_reaches_a_keyed_engine_only_with_its_cluster_key(tmp_path: Path) -> None:
+    """`engine --cluster-key NEW` creates the key; `serve --cluster-key` with it answers; without it, serve
+    refuses to start, saying why (engine/remote/curve.py)."""
+    key_file = tmp_path / "cluster_key"
+    engine = EngineProcess(tmp_path / "engine", *ENGINE_ARGS, "--cluster-key", str(key_file))
+    serve: ServeProcess | None = None
+    try:
+        assert any(line.startswith(f"cluster_key: created {key_file}") for line in engine.output)
+        assert key_file.stat().st_mode & 0o077 == 0
+        serve = ServeProcess(tmp_path / "gateway", "--engine", engine.address, "--cluster-key", str(key_file))
+        with httpx.Client(base_url=serve.url, timeout=30, headers=serve.headers(serve.banner["api_key"])) as client:
+            model = client.get("/v1/models").json()["data"][0]["id"]
+            done = client.post("/v1/chat/completions", json=chat(model, 4))
+            assert done.status_code == 200, done.text
+            assert done.json()["usage"]["completion_tokens"] == 4
+        refused = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data-dir",
+                                  str(tmp_path / "unkeyed"), "--engine", engine.address],
+                                 capture_output=True, text=True, timeout=120)
+        assert refused.returncode != 0
+        assert "same --cluster-key" in refused.stdout + refused.stderr
+    finally:
+        if serve is not None:
+            serve.stop()
+        engine.stop()
