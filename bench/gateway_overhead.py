@@ -301,9 +301,11 @@ async def measure_mode(args: argparse.Namespace, tmp: str, process: bool) -> dic
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
-    if args.transport_ab or args.remote_ab:
-        from bench.transport_ab import remote_ab, transport_ab  # deferred: that module builds on this one
+    if args.transport_ab or args.remote_ab or args.curve_ab:
+        from bench.transport_ab import curve_ab, remote_ab, transport_ab  # deferred: it builds on this module
 
+        if args.curve_ab:
+            return await curve_ab(args)
         return await (transport_ab(args) if args.transport_ab else remote_ab(args))
     report: dict[str, object] = {"rate": args.rate, "requests": int(args.rate * args.duration), "client": args.client}
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.engine_process]
@@ -357,10 +359,12 @@ def main() -> None:
                    help="instead: alternate the process engine's transports (zmq, pipe) for ROUNDS rounds each")
     p.add_argument("--remote-ab", type=int, default=0, metavar="ROUNDS",
                    help="instead: alternate the local process engine and a `fairserve engine` over TCP")
+    p.add_argument("--curve-ab", type=int, default=0, metavar="ROUNDS",
+                   help="instead: alternate a `fairserve engine` with --cluster-key (CurveZMQ) and one without")
     args = p.parse_args()
     report = uvloop.run(main_async(args))  # the loop uvicorn uses too: the client's own cost stays small
     print(json.dumps(_rounded(report), indent=2))
-    if not args.transport_ab and not args.remote_ab:
+    if not args.transport_ab and not args.remote_ab and not args.curve_ab:
         print(side_by_side(report))
 
 

@@ -11,6 +11,11 @@ so the machine's drift hits both alike; the report is each figure's median per t
 does the same for where the engine runs: the gateway's own worker process (`local`, ipc) against a
 `fairserve engine` process reached over TCP (`remote`, engine/remote/), alternating local, remote,
 remote, local, ...; the ratio is remote / local.
+
+    .venv/bin/python -m bench.gateway_overhead --rate 100 --duration 3 --curve-ab 6
+
+compares two remote engines, one with `--cluster-key` (CurveZMQ, engine/remote/curve.py) and one without;
+the ratio is curve / plain: what the encryption and the ZAP check cost a request.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pathlib import Path
 
 from bench.gateway_overhead import Poster, Served, engine_config, in_process, pct, through_gateway
 from engine.remote.client import RemoteEngine
+from engine.remote.curve import ClusterKey
 
 
 async def transport_round(args: argparse.Namespace, tmp: str, transport: str, index: int) -> dict[str, float]:
@@ -67,13 +73,15 @@ async def remote_round(args: argparse.Namespace, tmp: str, arm: str, index: int)
     """One measurement of where the engine runs: called directly, then through `fairserve serve`."""
     if arm == "local":
         return await transport_round(args, tmp, "zmq", index)
-    engine = EngineServerProcess(str(Path(tmp) / "models"), "--max-num-seqs", str(args.max_num_seqs))
+    key_file = Path(tmp) / "cluster_key"
+    keyed = ("--cluster-key", str(key_file)) if arm == "curve" else ()
+    engine = EngineServerProcess(str(Path(tmp) / "models"), "--max-num-seqs", str(args.max_num_seqs), *keyed)
     try:
-        client = RemoteEngine(engine.address)
+        client = RemoteEngine(engine.address, cluster_key=ClusterKey.load(key_file) if keyed else None)
         direct = await in_process(engine_config("", args.max_num_seqs), True, args.rate,
                                   int(args.rate * args.duration), args.stream_tokens, engine=client)
         return await served_round(args, direct.summary()["total_p50_ms"], Served(
-            str(Path(tmp) / f"remote-{index}"), "--engine", engine.address))
+            str(Path(tmp) / f"{arm}-{index}"), "--engine", engine.address, *keyed))
     finally:
         engine.stop()
 
@@ -81,6 +89,11 @@ async def remote_round(args: argparse.Namespace, tmp: str, arm: str, index: int)
 async def remote_ab(args: argparse.Namespace) -> dict[str, object]:
     """The local process engine against a `fairserve engine` over TCP, alternating; ratio remote / local."""
     return await alternate(args, args.remote_ab, ("remote", "local"), remote_round)
+
+
+async def curve_ab(args: argparse.Namespace) -> dict[str, object]:
+    """A remote engine with a cluster key against one without, alternating; ratio curve / plain."""
+    return await alternate(args, args.curve_ab, ("curve", "plain"), remote_round)
 
 
 Round = Callable[[argparse.Namespace, str, str, int], Awaitable[dict[str, float]]]
