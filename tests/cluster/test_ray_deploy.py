@@ -114,6 +114,11 @@ def test_killed_engine_fails_its_requests_retryably_and_serves_again(deployment:
         wait_for(lambda: (deployment.loads().get(key) or {}).get("in_flight", 0) > 0, 60, "requests on the victim")
         killed_at = time.monotonic()
         os.kill(victim.pid, signal.SIGKILL)
+        # The gateway's own heartbeat check (0.5 s of silence) takes it out of the rotation, before Ray or
+        # the registry notice anything; each look is one call to the gateway actor, a few ms.
+        wait_for(lambda: not (deployment.loads().get(key) or {"alive": False})["alive"], 10,
+                 "the gateway to count the killed engine down")
+        dropped_s = time.monotonic() - killed_at
         wait_for(lambda: load.count("retryable") > 0, 30, "a retryable failure of a request on the killed engine")
         back = wait_for(lambda: _restarted(deployment, victim), 120, "Ray to restart the engine actor")
         registered_s = time.monotonic() - killed_at
@@ -125,7 +130,9 @@ def test_killed_engine_fails_its_requests_retryably_and_serves_again(deployment:
         serving_s = time.monotonic() - killed_at
     finally:
         tally = load.finish()
-    print(f"engine actor SIGKILL -> re-registered {registered_s:.1f}s, routed to again {serving_s:.1f}s; {tally}")
+    print(f"engine actor SIGKILL -> dropped by the gateway {dropped_s:.2f}s, re-registered {registered_s:.1f}s, "
+          f"routed to again {serving_s:.1f}s; {tally}")
+    assert dropped_s < 1.0, f"the gateway still routed to the killed engine {dropped_s:.2f}s after the kill"
     assert back.pid != victim.pid and back.address != victim.address
     assert set(tally) <= {"answered", "retryable"}, tally
     assert key not in deployment.loads(), "the dead incarnation is still a member"
