@@ -120,20 +120,9 @@ class Scheduler:
         `running` is kept sorted by class, so with several classes present the more important ones are
         scheduled (and get blocks) first and a victim is never taken from a class above the one in need.
         """
-        running = self.running
-        if not running:
+        if not self.running:
             return budget
-        if running[0].meta.priority != running[-1].meta.priority:
-            ordered = sorted(running, key=_class_then_prefill)
-        else:
-            ordered, prefills = [], []
-            for r in running:
-                # Decode: output exists and only the last sampled token is uncomputed.
-                if r.output_token_ids and r.num_computed_tokens == len(r.prompt_token_ids) + len(r.output_token_ids) - 1:
-                    ordered.append(r)
-                else:
-                    prefills.append(r)
-            ordered += prefills
+        ordered = self._decodes_first()
         # The decode fast path: one chunk, and a block check only when a block boundary is crossed (a running
         # request always holds exactly ceil(computed / block_size) blocks). Decodes are charged together
         # (`_charge_decodes`), before anything that reads or changes the counters: a preemption's victim
@@ -174,6 +163,20 @@ class Scheduler:
         self._charge_decodes()
         out.decode_tokens += decode_tokens
         return budget
+
+    def _decodes_first(self) -> list[Request]:
+        """`running` in scheduling order: decodes before partial prefills, by class first when classes differ."""
+        running = self.running
+        if running[0].meta.priority != running[-1].meta.priority:
+            return sorted(running, key=_class_then_prefill)
+        decodes, prefills = [], []
+        for r in running:
+            # Decode: output exists and only the last sampled token is uncomputed.
+            if r.output_token_ids and r.num_computed_tokens == len(r.prompt_token_ids) + len(r.output_token_ids) - 1:
+                decodes.append(r)
+            else:
+                prefills.append(r)
+        return decodes + prefills
 
     def _charge_decodes(self) -> None:
         """Charge the decodes scheduled since the last call: one policy call for the batch, not one per request."""
