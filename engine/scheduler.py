@@ -11,6 +11,7 @@ import bisect
 import heapq
 import time
 from collections.abc import Mapping
+from operator import attrgetter
 
 from engine.kv_cache import BlockPool
 from engine.request import FinishReason, Preemption, Request, RequestState
@@ -18,6 +19,8 @@ from engine.scheduler_output import ScheduledChunk, SchedulerConfig, SchedulerOu
 from fairness.base import SchedulingPolicy
 
 __all__ = ["ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "SwapFn"]
+
+_priority = attrgetter("meta.priority")  # `running` is kept sorted by it
 
 
 class Scheduler:
@@ -84,8 +87,7 @@ class Scheduler:
         out = SchedulerOutput(self.iteration)
         self.retire_aborted(out, now)
         self.expire_deadlines(now, out)
-        budget = self.config.max_num_batched_tokens
-        budget = self.schedule_running(now, out, budget)
+        budget = self.schedule_running(now, out, self.config.max_num_batched_tokens)
         self.admit_waiting(now, out, budget)
         return out
 
@@ -106,10 +108,7 @@ class Scheduler:
             request = self.requests.get(request_id)
             if request is None or request.is_finished:
                 continue
-            if request.state is RequestState.RUNNING:
-                self.deadline_misses["running"] += 1
-            else:
-                self.deadline_misses["waiting"] += 1
+            self.deadline_misses["running" if request.state is RequestState.RUNNING else "waiting"] += 1
             self.deadline_wasted_tokens += request.num_computed_tokens
             self.finish(request, FinishReason.DEADLINE, now)
             out.finished.append(request)
@@ -169,13 +168,11 @@ class Scheduler:
         running = self.running
         if running[0].meta.priority != running[-1].meta.priority:
             return sorted(running, key=_class_then_prefill)
-        decodes, prefills = [], []
-        for r in running:
-            # Decode: output exists and only the last sampled token is uncomputed.
-            if r.output_token_ids and r.num_computed_tokens == len(r.prompt_token_ids) + len(r.output_token_ids) - 1:
-                decodes.append(r)
-            else:
-                prefills.append(r)
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        for r in running:  # a decode: output exists and only the last sampled token is uncomputed
+            out = r.output_token_ids
+            (decodes if out and r.num_computed_tokens == len(r.prompt_token_ids) + len(out) - 1 else prefills).append(r)
         return decodes + prefills
 
     def _charge_decodes(self) -> None:
@@ -394,10 +391,6 @@ class Scheduler:
         if request.state is not RequestState.RUNNING and request.num_computed_tokens == 0 and not request.output_token_ids:
             return "waiting"
         return "prefill" if request.num_computed_tokens < request.num_prompt_tokens else "decode"
-
-
-def _priority(request: Request) -> int:
-    return request.meta.priority
 
 
 def _class_then_prefill(request: Request) -> tuple[int, bool]:
