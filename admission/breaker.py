@@ -47,10 +47,18 @@ class BackendUnavailable(Exception):
 class CircuitBreaker:
     """Closed: calls go through under `timeout_s`. Open: calls fail at once; a background probe closes it."""
 
-    def __init__(self, name: str, probe: Callable[[], Awaitable[Any]], *, timeout_s: float,
-                 failures: tuple[type[BaseException], ...], backoff_initial_s: float = 0.5,
-                 backoff_max_s: float = 30.0, on_change: Callable[[bool], None] | None = None,
-                 before_probe: Callable[[], Awaitable[Any]] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        probe: Callable[[], Awaitable[Any]],
+        *,
+        timeout_s: float,
+        failures: tuple[type[BaseException], ...],
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        on_change: Callable[[bool], None] | None = None,
+        before_probe: Callable[[], Awaitable[Any]] | None = None,
+    ) -> None:
         self.name = name
         self.timeout_s = timeout_s
         self.trips = 0
@@ -79,8 +87,13 @@ class CircuitBreaker:
         """State for /readyz: no tenant data, only the backend's health."""
         if self._opened_at is None:
             return {"state": "closed", "trips": self.trips}
-        return {"state": "open", "trips": self.trips, "open_for_s": round(time.monotonic() - self._opened_at, 3),
-                "next_probe_in_s": round(self.retry_after_s(), 3), "last_error": self.last_error}
+        return {
+            "state": "open",
+            "trips": self.trips,
+            "open_for_s": round(time.monotonic() - self._opened_at, 3),
+            "next_probe_in_s": round(self.retry_after_s(), 3),
+            "last_error": self.last_error,
+        }
 
     async def call(self, op: Callable[[], Awaitable[T]]) -> T:
         """Run `op` under the deadline; raise `BackendUnavailable` when open or when it fails or times out."""
@@ -116,7 +129,9 @@ class CircuitBreaker:
         self._opened_at = time.monotonic()
         self._next_try_at = self._opened_at + self._initial
         self._closed = asyncio.Event()
-        log.warning("%s unavailable (%s): failing fast, probing in the background", self.name, self.last_error)
+        log.warning(
+            "%s unavailable (%s): failing fast, probing in the background", self.name, self.last_error
+        )
         if self._on_change is not None:
             self._on_change(True)
         self._recovery = asyncio.get_running_loop().create_task(self._recover())
@@ -125,8 +140,11 @@ class CircuitBreaker:
         await asyncio.sleep(self._initial)
         retrying = AsyncRetrying(
             wait=wait_exponential_jitter(initial=self._initial * 2, max=self._max, jitter=self._initial),
-            retry=retry_if_exception_type(Exception), stop=stop_never, before_sleep=self._scheduled,
-            reraise=True)
+            retry=retry_if_exception_type(Exception),
+            stop=stop_never,
+            before_sleep=self._scheduled,
+            reraise=True,
+        )
         await retrying(self._probe_once)
         self._opened_at = None
         self._recovery = None
@@ -158,10 +176,18 @@ class CircuitBreaker:
 
 def breaker_metrics(registry: CollectorRegistry, backend: str) -> Callable[[bool], None]:
     """`fairserve_backend_circuit_open{backend}` (1 while failing fast) and `..._trips_total`, as an on_change."""
-    is_open = Gauge("fairserve_backend_circuit_open", "1 while calls to the backend fail fast (breaker open).",
-                    ["backend"], registry=registry).labels(backend=backend)
-    trips = Counter("fairserve_backend_circuit_trips", "Times the backend's breaker opened.", ["backend"],
-                    registry=registry).labels(backend=backend)
+    is_open = Gauge(
+        "fairserve_backend_circuit_open",
+        "1 while calls to the backend fail fast (breaker open).",
+        ["backend"],
+        registry=registry,
+    ).labels(backend=backend)
+    trips = Counter(
+        "fairserve_backend_circuit_trips",
+        "Times the backend's breaker opened.",
+        ["backend"],
+        registry=registry,
+    ).labels(backend=backend)
 
     def changed(opened: bool) -> None:
         is_open.set(1 if opened else 0)

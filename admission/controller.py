@@ -73,7 +73,9 @@ class AdmissionController:
         """Admit (taking a queue slot) or reject with status 408, 429 or 503 and a retry estimate."""
         if deadline is not None and deadline <= now:
             return Rejection(408, "deadline_passed", f"deadline passed {(now - deadline) * 1000:.0f} ms ago")
-        est = estimate(stats, tenant_id, prompt_tokens, max_tokens, self.settings.fair_policy, self.settings.priors)
+        est = estimate(
+            stats, tenant_id, prompt_tokens, max_tokens, self.settings.fair_policy, self.settings.priors
+        )
         start_ms = int(round(est.start_s * 1000))
         if deadline is not None and now + est.finish_s > deadline:
             # Retry once the queue ahead has drained by the amount the request overshoots.
@@ -102,4 +104,6 @@ class AdmissionController:
         if queued < bounds.max_queued_requests:
             return None
         wait = drain_seconds(stats, 0, queued + 1 - bounds.max_queued_requests, self.settings.priors)
-        return Rejection(503, "overloaded", f"server queue is full ({queued} requests queued)", self.retry_after(wait))
+        return Rejection(
+            503, "overloaded", f"server queue is full ({queued} requests queued)", self.retry_after(wait)
+        )

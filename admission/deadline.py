@@ -68,7 +68,9 @@ def _parse_timeout_ms(value: str) -> float:
     try:
         ms = float(value)
     except ValueError:
-        raise DeadlineError(f"X-Timeout-Ms must be a number of milliseconds, got {value!r}", "X-Timeout-Ms") from None
+        raise DeadlineError(
+            f"X-Timeout-Ms must be a number of milliseconds, got {value!r}", "X-Timeout-Ms"
+        ) from None
     if not math.isfinite(ms) or ms < 0 or ms > _MAX_TIMEOUT_MS:
         raise DeadlineError(
             f"X-Timeout-Ms must be between 0 and {_MAX_TIMEOUT_MS}, got {value!r}", "X-Timeout-Ms"

@@ -62,8 +62,15 @@ class EdgeAdmission:
 
     async def admit(self, ask: AdmissionAsk, stats: LoadStats) -> Admission | Rejection:
         """Deadline, queue bounds, then the quota reservation (prompt + max_tokens); a refusal holds nothing."""
-        verdict = self.controller.admit(ask.tenant_id, ask.prompt_tokens, ask.max_tokens, ask.deadline,
-                                        ask.arrival, stats, ask.tenant_queue_bound)
+        verdict = self.controller.admit(
+            ask.tenant_id,
+            ask.prompt_tokens,
+            ask.max_tokens,
+            ask.deadline,
+            ask.arrival,
+            stats,
+            ask.tenant_queue_bound,
+        )
         if isinstance(verdict, Rejection):
             return replace(verdict, quota=await self.peek(ask.tenant_id, ask.limits))
         if not ask.limits.windows():
@@ -82,10 +89,17 @@ class EdgeAdmission:
         retry = self.controller.retry_after(quota.retry_after_s)
         if quota.reason == "backend_unavailable":  # quotas fail closed and Redis is away
             return Rejection(503, "quota_unavailable", "the quota backend is unavailable; retry later", retry)
-        return Rejection(429, "quota_exceeded", f"tenant token quota exceeded ({quota.reason or 'insufficient tokens'})",
-                         retry, quota=quota)
+        return Rejection(
+            429,
+            "quota_exceeded",
+            f"tenant token quota exceeded ({quota.reason or 'insufficient tokens'})",
+            retry,
+            quota=quota,
+        )
 
-    async def settle(self, tenant_id: str, admission: Admission, used_tokens: int, limits: QuotaLimits) -> None:
+    async def settle(
+        self, tenant_id: str, admission: Admission, used_tokens: int, limits: QuotaLimits
+    ) -> None:
         """Replace the reservation by the tokens the request used (nothing to do without one)."""
         if admission.quota is not None and admission.quota.reservation_id is not None:
             await self.quota.settle(tenant_id, admission.quota.reservation_id, used_tokens, limits)

@@ -79,7 +79,9 @@ def estimate(
 ) -> Estimate:
     """Estimated start and worst-case finish of a request if it were queued now."""
     priors = priors or RatePriors()
-    prefill_rate = stats.prefill_tokens_per_s if stats.prefill_tokens_per_s > 0 else priors.prefill_tokens_per_s
+    prefill_rate = (
+        stats.prefill_tokens_per_s if stats.prefill_tokens_per_s > 0 else priors.prefill_tokens_per_s
+    )
     iteration_s = stats.iteration_seconds if stats.iteration_seconds > 0 else priors.iteration_seconds
     ahead = requests_ahead(stats, tenant_id, fair)
     mean_queued = stats.waiting_tokens / stats.waiting if stats.waiting else 0.0
@@ -95,10 +97,14 @@ def estimate(
     return Estimate(start_s=start_s, finish_s=finish_s, tokens_ahead=tokens_ahead, requests_ahead=ahead)
 
 
-def drain_seconds(stats: LoadStats, excess_tokens: int, excess_requests: int, priors: RatePriors | None = None) -> float:
+def drain_seconds(
+    stats: LoadStats, excess_tokens: int, excess_requests: int, priors: RatePriors | None = None
+) -> float:
     """Seconds until the queue has shed `excess_tokens` queued prompt tokens and `excess_requests` requests."""
     priors = priors or RatePriors()
-    prefill_rate = stats.prefill_tokens_per_s if stats.prefill_tokens_per_s > 0 else priors.prefill_tokens_per_s
+    prefill_rate = (
+        stats.prefill_tokens_per_s if stats.prefill_tokens_per_s > 0 else priors.prefill_tokens_per_s
+    )
     iteration_s = stats.iteration_seconds if stats.iteration_seconds > 0 else priors.iteration_seconds
     mean_queued = stats.waiting_tokens / stats.waiting if stats.waiting else 0.0
     by_tokens = max(excess_tokens, 0) / prefill_rate

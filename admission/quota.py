@@ -77,8 +77,9 @@ class QuotaStore(Protocol):
 
     async def peek(self, tenant_id: str, limits: QuotaLimits) -> QuotaDecision: ...
 
-    async def settle(self, tenant_id: str, reservation_id: str | None, actual_tokens: int,
-                     limits: QuotaLimits) -> None: ...
+    async def settle(
+        self, tenant_id: str, reservation_id: str | None, actual_tokens: int, limits: QuotaLimits
+    ) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -131,7 +132,9 @@ class MemoryQuota:
         self._lock = threading.Lock()
         self._windows: dict[tuple[str, WindowSpec], SlidingWindow] = {}
         # reservation id -> (tenant, tokens, taken at, [(window, slot it was counted in)])
-        self._reservations: OrderedDict[str, tuple[str, int, float, list[tuple[WindowSpec, int]]]] = OrderedDict()
+        self._reservations: OrderedDict[str, tuple[str, int, float, list[tuple[WindowSpec, int]]]] = (
+            OrderedDict()
+        )
 
     def _window(self, tenant_id: str, spec: WindowSpec) -> SlidingWindow:
         found = self._windows.get((tenant_id, spec))
@@ -150,18 +153,29 @@ class MemoryQuota:
             counters = [self._window(tenant_id, spec) for _, spec in windows]
             slots = [c.advance(now) for c in counters]
             used = [c.used for c in counters]
-            waits = [c.wait_s(u + tokens - limit, now) for c, u, (limit, _) in zip(counters, used, windows, strict=True)]
-            allowed = all(tokens <= limit and u + tokens <= limit for u, (limit, _) in zip(used, windows, strict=True))
+            waits = [
+                c.wait_s(u + tokens - limit, now)
+                for c, u, (limit, _) in zip(counters, used, windows, strict=True)
+            ]
+            allowed = all(
+                tokens <= limit and u + tokens <= limit for u, (limit, _) in zip(used, windows, strict=True)
+            )
             rid = uuid.uuid4().hex if allowed and tokens > 0 else None
             if allowed:
                 for c, s in zip(counters, slots, strict=True):
                     c.add(s, tokens)
                 if rid is not None:
-                    self._reservations[rid] = (tenant_id, tokens, now,
-                                               [(spec, s) for (_, spec), s in zip(windows, slots, strict=True)])
+                    self._reservations[rid] = (
+                        tenant_id,
+                        tokens,
+                        now,
+                        [(spec, s) for (_, spec), s in zip(windows, slots, strict=True)],
+                    )
                 self._prune(now)
-            views = [WindowView(limit, spec.seconds, u, w, c.next_free_s(now))
-                     for (limit, spec), u, w, c in zip(windows, used, waits, counters, strict=True)]
+            views = [
+                WindowView(limit, spec.seconds, u, w, c.next_free_s(now))
+                for (limit, spec), u, w, c in zip(windows, used, waits, counters, strict=True)
+            ]
             return decide(tokens, views, rid, limits.policy())
 
     def peek_now(self, tenant_id: str, limits: QuotaLimits) -> QuotaDecision:
@@ -174,8 +188,10 @@ class MemoryQuota:
             counters = [self._window(tenant_id, spec) for _, spec in windows]
             for c in counters:
                 c.advance(now)
-            views = [WindowView(limit, spec.seconds, c.used, 0.0, c.next_free_s(now))
-                     for (limit, spec), c in zip(windows, counters, strict=True)]
+            views = [
+                WindowView(limit, spec.seconds, c.used, 0.0, c.next_free_s(now))
+                for (limit, spec), c in zip(windows, counters, strict=True)
+            ]
             return decide(0, views, None, limits.policy())
 
     def settle_now(self, tenant_id: str, reservation_id: str | None, actual_tokens: int) -> None:
@@ -207,8 +223,9 @@ class MemoryQuota:
         """`peek_now`, as the gateway awaits it."""
         return self.peek_now(tenant_id, limits)
 
-    async def settle(self, tenant_id: str, reservation_id: str | None, actual_tokens: int,
-                     limits: QuotaLimits) -> None:
+    async def settle(
+        self, tenant_id: str, reservation_id: str | None, actual_tokens: int, limits: QuotaLimits
+    ) -> None:
         """`settle_now`, as the gateway awaits it (the reservation remembers its windows)."""
         self.settle_now(tenant_id, reservation_id, actual_tokens)
 
@@ -223,8 +240,9 @@ class MemoryQuota:
             del self._reservations[rid]
 
 
-def make_quota(redis: Any = None, fail_open: bool = True, registry: Any = None,
-               namespace: str = "fairserve") -> QuotaStore:
+def make_quota(
+    redis: Any = None, fail_open: bool = True, registry: Any = None, namespace: str = "fairserve"
+) -> QuotaStore:
     """RedisQuota over a `RedisLink` (shared by replicas) when one is given, else MemoryQuota (this process only)."""
     if redis is not None:
         from admission.quota_redis import RedisQuota

@@ -90,7 +90,9 @@ end
 # KEYS: minute window, day window, reservation. ARGV: tokens, cap_m, cap_d (-1 = none), g_m, n_m, g_d, n_d,
 # reservation ttl ms. Returns {ok, used_m, wait_m, free_m, used_d, wait_d, free_d}, numbers as strings
 # (Lua floats would be truncated to integers); a wait of -1 means never (more than the limit).
-_RESERVE_LUA = _WINDOW_LUA + """
+_RESERVE_LUA = (
+    _WINDOW_LUA
+    + """
 local function wait_for(w, need)
   if need <= 0 then return 0 end
   if w.o == nil then return -1 end
@@ -138,10 +140,13 @@ for i = 1, 2 do
 end
 return out
 """
+)
 
 # KEYS: minute window, day window, reservation. ARGV: actual tokens, g_m, n_m, g_d, n_d. Once only: the
 # reservation key is deleted by the first settle.
-_SETTLE_LUA = _WINDOW_LUA + """
+_SETTLE_LUA = (
+    _WINDOW_LUA
+    + """
 local rec = redis.call('GET', KEYS[3])
 if not rec then return 0 end
 redis.call('DEL', KEYS[3])
@@ -168,10 +173,13 @@ for i = 1, 2 do
 end
 return 1
 """
+)
 
 # KEYS: minute window, day window. ARGV: cap_m, cap_d (-1 = none), g_m, n_m, g_d, n_d. Counts nothing (it
 # only drops slots that left the window, as every script does); returns {used_m, free_m, used_d, free_d}.
-_PEEK_LUA = _WINDOW_LUA + """
+_PEEK_LUA = (
+    _WINDOW_LUA
+    + """
 local caps = {tonumber(ARGV[1]), tonumber(ARGV[2])}
 local specs = {{tonumber(ARGV[3]), tonumber(ARGV[4])}, {tonumber(ARGV[5]), tonumber(ARGV[6])}}
 local out = {}
@@ -188,14 +196,17 @@ for i = 1, 2 do
 end
 return out
 """
+)
 
 _SPECS = [MINUTE.slot_s, MINUTE.slots, DAY.slot_s, DAY.slots]
 
 
 def _caps(limits: QuotaLimits) -> list[int]:
     """The scripts' caps: each window's limit, -1 where the tenant has none."""
-    return [-1 if limits.tokens_per_minute is None else limits.tokens_per_minute,
-            -1 if limits.tokens_per_day is None else limits.tokens_per_day]
+    return [
+        -1 if limits.tokens_per_minute is None else limits.tokens_per_minute,
+        -1 if limits.tokens_per_day is None else limits.tokens_per_day,
+    ]
 
 
 class QuotaMetrics:
@@ -230,8 +241,14 @@ def quota_metrics(registry: CollectorRegistry | None = None) -> QuotaMetrics:
 class RedisQuota:
     """Sliding windows in Redis shared by every gateway replica (see the module docstring)."""
 
-    def __init__(self, link: RedisLink | str, fail_open: bool = True, namespace: str = "fairserve",
-                 registry: CollectorRegistry | None = None, timeout_s: float = 0.25) -> None:
+    def __init__(
+        self,
+        link: RedisLink | str,
+        fail_open: bool = True,
+        namespace: str = "fairserve",
+        registry: CollectorRegistry | None = None,
+        timeout_s: float = 0.25,
+    ) -> None:
         self.link = connect(link, timeout_s) if isinstance(link, str) else link
         self._owns_link = isinstance(link, str)
         self.client = self.link.client
@@ -248,13 +265,25 @@ class RedisQuota:
         return [f"{base}:m", f"{base}:d", f"{base}:r:{reservation_id}"]
 
     def _unavailable(self, op: str, exc: BaseException) -> None:
-        outcome = "lost" if op == "settle" else "skipped" if op == "peek" else "allowed" if self.fail_open else "denied"
+        outcome = (
+            "lost"
+            if op == "settle"
+            else "skipped"
+            if op == "peek"
+            else "allowed"
+            if self.fail_open
+            else "denied"
+        )
         self.metrics.unavailable.labels(op=op, outcome=outcome).inc()
         now = time.monotonic()
         if now - self._last_log > 5.0:  # a dead Redis must not flood the log at request rate
             self._last_log = now
-            log.warning("quota backend unavailable (%s, failing %s): %s", op,
-                        "open" if self.fail_open else "closed", exc)
+            log.warning(
+                "quota backend unavailable (%s, failing %s): %s",
+                op,
+                "open" if self.fail_open else "closed",
+                exc,
+            )
 
     async def _run(self, op: str, script: Any, keys: list[str], args: list[Any]) -> Any:
         """The script's reply, or None after counting a Redis outage (or a Redis error, which must not 500)."""
@@ -272,12 +301,24 @@ class RedisQuota:
             return unlimited()
         caps = _caps(limits)
         rid = uuid.uuid4().hex
-        reply = await self._run("reserve", self._reserve, self._keys(tenant_id, rid),
-                                [tokens, *caps, *_SPECS, int(RESERVATION_TTL_S * 1000)])
+        reply = await self._run(
+            "reserve",
+            self._reserve,
+            self._keys(tenant_id, rid),
+            [tokens, *caps, *_SPECS, int(RESERVATION_TTL_S * 1000)],
+        )
         if reply is None:
             retry = max(1.0, self.link.breaker.retry_after_s())
-            return QuotaDecision(self.fail_open, 0.0 if self.fail_open else retry, None, None, 0.0, None,
-                                 limits.policy(), "backend_unavailable")
+            return QuotaDecision(
+                self.fail_open,
+                0.0 if self.fail_open else retry,
+                None,
+                None,
+                0.0,
+                None,
+                limits.policy(),
+                "backend_unavailable",
+            )
         ok = bool(int(reply[0]))
         views = []
         for limit, spec in windows:
@@ -297,20 +338,25 @@ class RedisQuota:
             return unlimited()
         reply = await self._run("peek", self._peek, self._keys(tenant_id, "-")[:2], [*_caps(limits), *_SPECS])
         if reply is None:
-            return QuotaDecision(self.fail_open, 0.0, None, None, 0.0, None, limits.policy(), "backend_unavailable")
+            return QuotaDecision(
+                self.fail_open, 0.0, None, None, 0.0, None, limits.policy(), "backend_unavailable"
+            )
         views = []
         for limit, spec in windows:
             i = 0 if spec == MINUTE else 1
             views.append(WindowView(limit, spec.seconds, int(reply[2 * i]), 0.0, float(reply[1 + 2 * i])))
         return decide(0, views, None, limits.policy())
 
-    async def settle(self, tenant_id: str, reservation_id: str | None, actual_tokens: int,
-                     limits: QuotaLimits) -> None:
+    async def settle(
+        self, tenant_id: str, reservation_id: str | None, actual_tokens: int, limits: QuotaLimits
+    ) -> None:
         """Replace a reservation by the tokens actually used, once; never raises on a Redis outage."""
         check_tokens(actual_tokens)
         if reservation_id is None:
             return
-        await self._run("settle", self._settle, self._keys(tenant_id, reservation_id), [actual_tokens, *_SPECS])
+        await self._run(
+            "settle", self._settle, self._keys(tenant_id, reservation_id), [actual_tokens, *_SPECS]
+        )
 
     async def close(self) -> None:
         """Close the link if this quota opened it (a shared one is closed by its owner)."""

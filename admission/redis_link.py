@@ -35,21 +35,34 @@ class RedisLink:
         await self.client.aclose()
 
 
-def connect(url: str, timeout_s: float = 0.25, registry: CollectorRegistry | None = None,
-            backoff_max_s: float = 30.0) -> RedisLink:
+def connect(
+    url: str, timeout_s: float = 0.25, registry: CollectorRegistry | None = None, backoff_max_s: float = 30.0
+) -> RedisLink:
     """A client for `url` (connects lazily) whose every call the breaker bounds by `timeout_s`.
 
     With a registry, the breaker's state is exported as `fairserve_backend_circuit_*{backend="redis"}`.
     """
     on_change = breaker_metrics(registry, "redis") if registry is not None else None
-    client = aioredis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                               retry=Retry(NoBackoff(), 0), health_check_interval=0)
+    client = aioredis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        health_check_interval=0,
+    )
 
     async def drop_idle() -> None:
         # Idle pooled connections may be dead (a restarted server): drop them before each recovery probe, so
         # that neither the probe nor the first calls after the breaker closes fail on a stale socket.
         await client.connection_pool.disconnect(inuse_connections=False)
 
-    breaker = CircuitBreaker("redis", client.ping, timeout_s=timeout_s, failures=REDIS_DOWN,
-                             backoff_max_s=backoff_max_s, on_change=on_change, before_probe=drop_idle)
+    breaker = CircuitBreaker(
+        "redis",
+        client.ping,
+        timeout_s=timeout_s,
+        failures=REDIS_DOWN,
+        backoff_max_s=backoff_max_s,
+        on_change=on_change,
+        before_probe=drop_idle,
+    )
     return RedisLink(client, breaker)

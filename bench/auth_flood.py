@@ -40,8 +40,12 @@ def _flood(url: str, rate: float, on: Any, done: Any, counts: Any) -> None:
 
         async def one() -> None:
             try:
-                reply = await pool.request("POST", "/v1/completions", {"model": "x", "prompt": "x", "max_tokens": 1},
-                                           {"Authorization": f"Bearer {generate_secret()}"})
+                reply = await pool.request(
+                    "POST",
+                    "/v1/completions",
+                    {"model": "x", "prompt": "x", "max_tokens": 1},
+                    {"Authorization": f"Bearer {generate_secret()}"},
+                )
                 statuses[reply.status] += 1
             except (ConnectionError, asyncio.IncompleteReadError):
                 statuses[0] += 1
@@ -117,7 +121,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 flood_s += time.perf_counter() - flood_start
                 alone += a
                 flooded += b
-                rounds.append({"alone_p50_ms": statistics.median(a) * 1e3, "flood_p50_ms": statistics.median(b) * 1e3})
+                rounds.append(
+                    {"alone_p50_ms": statistics.median(a) * 1e3, "flood_p50_ms": statistics.median(b) * 1e3}
+                )
         finally:
             on.clear()
             done.set()
@@ -125,10 +131,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             served.stop()
         flood_replies = dict(counts)
     ratio = statistics.median(flooded) / statistics.median(alone)
-    return {"rate": args.rate, "flood_rate": args.flood_rate, "rounds": rounds, "auth_failure_burst": args.auth_failure_burst,
-            "alone_p50_ms": statistics.median(alone) * 1e3, "flood_p50_ms": statistics.median(flooded) * 1e3,
-            "ratio": ratio, "n_alone": len(alone), "n_flood": len(flooded), "flood_replies": flood_replies,
-            "flood_sent_per_s": sum(flood_replies.values()) / flood_s}
+    return {
+        "rate": args.rate,
+        "flood_rate": args.flood_rate,
+        "rounds": rounds,
+        "auth_failure_burst": args.auth_failure_burst,
+        "alone_p50_ms": statistics.median(alone) * 1e3,
+        "flood_p50_ms": statistics.median(flooded) * 1e3,
+        "ratio": ratio,
+        "n_alone": len(alone),
+        "n_flood": len(flooded),
+        "flood_replies": flood_replies,
+        "flood_sent_per_s": sum(flood_replies.values()) / flood_s,
+    }
 
 
 def main() -> None:

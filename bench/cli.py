@@ -25,29 +25,53 @@ METRICS_TOKEN_ENV = "FAIRSERVE_METRICS_TOKEN"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The bench flags."""
-    p.add_argument("--url", default=None, help="a running server (default: start one in-process on a free port)")
+    p.add_argument(
+        "--url", default=None, help="a running server (default: start one in-process on a free port)"
+    )
     p.add_argument("--api-key", default=None, help=f"tenant API key for --url (or ${API_KEY_ENV})")
-    p.add_argument("--metrics-token", default=None,
-                   help=f"the server's metrics (or admin) token for scraping /metrics of --url (or ${METRICS_TOKEN_ENV})")
+    p.add_argument(
+        "--metrics-token",
+        default=None,
+        help=f"the server's metrics (or admin) token for scraping /metrics of --url (or ${METRICS_TOKEN_ENV})",
+    )
     p.add_argument("--quick", action="store_true", help="small sizes: the whole run takes under two minutes")
     p.add_argument("--out", default="bench-report", help="directory for report.json, report.md and the PNGs")
-    p.add_argument("--workload", nargs="+", default=None, metavar="NAME",
-                   help=f"workloads to run (default: all of {', '.join(WORKLOADS)})")
+    p.add_argument(
+        "--workload",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help=f"workloads to run (default: all of {', '.join(WORKLOADS)})",
+    )
     p.add_argument("--duration", type=float, default=None, help="seconds of traffic per workload")
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every workload's arrival rate")
-    p.add_argument("--sweep-rates", type=float, nargs="+", default=None, metavar="RPS",
-                   help="offered loads (arrivals/s) of the knee sweep")
+    p.add_argument(
+        "--sweep-rates",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="RPS",
+        help="offered loads (arrivals/s) of the knee sweep",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-comparisons", action="store_true", help="skip the engine, policy and gateway comparisons")
-    p.add_argument("--litellm-bin", default=None,
-                   help="litellm executable for the gateway comparison (else FAIRSERVE_LITELLM_BIN, PATH)")
+    p.add_argument(
+        "--no-comparisons", action="store_true", help="skip the engine, policy and gateway comparisons"
+    )
+    p.add_argument(
+        "--litellm-bin",
+        default=None,
+        help="litellm executable for the gateway comparison (else FAIRSERVE_LITELLM_BIN, PATH)",
+    )
 
 
 def register(subparsers: Any) -> None:
     """Add the `bench` subcommand to the `fairserve` dispatcher."""
-    p = subparsers.add_parser("bench", help="open-loop benchmark: workloads, knee sweep, comparisons, report",
-                              description="Measure a fairserve server over HTTP (open loop) and the engine "
-                                          "in-process; write report.json, report.md and PNG plots.")
+    p = subparsers.add_parser(
+        "bench",
+        help="open-loop benchmark: workloads, knee sweep, comparisons, report",
+        description="Measure a fairserve server over HTTP (open loop) and the engine "
+        "in-process; write report.json, report.md and PNG plots.",
+    )
     add_arguments(p)
     p.set_defaults(func=bench_command)
 
@@ -55,10 +79,15 @@ def register(subparsers: Any) -> None:
 def retyped(args: argparse.Namespace) -> str:
     """The invocation as a person would type it again; the API key is never written into the report."""
     argv: list[str] = ["--quick"] if args.quick else []
-    for flag, value in (("--url", args.url), ("--api-key", f"${API_KEY_ENV}" if args.api_key else None),
-                        ("--metrics-token", f"${METRICS_TOKEN_ENV}" if args.metrics_token else None),
-                        ("--out", args.out), ("--duration", args.duration), ("--seed", args.seed or None),
-                        ("--litellm-bin", args.litellm_bin)):
+    for flag, value in (
+        ("--url", args.url),
+        ("--api-key", f"${API_KEY_ENV}" if args.api_key else None),
+        ("--metrics-token", f"${METRICS_TOKEN_ENV}" if args.metrics_token else None),
+        ("--out", args.out),
+        ("--duration", args.duration),
+        ("--seed", args.seed or None),
+        ("--litellm-bin", args.litellm_bin),
+    ):
         if value is not None:
             argv += [flag, str(value)]
     if args.workload:
@@ -79,10 +108,15 @@ def options(args: argparse.Namespace) -> BenchOptions:
     from bench.run import BenchOptions
 
     overrides: dict[str, Any] = {
-        "url": args.url, "api_key": args.api_key or os.environ.get(API_KEY_ENV), "out": Path(args.out),
+        "url": args.url,
+        "api_key": args.api_key or os.environ.get(API_KEY_ENV),
+        "out": Path(args.out),
         "metrics_token": args.metrics_token or os.environ.get(METRICS_TOKEN_ENV, ""),
-        "seed": args.seed, "rate_scale": args.rate_scale, "comparisons": not args.no_comparisons,
-        "litellm_bin": args.litellm_bin, "command": retyped(args),
+        "seed": args.seed,
+        "rate_scale": args.rate_scale,
+        "comparisons": not args.no_comparisons,
+        "litellm_bin": args.litellm_bin,
+        "command": retyped(args),
     }
     if args.workload:
         overrides["workloads"] = list(dict.fromkeys(args.workload))

@@ -20,8 +20,14 @@ from bench.server import LocalServer
 from bench.workloads import SLO, LengthDist, PlannedRequest, Workload
 from engine import AsyncEngine, EngineConfig, RequestMeta, SamplingParams
 
-PROBE = Workload("probe", "fixed-rate latency probe: 32-token prompt, 8 output tokens",
-                 prompt=LengthDist(32, 32), output=LengthDist(8, 8), slo=SLO(1.0, 0.25, 5.0), tenants=())
+PROBE = Workload(
+    "probe",
+    "fixed-rate latency probe: 32-token prompt, 8 output tokens",
+    prompt=LengthDist(32, 32),
+    output=LengthDist(8, 8),
+    slo=SLO(1.0, 0.25, 5.0),
+    tenants=(),
+)
 
 
 def not_measured(reason: str) -> dict[str, Any]:
@@ -31,16 +37,25 @@ def not_measured(reason: str) -> dict[str, Any]:
 
 def _fixed_rate_plan(rate: float, n: int) -> list[PlannedRequest]:
     prompt = ("the batch never waits " * 4)[:32]
-    return [PlannedRequest(at=i / rate, tenant="bench", prompt=prompt, max_tokens=[8], seeds=[i]) for i in range(n)]
+    return [
+        PlannedRequest(at=i / rate, tenant="bench", prompt=prompt, max_tokens=[8], seeds=[i])
+        for i in range(n)
+    ]
 
 
 def _lat(outcomes: list[Outcome]) -> dict[str, Any]:
     ok = [o for o in outcomes if o.accepted and o.finish_reason in ("length", "stop")]
     ttft = percentiles([o.ttft for o in ok if o.ttft is not None])
     e2e = percentiles([o.e2e for o in ok if o.e2e is not None])
-    return {"measured": True, "n": len(ok), "failed": len(outcomes) - len(ok),
-            "ttft_p50_ms": _ms(ttft["p50"]), "ttft_p99_ms": _ms(ttft["p99"]),
-            "e2e_p50_ms": _ms(e2e["p50"]), "e2e_p99_ms": _ms(e2e["p99"])}
+    return {
+        "measured": True,
+        "n": len(ok),
+        "failed": len(outcomes) - len(ok),
+        "ttft_p50_ms": _ms(ttft["p50"]),
+        "ttft_p99_ms": _ms(ttft["p99"]),
+        "e2e_p50_ms": _ms(e2e["p50"]),
+        "e2e_p99_ms": _ms(e2e["p99"]),
+    }
 
 
 def _ms(v: Any) -> float | None:
@@ -78,8 +93,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def gateway_comparison(local: LocalServer | None, rate: float, n: int, litellm_bin: str | None,
-                             rounds: int = 2) -> dict[str, Any]:
+async def gateway_comparison(
+    local: LocalServer | None, rate: float, n: int, litellm_bin: str | None, rounds: int = 2
+) -> dict[str, Any]:
     """p50/p99 at one offered load: in-process engine, through fairserve's gateway, through litellm in front.
 
     The paths take turns for `rounds` rounds, so background load on a shared machine hits them alike.
@@ -89,8 +105,12 @@ async def gateway_comparison(local: LocalServer | None, rate: float, n: int, lit
     per_round = max(1, n // rounds)
     plan = _fixed_rate_plan(rate, per_round)
     key = next(iter(local.keys.values()))
-    rows: dict[str, Any] = {"rate": rate, "requests": per_round * rounds, "rounds": rounds,
-                            "shape": PROBE.description}
+    rows: dict[str, Any] = {
+        "rate": rate,
+        "requests": per_round * rounds,
+        "rounds": rounds,
+        "shape": PROBE.description,
+    }
     warm = _fixed_rate_plan(rate, min(n, 10))
     target = Target(local.url, local.model, {}, key)
     paths: dict[str, Callable[[list[PlannedRequest]], Awaitable[list[Outcome]]]] = {
@@ -100,8 +120,10 @@ async def gateway_comparison(local: LocalServer | None, rate: float, n: int, lit
     proxy: LiteLLMProxy | None = None
     binary = find_litellm(litellm_bin)
     if binary is None:
-        rows["litellm_proxy"] = not_measured("litellm is not installed (pip install -e '.[bench]', or pass "
-                                             "--litellm-bin / FAIRSERVE_LITELLM_BIN)")
+        rows["litellm_proxy"] = not_measured(
+            "litellm is not installed (pip install -e '.[bench]', or pass "
+            "--litellm-bin / FAIRSERVE_LITELLM_BIN)"
+        )
     else:
         try:
             proxy = await asyncio.to_thread(LiteLLMProxy, binary, local.url, key, local.model, _free_port())
@@ -138,13 +160,16 @@ def policy_variants(base: EngineConfig) -> list[tuple[str, str, EngineConfig]]:
     fcfs = EngineConfig.model_validate({**fields, "fairness": {**fields["fairness"], "policy": "fcfs"}})
     # "Off" = a token budget that covers any prompt, so every prefill runs whole in one iteration.
     unchunked = EngineConfig.model_validate({**fields, "max_num_batched_tokens": 2048})
-    return [(f"baseline: vtc, chunked prefill (budget {base.max_num_batched_tokens})", "-", base),
-            ("fcfs instead of vtc", "policy", fcfs),
-            ("chunked prefill off (budget 2048 >= any prompt)", "chunked prefill", unchunked)]
+    return [
+        (f"baseline: vtc, chunked prefill (budget {base.max_num_batched_tokens})", "-", base),
+        ("fcfs instead of vtc", "policy", fcfs),
+        ("chunked prefill off (budget 2048 >= any prompt)", "chunked prefill", unchunked),
+    ]
 
 
-def _interleaved_best(runs: dict[str, Callable[[Any], int]], workload: Any, warmup: Any,
-                      repeats: int) -> dict[str, tuple[float, float]]:
+def _interleaved_best(
+    runs: dict[str, Callable[[Any], int]], workload: Any, warmup: Any, repeats: int
+) -> dict[str, tuple[float, float]]:
     """Warm every system, then `repeats` rounds with the systems taking turns; each one's best round.
 
     Taking turns and keeping the best make the ratio robust to other load on a shared machine.
@@ -170,9 +195,14 @@ def engine_comparison(cache_dir: str, quick: bool) -> dict[str, Any]:
     except ImportError as exc:
         return {"note": f"not measured: bench.engine_throughput unavailable ({exc})"}
     n, prompts, outputs, repeats = (12, (8, 64), (4, 32), 2) if quick else (48, (8, 256), (8, 128), 3)
-    header = {"model": "embedded default (fairserve-tiny, fp32)", "requests": n, "prompt_tokens": list(prompts),
-              "output_tokens": list(outputs), "sampling": "greedy, EOS ignored",
-              "mode": ("reduced" if quick else "full") + f", best of {repeats} interleaved rounds after a warm-up"}
+    header = {
+        "model": "embedded default (fairserve-tiny, fp32)",
+        "requests": n,
+        "prompt_tokens": list(prompts),
+        "output_tokens": list(outputs),
+        "sampling": "greedy, EOS ignored",
+        "mode": ("reduced" if quick else "full") + f", best of {repeats} interleaved rounds after a warm-up",
+    }
     rows: list[dict[str, Any]] = []
     name = "transformers generate() (static batches of 8)"
     # Left to size itself, transformers' continuous batching takes most of the RAM on CPU (14.7 GB here,
@@ -183,14 +213,23 @@ def engine_comparison(cache_dir: str, quick: bool) -> dict[str, Any]:
         workload = et.make_workload(n, prompts, outputs, 0)
         warmup = et.make_workload(4, (4, 16), (2, 4), 1)
         hf = et.load_hf(model_dir)
-        runs = {"fairserve": et.fairserve_runner(model_dir, 64, 512), name: et.hf_static_runner(hf, 8),
-                batch_name: et.hf_continuous_runner(hf, num_blocks=4 * n, max_batch_tokens=512)}
+        runs = {
+            "fairserve": et.fairserve_runner(model_dir, 64, 512),
+            name: et.hf_static_runner(hf, 8),
+            batch_name: et.hf_continuous_runner(hf, num_blocks=4 * n, max_batch_tokens=512),
+        }
         best = _interleaved_best(runs, workload, warmup, repeats)
     except Exception as exc:  # a peer's API or install problem must not sink the whole report
         return {**header, "rows": rows, "note": f"not measured: {type(exc).__name__}: {str(exc)[:200]}"}
     ours = best["fairserve"][0]
     rows.append({"system": "fairserve", "tokens_per_s": ours, "seconds": best["fairserve"][1]})
     for peer in (name, batch_name):
-        rows.append({"system": peer, "tokens_per_s": best[peer][0], "seconds": best[peer][1],
-                     "fairserve_speedup": ours / best[peer][0]})
+        rows.append(
+            {
+                "system": peer,
+                "tokens_per_s": best[peer][0],
+                "seconds": best[peer][1],
+                "fairserve_speedup": ours / best[peer][0],
+            }
+        )
     return {**header, "rows": rows}

@@ -36,8 +36,14 @@ import torch
 PAD_ID = 258  # the byte tokenizer's <pad>
 # A bigger random Llama than the embedded default (written on demand): ~25M parameters.
 SMALL_GEOMETRY: dict[str, Any] = {
-    "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 8, "num_attention_heads": 8,
-    "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 262, "max_position_embeddings": 2048,
+    "hidden_size": 512,
+    "intermediate_size": 1376,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "vocab_size": 262,
+    "max_position_embeddings": 2048,
 }
 
 
@@ -72,15 +78,18 @@ class Result:
         return self.output_tokens / self.seconds
 
 
-def make_workload(num_requests: int, prompt_range: tuple[int, int], output_range: tuple[int, int],
-                  seed: int) -> Workload:
+def make_workload(
+    num_requests: int, prompt_range: tuple[int, int], output_range: tuple[int, int], seed: int
+) -> Workload:
     """Log-uniform prompt and output lengths over the given ranges, random byte-token prompts."""
     rng = random.Random(seed)
 
     def log_uniform(lo: int, hi: int) -> int:
         return round(lo * (hi / lo) ** rng.random())
 
-    prompts = [[rng.randrange(32, 127) for _ in range(log_uniform(*prompt_range))] for _ in range(num_requests)]
+    prompts = [
+        [rng.randrange(32, 127) for _ in range(log_uniform(*prompt_range))] for _ in range(num_requests)
+    ]
     outputs = [log_uniform(*output_range) for _ in range(num_requests)]
     # Pin both extremes so the spread is what the workload promises, whatever the seed draws.
     prompts[0] = prompts[0][:1] * prompt_range[0]
@@ -95,8 +104,14 @@ def write_small_model(path: Path) -> None:
 
     from engine.tokenizer import write_byte_tokenizer
 
-    config = LlamaConfig(**SMALL_GEOMETRY, bos_token_id=256, eos_token_id=257, pad_token_id=PAD_ID,
-                         tie_word_embeddings=False, initializer_range=0.05)
+    config = LlamaConfig(
+        **SMALL_GEOMETRY,
+        bos_token_id=256,
+        eos_token_id=257,
+        pad_token_id=PAD_ID,
+        tie_word_embeddings=False,
+        initializer_range=0.05,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(path)
     write_byte_tokenizer(path)
@@ -113,12 +128,18 @@ def load_hf(model_dir: Path) -> Any:
     return model
 
 
-def fairserve_runner(model_dir: Path, max_num_seqs: int, max_num_batched_tokens: int) -> Callable[[Workload], int]:
+def fairserve_runner(
+    model_dir: Path, max_num_seqs: int, max_num_batched_tokens: int
+) -> Callable[[Workload], int]:
     """A function that serves a workload with `engine.LLM` and returns the output tokens produced."""
     from engine import LLM, SamplingParams
 
-    llm = LLM(model=str(model_dir), max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-              enable_prefix_caching=False)
+    llm = LLM(
+        model=str(model_dir),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        enable_prefix_caching=False,
+    )
 
     def run(w: Workload) -> int:
         params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in w.max_tokens]
@@ -143,8 +164,15 @@ def hf_static_runner(model: Any, batch_size: int) -> Callable[[Workload], int]:
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
             steps = max(wants)
             with torch.inference_mode():
-                out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps,
-                                     do_sample=False, pad_token_id=PAD_ID, eos_token_id=None)
+                out = model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=steps,
+                    min_new_tokens=steps,
+                    do_sample=False,
+                    pad_token_id=PAD_ID,
+                    eos_token_id=None,
+                )
             if out.shape[1] - width != steps:
                 raise RuntimeError("generate() stopped early")
             useful += sum(wants)  # tokens past a request's own max_new_tokens are waste, not output
@@ -153,8 +181,9 @@ def hf_static_runner(model: Any, batch_size: int) -> Callable[[Workload], int]:
     return run
 
 
-def hf_continuous_runner(model: Any, num_blocks: int | None = None,
-                         max_batch_tokens: int | None = None) -> Callable[[Workload], int]:
+def hf_continuous_runner(
+    model: Any, num_blocks: int | None = None, max_batch_tokens: int | None = None
+) -> Callable[[Workload], int]:
     """A function that serves a workload with transformers' continuous-batching manager (generate_batch's engine).
 
     Left unset, `num_blocks` and `max_batch_tokens` are sized by transformers from free memory: on CPU
@@ -170,10 +199,13 @@ def hf_continuous_runner(model: Any, num_blocks: int | None = None,
 
     def run(w: Workload) -> int:
         produced = 0
-        with model.continuous_batching_context_manager(generation_config=config, block=True, timeout=30,
-                                                       continuous_batching_config=bounds) as manager:
-            ids = [manager.add_request(p, request_id=f"r{i}", max_new_tokens=n, eos_token_id=-1)
-                   for i, (p, n) in enumerate(zip(w.prompts, w.max_tokens, strict=True))]
+        with model.continuous_batching_context_manager(
+            generation_config=config, block=True, timeout=30, continuous_batching_config=bounds
+        ) as manager:
+            ids = [
+                manager.add_request(p, request_id=f"r{i}", max_new_tokens=n, eos_token_id=-1)
+                for i, (p, n) in enumerate(zip(w.prompts, w.max_tokens, strict=True))
+            ]
             pending = set(ids)
             deadline = time.monotonic() + 3600
             while pending and time.monotonic() < deadline:
@@ -192,8 +224,9 @@ def hf_continuous_runner(model: Any, num_blocks: int | None = None,
     return run
 
 
-def measure(runs: dict[str, Callable[[Workload], int]], workload: Workload, warmup: Workload,
-            repeats: int) -> list[Result]:
+def measure(
+    runs: dict[str, Callable[[Workload], int]], workload: Workload, warmup: Workload, repeats: int
+) -> list[Result]:
     """Warm every system up, then time `repeats` rounds (systems interleaved); keep each one's best round.
 
     Interleaving and best-of make the ratios robust to other load on a shared machine.
@@ -214,19 +247,30 @@ def measure(runs: dict[str, Callable[[Workload], int]], workload: Workload, warm
 def markdown(results: list[Result], header: str) -> str:
     """The results as a Markdown table, ratios of fairserve over each peer."""
     ours = next(r for r in results if r.system == "fairserve")
-    lines = [header, "", "| system | output tokens | seconds | output tok/s | fairserve speed-up |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [
+        header,
+        "",
+        "| system | output tokens | seconds | output tok/s | fairserve speed-up |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for r in results:
-        lines.append(f"| {r.system} | {r.output_tokens} | {r.seconds:.2f} | {r.tokens_per_s:.1f} "
-                     f"| {ours.tokens_per_s / r.tokens_per_s:.2f}x |")
+        lines.append(
+            f"| {r.system} | {r.output_tokens} | {r.seconds:.2f} | {r.tokens_per_s:.1f} "
+            f"| {ours.tokens_per_s / r.tokens_per_s:.2f}x |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the three systems on one workload; print the table and write JSON."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="small",
-                        help="'default' (embedded tiny model), 'small' (~25M random Llama), or a model directory")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model",
+        default="small",
+        help="'default' (embedded tiny model), 'small' (~25M random Llama), or a model directory",
+    )
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, nargs=2, default=(8, 256), metavar=("MIN", "MAX"))
     parser.add_argument("--output-len", type=int, nargs=2, default=(8, 128), metavar=("MIN", "MAX"))
@@ -237,10 +281,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2, help="timed rounds per system; the best one counts")
     parser.add_argument("--systems", default="fairserve,generate,generate_batch")
-    parser.add_argument("--hf-max-batch-tokens", type=int, default=None,
-                        help="bound generate_batch()'s token budget (default: transformers sizes it from free memory)")
-    parser.add_argument("--hf-num-blocks", type=int, default=None,
-                        help="bound generate_batch()'s KV cache blocks (default: transformers sizes it from free memory)")
+    parser.add_argument(
+        "--hf-max-batch-tokens",
+        type=int,
+        default=None,
+        help="bound generate_batch()'s token budget (default: transformers sizes it from free memory)",
+    )
+    parser.add_argument(
+        "--hf-num-blocks",
+        type=int,
+        default=None,
+        help="bound generate_batch()'s KV cache blocks (default: transformers sizes it from free memory)",
+    )
     parser.add_argument("--out", type=Path, default=Path("artifacts/engine_throughput.json"))
     args = parser.parse_args(argv)
     if args.num_requests < 2 or args.prompt_len[0] < 1 or args.output_len[0] < 1 or args.repeats < 1:
@@ -267,26 +319,45 @@ def main(argv: list[str] | None = None) -> int:
         hf = load_hf(model_dir)
         params = sum(p.numel() for p in hf.parameters())
         if "generate" in systems:
-            runs[f"transformers generate() (static, batch {args.batch_size})"] = hf_static_runner(hf, args.batch_size)
+            runs[f"transformers generate() (static, batch {args.batch_size})"] = hf_static_runner(
+                hf, args.batch_size
+            )
         if "generate_batch" in systems:
             bounded = args.hf_max_batch_tokens is not None or args.hf_num_blocks is not None
             label = "transformers generate_batch() (continuous" + (
-                f", {args.hf_max_batch_tokens} batch tokens, {args.hf_num_blocks} blocks)" if bounded else ")")
+                f", {args.hf_max_batch_tokens} batch tokens, {args.hf_num_blocks} blocks)" if bounded else ")"
+            )
             runs[label] = hf_continuous_runner(hf, args.hf_num_blocks, args.hf_max_batch_tokens)
         results = measure(runs, workload, warmup, args.repeats)
-    header = (f"## Engine throughput, CPU ({args.threads} torch threads): {params / 1e6:.1f}M-param random Llama "
-              f"({args.model}), fp32, {args.num_requests} requests, prompts {args.prompt_len[0]}-{args.prompt_len[1]} "
-              f"tokens, outputs {args.output_len[0]}-{args.output_len[1]} tokens, greedy, EOS ignored")
+    header = (
+        f"## Engine throughput, CPU ({args.threads} torch threads): {params / 1e6:.1f}M-param random Llama "
+        f"({args.model}), fp32, {args.num_requests} requests, prompts {args.prompt_len[0]}-{args.prompt_len[1]} "
+        f"tokens, outputs {args.output_len[0]}-{args.output_len[1]} tokens, greedy, EOS ignored"
+    )
     if any(r.system == "fairserve" for r in results):
         print(markdown(results, header))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "model": args.model, "params": params, "threads": args.threads, "torch": torch.__version__,
-        "machine": platform.processor() or platform.machine(), "num_requests": args.num_requests,
-        "prompt_len": args.prompt_len, "output_len": args.output_len, "batch_size": args.batch_size,
-        "repeats": args.repeats, "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-        "results": [asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in results],
-    }, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "model": args.model,
+                "params": params,
+                "threads": args.threads,
+                "torch": torch.__version__,
+                "machine": platform.processor() or platform.machine(),
+                "num_requests": args.num_requests,
+                "prompt_len": args.prompt_len,
+                "output_len": args.output_len,
+                "batch_size": args.batch_size,
+                "repeats": args.repeats,
+                "max_num_seqs": args.max_num_seqs,
+                "max_num_batched_tokens": args.max_num_batched_tokens,
+                "results": [asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in results],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"\nwrote {args.out}")
     return 0
 

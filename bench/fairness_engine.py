@@ -53,14 +53,21 @@ def sim_section() -> dict[str, Any]:
     """Simulated throughput of fcfs and vtc on one workload, and the two-tenant service plot."""
     report: dict[str, Any] = {}
     for policy in ("fcfs", "vtc"):
-        result = Simulator(SimConfig(max_num_seqs=128, fairness=FairnessConfig(policy=policy))).run(sim_workload())
-        report[policy] = {"output_tokens_per_s": result.output_tokens / result.clock,
-                          "batched_tokens_per_s": result.batched_tokens / result.clock,
-                          "makespan_s": result.clock, "completed": len(result.completions)}
+        result = Simulator(SimConfig(max_num_seqs=128, fairness=FairnessConfig(policy=policy))).run(
+            sim_workload()
+        )
+        report[policy] = {
+            "output_tokens_per_s": result.output_tokens / result.clock,
+            "batched_tokens_per_s": result.batched_tokens / result.clock,
+            "makespan_s": result.clock,
+            "completed": len(result.completions),
+        }
     report["vtc_over_fcfs"] = report["vtc"]["output_tokens_per_s"] / report["fcfs"]["output_tokens_per_s"]
     two = two_tenants_scenario(TwoTenantSetup())
-    report["two_tenants"] = {p: {"service": two[p]["service"], "max_service_difference": two[p]["max_service_difference"]}
-                             for p in ("fcfs", "vtc")} | {"bound": two["bound"]}
+    report["two_tenants"] = {
+        p: {"service": two[p]["service"], "max_service_difference": two[p]["max_service_difference"]}
+        for p in ("fcfs", "vtc")
+    } | {"bound": two["bound"]}
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, policy in zip(axes, ("fcfs", "vtc"), strict=True):
         samples = two[policy]["service_over_time"]
@@ -80,15 +87,21 @@ def sim_section() -> dict[str, Any]:
 
 def _engine_run(policy: str, requests: int, seed: int) -> tuple[float, int, list[dict[str, float]]]:
     """One engine run: (wall seconds, output tokens, service by tenant after each iteration)."""
-    llm = LLM(None, num_kv_blocks=512, max_num_seqs=32, max_num_batched_tokens=256,
-              fairness=FairnessConfig(policy=policy))
+    llm = LLM(
+        None,
+        num_kv_blocks=512,
+        max_num_seqs=32,
+        max_num_batched_tokens=256,
+        fairness=FairnessConfig(policy=policy),
+    )
     rng = random.Random(seed)
     engine = llm.engine
     for i in range(requests):
         tenant = TENANTS[i % len(TENANTS)]
         prompt = f"{tenant} request {i}: " + "x" * rng.randint(4, 40)
-        params = SamplingParams(max_tokens=rng.randint(4, 16) * (3 if tenant == "gamma" else 1), temperature=0.0,
-                                ignore_eos=True)
+        params = SamplingParams(
+            max_tokens=rng.randint(4, 16) * (3 if tenant == "gamma" else 1), temperature=0.0, ignore_eos=True
+        )
         engine.add_request(f"q{i}", prompt, params, RequestMeta(tenant_id=tenant))
     curves: list[dict[str, float]] = []
     tokens = 0
@@ -120,8 +133,12 @@ def engine_section(requests: int, repeats: int) -> dict[str, Any]:
     fig.tight_layout()
     fig.savefig(IMG / "engine_service.png", dpi=100)
     plt.close(fig)
-    return {"requests": requests, "fcfs_tokens_per_s": best["fcfs"], "vtc_tokens_per_s": best["vtc"],
-            "vtc_over_fcfs": best["vtc"] / best["fcfs"]}
+    return {
+        "requests": requests,
+        "fcfs_tokens_per_s": best["fcfs"],
+        "vtc_tokens_per_s": best["vtc"],
+        "vtc_over_fcfs": best["vtc"] / best["fcfs"],
+    }
 
 
 def scale_section(requests: int, repeats: int) -> dict[str, Any]:
@@ -134,17 +151,27 @@ def scale_section(requests: int, repeats: int) -> dict[str, Any]:
     # Interleaved, so that load from other processes hits both sizes alike; best of each.
     small = large = float("inf")
     for _ in range(repeats):
-        small = min(small, scale_scenario(10_000, 1000, 256, "vtc", 0, max_iterations=1500)["seconds_per_iteration"])
+        small = min(
+            small, scale_scenario(10_000, 1000, 256, "vtc", 0, max_iterations=1500)["seconds_per_iteration"]
+        )
         gc.collect()
-        large = min(large, scale_scenario(100_000, 1000, 256, "vtc", 0, max_iterations=1500)["seconds_per_iteration"])
+        large = min(
+            large, scale_scenario(100_000, 1000, 256, "vtc", 0, max_iterations=1500)["seconds_per_iteration"]
+        )
         gc.collect()
-    return {"full_run": rate, "per_iteration_10k_waiting_ms": small * 1e3,
-            "per_iteration_100k_waiting_ms": large * 1e3, "ratio_10x_waiting": large / small}
+    return {
+        "full_run": rate,
+        "per_iteration_10k_waiting_ms": small * 1e3,
+        "per_iteration_100k_waiting_ms": large * 1e3,
+        "ratio_10x_waiting": large / small,
+    }
 
 
 def main() -> None:
     """Run the sections and print their figures."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sections", default="sim,engine,scale")
     parser.add_argument("--engine-requests", type=int, default=240)
     parser.add_argument("--repeats", type=int, default=3)
@@ -153,22 +180,28 @@ def main() -> None:
     sections = set(args.sections.split(","))
     if "sim" in sections:
         sim = sim_section()
-        print(f"sim: fcfs {sim['fcfs']['output_tokens_per_s']:.0f} vs vtc {sim['vtc']['output_tokens_per_s']:.0f} "
-              f"output tokens/simulated s, vtc/fcfs = {sim['vtc_over_fcfs']:.4f} "
-              f"(makespans {sim['fcfs']['makespan_s']:.2f} / {sim['vtc']['makespan_s']:.2f} s)")
+        print(
+            f"sim: fcfs {sim['fcfs']['output_tokens_per_s']:.0f} vs vtc {sim['vtc']['output_tokens_per_s']:.0f} "
+            f"output tokens/simulated s, vtc/fcfs = {sim['vtc_over_fcfs']:.4f} "
+            f"(makespans {sim['fcfs']['makespan_s']:.2f} / {sim['vtc']['makespan_s']:.2f} s)"
+        )
         print(f"sim two-tenants: {sim['two_tenants']}")
     if "engine" in sections:
         eng = engine_section(args.engine_requests, args.repeats)
-        print(f"engine ({eng['requests']} requests, 4 tenants, best of {args.repeats}): fcfs "
-              f"{eng['fcfs_tokens_per_s']:.1f} vs vtc {eng['vtc_tokens_per_s']:.1f} output tokens/s, "
-              f"vtc/fcfs = {eng['vtc_over_fcfs']:.4f}")
+        print(
+            f"engine ({eng['requests']} requests, 4 tenants, best of {args.repeats}): fcfs "
+            f"{eng['fcfs_tokens_per_s']:.1f} vs vtc {eng['vtc_tokens_per_s']:.1f} output tokens/s, "
+            f"vtc/fcfs = {eng['vtc_over_fcfs']:.4f}"
+        )
     if "scale" in sections:
         sc = scale_section(args.scale_requests, args.repeats)
         full = sc["full_run"]
-        print(f"scale: {full['requests']} requests, 1000 tenants, batch 256: {full['request_iterations_per_s']:,.0f} "
-              f"request-iterations/s ({full['wall_seconds']:.1f} s wall); per iteration "
-              f"{sc['per_iteration_10k_waiting_ms']:.3f} ms with 10k waiting vs "
-              f"{sc['per_iteration_100k_waiting_ms']:.3f} ms with 100k (x{sc['ratio_10x_waiting']:.2f})")
+        print(
+            f"scale: {full['requests']} requests, 1000 tenants, batch 256: {full['request_iterations_per_s']:,.0f} "
+            f"request-iterations/s ({full['wall_seconds']:.1f} s wall); per iteration "
+            f"{sc['per_iteration_10k_waiting_ms']:.3f} ms with 10k waiting vs "
+            f"{sc['per_iteration_100k_waiting_ms']:.3f} ms with 100k (x{sc['ratio_10x_waiting']:.2f})"
+        )
 
 
 if __name__ == "__main__":

@@ -73,13 +73,20 @@ class Sample:
 
     def summary(self) -> dict[str, float]:
         """p50/p99 in milliseconds, and the gateway's CPU per request when measured."""
-        return {"first_p50_ms": pct(self.first, 0.5) * 1e3, "first_p99_ms": pct(self.first, 0.99) * 1e3,
-                "total_p50_ms": pct(self.total, 0.5) * 1e3, "total_p99_ms": pct(self.total, 0.99) * 1e3,
-                "n": len(self.total), "refused": self.refused,
-                "cpu_ms_per_request": self.cpu_s / max(1, len(self.total) + self.refused) * 1e3}
+        return {
+            "first_p50_ms": pct(self.first, 0.5) * 1e3,
+            "first_p99_ms": pct(self.first, 0.99) * 1e3,
+            "total_p50_ms": pct(self.total, 0.5) * 1e3,
+            "total_p99_ms": pct(self.total, 0.99) * 1e3,
+            "n": len(self.total),
+            "refused": self.refused,
+            "cpu_ms_per_request": self.cpu_s / max(1, len(self.total) + self.refused) * 1e3,
+        }
 
 
-async def open_loop(rate: float, n: int, one: Callable[[int], Coroutine[Any, Any, tuple[float, float]]]) -> Sample:
+async def open_loop(
+    rate: float, n: int, one: Callable[[int], Coroutine[Any, Any, tuple[float, float]]]
+) -> Sample:
     """Fire `n` calls at a fixed rate regardless of completions; collect their latencies."""
     start = time.perf_counter()
     tasks: list[asyncio.Task[tuple[float, float]]] = []
@@ -103,19 +110,25 @@ def engine_config(cache_dir: str, max_num_seqs: int, transport: str = "zmq") -> 
     return EngineConfig(cache_dir=cache_dir, max_num_seqs=max_num_seqs, transport=transport)  # type: ignore[arg-type]
 
 
-async def in_process(cfg: EngineConfig, process: bool, rate: float, n: int, max_tokens: int,
-                     engine: EngineClient | None = None) -> Sample:
+async def in_process(
+    cfg: EngineConfig, process: bool, rate: float, n: int, max_tokens: int, engine: EngineClient | None = None
+) -> Sample:
     """Latency of the engine's generate called directly (`engine`, else one built from `cfg`), tokenising
     the prompt like the gateway does."""
     engine = engine or (ProcessEngine(cfg) if process else AsyncEngine(cfg))
     engine.start()
     try:
+
         async def one(i: int) -> tuple[float, float]:
             t0 = time.perf_counter()
             ids = engine.tokenizer.encode(PROMPT)
             first = None
-            async for _out in engine.generate(ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                                              RequestMeta(tenant_id="bench"), f"inproc-{max_tokens}-{i}"):
+            async for _out in engine.generate(
+                ids,
+                SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                RequestMeta(tenant_id="bench"),
+                f"inproc-{max_tokens}-{i}",
+            ):
                 first = first or time.perf_counter() - t0
             return first or 0.0, time.perf_counter() - t0
 
@@ -130,8 +143,13 @@ class Served:
 
     def __init__(self, data_dir: str, *args: str) -> None:
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data-dir", data_dir, *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         self.banner: dict[str, str] = {}
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
@@ -173,25 +191,40 @@ class Poster:
         self.kind = kind
         self.pool = Http1Pool(served.url, served.headers)
         limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
-        self.httpx = httpx.AsyncClient(base_url=served.url, headers=served.headers, timeout=300, limits=limits)
+        self.httpx = httpx.AsyncClient(
+            base_url=served.url, headers=served.headers, timeout=300, limits=limits
+        )
 
-    async def post(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None,
-                   ) -> tuple[int, float | None, float, float]:
+    async def post(
+        self,
+        path: str,
+        body: dict[str, Any],
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, float | None, float, float]:
         """Status, the engine's share in seconds (the gateway's `Server-Timing`), seconds to the first SSE
         event and to the end."""
         t0 = time.perf_counter()
         if self.kind == "http1":
             reply = await self.pool.request("POST", path, body, headers, marker=b"data: {")
             end = time.perf_counter()
-            return reply.status, engine_share(reply.headers.get("server-timing")), (reply.marked_at or end) - t0, \
-                end - t0
+            return (
+                reply.status,
+                engine_share(reply.headers.get("server-timing")),
+                (reply.marked_at or end) - t0,
+                end - t0,
+            )
         first = None
         async with self.httpx.stream("POST", path, json=body, headers=headers) as resp:
             async for line in resp.aiter_lines():
                 if first is None and line.startswith("data: {"):
                     first = time.perf_counter()
         end = time.perf_counter()
-        return resp.status_code, engine_share(resp.headers.get("server-timing")), (first or end) - t0, end - t0
+        return (
+            resp.status_code,
+            engine_share(resp.headers.get("server-timing")),
+            (first or end) - t0,
+            end - t0,
+        )
 
     async def close(self) -> None:
         await self.pool.close()
@@ -207,8 +240,16 @@ def engine_share(server_timing: str | None) -> float | None:
     return None
 
 
-async def through_gateway(poster: Poster, served: Served, model: str, rate: float, n: int, max_tokens: int,
-                          stream: bool, paired: list[float]) -> Sample:
+async def through_gateway(
+    poster: Poster,
+    served: Served,
+    model: str,
+    rate: float,
+    n: int,
+    max_tokens: int,
+    stream: bool,
+    paired: list[float],
+) -> Sample:
     """Latency of the same requests over HTTP through the gateway. `paired` gets, per request, the client's
     latency (to the first event for streams) minus the engine's share the gateway reported for it: what the
     gateway and the network added to that very request, free of the engine's own load noise."""
@@ -242,7 +283,9 @@ async def rejections(poster: Poster, model: str, rate: float, n: int, hogs: int)
     await poster.pool.prewarm(32)
     fillers = []
     for _ in range(hogs):  # spaced so each is admitted: every slot busy, then the queue full
-        fillers.append(asyncio.create_task(poster.post("/v1/completions", hog_body, {"X-Task-Id": "bench-hogs"})))
+        fillers.append(
+            asyncio.create_task(poster.post("/v1/completions", hog_body, {"X-Task-Id": "bench-hogs"}))
+        )
         await asyncio.sleep(0.3)
     statuses: list[int] = []
 
@@ -257,8 +300,13 @@ async def rejections(poster: Poster, model: str, rate: float, n: int, hogs: int)
     await poster.post("/v1/tasks/bench-hogs/cancel", {})
     await asyncio.gather(*fillers, return_exceptions=True)
     rejected = [s for s in statuses if s in (429, 503)]
-    return {"rejected": len(rejected), "sent": n, "rejected_per_s": len(rejected) / wall,
-            "p50_ms": pct(sample.total, 0.5) * 1e3, "p99_ms": pct(sample.total, 0.99) * 1e3}
+    return {
+        "rejected": len(rejected),
+        "sent": n,
+        "rejected_per_s": len(rejected) / wall,
+        "p50_ms": pct(sample.total, 0.5) * 1e3,
+        "p99_ms": pct(sample.total, 0.99) * 1e3,
+    }
 
 
 async def measure_mode(args: argparse.Namespace, tmp: str, process: bool) -> dict[str, object]:
@@ -276,10 +324,12 @@ async def measure_mode(args: argparse.Namespace, tmp: str, process: bool) -> dic
     poster = Poster(served, args.client)
     try:
         model = (await poster.pool.request("GET", "/v1/models")).json()["data"][0]["id"]  # type: ignore[index]
-        report["gateway_nonstream"] = (await through_gateway(poster, served, model, args.rate, n, 1, False,
-                                                             paired_n)).summary()
-        report["gateway_stream"] = (await through_gateway(poster, served, model, args.rate, n, args.stream_tokens,
-                                                          True, paired_s)).summary()
+        report["gateway_nonstream"] = (
+            await through_gateway(poster, served, model, args.rate, n, 1, False, paired_n)
+        ).summary()
+        report["gateway_stream"] = (
+            await through_gateway(poster, served, model, args.rate, n, args.stream_tokens, True, paired_s)
+        ).summary()
     finally:
         await poster.close()
         served.stop()  # SIGTERM flushes the ledger
@@ -288,15 +338,18 @@ async def measure_mode(args: argparse.Namespace, tmp: str, process: bool) -> dic
     small = Served(str(Path(tmp) / f"{mode}-b"), "--max-num-seqs", "4", "--max-queued-requests", "4", flag)
     poster = Poster(small, args.client)
     try:
-        report["overload"] = await rejections(poster, model, args.reject_rate, int(args.reject_rate * 2), 4 + 4)
+        report["overload"] = await rejections(
+            poster, model, args.reject_rate, int(args.reject_rate * 2), 4 + 4
+        )
     finally:
         await poster.close()
         small.stop()
     for kind in ("nonstream", "stream"):
         g, e = report[f"gateway_{kind}"], report[f"inproc_{kind}"]
         assert isinstance(g, dict) and isinstance(e, dict)
-        report[f"overhead_{kind}"] = {k: g[k] - e[k] for k in ("first_p50_ms", "first_p99_ms", "total_p50_ms",
-                                                                  "total_p99_ms")}
+        report[f"overhead_{kind}"] = {
+            k: g[k] - e[k] for k in ("first_p50_ms", "first_p99_ms", "total_p50_ms", "total_p99_ms")
+        }
     return report
 
 
@@ -307,7 +360,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
         if args.curve_ab:
             return await curve_ab(args)
         return await (transport_ab(args) if args.transport_ab else remote_ab(args))
-    report: dict[str, object] = {"rate": args.rate, "requests": int(args.rate * args.duration), "client": args.client}
+    report: dict[str, object] = {
+        "rate": args.rate,
+        "requests": int(args.rate * args.duration),
+        "client": args.client,
+    }
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.engine_process]
     with tempfile.TemporaryDirectory() as tmp:
         for process in modes:
@@ -317,30 +374,47 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
 
 def side_by_side(report: dict[str, object]) -> str:
     """A Markdown table of the headline figures, one column pair per measured engine mode."""
-    measured: dict[str, dict[str, Any]] = {m: v for m in ("thread", "process") if isinstance(v := report.get(m), dict)}
-    rows = [("in-process, max_tokens=1", "inproc_nonstream", "total_"),
-            ("gateway, max_tokens=1", "gateway_nonstream", "total_"),
-            ("unpaired overhead, non-streaming", "overhead_nonstream", "total_"),
-            ("unpaired overhead, stream first token", "overhead_stream", "first_"),
-            ("unpaired overhead, whole stream", "overhead_stream", "total_"),
-            ("paired overhead, non-streaming", "paired_overhead_nonstream", ""),
-            ("paired overhead, stream first token", "paired_overhead_stream_first", "")]
-    head = f"| {report['rate']:g} req/s, {report['requests']} requests | " + " | ".join(
-        f"{m} p50 | {m} p99" for m in measured) + " |"
+    measured: dict[str, dict[str, Any]] = {
+        m: v for m in ("thread", "process") if isinstance(v := report.get(m), dict)
+    }
+    rows = [
+        ("in-process, max_tokens=1", "inproc_nonstream", "total_"),
+        ("gateway, max_tokens=1", "gateway_nonstream", "total_"),
+        ("unpaired overhead, non-streaming", "overhead_nonstream", "total_"),
+        ("unpaired overhead, stream first token", "overhead_stream", "first_"),
+        ("unpaired overhead, whole stream", "overhead_stream", "total_"),
+        ("paired overhead, non-streaming", "paired_overhead_nonstream", ""),
+        ("paired overhead, stream first token", "paired_overhead_stream_first", ""),
+    ]
+    head = (
+        f"| {report['rate']:g} req/s, {report['requests']} requests | "
+        + " | ".join(f"{m} p50 | {m} p99" for m in measured)
+        + " |"
+    )
     lines = [head, "|---" * (1 + 2 * len(measured)) + "|"]
     for label, key, which in rows:
         cells = [f"{r[key][f'{which}{q}_ms']:.2f} ms" for r in measured.values() for q in ("p50", "p99")]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     cells = [f"{r['overload'][f'{q}_ms']:.2f} ms" for r in measured.values() for q in ("p50", "p99")]
-    refused = "; ".join(f"{m}: {r['overload']['rejected']}/{r['overload']['sent']} refused at "
-                        f"{r['overload']['rejected_per_s']:.0f} /s" for m, r in measured.items())
+    refused = "; ".join(
+        f"{m}: {r['overload']['rejected']}/{r['overload']['sent']} refused at "
+        f"{r['overload']['rejected_per_s']:.0f} /s"
+        for m, r in measured.items()
+    )
     lines.append(f"| overload rejections ({refused}) | " + " | ".join(cells) + " |")
-    queued_out = ", ".join(f"{m}: {r['gateway_nonstream']['refused']} / {r['gateway_stream']['refused']}"
-                           for m, r in measured.items())
-    cpu = ", ".join(f"{m}: {r['gateway_nonstream']['cpu_ms_per_request']:.3f} / "
-                    f"{r['gateway_stream']['cpu_ms_per_request']:.3f} ms" for m, r in measured.items())
-    return "\n".join(lines) + (f"\n\nrequests the gateway refused (non-streaming / streaming): {queued_out}\n"
-                               f"gateway process CPU per request (non-streaming / streaming): {cpu}\n")
+    queued_out = ", ".join(
+        f"{m}: {r['gateway_nonstream']['refused']} / {r['gateway_stream']['refused']}"
+        for m, r in measured.items()
+    )
+    cpu = ", ".join(
+        f"{m}: {r['gateway_nonstream']['cpu_ms_per_request']:.3f} / "
+        f"{r['gateway_stream']['cpu_ms_per_request']:.3f} ms"
+        for m, r in measured.items()
+    )
+    return "\n".join(lines) + (
+        f"\n\nrequests the gateway refused (non-streaming / streaming): {queued_out}\n"
+        f"gateway process CPU per request (non-streaming / streaming): {cpu}\n"
+    )
 
 
 def main() -> None:
@@ -351,16 +425,39 @@ def main() -> None:
     p.add_argument("--stream-tokens", type=int, default=8)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--reject-rate", type=float, default=500.0, help="offered rate during overload")
-    p.add_argument("--engine-process", choices=["off", "on", "both"], default="both",
-                   help="engine loop on a gateway thread (off), in its own process (on), or measure both")
-    p.add_argument("--client", choices=["http1", "httpx"], default="http1",
-                   help="load client: a minimal keep-alive HTTP/1.1 client, or httpx (about 2 ms of its own per request)")
-    p.add_argument("--transport-ab", type=int, default=0, metavar="ROUNDS",
-                   help="instead: alternate the process engine's transports (zmq, pipe) for ROUNDS rounds each")
-    p.add_argument("--remote-ab", type=int, default=0, metavar="ROUNDS",
-                   help="instead: alternate the local process engine and a `fairserve engine` over TCP")
-    p.add_argument("--curve-ab", type=int, default=0, metavar="ROUNDS",
-                   help="instead: alternate a `fairserve engine` with --cluster-key (CurveZMQ) and one without")
+    p.add_argument(
+        "--engine-process",
+        choices=["off", "on", "both"],
+        default="both",
+        help="engine loop on a gateway thread (off), in its own process (on), or measure both",
+    )
+    p.add_argument(
+        "--client",
+        choices=["http1", "httpx"],
+        default="http1",
+        help="load client: a minimal keep-alive HTTP/1.1 client, or httpx (about 2 ms of its own per request)",
+    )
+    p.add_argument(
+        "--transport-ab",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="instead: alternate the process engine's transports (zmq, pipe) for ROUNDS rounds each",
+    )
+    p.add_argument(
+        "--remote-ab",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="instead: alternate the local process engine and a `fairserve engine` over TCP",
+    )
+    p.add_argument(
+        "--curve-ab",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="instead: alternate a `fairserve engine` with --cluster-key (CurveZMQ) and one without",
+    )
     args = p.parse_args()
     report = uvloop.run(main_async(args))  # the loop uvicorn uses too: the client's own cost stays small
     print(json.dumps(_rounded(report), indent=2))

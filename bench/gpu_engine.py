@@ -23,8 +23,13 @@ import torch
 BATCH, PROMPT_LEN, NEW_TOKENS = 64, 128, 128
 # TinyLlama-like geometry with 16 layers: about 0.85B parameters.
 MODEL_GEOMETRY: dict[str, Any] = {
-    "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 16, "num_attention_heads": 32,
-    "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 4096,
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
 }
 
 
@@ -36,8 +41,9 @@ def write_model(path: Path) -> Any:
         from engine.loader import write_byte_tokenizer  # type: ignore[attr-defined]
     except ImportError:
         from engine.tokenizer import write_byte_tokenizer
-    config = LlamaConfig(**MODEL_GEOMETRY, bos_token_id=256, eos_token_id=257, pad_token_id=258,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        **MODEL_GEOMETRY, bos_token_id=256, eos_token_id=257, pad_token_id=258, tie_word_embeddings=False
+    )
     torch.manual_seed(0)
     with torch.device("cuda"):
         model: Any = LlamaForCausalLM(config)
@@ -68,9 +74,16 @@ def engine_run(model_dir: Path, prompts: list[list[int]], backend: str) -> Calla
     """A function generating `n` tokens for every prompt with `engine.LLM` on `backend`."""
     from engine import LLM, SamplingParams
 
-    llm = LLM(model=str(model_dir), device="cuda", dtype="bfloat16", attention_backend=backend,
-              max_num_seqs=BATCH, max_num_batched_tokens=BATCH * PROMPT_LEN, enable_prefix_caching=False,
-              kv_cache_memory_fraction=0.3)
+    llm = LLM(
+        model=str(model_dir),
+        device="cuda",
+        dtype="bfloat16",
+        attention_backend=backend,
+        max_num_seqs=BATCH,
+        max_num_batched_tokens=BATCH * PROMPT_LEN,
+        enable_prefix_caching=False,
+        kv_cache_memory_fraction=0.3,
+    )
 
     def run(n: int) -> Any:
         outs = llm.generate(prompts, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
@@ -87,8 +100,14 @@ def hf_run(model: Any, prompts: list[list[int]]) -> Callable[[int], Any]:
 
     def run(n: int) -> Any:
         with torch.inference_mode():
-            return model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                                  do_sample=False, pad_token_id=258)
+            return model.generate(
+                input_ids=input_ids,
+                attention_mask=mask,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=258,
+            )
 
     return run
 
@@ -115,7 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         backends = ["triton"] if args.skip_torch_backend else ["triton", "torch"]
         for backend in backends:
             try:
-                rows.append({"system": f"engine.LLM ({backend})", **decode_tps(engine_run(model_dir, prompts, backend))})
+                rows.append(
+                    {
+                        "system": f"engine.LLM ({backend})",
+                        **decode_tps(engine_run(model_dir, prompts, backend)),
+                    }
+                )
             except Exception as exc:  # report and keep the other measurements
                 rows.append({"system": f"engine.LLM ({backend})", "error": f"{type(exc).__name__}: {exc}"})
             torch.cuda.empty_cache()
@@ -123,16 +147,33 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         if "decode_tokens_per_s" in row:
             row["ratio_vs_transformers"] = row["decode_tokens_per_s"] / peer
-    print(f"## Engine decode throughput: {params / 1e9:.2f}B-param random Llama, bf16, batch {BATCH}, "
-          f"prompt {PROMPT_LEN}, {NEW_TOKENS} new tokens\n")
-    print("| system | decode tok/s | ratio vs transformers | t(1) s | t(N) s | error |\n|---|---|---|---|---|---|")
+    print(
+        f"## Engine decode throughput: {params / 1e9:.2f}B-param random Llama, bf16, batch {BATCH}, "
+        f"prompt {PROMPT_LEN}, {NEW_TOKENS} new tokens\n"
+    )
+    print(
+        "| system | decode tok/s | ratio vs transformers | t(1) s | t(N) s | error |\n|---|---|---|---|---|---|"
+    )
     for row in rows:
-        print(f"| {row['system']} | {row.get('decode_tokens_per_s', 0):.0f} | {row.get('ratio_vs_transformers', 0):.2f} "
-              f"| {row.get('t_1_s', 0):.3f} | {row.get('t_n_s', 0):.3f} | {row.get('error', '')} |")
+        print(
+            f"| {row['system']} | {row.get('decode_tokens_per_s', 0):.0f} | {row.get('ratio_vs_transformers', 0):.2f} "
+            f"| {row.get('t_1_s', 0):.3f} | {row.get('t_n_s', 0):.3f} | {row.get('error', '')} |"
+        )
     out = args.out or Path(os.environ.get("OUT") or "artifacts") / "gpu_engine.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "params": params, "batch": BATCH,
-                               "prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS, "rows": rows}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "device": torch.cuda.get_device_name(),
+                "params": params,
+                "batch": BATCH,
+                "prompt_len": PROMPT_LEN,
+                "new_tokens": NEW_TOKENS,
+                "rows": rows,
+            },
+            indent=2,
+        )
+    )
     print(f"\nwrote {out}")
     return 0
 

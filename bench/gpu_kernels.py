@@ -71,17 +71,39 @@ def decode_case(pool: PagedPool, batch: int, context: int) -> dict[str, Any]:
     scale = HEAD_DIM**-0.5
 
     def run() -> torch.Tensor:
-        return paged_attention(query, pool.k_cache, pool.v_cache, tables, qsl, seq_lens, scale,
-                               max_query_len=1, max_seq_len=context)
+        return paged_attention(
+            query,
+            pool.k_cache,
+            pool.v_cache,
+            tables,
+            qsl,
+            seq_lens,
+            scale,
+            max_query_len=1,
+            max_seq_len=context,
+        )
 
     ms = bench_ms(run)
     kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * pool.k_cache.element_size()
-    cfg = launch_config(num_tokens=batch, num_seqs=batch, num_kv_heads=NUM_KV_HEADS, group=NUM_HEADS // NUM_KV_HEADS,
-                        head_dim=HEAD_DIM, max_query_len=1, max_seq_len=context, sm_count=num_sms(query.device))
+    cfg = launch_config(
+        num_tokens=batch,
+        num_seqs=batch,
+        num_kv_heads=NUM_KV_HEADS,
+        group=NUM_HEADS // NUM_KV_HEADS,
+        head_dim=HEAD_DIM,
+        max_query_len=1,
+        max_seq_len=context,
+        sm_count=num_sms(query.device),
+    )
     row: dict[str, Any] = {
-        "batch": batch, "context": context, "num_splits": cfg.num_splits, "triton_ms": ms,
-        "bandwidth_tb_s": kv_bytes / (ms * 1e-3) / 1e12, "hbm_fraction": kv_bytes / (ms * 1e-3) / HBM_BYTES_PER_S,
-        "sdpa_ms": None, "max_abs_err_vs_sdpa": None,
+        "batch": batch,
+        "context": context,
+        "num_splits": cfg.num_splits,
+        "triton_ms": ms,
+        "bandwidth_tb_s": kv_bytes / (ms * 1e-3) / 1e12,
+        "hbm_fraction": kv_bytes / (ms * 1e-3) / HBM_BYTES_PER_S,
+        "sdpa_ms": None,
+        "max_abs_err_vs_sdpa": None,
     }
     if batch * context <= SDPA_DECODE_MAX_TOKENS:
         k, v = pool.gather(tables, context)
@@ -110,8 +132,17 @@ def prefill_case(pool: PagedPool, batch: int, context: int, chunk: int) -> dict[
     scale = HEAD_DIM**-0.5
 
     def run() -> torch.Tensor:
-        return paged_attention(query, pool.k_cache, pool.v_cache, tables, qsl, seq_lens, scale,
-                               max_query_len=chunk, max_seq_len=context)
+        return paged_attention(
+            query,
+            pool.k_cache,
+            pool.v_cache,
+            tables,
+            qsl,
+            seq_lens,
+            scale,
+            max_query_len=chunk,
+            max_seq_len=context,
+        )
 
     group = NUM_HEADS // NUM_KV_HEADS
     k, v = pool.gather(tables, context)
@@ -125,11 +156,21 @@ def prefill_case(pool: PagedPool, batch: int, context: int, chunk: int) -> dict[
     pairs = chunk * (context - chunk) + chunk * (chunk + 1) // 2  # visible (query, key) pairs per head
     flops = 4.0 * batch * NUM_HEADS * HEAD_DIM * pairs
     ms, sdpa_ms = bench_ms(run), bench_ms(sdpa)
-    err = (run().float() - sdpa().transpose(1, 2).reshape(batch * chunk, NUM_HEADS, HEAD_DIM).float()).abs().max()
+    err = (
+        (run().float() - sdpa().transpose(1, 2).reshape(batch * chunk, NUM_HEADS, HEAD_DIM).float())
+        .abs()
+        .max()
+    )
     return {
-        "batch": batch, "context": context, "chunk": chunk, "triton_ms": ms, "sdpa_ms": sdpa_ms,
-        "triton_tflops": flops / (ms * 1e-3) / 1e12, "sdpa_tflops": flops / (sdpa_ms * 1e-3) / 1e12,
-        "ratio_vs_sdpa": sdpa_ms / ms, "max_abs_err_vs_sdpa": err.item(),
+        "batch": batch,
+        "context": context,
+        "chunk": chunk,
+        "triton_ms": ms,
+        "sdpa_ms": sdpa_ms,
+        "triton_tflops": flops / (ms * 1e-3) / 1e12,
+        "sdpa_tflops": flops / (sdpa_ms * 1e-3) / 1e12,
+        "ratio_vs_sdpa": sdpa_ms / ms,
+        "max_abs_err_vs_sdpa": err.item(),
     }
 
 
@@ -157,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run every case, print the tables, write the JSON; exit 2 without CUDA."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--quick", action="store_true", help="only the batch 64 x 4k decode target and one prefill")
+    parser.add_argument(
+        "--quick", action="store_true", help="only the batch 64 x 4k decode target and one prefill"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_kernels: no CUDA device; nothing measured", file=sys.stderr)
@@ -173,8 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
-        "shape": {"num_heads": NUM_HEADS, "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM,
-                  "block_size": BLOCK_SIZE, "dtype": "bfloat16"},
+        "shape": {
+            "num_heads": NUM_HEADS,
+            "num_kv_heads": NUM_KV_HEADS,
+            "head_dim": HEAD_DIM,
+            "block_size": BLOCK_SIZE,
+            "dtype": "bfloat16",
+        },
         "hbm_bytes_per_s": HBM_BYTES_PER_S,
         "decode": decode,
         "prefill": prefill,
@@ -182,11 +230,38 @@ def main(argv: list[str] | None = None) -> int:
         "target_met": None if target is None else target["hbm_fraction"] >= 0.70,
     }
     print("## Decode attention (bf16, 32 q heads, 8 kv heads, head_dim 128, block 16)\n")
-    print(markdown(decode, ["batch", "context", "num_splits", "triton_ms", "bandwidth_tb_s", "hbm_fraction",
-                            "sdpa_ms", "max_abs_err_vs_sdpa"]))
+    print(
+        markdown(
+            decode,
+            [
+                "batch",
+                "context",
+                "num_splits",
+                "triton_ms",
+                "bandwidth_tb_s",
+                "hbm_fraction",
+                "sdpa_ms",
+                "max_abs_err_vs_sdpa",
+            ],
+        )
+    )
     print("\n## Prefill-chunk attention vs torch SDPA (bottom-right causal)\n")
-    print(markdown(prefill, ["batch", "context", "chunk", "triton_ms", "triton_tflops", "sdpa_ms", "sdpa_tflops",
-                             "ratio_vs_sdpa", "max_abs_err_vs_sdpa"]))
+    print(
+        markdown(
+            prefill,
+            [
+                "batch",
+                "context",
+                "chunk",
+                "triton_ms",
+                "triton_tflops",
+                "sdpa_ms",
+                "sdpa_tflops",
+                "ratio_vs_sdpa",
+                "max_abs_err_vs_sdpa",
+            ],
+        )
+    )
     if target is not None:
         verdict = "met" if result["target_met"] else "NOT met"
         print(f"\nTarget (decode b64 x 4k >= 70% of HBM): {target['hbm_fraction']:.1%} -> {verdict}")

@@ -71,19 +71,35 @@ class Row:
 def tiny_model_config() -> dict[str, Any]:
     """One layer, hidden 32: the forward is a few small matmuls, so the host's work dominates."""
     config = default_model_config(256 + len(BYTE_SPECIAL_TOKENS))
-    config.update(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=8)
+    config.update(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
     return config
 
 
-def steady_engine(model_dir: Path, batch: int, steps: int, stop: list[str], overlap: bool = False) -> LLMEngine:
+def steady_engine(
+    model_dir: Path, batch: int, steps: int, stop: list[str], overlap: bool = False
+) -> LLMEngine:
     """An engine holding `batch` requests, stepped until every one of them decodes (no prefill left)."""
     total = PROMPT_TOKENS + steps + 64
     blocks = batch * -(-total // 16) + 16
-    config = EngineConfig(model=str(model_dir), max_num_seqs=batch, max_num_batched_tokens=max(batch, 2048),
-                          num_kv_blocks=blocks, max_model_len=total + 16, async_scheduling="on" if overlap else "off")
+    config = EngineConfig(
+        model=str(model_dir),
+        max_num_seqs=batch,
+        max_num_batched_tokens=max(batch, 2048),
+        num_kv_blocks=blocks,
+        max_model_len=total + 16,
+        async_scheduling="on" if overlap else "off",
+    )
     engine = LLMEngine(config)
-    engine.front_detokenizes = True  # as under the engine loop (engine/boundary/worker.py), which a server runs
+    engine.front_detokenizes = (
+        True  # as under the engine loop (engine/boundary/worker.py), which a server runs
+    )
     rng = random.Random(0)
     params = SamplingParams(max_tokens=steps + 32, temperature=0.0, ignore_eos=True, stop=stop)
     for i in range(batch):
@@ -99,7 +115,9 @@ def steady_engine(model_dir: Path, batch: int, steps: int, stop: list[str], over
 class Probe:
     """One batch size's engine in decode steady state, with the front's routes for its requests."""
 
-    def __init__(self, model_dir: Path, batch: int, steps: int, stop: list[str], overlap: bool = False) -> None:
+    def __init__(
+        self, model_dir: Path, batch: int, steps: int, stop: list[str], overlap: bool = False
+    ) -> None:
         self.batch = batch
         self.overlap = overlap
         self.engine = steady_engine(model_dir, batch, steps, stop, overlap)
@@ -107,8 +125,12 @@ class Probe:
         self.routes = {}
         for request_id, request in self.engine.scheduler.requests.items():
             tokenizer = self.engine.tokenizer
-            detokenizer = None if text_in_loop(request.sampling) else tokenizer.detokenizer(request.prompt_token_ids)
-            self.routes[request_id] = OutputRoute(self.loop, lambda _: None, request.prompt_token_ids, detokenizer)
+            detokenizer = (
+                None if text_in_loop(request.sampling) else tokenizer.detokenizer(request.prompt_token_ids)
+            )
+            self.routes[request_id] = OutputRoute(
+                self.loop, lambda _: None, request.prompt_token_ids, detokenizer
+            )
 
     def round(self, steps: int) -> Row:
         """Mean figures over `steps` steady decode steps (means: a GC pause or a slow step is part of the cost)."""
@@ -136,14 +158,26 @@ class Probe:
             return statistics.fmean(values) * 1e6 / self.batch
 
         phases = {p: per_request([getattr(t, f"{p}_s") for t in traces]) for p in PHASES}
-        other = per_request([w - t.forward_s - sum(getattr(t, f"{p}_s") for p in PHASES)
-                             for w, t in zip(walls, traces, strict=True)])
+        other = per_request(
+            [
+                w - t.forward_s - sum(getattr(t, f"{p}_s") for p in PHASES)
+                for w, t in zip(walls, traces, strict=True)
+            ]
+        )
         host = per_request([w - t.forward_s for w, t in zip(walls, traces, strict=True)])
-        return Row(self.batch, steps, **phases, front=per_request(fronts), publish=per_request(publishes),
-                   other=other, host=host,
-                   forward_ms=statistics.fmean(t.forward_s for t in traces) * 1e3,
-                   step_ms=statistics.fmean(walls) * 1e3, overlapped=per_request([t.overlapped_s for t in traces]),
-                   wait_ms=statistics.fmean(t.wait_s for t in traces) * 1e3)
+        return Row(
+            self.batch,
+            steps,
+            **phases,
+            front=per_request(fronts),
+            publish=per_request(publishes),
+            other=other,
+            host=host,
+            forward_ms=statistics.fmean(t.forward_s for t in traces) * 1e3,
+            step_ms=statistics.fmean(walls) * 1e3,
+            overlapped=per_request([t.overlapped_s for t in traces]),
+            wait_ms=statistics.fmean(t.wait_s for t in traces) * 1e3,
+        )
 
     def close(self) -> None:
         """Release the trace file and the front's event loop."""
@@ -151,7 +185,9 @@ class Probe:
         self.loop.close()
 
 
-def measure(model_dir: Path, batches: list[int], steps: int, warmup: int, rounds: int, stop: list[str]) -> list[Row]:
+def measure(
+    model_dir: Path, batches: list[int], steps: int, warmup: int, rounds: int, stop: list[str]
+) -> list[Row]:
     """Per batch size, its best of `rounds` rounds (by host total); the rounds of all batch sizes interleave,
     so load from other work on a shared machine falls on every size alike."""
     probes = [Probe(model_dir, b, warmup + rounds * steps, stop) for b in batches]
@@ -170,11 +206,16 @@ def measure(model_dir: Path, batches: list[int], steps: int, warmup: int, rounds
     return [best[b] for b in batches]
 
 
-def async_ab(model_dir: Path, batches: list[int], steps: int, warmup: int, rounds: int,
-             stop: list[str]) -> dict[int, dict[str, list[Row]]]:
+def async_ab(
+    model_dir: Path, batches: list[int], steps: int, warmup: int, rounds: int, stop: list[str]
+) -> dict[int, dict[str, list[Row]]]:
     """Every batch size with async scheduling off and on, one engine each, their rounds alternated (off, on,
     off, on...) so load from other work falls on both alike; every round of each is kept."""
-    probes = [Probe(model_dir, b, warmup + rounds * steps, stop, overlap) for b in batches for overlap in (False, True)]
+    probes = [
+        Probe(model_dir, b, warmup + rounds * steps, stop, overlap)
+        for b in batches
+        for overlap in (False, True)
+    ]
     rows: dict[int, dict[str, list[Row]]] = {b: {"off": [], "on": []} for b in batches}
     try:
         for probe in probes:
@@ -190,16 +231,20 @@ def async_ab(model_dir: Path, batches: list[int], steps: int, warmup: int, round
 
 def async_markdown(rows: dict[int, dict[str, list[Row]]]) -> str:
     """The A/B table: step time off and on (medians of the rounds), their paired ratio, what the forward hid."""
-    head = ("| batch | step ms, off | step ms, on | on/off (median of paired rounds) | forward ms | "
-            "host hidden under the forward, µs/request | host waiting for samples, ms/step |")
+    head = (
+        "| batch | step ms, off | step ms, on | on/off (median of paired rounds) | forward ms | "
+        "host hidden under the forward, µs/request | host waiting for samples, ms/step |"
+    )
     lines = [head, "|---:" * 7 + "|"]
     for batch, by in rows.items():
         off, on = by["off"], by["on"]
         ratio = statistics.median(b.step_ms / a.step_ms for a, b in zip(off, on, strict=True))
-        lines.append(f"| {batch} | {statistics.median(r.step_ms for r in off):.2f} | "
-                     f"{statistics.median(r.step_ms for r in on):.2f} | {ratio:.3f} | "
-                     f"{statistics.median(r.forward_ms for r in on):.2f} | "
-                     f"{statistics.median(r.overlapped for r in on):.2f} | {statistics.median(r.wait_ms for r in on):.2f} |")
+        lines.append(
+            f"| {batch} | {statistics.median(r.step_ms for r in off):.2f} | "
+            f"{statistics.median(r.step_ms for r in on):.2f} | {ratio:.3f} | "
+            f"{statistics.median(r.forward_ms for r in on):.2f} | "
+            f"{statistics.median(r.overlapped for r in on):.2f} | {statistics.median(r.wait_ms for r in on):.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -207,16 +252,29 @@ def process_steps_per_s(model_dir: Path, batch: int, overlap: bool, seconds: flo
     """Decode steps per second of a real ProcessEngine worker holding `batch` streams, with or without
     `overlap_publish`: the loop's whole cost, its report to the front included, as a deployment runs it."""
     total = 2048  # the model's context
-    config = EngineConfig(model=str(model_dir), max_num_seqs=batch, max_num_batched_tokens=max(batch, 2048),
-                          num_kv_blocks=batch * (total // 16), overlap_publish=overlap)
+    config = EngineConfig(
+        model=str(model_dir),
+        max_num_seqs=batch,
+        max_num_batched_tokens=max(batch, 2048),
+        num_kv_blocks=batch * (total // 16),
+        overlap_publish=overlap,
+    )
     engine = ProcessEngine(config)
     engine.start()
 
     async def run() -> float:
         rng = random.Random(0)
         params = SamplingParams(max_tokens=total - PROMPT_TOKENS, temperature=0.0, ignore_eos=True)
-        streams = [engine.submit([rng.randrange(32, 127) for _ in range(PROMPT_TOKENS)], params, RequestMeta(),
-                                 f"p{i}", sink=lambda _: None) for i in range(batch)]
+        streams = [
+            engine.submit(
+                [rng.randrange(32, 127) for _ in range(PROMPT_TOKENS)],
+                params,
+                RequestMeta(),
+                f"p{i}",
+                sink=lambda _: None,
+            )
+            for i in range(batch)
+        ]
         deadline = time.monotonic() + 120
         while engine.stats().running < batch or engine.stats().waiting:  # poll: admitted and prefilled
             if time.monotonic() > deadline:
@@ -240,18 +298,24 @@ def process_steps_per_s(model_dir: Path, batch: int, overlap: bool, seconds: flo
 
 def markdown(rows: list[Row]) -> str:
     """The table for docs/engine.md and the README."""
-    head = ("| batch | schedule | prepare | sample | update | outputs | other | **host total** | publish | front | "
-            "forward ms/step | step ms |")
+    head = (
+        "| batch | schedule | prepare | sample | update | outputs | other | **host total** | publish | front | "
+        "forward ms/step | step ms |"
+    )
     lines = [head, "|---:" * 12 + "|"]
     for r in rows:
-        lines.append(f"| {r.batch} | {r.schedule:.2f} | {r.prepare:.2f} | {r.sample:.2f} | {r.update:.2f} | "
-                     f"{r.outputs:.2f} | {r.other:.2f} | **{r.host:.2f}** | {r.publish:.2f} | {r.front:.2f} | "
-                     f"{r.forward_ms:.2f} | {r.step_ms:.2f} |")
+        lines.append(
+            f"| {r.batch} | {r.schedule:.2f} | {r.prepare:.2f} | {r.sample:.2f} | {r.update:.2f} | "
+            f"{r.outputs:.2f} | {r.other:.2f} | **{r.host:.2f}** | {r.publish:.2f} | {r.front:.2f} | "
+            f"{r.forward_ms:.2f} | {r.step_ms:.2f} |"
+        )
     base = next((r for r in rows if r.batch == 64), None)
     top = max(rows, key=lambda r: r.batch)
     if base and top is not base:
         lines.append("")
-        lines.append(f"host cost per request at batch {top.batch} / batch {base.batch}: {top.host / base.host:.2f}x")
+        lines.append(
+            f"host cost per request at batch {top.batch} / batch {base.batch}: {top.host / base.host:.2f}x"
+        )
     return "\n".join(lines)
 
 
@@ -259,15 +323,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", default="64,256,1024", help="comma-separated batch sizes")
     parser.add_argument("--steps", type=int, default=20, help="steady decode steps per round and batch size")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; each batch size keeps its best")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds; each batch size keeps its best"
+    )
     parser.add_argument("--warmup", type=int, default=5, help="steady steps run before measuring")
     parser.add_argument("--stop", action="append", default=[], help="a stop string every request carries")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
-    parser.add_argument("--overlap", type=int, default=0, metavar="BATCH",
-                        help="also compare ProcessEngine decode steps/s with and without overlap_publish at BATCH")
-    parser.add_argument("--overlap-seconds", type=float, default=3.0, help="measured window of each --overlap run")
-    parser.add_argument("--async-ab", action="store_true",
-                        help="also compare step time with EngineConfig.async_scheduling off and on, rounds alternated")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)"
+    )
+    parser.add_argument(
+        "--overlap",
+        type=int,
+        default=0,
+        metavar="BATCH",
+        help="also compare ProcessEngine decode steps/s with and without overlap_publish at BATCH",
+    )
+    parser.add_argument(
+        "--overlap-seconds", type=float, default=3.0, help="measured window of each --overlap run"
+    )
+    parser.add_argument(
+        "--async-ab",
+        action="store_true",
+        help="also compare step time with EngineConfig.async_scheduling off and on, rounds alternated",
+    )
     parser.add_argument("--json", help="also write the raw figures here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -276,24 +354,38 @@ def main(argv: list[str] | None = None) -> int:
         write_seeded_llama(model_dir, tiny_model_config())
         batches = [int(b) for b in args.batches.split(",")]
         rows = measure(model_dir, batches, args.steps, args.warmup, args.rounds, args.stop)
-        ab = async_ab(model_dir, batches, args.steps, args.warmup, args.rounds, args.stop) if args.async_ab else {}
+        ab = (
+            async_ab(model_dir, batches, args.steps, args.warmup, args.rounds, args.stop)
+            if args.async_ab
+            else {}
+        )
         overlap: dict[str, list[float]] = {"off": [], "on": []}
         for _ in range(args.rounds if args.overlap else 0):  # alternated, A/B
             for mode in ("off", "on"):
-                overlap[mode].append(process_steps_per_s(model_dir, args.overlap, mode == "on", args.overlap_seconds))
-    print("host microseconds per request per step (mean over a round, best round); forward and step: ms per step")
+                overlap[mode].append(
+                    process_steps_per_s(model_dir, args.overlap, mode == "on", args.overlap_seconds)
+                )
+    print(
+        "host microseconds per request per step (mean over a round, best round); forward and step: ms per step"
+    )
     print(markdown(rows))
     if args.overlap:
         off, on = max(overlap["off"]), max(overlap["on"])
-        print(f"\nProcessEngine at batch {args.overlap}, decode steps/s (best of {args.rounds}, alternated): "
-              f"overlap_publish off {off:.1f}, on {on:.1f}, on/off {on / off:.3f}")
+        print(
+            f"\nProcessEngine at batch {args.overlap}, decode steps/s (best of {args.rounds}, alternated): "
+            f"overlap_publish off {off:.1f}, on {on:.1f}, on/off {on / off:.3f}"
+        )
     if ab:
-        print(f"\nasync scheduling off / on, in-process LLMEngine, {args.rounds} alternated rounds of {args.steps} steps")
+        print(
+            f"\nasync scheduling off / on, in-process LLMEngine, {args.rounds} alternated rounds of {args.steps} steps"
+        )
         print(async_markdown(ab))
     if args.json:
         raw_ab = {b: {m: [r.__dict__ for r in rs] for m, rs in by.items()} for b, by in ab.items()}
-        Path(args.json).write_text(json.dumps({"rows": [r.__dict__ for r in rows], "overlap": overlap,
-                                               "async_ab": raw_ab}, indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps({"rows": [r.__dict__ for r in rows], "overlap": overlap, "async_ab": raw_ab}, indent=2)
+            + "\n"
+        )
     return 0
 
 

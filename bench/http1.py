@@ -42,15 +42,25 @@ class Http1Pool:
         parts = urlsplit(self.url)
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
-        self._fixed = "".join(f"{k}: {v}\r\n" for k, v in {"Host": f"{self.host}:{self.port}", **self.headers}.items())
+        self._fixed = "".join(
+            f"{k}: {v}\r\n" for k, v in {"Host": f"{self.host}:{self.port}", **self.headers}.items()
+        )
 
-    async def request(self, method: str, path: str, payload: object = None, headers: dict[str, str] | None = None,
-                      marker: bytes | None = None) -> Reply:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        payload: object = None,
+        headers: dict[str, str] | None = None,
+        marker: bytes | None = None,
+    ) -> Reply:
         """Send one request and read its whole response; a stale pooled connection is retried once on a new one."""
         body = b"" if payload is None else json.dumps(payload).encode()
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        head = (f"{method} {path} HTTP/1.1\r\n{self._fixed}{extra}Content-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        head = (
+            f"{method} {path} HTTP/1.1\r\n{self._fixed}{extra}Content-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
         for attempt in (0, 1):
             conn = self._take() if attempt == 0 else None
             reader, writer = conn or await asyncio.open_connection(self.host, self.port)

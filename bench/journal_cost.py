@@ -36,17 +36,36 @@ from billing import Database, Ledger, LedgerConfig, UsageRecord, default_db_url
 def _row(i: int, run: str) -> UsageRecord:
     now = datetime.now(UTC)
     return UsageRecord(
-        request_id=f"{run}-{i}", tenant_id="bench", api_key_id="k", task_id=None, workflow_run_id=None, attempt=0,
-        model="fairserve-tiny", status="completed", finish_reason="length", cancel_state=None, prompt_tokens=7,
-        cached_tokens=0, completion_tokens=1, charged_service=8.0, tokens_after_cancel=0, preemptions=0,
-        recomputed_tokens=0, queue_ms=0.4, ttft_ms=3.1, e2e_ms=3.2, created_at=now, finished_at=now,
+        request_id=f"{run}-{i}",
+        tenant_id="bench",
+        api_key_id="k",
+        task_id=None,
+        workflow_run_id=None,
+        attempt=0,
+        model="fairserve-tiny",
+        status="completed",
+        finish_reason="length",
+        cancel_state=None,
+        prompt_tokens=7,
+        cached_tokens=0,
+        completion_tokens=1,
+        charged_service=8.0,
+        tokens_after_cancel=0,
+        preemptions=0,
+        recomputed_tokens=0,
+        queue_ms=0.4,
+        ttft_ms=3.1,
+        e2e_ms=3.2,
+        created_at=now,
+        finished_at=now,
     )
 
 
 def record_us(db: Database, tmp: Path, journal: bool, rows: int, run: str) -> float:
     """Mean µs per record() call over `rows` rows (paced 20 µs apart so the buffer never overflows)."""
-    ledger = Ledger(db, LedgerConfig(spill_path=str(tmp / f"{run}.spill"), journal=journal),
-                    registry=CollectorRegistry())
+    ledger = Ledger(
+        db, LedgerConfig(spill_path=str(tmp / f"{run}.spill"), journal=journal), registry=CollectorRegistry()
+    )
     ledger.start()
     batch = [_row(i, run) for i in range(rows)]
     spent = 0
@@ -109,10 +128,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             db.dispose()
     journal_us = statistics.median(on) - statistics.median(off)
     gateway_us = statistics.median(cpu)
-    return {"record_us_journal_on": on, "record_us_journal_off": off, "gateway_cpu_us_per_request": cpu,
-            "journal_us_per_request": journal_us, "gateway_cpu_us_median": gateway_us,
-            "journal_share_of_gateway_cpu": journal_us / gateway_us, "rows": args.rows, "requests": args.requests,
-            "rate": args.rate}
+    return {
+        "record_us_journal_on": on,
+        "record_us_journal_off": off,
+        "gateway_cpu_us_per_request": cpu,
+        "journal_us_per_request": journal_us,
+        "gateway_cpu_us_median": gateway_us,
+        "journal_share_of_gateway_cpu": journal_us / gateway_us,
+        "rows": args.rows,
+        "requests": args.requests,
+        "rate": args.rate,
+    }
 
 
 def main() -> None:

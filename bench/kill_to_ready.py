@@ -29,7 +29,9 @@ from typing import Any
 
 import httpx
 
-_REPLACED = re.compile(r"engine worker replaced \(start ([\d.]+) s: spawn and imports ([\d.]+) s, engine build ([\d.]+) s\)")
+_REPLACED = re.compile(
+    r"engine worker replaced \(start ([\d.]+) s: spawn and imports ([\d.]+) s, engine build ([\d.]+) s\)"
+)
 
 
 def _noop() -> None:
@@ -75,9 +77,13 @@ def engine_worker(pid: int) -> int | None:
 def run(kills: int) -> dict[str, Any]:
     """Serve, kill, time to ready, `kills` times; the figures as a dict."""
     with tempfile.TemporaryDirectory() as data:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data-dir", data],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data-dir", data],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         lines: list[str] = []
         banner: dict[str, str] = {}
         ready = threading.Event()
@@ -109,8 +115,9 @@ def _kill_cycles(pid: int, banner: dict[str, str], kills: int, lines: list[str])
     with httpx.Client(base_url=banner["url"], timeout=120) as client:
         model = client.get("/v1/models", headers=headers).json()["data"][0]["id"]
         for _ in range(kills):
-            served = client.post("/v1/completions", headers=headers,
-                                 json={"model": model, "prompt": "served", "max_tokens": 2})
+            served = client.post(
+                "/v1/completions", headers=headers, json={"model": model, "prompt": "served", "max_tokens": 2}
+            )
             assert served.status_code == 200, served.text
             worker = engine_worker(pid)
             assert worker is not None

@@ -29,11 +29,28 @@ from billing import Database, Ledger, LedgerConfig, UsageRecord
 
 def _row(run: str, i: int, now: datetime) -> UsageRecord:
     return UsageRecord(
-        request_id=f"bench-{run}-{i}", tenant_id=f"tenant-{i % 8}", api_key_id=None, task_id=None,
-        workflow_run_id=None, attempt=0, model="bench", status="completed", finish_reason="stop",
-        cancel_state=None, prompt_tokens=128, cached_tokens=32, completion_tokens=64, charged_service=192.0,
-        tokens_after_cancel=0, preemptions=0, recomputed_tokens=0, queue_ms=1.5, ttft_ms=20.0, e2e_ms=300.0,
-        created_at=now, finished_at=now,
+        request_id=f"bench-{run}-{i}",
+        tenant_id=f"tenant-{i % 8}",
+        api_key_id=None,
+        task_id=None,
+        workflow_run_id=None,
+        attempt=0,
+        model="bench",
+        status="completed",
+        finish_reason="stop",
+        cancel_state=None,
+        prompt_tokens=128,
+        cached_tokens=32,
+        completion_tokens=64,
+        charged_service=192.0,
+        tokens_after_cancel=0,
+        preemptions=0,
+        recomputed_tokens=0,
+        queue_ms=1.5,
+        ttft_ms=20.0,
+        e2e_ms=300.0,
+        created_at=now,
+        finished_at=now,
     )
 
 
@@ -63,7 +80,9 @@ def bench_ledger(url: str, rows: int, spill_dir: Path) -> dict[str, Any]:
     elapsed = time.perf_counter() - started
     ledger.close()
     with db.engine.connect() as conn:
-        stored = conn.execute(text("SELECT count(*) FROM usage WHERE request_id LIKE :p"), {"p": f"bench-{run}-%"}).scalar()
+        stored = conn.execute(
+            text("SELECT count(*) FROM usage WHERE request_id LIKE :p"), {"p": f"bench-{run}-%"}
+        ).scalar()
         conn.execute(text("DELETE FROM usage WHERE request_id LIKE :p"), {"p": f"bench-{run}-%"})
         conn.commit()
     db.dispose()
@@ -145,7 +164,9 @@ def bench_quota(make: Callable[[], QuotaStore], seconds: float) -> dict[str, Any
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print one JSON document."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--pg", default=None, help="PostgreSQL URL (skipped when not given)")
     parser.add_argument("--redis", default=None, help="Redis URL (skipped when not given)")
@@ -163,9 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     results["quota"].append(bench_quota(MemoryQuota, args.quota_seconds))
     if args.redis:
         url = args.redis
-        results["quota"].append(bench_quota(
-            lambda: RedisQuota(url, namespace=f"bench-{uuid.uuid4().hex[:8]}", registry=CollectorRegistry()),
-            args.quota_seconds))
+        results["quota"].append(
+            bench_quota(
+                lambda: RedisQuota(
+                    url, namespace=f"bench-{uuid.uuid4().hex[:8]}", registry=CollectorRegistry()
+                ),
+                args.quota_seconds,
+            )
+        )
     print(json.dumps(results, indent=2))
     return 0
 

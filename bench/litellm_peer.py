@@ -23,8 +23,12 @@ ENV_BIN = "FAIRSERVE_LITELLM_BIN"
 
 def find_litellm(explicit: str | None = None) -> str | None:
     """The `litellm` executable: the flag, the environment variable, next to this Python, or on PATH."""
-    for candidate in (explicit, os.environ.get(ENV_BIN), str(Path(sys.executable).with_name("litellm")),
-                      shutil.which("litellm")):
+    for candidate in (
+        explicit,
+        os.environ.get(ENV_BIN),
+        str(Path(sys.executable).with_name("litellm")),
+        shutil.which("litellm"),
+    ):
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return candidate
     return None
@@ -33,8 +37,15 @@ def find_litellm(explicit: str | None = None) -> str | None:
 class LiteLLMProxy:
     """A running `litellm --config` proxy whose one model forwards to fairserve's /v1 API."""
 
-    def __init__(self, binary: str, upstream_url: str, upstream_key: str, model: str, port: int,
-                 startup_timeout_s: float = 90.0) -> None:
+    def __init__(
+        self,
+        binary: str,
+        upstream_url: str,
+        upstream_key: str,
+        model: str,
+        port: int,
+        startup_timeout_s: float = 90.0,
+    ) -> None:
         self.dir = tempfile.TemporaryDirectory(prefix="fairserve-litellm-")
         self.master_key = "sk-bench-" + secrets.token_urlsafe(24)
         config = Path(self.dir.name) / "config.yaml"
@@ -48,12 +59,23 @@ class LiteLLMProxy:
             "      api_key: os.environ/FAIRSERVE_UPSTREAM_KEY\n"
             "litellm_settings:\n"
             "  telemetry: false\n"
-            "  drop_params: true\n")
-        env = {**os.environ, "LITELLM_MASTER_KEY": self.master_key, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-               "FAIRSERVE_UPSTREAM_KEY": upstream_key, "LITELLM_LOG": "ERROR", "NO_DOCS": "True"}
+            "  drop_params: true\n"
+        )
+        env = {
+            **os.environ,
+            "LITELLM_MASTER_KEY": self.master_key,
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "FAIRSERVE_UPSTREAM_KEY": upstream_key,
+            "LITELLM_LOG": "ERROR",
+            "NO_DOCS": "True",
+        }
         self.log = open(Path(self.dir.name) / "litellm.log", "w")  # noqa: SIM115 - lives as long as the proxy
-        self.proc = subprocess.Popen([binary, "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            [binary, "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + startup_timeout_s
         while time.monotonic() < deadline:

@@ -102,14 +102,27 @@ def _client(target: Target, timeout_s: float) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=target.url, timeout=timeout_s, limits=limits)
 
 
-async def stream_one(client: httpx.AsyncClient, target: Target, workload: Workload, req: PlannedRequest,
-                     attempt: int, t0: float) -> Outcome:
+async def stream_one(
+    client: httpx.AsyncClient,
+    target: Target,
+    workload: Workload,
+    req: PlannedRequest,
+    attempt: int,
+    t0: float,
+) -> Outcome:
     """Send one streaming completion and time it; errors become an Outcome, never an exception."""
     request_id = f"bench-{uuid.uuid4().hex[:16]}"
     out = Outcome(request_id, req.tenant, time.perf_counter() - t0, task_id=req.task_id, attempt=attempt)
-    body = {"model": target.model, "prompt": req.prompt, "max_tokens": req.max_tokens[attempt], "stream": True,
-            "stream_options": {"include_usage": True}, "temperature": workload.temperature,
-            "ignore_eos": workload.ignore_eos, "seed": req.seeds[attempt] if req.seeds else None}
+    body = {
+        "model": target.model,
+        "prompt": req.prompt,
+        "max_tokens": req.max_tokens[attempt],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": workload.temperature,
+        "ignore_eos": workload.ignore_eos,
+        "seed": req.seeds[attempt] if req.seeds else None,
+    }
     if workload.stop:
         body["stop"] = list(workload.stop)
     headers = {"Authorization": f"Bearer {target.key(req.tenant)}", "X-Request-Id": request_id}
@@ -145,7 +158,9 @@ async def stream_one(client: httpx.AsyncClient, target: Target, workload: Worklo
                 if usage:
                     out.prompt_tokens = int(usage.get("prompt_tokens", 0))
                     out.completion_tokens = int(usage.get("completion_tokens", 0))
-                    out.cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+                    out.cached_tokens = int(
+                        (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                    )
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         out.error_code = f"client_{type(exc).__name__}"
     out.end_at = time.perf_counter() - t0
@@ -169,10 +184,16 @@ class AgentClients:
     def of(self, tenant: str) -> AsyncFairServe:
         """The tenant's client (made on first use)."""
         if tenant not in self._clients:
-            http = openai.DefaultAsyncHttpxClient(limits=httpx2.Limits(max_connections=1000,
-                                                                       max_keepalive_connections=200))
-            self._clients[tenant] = AsyncFairServe(base_url=self.target.url + "/v1", api_key=self.target.key(tenant),
-                                                   max_retries=0, timeout=self.timeout_s, http_client=http)
+            http = openai.DefaultAsyncHttpxClient(
+                limits=httpx2.Limits(max_connections=1000, max_keepalive_connections=200)
+            )
+            self._clients[tenant] = AsyncFairServe(
+                base_url=self.target.url + "/v1",
+                api_key=self.target.key(tenant),
+                max_retries=0,
+                timeout=self.timeout_s,
+                http_client=http,
+            )
         return self._clients[tenant]
 
     async def close(self) -> None:
@@ -181,8 +202,9 @@ class AgentClients:
             await client.close()
 
 
-async def _attempt(task: AsyncTask, target: Target, workload: Workload, req: PlannedRequest, attempt: int,
-                   t0: float) -> Outcome:
+async def _attempt(
+    task: AsyncTask, target: Target, workload: Workload, req: PlannedRequest, attempt: int, t0: float
+) -> Outcome:
     """One streamed attempt of an agent task through the client; errors become an Outcome, never an exception."""
     request_id = f"bench-{uuid.uuid4().hex[:16]}"
     out = Outcome(request_id, req.tenant, time.perf_counter() - t0, task_id=task.id, attempt=attempt)
@@ -192,10 +214,17 @@ async def _attempt(task: AsyncTask, target: Target, workload: Workload, req: Pla
     extra: dict[str, object] = {"ignore_eos": workload.ignore_eos}
     try:
         stream = await client.completions.create(
-            model=target.model, prompt=req.prompt, max_tokens=req.max_tokens[attempt], stream=True,
-            stream_options={"include_usage": True}, temperature=workload.temperature,
-            seed=req.seeds[attempt] if req.seeds else None, stop=list(workload.stop) or None, extra_body=extra,
-            extra_headers={"X-Request-Id": request_id, "X-Attempt": str(attempt)})
+            model=target.model,
+            prompt=req.prompt,
+            max_tokens=req.max_tokens[attempt],
+            stream=True,
+            stream_options={"include_usage": True},
+            temperature=workload.temperature,
+            seed=req.seeds[attempt] if req.seeds else None,
+            stop=list(workload.stop) or None,
+            extra_body=extra,
+            extra_headers={"X-Request-Id": request_id, "X-Attempt": str(attempt)},
+        )
         out.status = stream.response.status_code
         async for chunk in stream:
             choice = chunk.choices[0] if chunk.choices else None
@@ -204,7 +233,10 @@ async def _attempt(task: AsyncTask, target: Target, workload: Workload, req: Pla
             if choice is not None and choice.finish_reason:
                 out.finish_reason = choice.finish_reason
             if chunk.usage is not None:
-                out.prompt_tokens, out.completion_tokens = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+                out.prompt_tokens, out.completion_tokens = (
+                    chunk.usage.prompt_tokens,
+                    chunk.usage.completion_tokens,
+                )
                 details = chunk.usage.prompt_tokens_details
                 out.cached_tokens = (details.cached_tokens or 0) if details is not None else 0
     except openai.APIStatusError as exc:
@@ -217,14 +249,17 @@ async def _attempt(task: AsyncTask, target: Target, workload: Workload, req: Pla
     return out
 
 
-async def run_task(clients: AgentClients, target: Target, workload: Workload, req: PlannedRequest,
-                   t0: float) -> list[Outcome]:
+async def run_task(
+    clients: AgentClients, target: Target, workload: Workload, req: PlannedRequest, t0: float
+) -> list[Outcome]:
     """An agent task: all attempts at once in one `client.task()`, keep the first finished, cancel the rest."""
     done_outcomes: list[Outcome] = []
     winner: Outcome | None = None
     cancel_at: float | None = None
     async with clients.of(req.tenant).task(req.task_id) as task:
-        pending = {asyncio.create_task(_attempt(task, target, workload, req, i, t0)) for i in range(workload.fanout)}
+        pending = {
+            asyncio.create_task(_attempt(task, target, workload, req, i, t0)) for i in range(workload.fanout)
+        }
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for finished in done:
@@ -244,8 +279,13 @@ async def run_task(clients: AgentClients, target: Target, workload: Workload, re
     return done_outcomes
 
 
-async def run_open_loop(target: Target, workload: Workload, planned: list[PlannedRequest],
-                        on_done: Callable[[], None] | None = None, timeout_s: float = 120.0) -> LoadResult:
+async def run_open_loop(
+    target: Target,
+    workload: Workload,
+    planned: list[PlannedRequest],
+    on_done: Callable[[], None] | None = None,
+    timeout_s: float = 120.0,
+) -> LoadResult:
     """Send every planned arrival at its offset, independent of responses; wait for all to end."""
     result = LoadResult(started=time.time())
     agents = AgentClients(target, timeout_s)
@@ -275,9 +315,15 @@ async def run_open_loop(target: Target, workload: Workload, planned: list[Planne
     return result
 
 
-async def run_closed_loop(target: Target, workload: Workload, planned: list[PlannedRequest], clients: int,
-                          duration_s: float, on_done: Callable[[], None] | None = None,
-                          timeout_s: float = 120.0) -> LoadResult:
+async def run_closed_loop(
+    target: Target,
+    workload: Workload,
+    planned: list[PlannedRequest],
+    clients: int,
+    duration_s: float,
+    on_done: Callable[[], None] | None = None,
+    timeout_s: float = 120.0,
+) -> LoadResult:
     """COMPARISON ONLY: `clients` workers each send the next planned request when their last one ended."""
     result = LoadResult(started=time.time())
     queue = list(reversed(planned))

@@ -18,11 +18,16 @@ def timeline(runs: list[dict[str, Any]], path: Path) -> Path:
         tl = run["timeline"]
         t = tl["t"]
         ax.plot(t, tl["batch_size"], color="tab:blue", label="batch size (seqs)")
-        occ = [u / tot * 100 if tot else 0.0 for u, tot in zip(tl["kv_blocks_used"], tl["kv_blocks_total"], strict=True)]
+        occ = [
+            u / tot * 100 if tot else 0.0
+            for u, tot in zip(tl["kv_blocks_used"], tl["kv_blocks_total"], strict=True)
+        ]
         ax.plot(t, occ, color="tab:green", label="KV occupancy (%)")
         ax.set_ylabel(run["workload"])
         ax2 = ax.twinx()
-        ax2.plot(t, [s * 1e3 for s in tl["iteration_seconds"]], color="tab:red", alpha=0.7, label="iteration (ms)")
+        ax2.plot(
+            t, [s * 1e3 for s in tl["iteration_seconds"]], color="tab:red", alpha=0.7, label="iteration (ms)"
+        )
         ax2.set_ylabel("iteration ms", color="tab:red")
         if ax is axes[0, 0]:
             lines = ax.get_lines() + ax2.get_lines()
@@ -60,14 +65,22 @@ def knee(sweep: list[dict[str, Any]], capacity: dict[str, Any] | None, path: Pat
     fig, ax = plt.subplots(figsize=(7, 4))
     offered = [p["offered"]["requests_per_s"] for p in sweep]
     ax.plot(offered, [p["achieved"]["requests_per_s"] for p in sweep], "o-", label="throughput (req/s)")
-    ax.plot(offered, [p["achieved"]["goodput_requests_per_s"] for p in sweep], "s-", label="SLO goodput (req/s)")
+    ax.plot(
+        offered, [p["achieved"]["goodput_requests_per_s"] for p in sweep], "s-", label="SLO goodput (req/s)"
+    )
     lim = max(offered or [1.0])
     ax.plot([0, lim], [0, lim], color="grey", linestyle=":", label="offered = achieved")
     if capacity is not None:
-        ax.axvline(capacity["offered_requests_per_s"], color="tab:red", linestyle="--",
-                   label=f"useful capacity ~{capacity['offered_requests_per_s']:.1f} req/s")
+        ax.axvline(
+            capacity["offered_requests_per_s"],
+            color="tab:red",
+            linestyle="--",
+            label=f"useful capacity ~{capacity['offered_requests_per_s']:.1f} req/s",
+        )
     ax2 = ax.twinx()
-    ax2.plot(offered, [p["latency_s"]["ttft"]["p99"] or 0.0 for p in sweep], "^--", color="tab:purple", alpha=0.6)
+    ax2.plot(
+        offered, [p["latency_s"]["ttft"]["p99"] or 0.0 for p in sweep], "^--", color="tab:purple", alpha=0.6
+    )
     ax2.set_ylabel("p99 TTFT (s)", color="tab:purple")
     ax.set_xlabel("offered load (req/s, open loop)")
     ax.set_ylabel("req/s")
@@ -87,11 +100,19 @@ def tenants(runs: list[dict[str, Any]], path: Path) -> Path:
         names = list(ts)
         wsum = sum(t["weight"] for t in ts.values()) or 1.0
         xs = range(len(names))
-        ax.bar([x - 0.27 for x in xs], [t["service_share"] or 0.0 for t in ts.values()], 0.27,
-               label="charged service share")
+        ax.bar(
+            [x - 0.27 for x in xs],
+            [t["service_share"] or 0.0 for t in ts.values()],
+            0.27,
+            label="charged service share",
+        )
         ax.bar(list(xs), [t["share_of_offered"] for t in ts.values()], 0.27, label="share of offered load")
-        ax.bar([x + 0.27 for x in xs], [t["weight"] / wsum for t in ts.values()], 0.27,
-               label="weight share (binds when backlogged)")
+        ax.bar(
+            [x + 0.27 for x in xs],
+            [t["weight"] / wsum for t in ts.values()],
+            0.27,
+            label="weight share (binds when backlogged)",
+        )
         ax.set_xticks(range(len(names)), names, fontsize=8)
         ax.set_title(run["workload"])
     axes[0, 0].legend(fontsize=7)

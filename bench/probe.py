@@ -14,8 +14,12 @@ from prometheus_client.parser import text_string_to_metric_families
 Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 # Gauges plotted over time (the essay: iteration duration and active sequences over time, KV occupancy).
-SERIES = ("fairserve_batch_size", "fairserve_iteration_seconds", "fairserve_kv_blocks_used",
-          "fairserve_kv_blocks_total")
+SERIES = (
+    "fairserve_batch_size",
+    "fairserve_iteration_seconds",
+    "fairserve_kv_blocks_used",
+    "fairserve_kv_blocks_total",
+)
 
 
 def parse_metrics(text: str) -> Sample:
@@ -101,7 +105,9 @@ class Sampler:
         return self.timeline
 
 
-async def settled(client: httpx.AsyncClient, before: Sample, expected_finished: int, timeout_s: float = 15.0) -> Sample:
+async def settled(
+    client: httpx.AsyncClient, before: Sample, expected_finished: int, timeout_s: float = 15.0
+) -> Sample:
     """Scrape until the server has recorded `expected_finished` more finished requests (or time runs out).
 
     The gateway observes a request's metrics just after the client sees its stream end, so an

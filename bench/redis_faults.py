@@ -62,8 +62,12 @@ async def _phase(c: httpx.AsyncClient, rate: float, seconds: float, keyed: int) 
     await c.get("/readyz")
     readyz_s = time.perf_counter() - t0
     latencies = [lat for _, lat in plain]
-    return {"latencies": latencies, "statuses": Counter(s for s, _ in plain),
-            "keyed_statuses": Counter(s for s, _ in keyed_results), "readyz_s": readyz_s}
+    return {
+        "latencies": latencies,
+        "statuses": Counter(s for s, _ in plain),
+        "keyed_statuses": Counter(s for s, _ in keyed_results),
+        "readyz_s": readyz_s,
+    }
 
 
 async def _until_healthy(c: httpx.AsyncClient, timeout_s: float = 120.0) -> None:
@@ -80,11 +84,16 @@ def _summary(phases: list[dict[str, Any]]) -> dict[str, Any]:
     lat = [x for p in phases for x in p["latencies"]]
     statuses: Counter[int] = sum((p["statuses"] for p in phases), Counter())
     keyed: Counter[int] = sum((p["keyed_statuses"] for p in phases), Counter())
-    return {"n": len(lat), "p50_ms": round(pct(lat, 0.5) * 1e3, 2), "p90_ms": round(pct(lat, 0.9) * 1e3, 2),
-            "p99_ms": round(pct(lat, 0.99) * 1e3, 2), "max_ms": round(max(lat) * 1e3, 2),
-            "readyz_max_ms": round(max(p["readyz_s"] for p in phases) * 1e3, 2),
-            "statuses": {str(k): v for k, v in sorted(statuses.items())},
-            "keyed_statuses": {str(k): v for k, v in sorted(keyed.items())}}
+    return {
+        "n": len(lat),
+        "p50_ms": round(pct(lat, 0.5) * 1e3, 2),
+        "p90_ms": round(pct(lat, 0.9) * 1e3, 2),
+        "p99_ms": round(pct(lat, 0.99) * 1e3, 2),
+        "max_ms": round(max(lat) * 1e3, 2),
+        "readyz_max_ms": round(max(p["readyz_s"] for p in phases) * 1e3, 2),
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "keyed_statuses": {str(k): v for k, v in sorted(keyed.items())},
+    }
 
 
 async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -92,8 +101,9 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     served = Served(str(tmp / "gw"), "--redis", redis.url, "--redis-timeout", str(args.redis_timeout))
     try:
         key = _seed(tmp / "gw")
-        async with httpx.AsyncClient(base_url=served.url, timeout=60,
-                                     headers={"Authorization": f"Bearer {key}"}) as c:
+        async with httpx.AsyncClient(
+            base_url=served.url, timeout=60, headers={"Authorization": f"Bearer {key}"}
+        ) as c:
             await _phase(c, args.rate, 2.0, 0)  # warm-up, unmeasured
             by_state: dict[str, list[dict[str, Any]]] = {"healthy": [], "frozen": [], "killed": []}
             for _ in range(args.rounds):
@@ -110,7 +120,9 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             await _until_healthy(c)
         report = {state: _summary(phases) for state, phases in by_state.items()}
         healthy, frozen = report["healthy"], report["frozen"]
-        report["ratio_frozen_over_healthy"] = {q: round(frozen[q] / healthy[q], 3) for q in ("p50_ms", "p90_ms")}
+        report["ratio_frozen_over_healthy"] = {
+            q: round(frozen[q] / healthy[q], 3) for q in ("p50_ms", "p90_ms")
+        }
         report["settings"] = vars(args)
         return report
     finally:
@@ -119,7 +131,9 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--phase-s", type=float, default=5.0)
     parser.add_argument("--rate", type=float, default=10.0)

@@ -27,7 +27,9 @@ def _counts(outcomes: list[Outcome]) -> dict[str, Any]:
     errors_by: dict[str, int] = {}
     for o in outcomes:
         if o.status in (429, 503, 408):
-            rejected_by[o.error_code or f"http_{o.status}"] = rejected_by.get(o.error_code or f"http_{o.status}", 0) + 1
+            rejected_by[o.error_code or f"http_{o.status}"] = (
+                rejected_by.get(o.error_code or f"http_{o.status}", 0) + 1
+            )
         elif not o.accepted:
             key = o.error_code or f"http_{o.status}"
             errors_by[key] = errors_by.get(key, 0) + 1
@@ -35,9 +37,14 @@ def _counts(outcomes: list[Outcome]) -> dict[str, Any]:
     completed = sum(1 for o in accepted if o.finish_reason in COMPLETED)
     cancelled = sum(1 for o in accepted if o.finish_reason == "cancelled")
     return {
-        "sent": len(outcomes), "accepted": len(accepted), "rejected": sum(rejected_by.values()),
-        "rejected_by_reason": dict(sorted(rejected_by.items())), "failed": sum(errors_by.values()),
-        "failed_by_reason": dict(sorted(errors_by.items())), "completed": completed, "cancelled": cancelled,
+        "sent": len(outcomes),
+        "accepted": len(accepted),
+        "rejected": sum(rejected_by.values()),
+        "rejected_by_reason": dict(sorted(rejected_by.items())),
+        "failed": sum(errors_by.values()),
+        "failed_by_reason": dict(sorted(errors_by.items())),
+        "completed": completed,
+        "cancelled": cancelled,
         "ended_otherwise": len(accepted) - completed - cancelled,
     }
 
@@ -69,20 +76,26 @@ def _series_stats(timeline: Timeline) -> dict[str, Any]:
 
 def _server(d: Sample, timeline: Timeline) -> dict[str, Any]:
     return {
-        "requests_by_status": {k: int(v) for k, v in by_label(d, "fairserve_requests_total", "status").items() if v},
-        "admission_rejections_by_reason": {k: int(v) for k, v in
-                                           by_label(d, "fairserve_admission_rejections_total", "reason").items() if v},
+        "requests_by_status": {
+            k: int(v) for k, v in by_label(d, "fairserve_requests_total", "status").items() if v
+        },
+        "admission_rejections_by_reason": {
+            k: int(v) for k, v in by_label(d, "fairserve_admission_rejections_total", "reason").items() if v
+        },
         "preemptions": int(total(d, "fairserve_preemptions_total")),
         "recomputed_tokens": int(total(d, "fairserve_recomputed_tokens_total")),
         "kv_alloc_failures": int(total(d, "fairserve_kv_alloc_failures_total")),
         "cancel_lag_tokens": int(total(d, "fairserve_cancel_lag_tokens_total")),
-        "charged_service_by_tenant": {k: v for k, v in by_label(d, "fairserve_charged_service_total", "tenant").items()
-                                      if v},
+        "charged_service_by_tenant": {
+            k: v for k, v in by_label(d, "fairserve_charged_service_total", "tenant").items() if v
+        },
         **_series_stats(timeline),
     }
 
 
-def _tenants(outcomes: list[Outcome], workload: Workload, service: dict[str, float], good: set[str]) -> dict[str, Any]:
+def _tenants(
+    outcomes: list[Outcome], workload: Workload, service: dict[str, float], good: set[str]
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     all_service = sum(service.values()) or 0.0
     for t in workload.tenants:
@@ -90,11 +103,16 @@ def _tenants(outcomes: list[Outcome], workload: Workload, service: dict[str, flo
         done = [o for o in mine if o.accepted and o.finish_reason in COMPLETED]
         svc = service.get(t.name)
         out[t.name] = {
-            "weight": t.weight, "share_of_offered": t.share, "arrival": t.arrival, "noisy": t.noisy,
-            "sent": len(mine), "completed": len(done),
+            "weight": t.weight,
+            "share_of_offered": t.share,
+            "arrival": t.arrival,
+            "noisy": t.noisy,
+            "sent": len(mine),
+            "completed": len(done),
             "rejected": sum(1 for o in mine if o.status in (429, 503, 408)),
             "good": sum(1 for o in done if o.request_id in good),
-            "charged_service": svc, "service_share": (svc / all_service) if svc is not None and all_service else None,
+            "charged_service": svc,
+            "service_share": (svc / all_service) if svc is not None and all_service else None,
             "ttft": percentiles([o.ttft for o in done if o.ttft is not None]),
             "e2e": percentiles([o.e2e for o in done if o.e2e is not None]),
         }
@@ -107,10 +125,16 @@ def _cancellation(outcomes: list[Outcome], cancel_lag_tokens: int) -> dict[str, 
         return None
     subject = [o for o in outcomes if o.cancel_sent_at is not None]
     cancelled = [o for o in subject if o.finish_reason == "cancelled"]
-    lag = [o.end_at - o.cancel_sent_at for o in cancelled if o.end_at is not None and o.cancel_sent_at is not None]
+    lag = [
+        o.end_at - o.cancel_sent_at
+        for o in cancelled
+        if o.end_at is not None and o.cancel_sent_at is not None
+    ]
     return {
-        "tasks": len(tasks), "tasks_with_a_kept_attempt": sum(1 for o in outcomes if o.kept),
-        "attempts_cancel_sent": len(subject), "attempts_cancelled": len(cancelled),
+        "tasks": len(tasks),
+        "tasks_with_a_kept_attempt": sum(1 for o in outcomes if o.kept),
+        "attempts_cancel_sent": len(subject),
+        "attempts_cancelled": len(cancelled),
         "cancel_to_stream_end_s": percentiles(lag),
         "tokens_computed_after_cancel": cancel_lag_tokens,
         "tokens_after_cancel_per_cancelled": (cancel_lag_tokens / len(cancelled)) if cancelled else None,
@@ -118,9 +142,17 @@ def _cancellation(outcomes: list[Outcome], cancel_lag_tokens: int) -> dict[str, 
     }
 
 
-def summarise(workload: Workload, planned: list[PlannedRequest], rate: float, duration_s: float,
-              result: LoadResult, before: Sample, after: Sample, timeline: Timeline,
-              mode: str = "open-loop") -> dict[str, Any]:
+def summarise(
+    workload: Workload,
+    planned: list[PlannedRequest],
+    rate: float,
+    duration_s: float,
+    result: LoadResult,
+    before: Sample,
+    after: Sample,
+    timeline: Timeline,
+    mode: str = "open-loop",
+) -> dict[str, Any]:
     """One workload run as a report section."""
     outcomes = result.outcomes
     # The window runs from the first arrival slot to the later of the plan's end and the last response.
@@ -134,12 +166,19 @@ def summarise(workload: Workload, planned: list[PlannedRequest], rate: float, du
     d = delta(before, after)
     server = _server(d, timeline)
     return {
-        "workload": workload.name, "mode": mode, "rate": rate, "duration_s": duration_s,
-        "wall_s": result.wall_s, "send_s": result.send_s,
+        "workload": workload.name,
+        "mode": mode,
+        "rate": rate,
+        "duration_s": duration_s,
+        "wall_s": result.wall_s,
+        "send_s": result.send_s,
         "window_s": wall,
-        "offered": {"requests_per_s": len(planned) / duration_s if duration_s else 0.0,  # arrivals (tasks)
-                    "http_requests_per_s": counts["sent"] / duration_s if duration_s else 0.0,
-                    "prompt_tokens_per_s": prompt_tps, "output_tokens_per_s": output_tps},
+        "offered": {
+            "requests_per_s": len(planned) / duration_s if duration_s else 0.0,  # arrivals (tasks)
+            "http_requests_per_s": counts["sent"] / duration_s if duration_s else 0.0,
+            "prompt_tokens_per_s": prompt_tps,
+            "output_tokens_per_s": output_tps,
+        },
         "counts": counts,
         "achieved": {
             "requests_per_s": len(useful) / wall,
@@ -148,13 +187,17 @@ def summarise(workload: Workload, planned: list[PlannedRequest], rate: float, du
             "computed_output_tokens_per_s": sum(o.completion_tokens for o in outcomes if o.accepted) / wall,
             "goodput_requests_per_s": len(good) / wall,
             "goodput_fraction": len(good) / len(useful) if useful else 0.0,
-            "good": len(good), "useful": len(useful),
+            "good": len(good),
+            "useful": len(useful),
         },
         "latency_s": _latencies(outcomes),
         "tenants": _tenants(outcomes, workload, server["charged_service_by_tenant"], good),
         "server": server,
         "cancellation": _cancellation(outcomes, server["cancel_lag_tokens"]),
-        "timeline": {"t": timeline.t, **{k.removeprefix("fairserve_"): v for k, v in timeline.values.items()}},
+        "timeline": {
+            "t": timeline.t,
+            **{k.removeprefix("fairserve_"): v for k, v in timeline.values.items()},
+        },
     }
 
 
@@ -163,16 +206,24 @@ def capacity_point(sweep: list[dict[str, Any]], min_good_fraction: float = 0.9) 
 
     The essay: the point is before goodput falls, not where raw token emission peaks.
     """
-    ok = [p for p in sweep if p["counts"]["sent"] and p["achieved"]["goodput_fraction"] >= min_good_fraction
-          and p["counts"]["rejected"] <= 0.1 * p["counts"]["sent"]
-          and p["achieved"]["goodput_requests_per_s"] >= min_good_fraction * p["offered"]["requests_per_s"]]
+    ok = [
+        p
+        for p in sweep
+        if p["counts"]["sent"]
+        and p["achieved"]["goodput_fraction"] >= min_good_fraction
+        and p["counts"]["rejected"] <= 0.1 * p["counts"]["sent"]
+        and p["achieved"]["goodput_requests_per_s"] >= min_good_fraction * p["offered"]["requests_per_s"]
+    ]
     if not ok:
         return None
     best = max(ok, key=lambda p: p["offered"]["requests_per_s"])
-    return {"offered_requests_per_s": best["offered"]["requests_per_s"], "rate": best["rate"],
-            "goodput_requests_per_s": best["achieved"]["goodput_requests_per_s"],
-            "rule": f"highest offered load whose SLO goodput is >= {min_good_fraction:.0%} of the offered load "
-                    f"and of completions, with <= 10% rejected"}
+    return {
+        "offered_requests_per_s": best["offered"]["requests_per_s"],
+        "rate": best["rate"],
+        "goodput_requests_per_s": best["achieved"]["goodput_requests_per_s"],
+        "rule": f"highest offered load whose SLO goodput is >= {min_good_fraction:.0%} of the offered load "
+        f"and of completions, with <= 10% rejected",
+    }
 
 
 def consistency_problems(section: dict[str, Any]) -> list[str]:
@@ -190,7 +241,10 @@ def consistency_problems(section: dict[str, Any]) -> list[str]:
         if p["n"] and not (vals[0] <= vals[1] <= vals[2]):  # type: ignore[operator]
             problems.append(f"{name} percentiles out of order")
     a = section["achieved"]
-    if a["goodput_requests_per_s"] > a["requests_per_s"] + 1e-9 or a["requests_per_s"] > a["completed_per_s"] + 1e-9:
+    if (
+        a["goodput_requests_per_s"] > a["requests_per_s"] + 1e-9
+        or a["requests_per_s"] > a["completed_per_s"] + 1e-9
+    ):
         problems.append("goodput > throughput")
     if any(math.isnan(v) for v in a.values() if isinstance(v, float)):
         problems.append("NaN in achieved")

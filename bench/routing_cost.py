@@ -23,7 +23,9 @@ def per_call_us(fn: object, number: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--engines", type=int, nargs="+", default=[1, 2, 8])
     parser.add_argument("--prompt-tokens", type=int, default=200)
     parser.add_argument("--number", type=int, default=2000)

@@ -73,8 +73,12 @@ class BenchOptions:
 
 def bench_engine_config(cache_dir: str) -> EngineConfig:
     """The self-started server's engine: embedded model, VTC, a token budget that chunks long prompts, 384 KV blocks so occupancy shows."""
-    return EngineConfig(cache_dir=cache_dir, max_num_batched_tokens=256, num_kv_blocks=384,
-                        fairness=FairnessConfig(policy="vtc"))
+    return EngineConfig(
+        cache_dir=cache_dir,
+        max_num_batched_tokens=256,
+        num_kv_blocks=384,
+        fairness=FairnessConfig(policy="vtc"),
+    )
 
 
 def _progress(desc: str, total: int) -> tuple[tqdm, Callable[[], None]]:
@@ -82,19 +86,26 @@ def _progress(desc: str, total: int) -> tuple[tqdm, Callable[[], None]]:
     return bar, lambda: bar.update(1)
 
 
-async def measure(target: Target, workload: Workload, rate: float, duration_s: float, seed: int,
-                  closed_clients: int = 0) -> dict[str, Any]:
+async def measure(
+    target: Target, workload: Workload, rate: float, duration_s: float, seed: int, closed_clients: int = 0
+) -> dict[str, Any]:
     """One run of a workload at one rate: metrics before, sampled during, settled after; summarised."""
     # A closed loop sends as fast as its clients get answers: give it more requests than it can use.
     planned = plan(workload, max(rate, 100.0) if closed_clients else rate, duration_s, seed)
-    async with httpx.AsyncClient(base_url=target.url, timeout=10.0, headers=target.metrics_headers()) as client:
+    async with httpx.AsyncClient(
+        base_url=target.url, timeout=10.0, headers=target.metrics_headers()
+    ) as client:
         before = await scrape(client)
         sampler = Sampler(target.url, headers=target.metrics_headers())
         sampler.start()
-        bar, tick = _progress(f"{workload.name} @ {rate:g}/s" + (" closed" if closed_clients else ""), len(planned))
+        bar, tick = _progress(
+            f"{workload.name} @ {rate:g}/s" + (" closed" if closed_clients else ""), len(planned)
+        )
         try:
             if closed_clients:
-                result: LoadResult = await run_closed_loop(target, workload, planned, closed_clients, duration_s, tick)
+                result: LoadResult = await run_closed_loop(
+                    target, workload, planned, closed_clients, duration_s, tick
+                )
             else:
                 result = await run_open_loop(target, workload, planned, tick)
         finally:
@@ -116,28 +127,41 @@ async def measure(target: Target, workload: Workload, rate: float, duration_s: f
 def declaration(opts: BenchOptions, target: Target, local: LocalServer | None) -> dict[str, Any]:
     """What the essay asks every benchmark to declare (the per-workload part comes from the workloads)."""
     cfg = local.engine.config if local else None
-    engine = {k: v for k, v in cfg.model_dump().items() if k not in ("cache_dir", "trace_path")} if cfg else \
-        "remote server (its configuration is the server's; see its /admin/api/engine)"
+    engine = (
+        {k: v for k, v in cfg.model_dump().items() if k not in ("cache_dir", "trace_path")}
+        if cfg
+        else "remote server (its configuration is the server's; see its /admin/api/engine)"
+    )
     return {
-        "command": opts.command, "quick": opts.quick,
-        "model": target.model + (f" (revision {DEFAULT_MODEL_VERSION}, embedded, seeded random weights)"
-                                 if cfg and cfg.model is None else ""),
-        "dtype": (cfg.dtype if cfg else "server's") + (" (the embedded model is float32)" if cfg and cfg.dtype == "auto"
-                                                      else ""),
+        "command": opts.command,
+        "quick": opts.quick,
+        "model": target.model
+        + (
+            f" (revision {DEFAULT_MODEL_VERSION}, embedded, seeded random weights)"
+            if cfg and cfg.model is None
+            else ""
+        ),
+        "dtype": (cfg.dtype if cfg else "server's")
+        + (" (the embedded model is float32)" if cfg and cfg.dtype == "auto" else ""),
         "hardware": f"{platform.machine()}{' ' + platform.processor() if platform.processor() else ''}, "
-                    f"{os.cpu_count()} CPUs, torch "
-                    f"{torch.__version__} ({torch.get_num_threads()} threads), "
-                    f"{'CUDA ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no accelerator'}",
-        "server": ("self-started: uvicorn on a thread of the bench process, 127.0.0.1, SQLite in a temp dir"
-                   if local else f"remote {target.url}; every tenant uses the given key"),
+        f"{os.cpu_count()} CPUs, torch "
+        f"{torch.__version__} ({torch.get_num_threads()} threads), "
+        f"{'CUDA ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no accelerator'}",
+        "server": (
+            "self-started: uvicorn on a thread of the bench process, 127.0.0.1, SQLite in a temp dir"
+            if local
+            else f"remote {target.url}; every tenant uses the given key"
+        ),
         "engine": engine,
         "cache_state": "warm model and kernels (one warm-up burst first); prefix cache cold at the start of each "
-                       "workload's own prefix, then warm as its shared prefix repeats",
+        "workload's own prefix, then warm as its shared prefix repeats",
         "arrivals": f"open loop, {opts.duration_s:g} s per workload at each workload's rate x{opts.rate_scale:g}; "
-                    "per-tenant Poisson or on/off bursts (on 0.5 s, off 1.5 s, same mean rate)",
+        "per-tenant Poisson or on/off bursts (on 0.5 s, off 1.5 s, same mean rate)",
         "slo_rule": "a request is good when it completed and met its workload's TTFT, TPOT and completion objectives",
-        "workloads": [WORKLOADS[n].declare() | {"rate": WORKLOADS[n].default_rate * opts.rate_scale}
-                      for n in opts.workloads],
+        "workloads": [
+            WORKLOADS[n].declare() | {"rate": WORKLOADS[n].default_rate * opts.rate_scale}
+            for n in opts.workloads
+        ],
     }
 
 
@@ -148,19 +172,31 @@ async def _policy_rows(opts: BenchOptions, local: LocalServer | None, tmp: Path)
     rate = opts.policy_rate * opts.rate_scale
     rows = []
     for i, (name, changed, cfg) in enumerate(comparisons.policy_variants(local.engine.config)):
-        server = local if i == 0 else await asyncio.to_thread(
-            start_local_server, cfg, tmp / f"policy-{i}", [(t.name, t.weight) for t in workload.tenants])
+        server = (
+            local
+            if i == 0
+            else await asyncio.to_thread(
+                start_local_server, cfg, tmp / f"policy-{i}", [(t.name, t.weight) for t in workload.tenants]
+            )
+        )
         try:
             target = Target(server.url, server.model, server.keys, metrics_token=server.state.metrics_token)
-            rows.append({"name": name, "changed": changed,
-                         "run": await measure(target, workload, rate, opts.duration_s, opts.seed)})
+            rows.append(
+                {
+                    "name": name,
+                    "changed": changed,
+                    "run": await measure(target, workload, rate, opts.duration_s, opts.seed),
+                }
+            )
         finally:
             if server is not local:
                 await asyncio.to_thread(server.stop)
     return {"workload": workload.name, "rate": rate, "duration_s": opts.duration_s, "rows": rows}
 
 
-async def bench_async(opts: BenchOptions, target: Target, local: LocalServer | None, tmp: Path) -> dict[str, Any]:
+async def bench_async(
+    opts: BenchOptions, target: Target, local: LocalServer | None, tmp: Path
+) -> dict[str, Any]:
     """Every phase against a running server; the report as a dict (without plots)."""
     report: dict[str, Any] = {"declaration": declaration(opts, target, local)}
     started = time.perf_counter()
@@ -171,12 +207,22 @@ async def bench_async(opts: BenchOptions, target: Target, local: LocalServer | N
 
     warm = replace(WORKLOADS["chat"], slo=replace(WORKLOADS["chat"].slo, deadline_s=None))
     await run_open_loop(target, warm, plan(warm, 8.0, 1.0, seed=opts.seed + 999))
-    report["workloads"] = [await measure(target, WORKLOADS[n], WORKLOADS[n].default_rate * opts.rate_scale,
-                                         opts.duration_s, opts.seed) for n in opts.workloads]
+    report["workloads"] = [
+        await measure(
+            target, WORKLOADS[n], WORKLOADS[n].default_rate * opts.rate_scale, opts.duration_s, opts.seed
+        )
+        for n in opts.workloads
+    ]
     lap("workloads")
     chat = WORKLOADS["chat"]
-    report["closed_loop"] = await measure(target, chat, chat.default_rate * opts.rate_scale, opts.duration_s,
-                                          opts.seed, closed_clients=opts.closed_loop_clients)
+    report["closed_loop"] = await measure(
+        target,
+        chat,
+        chat.default_rate * opts.rate_scale,
+        opts.duration_s,
+        opts.seed,
+        closed_clients=opts.closed_loop_clients,
+    )
     lap("closed_loop")
     sweep_w = WORKLOADS[opts.sweep_workload]
     points = [await measure(target, sweep_w, r, opts.sweep_duration_s, opts.seed) for r in opts.sweep_rates]
@@ -192,10 +238,13 @@ async def bench_async(opts: BenchOptions, target: Target, local: LocalServer | N
         cmp["policy"] = await _policy_rows(opts, local, tmp)
         lap("policy_comparison")
         cmp["engine"] = await asyncio.to_thread(
-            comparisons.engine_comparison, str(tmp / "models") if local else tempfile.mkdtemp(), opts.quick)
+            comparisons.engine_comparison, str(tmp / "models") if local else tempfile.mkdtemp(), opts.quick
+        )
     else:
-        cmp = {k: {"note": "not measured: comparisons switched off (--no-comparisons)"}
-               for k in ("engine", "policy", "gateway")}
+        cmp = {
+            k: {"note": "not measured: comparisons switched off (--no-comparisons)"}
+            for k in ("engine", "policy", "gateway")
+        }
     lap("engine_comparison")
     report["comparisons"] = cmp
     report["phases_s"] = phases
@@ -215,8 +264,9 @@ def write_outputs(report: dict[str, Any], out: Path) -> dict[str, Path]:
     report["plots"] = {k: p.name for k, p in pngs.items()}
     sections = [*report["workloads"], report["closed_loop"], *report["sweep"]["points"]]
     sections += [row["run"] for row in report["comparisons"].get("policy", {}).get("rows", [])]
-    report["consistency_problems"] = [f"{s['workload']} @ {s['rate']:g}: {p}" for s in sections
-                                      for p in s["consistency_problems"]]
+    report["consistency_problems"] = [
+        f"{s['workload']} @ {s['rate']:g}: {p}" for s in sections for p in s["consistency_problems"]
+    ]
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     (out / "report.md").write_text(markdown.render(report))
     return {"json": out / "report.json", "markdown": out / "report.md", **pngs}
@@ -231,15 +281,25 @@ def run_bench(opts: BenchOptions) -> dict[str, Path]:
         if opts.url is None:
             tenants = {(t.name, t.weight) for n in opts.workloads for t in WORKLOADS[n].tenants}
             tenants |= {(t.name, t.weight) for t in WORKLOADS["chat"].tenants}
-            local = start_local_server(bench_engine_config(str(tmp / "models")), tmp / "data", sorted(tenants))
+            local = start_local_server(
+                bench_engine_config(str(tmp / "models")), tmp / "data", sorted(tenants)
+            )
             target = Target(local.url, local.model, local.keys, metrics_token=local.state.metrics_token)
         else:
             assert opts.api_key is not None
-            models = httpx.get(f"{opts.url.rstrip('/')}/v1/models", timeout=10.0,
-                               headers={"Authorization": f"Bearer {opts.api_key}"})
+            models = httpx.get(
+                f"{opts.url.rstrip('/')}/v1/models",
+                timeout=10.0,
+                headers={"Authorization": f"Bearer {opts.api_key}"},
+            )
             models.raise_for_status()
-            target = Target(opts.url.rstrip("/"), models.json()["data"][0]["id"], {}, opts.api_key,
-                            metrics_token=opts.metrics_token)
+            target = Target(
+                opts.url.rstrip("/"),
+                models.json()["data"][0]["id"],
+                {},
+                opts.api_key,
+                metrics_token=opts.metrics_token,
+            )
         try:
             report = asyncio.run(bench_async(opts, target, local, tmp))
         finally:

@@ -28,10 +28,17 @@ from gateway.cli.sim import cluster_text  # noqa: E402
 STALENESS_MS: tuple[float | None, ...] = (None, 0.0, 10.0, 100.0, 1000.0, 3000.0, 10000.0)
 
 
-def run(engines: int, staleness_ms: float | None, tenants: int, duration: float, warmup: float) -> dict[str, Any]:
+def run(
+    engines: int, staleness_ms: float | None, tenants: int, duration: float, warmup: float
+) -> dict[str, Any]:
     """One cluster run, printed as it finishes (a sweep takes minutes)."""
-    config = ClusterConfig(engines=engines, tenants=tenants, duration_s=duration, warmup_s=warmup,
-                           staleness_s=None if staleness_ms is None else staleness_ms / 1e3)
+    config = ClusterConfig(
+        engines=engines,
+        tenants=tenants,
+        duration_s=duration,
+        warmup_s=warmup,
+        staleness_s=None if staleness_ms is None else staleness_ms / 1e3,
+    )
     report = cluster_scenario(config)
     print(cluster_text([report]).splitlines()[-1], file=sys.stderr, flush=True)
     return report
@@ -42,21 +49,33 @@ def slip(sweep: list[dict[str, Any]]) -> dict[str, Any]:
     exact = next(r for r in sweep if r["staleness_ms"] == 0.0)
     for r in sorted((r for r in sweep if r["staleness_ms"] is not None), key=lambda r: r["staleness_ms"]):
         if r["jain"] < exact["jain"] - 0.02 or r["gap_over_bound"] > 1.0:
-            return {"staleness_ms": r["staleness_ms"], "jain": r["jain"], "gap_over_bound": r["gap_over_bound"]}
+            return {
+                "staleness_ms": r["staleness_ms"],
+                "jain": r["jain"],
+                "gap_over_bound": r["gap_over_bound"],
+            }
     return {"staleness_ms": None}
 
 
 def plot_engines(rows: list[dict[str, Any]], path: Path) -> None:
     """Throughput and Jain's index against N, per-engine vs shared counters."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
-    for sharing, label, color in ((False, "per-engine counters", "tab:red"), (True, "shared, 100 ms", "tab:blue")):
+    for sharing, label, color in (
+        (False, "per-engine counters", "tab:red"),
+        (True, "shared, 100 ms", "tab:blue"),
+    ):
         rs = sorted((r for r in rows if r["sharing"] == sharing), key=lambda r: r["engines"])
         n = [r["engines"] for r in rs]
         left.plot(n, [r["tokens_per_s"] / 1e3 for r in rs], marker="o", color=color, label=label)
         right.plot(n, [r["jain"] for r in rs], marker="o", color=color, label=label)
     left.set(xlabel="engines", ylabel="k tokens / virtual s", title="throughput", xscale="log", yscale="log")
-    right.set(xlabel="engines", ylabel="Jain's index (backlogged tenants)", title="fairness", xscale="log",
-              ylim=(0, 1.05))
+    right.set(
+        xlabel="engines",
+        ylabel="Jain's index (backlogged tenants)",
+        title="fairness",
+        xscale="log",
+        ylim=(0, 1.05),
+    )
     for ax in (left, right):
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
@@ -77,8 +96,12 @@ def plot_staleness(sweep: list[dict[str, Any]], path: Path) -> None:
     if alone is not None:
         left.axhline(alone["jain"], color="tab:red", linestyle="--", label="per-engine counters")
         right.axhline(alone["gap_over_bound"], color="tab:red", linestyle="--", label="per-engine counters")
-    left.set(xlabel="staleness S (ms, log; 0 drawn at 1)", ylabel="Jain's index", xscale="log", ylim=(0, 1.05))
-    right.set(xlabel="staleness S (ms, log; 0 drawn at 1)", ylabel="max weighted gap ÷ VTC bound", xscale="log")
+    left.set(
+        xlabel="staleness S (ms, log; 0 drawn at 1)", ylabel="Jain's index", xscale="log", ylim=(0, 1.05)
+    )
+    right.set(
+        xlabel="staleness S (ms, log; 0 drawn at 1)", ylabel="max weighted gap ÷ VTC bound", xscale="log"
+    )
     for ax in (left, right):
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
@@ -89,7 +112,9 @@ def plot_staleness(sweep: list[dict[str, Any]], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--engines", type=int, nargs="+", default=[8, 16, 32, 64])
     parser.add_argument("--staleness-engines", type=int, default=16, help="N of the staleness sweep")
     parser.add_argument("--tenants", type=int, default=1000)
@@ -101,16 +126,21 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [run(n, s, args.tenants, args.duration, args.warmup) for n in args.engines for s in (None, 100.0)]
     sweep = [r for r in rows if r["engines"] == args.staleness_engines]
-    sweep += [run(args.staleness_engines, s, args.tenants, args.duration, args.warmup)
-              for s in STALENESS_MS if s not in {r["staleness_ms"] for r in sweep}]
+    sweep += [
+        run(args.staleness_engines, s, args.tenants, args.duration, args.warmup)
+        for s in STALENESS_MS
+        if s not in {r["staleness_ms"] for r in sweep}
+    ]
     plot_engines(rows, args.out / "scale_engines.png")
     plot_staleness(sweep, args.out / "scale_staleness.png")
     result = {"engines": rows, "staleness": sweep, "slip": slip(sweep)}
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1))
     print("## engines\n\n" + cluster_text(rows))
-    print("\n## staleness\n\n" + cluster_text(sorted(sweep, key=lambda r: -1 if r["staleness_ms"] is None
-                                                     else r["staleness_ms"])))
+    print(
+        "\n## staleness\n\n"
+        + cluster_text(sorted(sweep, key=lambda r: -1 if r["staleness_ms"] is None else r["staleness_ms"]))
+    )
     print(f"\nslip: {json.dumps(result['slip'])}")
     return 0
 

@@ -42,22 +42,35 @@ class LocalServer:
         self.engine.shutdown()
 
 
-def start_local_server(config: EngineConfig, data_dir: Path, tenants: Iterable[tuple[str, float]],
-                       engine: AsyncEngine | None = None, timeout_s: float = 120.0,
-                       max_queued_requests: int = 256) -> LocalServer:
+def start_local_server(
+    config: EngineConfig,
+    data_dir: Path,
+    tenants: Iterable[tuple[str, float]],
+    engine: AsyncEngine | None = None,
+    timeout_s: float = 120.0,
+    max_queued_requests: int = 256,
+) -> LocalServer:
     """Start a gateway on `config` (or on `engine`), then create each (tenant, weight) with a key."""
     if engine is None:
         engine = AsyncEngine(config)
         engine.start()
-    settings = GatewaySettings(data_dir=data_dir, port=0, engine=engine.config, grace_period_s=2.0,
-                               max_queued_requests=max_queued_requests)
+    settings = GatewaySettings(
+        data_dir=data_dir,
+        port=0,
+        engine=engine.config,
+        grace_period_s=2.0,
+        max_queued_requests=max_queued_requests,
+    )
     app = create_app(settings, engine)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), name="bench-gateway",
-                              daemon=True)
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    )
+    thread = threading.Thread(
+        target=lambda: asyncio.run(server.serve(sockets=[sock])), name="bench-gateway", daemon=True
+    )
     thread.start()
     deadline = time.monotonic() + timeout_s
     while not server.started:

@@ -40,12 +40,23 @@ async def transport_round(args: argparse.Namespace, tmp: str, transport: str, in
     """One measurement of a transport: the process engine called directly, then through `fairserve serve`."""
     cfg = engine_config(str(Path(tmp) / "models"), args.max_num_seqs, transport)
     direct = await in_process(cfg, True, args.rate, int(args.rate * args.duration), args.stream_tokens)
-    return await served_round(args, direct.summary()["total_p50_ms"], Served(
-        str(Path(tmp) / f"{transport}-{index}"), "--max-num-seqs", str(args.max_num_seqs), "--engine-process",
-        "--transport", transport))
+    return await served_round(
+        args,
+        direct.summary()["total_p50_ms"],
+        Served(
+            str(Path(tmp) / f"{transport}-{index}"),
+            "--max-num-seqs",
+            str(args.max_num_seqs),
+            "--engine-process",
+            "--transport",
+            transport,
+        ),
+    )
 
 
-async def served_round(args: argparse.Namespace, direct_total_p50_ms: float, served: Served) -> dict[str, float]:
+async def served_round(
+    args: argparse.Namespace, direct_total_p50_ms: float, served: Served
+) -> dict[str, float]:
     """The gateway half of a round: streams through `served`, which is stopped after."""
     n = int(args.rate * args.duration)
     poster = Poster(served, args.client)
@@ -56,11 +67,13 @@ async def served_round(args: argparse.Namespace, direct_total_p50_ms: float, ser
     finally:
         await poster.close()
         served.stop()
-    return {"inproc_stream_total_p50_ms": direct_total_p50_ms,
-            "gateway_stream_first_p50_ms": gateway.summary()["first_p50_ms"],
-            "gateway_stream_total_p50_ms": gateway.summary()["total_p50_ms"],
-            "paired_first_p50_ms": pct(paired, 0.5) * 1e3,
-            "gateway_cpu_ms_per_request": gateway.summary()["cpu_ms_per_request"]}
+    return {
+        "inproc_stream_total_p50_ms": direct_total_p50_ms,
+        "gateway_stream_first_p50_ms": gateway.summary()["first_p50_ms"],
+        "gateway_stream_total_p50_ms": gateway.summary()["total_p50_ms"],
+        "paired_first_p50_ms": pct(paired, 0.5) * 1e3,
+        "gateway_cpu_ms_per_request": gateway.summary()["cpu_ms_per_request"],
+    }
 
 
 async def transport_ab(args: argparse.Namespace) -> dict[str, object]:
@@ -78,10 +91,19 @@ async def remote_round(args: argparse.Namespace, tmp: str, arm: str, index: int)
     engine = EngineServerProcess(str(Path(tmp) / "models"), "--max-num-seqs", str(args.max_num_seqs), *keyed)
     try:
         client = RemoteEngine(engine.address, cluster_key=ClusterKey.load(key_file) if keyed else None)
-        direct = await in_process(engine_config("", args.max_num_seqs), True, args.rate,
-                                  int(args.rate * args.duration), args.stream_tokens, engine=client)
-        return await served_round(args, direct.summary()["total_p50_ms"], Served(
-            str(Path(tmp) / f"{arm}-{index}"), "--engine", engine.address, *keyed))
+        direct = await in_process(
+            engine_config("", args.max_num_seqs),
+            True,
+            args.rate,
+            int(args.rate * args.duration),
+            args.stream_tokens,
+            engine=client,
+        )
+        return await served_round(
+            args,
+            direct.summary()["total_p50_ms"],
+            Served(str(Path(tmp) / f"{arm}-{index}"), "--engine", engine.address, *keyed),
+        )
     finally:
         engine.stop()
 
@@ -99,28 +121,49 @@ async def curve_ab(args: argparse.Namespace) -> dict[str, object]:
 Round = Callable[[argparse.Namespace, str, str, int], Awaitable[dict[str, float]]]
 
 
-async def alternate(args: argparse.Namespace, n_rounds: int, arms: tuple[str, str], one: Round) -> dict[str, object]:
+async def alternate(
+    args: argparse.Namespace, n_rounds: int, arms: tuple[str, str], one: Round
+) -> dict[str, object]:
     """`n_rounds` of each arm in the order a, b, b, a, ...; medians per arm and the ratio a / b."""
     a, b = arms
     rounds: dict[str, list[dict[str, float]]] = {a: [], b: []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(n_rounds):
-            for arm in (arms if i % 2 == 0 else arms[::-1]):
+            for arm in arms if i % 2 == 0 else arms[::-1]:
                 rounds[arm].append(await one(args, tmp, arm, i))
     medians = {t: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for t, rs in rounds.items()}
     ratio = {k: medians[a][k] / medians[b][k] for k in medians[a]}
-    return {"rate": args.rate, "requests_per_round": int(args.rate * args.duration), "rounds": rounds,
-            "median": medians, f"ratio_{a}_over_{b}": ratio}
+    return {
+        "rate": args.rate,
+        "requests_per_round": int(args.rate * args.duration),
+        "rounds": rounds,
+        "median": medians,
+        f"ratio_{a}_over_{b}": ratio,
+    }
 
 
 class EngineServerProcess:
     """`fairserve engine --listen tcp://127.0.0.1:0` in a subprocess; parses its banner for the address."""
 
     def __init__(self, cache_dir: str, *args: str) -> None:
-        cmd = [sys.executable, "-m", "gateway.cli", "engine", "--listen", "tcp://127.0.0.1:0",
-               "--cache-dir", cache_dir, *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        cmd = [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "engine",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--cache-dir",
+            cache_dir,
+            *args,
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         banner: dict[str, str] = {}
         assert self.proc.stdout is not None
         for line in self.proc.stdout:

@@ -95,12 +95,18 @@ class Workload:
     def declare(self) -> dict[str, Any]:
         """The declaration block of the report (the essay's list, minus what the run itself adds)."""
         return {
-            "name": self.name, "description": self.description,
-            "prompt_tokens": self.prompt.describe(), "output_tokens": self.output.describe(),
+            "name": self.name,
+            "description": self.description,
+            "prompt_tokens": self.prompt.describe(),
+            "output_tokens": self.output.describe(),
             "prefix_sharing": {"share": self.prefix_share, "prefix_tokens": self.prefix_tokens},
             "fanout": self.fanout,
-            "sampling": {"temperature": self.temperature, "ignore_eos": self.ignore_eos, "stop": list(self.stop),
-                         "stop_condition": "max_tokens" if self.ignore_eos else "EOS or max_tokens"},
+            "sampling": {
+                "temperature": self.temperature,
+                "ignore_eos": self.ignore_eos,
+                "stop": list(self.stop),
+                "stop_condition": "max_tokens" if self.ignore_eos else "EOS or max_tokens",
+            },
             "tenants": [asdict(t) for t in self.tenants],
             "slo": asdict(self.slo),
         }
@@ -120,23 +126,45 @@ class PlannedRequest:
 
 WORKLOADS: dict[str, Workload] = {
     "chat": Workload(
-        "chat", "short uniform chat: short prompts, short outputs",
-        prompt=LengthDist(16, 48), output=LengthDist(8, 24),
-        slo=SLO(ttft_s=1.0, tpot_s=0.25, e2e_s=5.0, deadline_s=20.0), default_rate=6.0),
+        "chat",
+        "short uniform chat: short prompts, short outputs",
+        prompt=LengthDist(16, 48),
+        output=LengthDist(8, 24),
+        slo=SLO(ttft_s=1.0, tpot_s=0.25, e2e_s=5.0, deadline_s=20.0),
+        default_rate=6.0,
+    ),
     "mixed": Workload(
-        "mixed", "mixed short and long outputs: 80% short answers, 20% long generations",
-        prompt=LengthDist(16, 64), output=LengthDist(0, 0, ((8, 0.8), (96, 0.2))),
-        slo=SLO(ttft_s=1.0, tpot_s=0.25, e2e_s=20.0, deadline_s=40.0), default_rate=3.0),
+        "mixed",
+        "mixed short and long outputs: 80% short answers, 20% long generations",
+        prompt=LengthDist(16, 64),
+        output=LengthDist(0, 0, ((8, 0.8), (96, 0.2))),
+        slo=SLO(ttft_s=1.0, tpot_s=0.25, e2e_s=20.0, deadline_s=40.0),
+        default_rate=3.0,
+    ),
     "retrieval": Workload(
-        "retrieval", "long-prefill retrieval: long prompts behind a shared document prefix, short outputs",
-        prompt=LengthDist(320, 480), output=LengthDist(4, 12), prefix_share=0.75, prefix_tokens=256,
-        slo=SLO(ttft_s=2.0, tpot_s=0.25, e2e_s=6.0, deadline_s=30.0), default_rate=2.0),
+        "retrieval",
+        "long-prefill retrieval: long prompts behind a shared document prefix, short outputs",
+        prompt=LengthDist(320, 480),
+        output=LengthDist(4, 12),
+        prefix_share=0.75,
+        prefix_tokens=256,
+        slo=SLO(ttft_s=2.0, tpot_s=0.25, e2e_s=6.0, deadline_s=30.0),
+        default_rate=2.0,
+    ),
     "agent": Workload(
-        "agent", "bursty agent fan-out: each task sends 3 parallel attempts, keeps the first, cancels the rest",
-        prompt=LengthDist(24, 64), output=LengthDist(8, 64), fanout=3, temperature=0.8,
+        "agent",
+        "bursty agent fan-out: each task sends 3 parallel attempts, keeps the first, cancels the rest",
+        prompt=LengthDist(24, 64),
+        output=LengthDist(8, 64),
+        fanout=3,
+        temperature=0.8,
         slo=SLO(ttft_s=1.5, tpot_s=0.25, e2e_s=10.0, deadline_s=30.0),
-        tenants=(TenantTraffic("steady", 2.0, 0.4), TenantTraffic("noisy", 1.0, 0.6, "bursty", 0.5, 1.5, True)),
-        default_rate=1.5),
+        tenants=(
+            TenantTraffic("steady", 2.0, 0.4),
+            TenantTraffic("noisy", 1.0, 0.6, "bursty", 0.5, 1.5, True),
+        ),
+        default_rate=1.5,
+    ),
 }
 
 
@@ -174,7 +202,11 @@ def _text(n: int, rng: random.Random) -> str:
 def plan(workload: Workload, rate: float, duration_s: float, seed: int = 0) -> list[PlannedRequest]:
     """Every request of one run, sorted by arrival; the same arguments always give the same plan."""
     rng = random.Random(f"{workload.name}:{seed}")
-    prefix = _text(workload.prefix_tokens, random.Random(f"prefix:{workload.name}")) if workload.prefix_tokens else ""
+    prefix = (
+        _text(workload.prefix_tokens, random.Random(f"prefix:{workload.name}"))
+        if workload.prefix_tokens
+        else ""
+    )
     total_share = sum(t.share for t in workload.tenants) or 1.0
     planned: list[PlannedRequest] = []
     for tenant in workload.tenants:
@@ -185,10 +217,15 @@ def plan(workload: Workload, rate: float, duration_s: float, seed: int = 0) -> l
             else:
                 body = _text(n_prompt, rng)
             attempts = workload.fanout
-            planned.append(PlannedRequest(
-                at=at, tenant=tenant.name, prompt=body,
-                max_tokens=[workload.output.sample(rng) for _ in range(attempts)],
-                seeds=[rng.randrange(1 << 30) for _ in range(attempts)]))
+            planned.append(
+                PlannedRequest(
+                    at=at,
+                    tenant=tenant.name,
+                    prompt=body,
+                    max_tokens=[workload.output.sample(rng) for _ in range(attempts)],
+                    seeds=[rng.randrange(1 << 30) for _ in range(attempts)],
+                )
+            )
     planned.sort(key=lambda p: p.at)
     for i, p in enumerate(planned):
         if workload.fanout > 1:

@@ -39,7 +39,9 @@ def _parse_url(url: str) -> URL:
             f"unsupported database {parsed.get_backend_name()!r}: use sqlite:///PATH or postgresql+psycopg://..."
         )
     if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() not in ("psycopg", ""):
-        raise ValueError(f"unsupported PostgreSQL driver {parsed.get_driver_name()!r}: use postgresql+psycopg://")
+        raise ValueError(
+            f"unsupported PostgreSQL driver {parsed.get_driver_name()!r}: use postgresql+psycopg://"
+        )
     if parsed.get_backend_name() == "postgresql" and not parsed.get_driver_name():
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed
@@ -108,7 +110,9 @@ class Database:
         from alembic.runtime.migration import MigrationContext
 
         with self.engine.connect() as conn:
-            return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+            return MigrationContext.configure(
+                conn, opts={"version_table": VERSION_TABLE}
+            ).get_current_revision()
 
     def head_revision(self) -> str | None:
         """The newest revision the migrations package knows."""

@@ -87,7 +87,7 @@ class Journal:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         view = memoryview(line)
         while view:  # a regular file takes the whole line in one call; the loop only guards a short write
-            view = view[os.write(self._fd, view):]
+            view = view[os.write(self._fd, view) :]
         self._bytes += len(line)
         self._unsynced = True
 
@@ -113,7 +113,7 @@ class Journal:
         if self._fd is None or self._bytes == 0:
             return None
         fd, self._fd = self._fd, None
-        closed = self.path.with_name(f"{self.path.name[:-len('.live')]}.{time.time_ns():020d}")
+        closed = self.path.with_name(f"{self.path.name[: -len('.live')]}.{time.time_ns():020d}")
         self.path.rename(closed)
         self._closed.append((closed, mark))
         self._bytes = 0

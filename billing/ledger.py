@@ -74,7 +74,9 @@ def _permanent(exc: SQLAlchemyError) -> bool:
 class Ledger:
     """The write-behind ledger of usage rows; see the module docstring for its guarantees."""
 
-    def __init__(self, db: Database, config: LedgerConfig | None = None, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, db: Database, config: LedgerConfig | None = None, registry: CollectorRegistry | None = None
+    ) -> None:
         self.db = db
         self.config = config or LedgerConfig()
         self.metrics = ledger_metrics(registry)
@@ -133,8 +135,10 @@ class Ledger:
             now = time.monotonic()
             if now - self._last_journal_warning > 5.0:
                 self._last_journal_warning = now
-                log.error("ledger journal write failed (rows are buffered, but a kill -9 now would lose "
-                          "them): %s", exc)
+                log.error(
+                    "ledger journal write failed (rows are buffered, but a kill -9 now would lose them): %s",
+                    exc,
+                )
 
     @property
     def depth(self) -> int:
@@ -185,7 +189,9 @@ class Ledger:
             leftover = list(self._buffer)
             self._buffer.clear()
         if leftover:
-            log.warning("ledger closing with %d unwritten rows; spilled to %s", len(leftover), self.spill.path)
+            log.warning(
+                "ledger closing with %d unwritten rows; spilled to %s", len(leftover), self.spill.path
+            )
             self.spill.append(leftover)
             self.metrics.spilled_rows.inc(len(leftover))
         self.spill.close()
@@ -241,7 +247,11 @@ class Ledger:
                 buffered = len(self._buffer)
                 batch = list(itertools.islice(self._buffer, self.config.batch_size))
                 urgent = self._flush_wanted
-            due = buffered >= self.config.batch_size or urgent or time.monotonic() - last_write >= self.config.flush_interval_s
+            due = (
+                buffered >= self.config.batch_size
+                or urgent
+                or time.monotonic() - last_write >= self.config.flush_interval_s
+            )
             if batch and due:
                 if self._write(batch):
                     with self._idle:
@@ -290,8 +300,12 @@ class Ledger:
                 now = time.monotonic()
                 if now - self._last_warning > 5.0:
                     self._last_warning = now
-                    log.warning("ledger write failed (%d rows buffered, %d spilled), retrying: %s",
-                                len(self._buffer), self.spill.pending_rows, str(exc).splitlines()[0])
+                    log.warning(
+                        "ledger write failed (%d rows buffered, %d spilled), retrying: %s",
+                        len(self._buffer),
+                        self.spill.pending_rows,
+                        str(exc).splitlines()[0],
+                    )
                 return False
             try:
                 inserted, rejected = self._write_one_by_one(rows)
@@ -317,7 +331,9 @@ class Ledger:
             except SQLAlchemyError as exc:
                 if not _permanent(exc):
                     raise
-                log.error("ledger row %s refused by the database: %s", row.request_id, str(exc).splitlines()[0])
+                log.error(
+                    "ledger row %s refused by the database: %s", row.request_id, str(exc).splitlines()[0]
+                )
                 rejected.append(row)
         if rejected:
             with self.rejects_path.open("a", encoding="utf-8") as fh:

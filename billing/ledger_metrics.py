@@ -13,10 +13,14 @@ class LedgerMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.buffer_depth = Gauge(
-            "fairserve_ledger_buffer_depth", "Usage rows waiting in the write-behind buffer.", registry=registry
+            "fairserve_ledger_buffer_depth",
+            "Usage rows waiting in the write-behind buffer.",
+            registry=registry,
         )
         self.spill_pending = Gauge(
-            "fairserve_ledger_spill_pending_rows", "Usage rows in the spill file waiting for replay.", registry=registry
+            "fairserve_ledger_spill_pending_rows",
+            "Usage rows in the spill file waiting for replay.",
+            registry=registry,
         )
         self.flush_seconds = Histogram(
             "fairserve_ledger_flush_seconds",
@@ -31,7 +35,9 @@ class LedgerMetrics:
             "fairserve_ledger_spilled_rows_total", "Usage rows written to the spill file.", registry=registry
         )
         self.replayed_rows = Counter(
-            "fairserve_ledger_replayed_rows_total", "Spilled usage rows replayed into the database.", registry=registry
+            "fairserve_ledger_replayed_rows_total",
+            "Spilled usage rows replayed into the database.",
+            registry=registry,
         )
         self.written_rows = Counter(
             "fairserve_ledger_written_rows_total", "Usage rows inserted into the database.", registry=registry

@@ -31,7 +31,9 @@ def _insert(dialect: str) -> Any:
 
 
 def _rollup(rows: list[UsageRecord]) -> list[dict[str, Any]]:
-    totals: dict[tuple[Any, str, str], dict[str, Any]] = defaultdict(lambda: dict.fromkeys(("requests", *_SUMMED), 0))
+    totals: dict[tuple[Any, str, str], dict[str, Any]] = defaultdict(
+        lambda: dict.fromkeys(("requests", *_SUMMED), 0)
+    )
     for row in rows:
         acc = totals[(row.finished_at.date(), row.tenant_id, row.status)]
         acc["requests"] += 1
@@ -40,15 +42,26 @@ def _rollup(rows: list[UsageRecord]) -> list[dict[str, Any]]:
     # A fixed order keeps concurrent writers (several replicas) from deadlocking on the rollup rows.
     return [
         {"day": day, "tenant_id": tenant, "status": status, **acc}
-        for (day, tenant, status), acc in sorted(totals.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2]))
+        for (day, tenant, status), acc in sorted(
+            totals.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])
+        )
     ]
 
 
 _PG_TYPES = {
-    "attempt": "int4", "prompt_tokens": "int4", "cached_tokens": "int4", "completion_tokens": "int4",
-    "tokens_after_cancel": "int4", "preemptions": "int4", "recomputed_tokens": "int4",
-    "charged_service": "float8", "queue_ms": "float8", "ttft_ms": "float8", "e2e_ms": "float8",
-    "created_at": "timestamptz", "finished_at": "timestamptz",
+    "attempt": "int4",
+    "prompt_tokens": "int4",
+    "cached_tokens": "int4",
+    "completion_tokens": "int4",
+    "tokens_after_cancel": "int4",
+    "preemptions": "int4",
+    "recomputed_tokens": "int4",
+    "charged_service": "float8",
+    "queue_ms": "float8",
+    "ttft_ms": "float8",
+    "e2e_ms": "float8",
+    "created_at": "timestamptz",
+    "finished_at": "timestamptz",
 }
 # One constant statement with one array per column: psycopg parses and PostgreSQL plans it once, where a
 # multi-VALUES INSERT of 500 rows spends most of its time in client-side placeholder parsing.
@@ -70,8 +83,11 @@ def _insert_rows(conn: Connection, rows: list[UsageRecord]) -> set[RowKey]:
         columns = tuple([getattr(r, name) for r in rows] for name in _FIELDS)
         return {(r[0], r[1]) for r in conn.exec_driver_sql(_PG_INSERT, columns)}
     params = [{name: getattr(r, name) for name in _FIELDS} for r in rows]
-    stmt = (sqlite.insert(_USAGE).on_conflict_do_nothing(index_elements=["tenant_id", "request_id"])
-            .returning(_USAGE.c.tenant_id, _USAGE.c.request_id))
+    stmt = (
+        sqlite.insert(_USAGE)
+        .on_conflict_do_nothing(index_elements=["tenant_id", "request_id"])
+        .returning(_USAGE.c.tenant_id, _USAGE.c.request_id)
+    )
     return {(r[0], r[1]) for r in conn.execute(stmt, params)}
 
 

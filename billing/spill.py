@@ -26,12 +26,16 @@ _FIELDS = tuple(f.name for f in fields(UsageRecord))
 _DATETIME_FIELDS = ("created_at", "finished_at")
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"))  # built once: json.dumps(separators=...) builds one per call
+_ENCODER = json.JSONEncoder(
+    separators=(",", ":")
+)  # built once: json.dumps(separators=...) builds one per call
 
 
 def encode_row(row: UsageRecord) -> str:
     """One JSON line for a usage row (the journal encodes every answered request with it, on the event loop)."""
-    doc: dict[str, Any] = dict(row.__dict__)  # the dataclass's fields, in order; cheaper than getattr per field
+    doc: dict[str, Any] = dict(
+        row.__dict__
+    )  # the dataclass's fields, in order; cheaper than getattr per field
     for name in _DATETIME_FIELDS:
         doc[name] = doc[name].isoformat()
     return _ENCODER.encode(doc) + "\n"

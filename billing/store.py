@@ -55,8 +55,12 @@ def _snapshot(row: TenantRow) -> dict[str, Any]:
     return {name: getattr(row, name) for name in TENANT_FIELDS}
 
 
-_USAGE_EXISTS = (select(UsageRow.request_id)
-                 .where(UsageRow.tenant_id == bindparam("tid"), UsageRow.request_id == bindparam("rid")).limit(1))
+_USAGE_EXISTS = (
+    select(UsageRow.request_id)
+    .where(UsageRow.tenant_id == bindparam("tid"), UsageRow.request_id == bindparam("rid"))
+    .limit(1)
+)
+
 
 class BillingStore:
     """Tenants, API keys, usage summaries and the audit log, over SQLAlchemy sessions."""
@@ -78,9 +82,18 @@ class BillingStore:
             row = session.scalars(select(TenantRow).where(TenantRow.name == tenant_id_or_name)).first()
         return row
 
-    def _audit(self, session: Session, actor: str, action: str, tenant_id: str | None,
-               before: dict[str, Any] | None, after: dict[str, Any] | None) -> None:
-        session.add(AuditRow(actor=actor, action=action, tenant_id=tenant_id, before=before, after=after, at=utcnow()))
+    def _audit(
+        self,
+        session: Session,
+        actor: str,
+        action: str,
+        tenant_id: str | None,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+    ) -> None:
+        session.add(
+            AuditRow(actor=actor, action=action, tenant_id=tenant_id, before=before, after=after, at=utcnow())
+        )
 
     def create_tenant(
         self,
@@ -138,7 +151,9 @@ class BillingStore:
                 if row is None:
                     raise TenantNotFound(f"no tenant {tenant_id!r}")
                 if "name" in clean and clean["name"] != row.name:
-                    taken = session.scalars(select(TenantRow.id).where(TenantRow.name == clean["name"])).first()
+                    taken = session.scalars(
+                        select(TenantRow.id).where(TenantRow.name == clean["name"])
+                    ).first()
                     if taken:
                         raise TenantExists(f"tenant {clean['name']!r} already exists")
                 before = _snapshot(row)
@@ -170,7 +185,9 @@ class BillingStore:
                 created_at=utcnow(),
             )
             session.add(row)
-            self._audit(session, actor, "key.create", tenant.id, None, {"key_id": row.id, "prefix": row.prefix})
+            self._audit(
+                session, actor, "key.create", tenant.id, None, {"key_id": row.id, "prefix": row.prefix}
+            )
         return secret, _key(row)
 
     def list_keys(self, tenant_id: str | None = None) -> list[ApiKeyInfo]:
@@ -197,7 +214,14 @@ class BillingStore:
                 raise KeyNotFound(f"no API key {key_id!r}")
             if row.revoked_at is None:
                 row.revoked_at = utcnow()
-                self._audit(session, actor, "key.revoke", row.tenant_id, None, {"key_id": row.id, "prefix": row.prefix})
+                self._audit(
+                    session,
+                    actor,
+                    "key.revoke",
+                    row.tenant_id,
+                    None,
+                    {"key_id": row.id, "prefix": row.prefix},
+                )
         return _key(row)
 
     def verify_key(self, secret: str) -> tuple[Tenant, ApiKeyInfo] | None:
@@ -246,7 +270,18 @@ class BillingStore:
             if until is not None:
                 query = query.where(UsageRow.finished_at < until)
             summaries: dict[str, UsageSummary] = {}
-            for tid, status, count, prompt, cached, completion, service, after, preempt, recomputed in session.execute(query):
+            for (
+                tid,
+                status,
+                count,
+                prompt,
+                cached,
+                completion,
+                service,
+                after,
+                preempt,
+                recomputed,
+            ) in session.execute(query):
                 s = summaries.setdefault(tid, UsageSummary(tenant_id=tid, tenant_name=names.get(tid)))
                 s.requests += count
                 s.requests_by_status[status] = count
@@ -257,14 +292,16 @@ class BillingStore:
                 s.tokens_after_cancel += int(after or 0)
                 s.preemptions += int(preempt or 0)
                 s.recomputed_tokens += int(recomputed or 0)
-            return sorted(summaries.values(), key=lambda s: (s.tenant_name or s.tenant_id))
+            return sorted(summaries.values(), key=lambda s: s.tenant_name or s.tenant_id)
 
     def daily_usage(
         self, tenant_id: str | None = None, since: date | None = None, until: date | None = None
     ) -> list[DailyUsage]:
         """Rows of the daily rollup (UTC days in [since, until]), oldest first."""
         with self._session() as session:
-            query = select(UsageDailyRow).order_by(UsageDailyRow.day, UsageDailyRow.tenant_id, UsageDailyRow.status)
+            query = select(UsageDailyRow).order_by(
+                UsageDailyRow.day, UsageDailyRow.tenant_id, UsageDailyRow.status
+            )
             if tenant_id is not None:
                 tenant = self._find_tenant(session, tenant_id)
                 query = query.where(UsageDailyRow.tenant_id == (tenant.id if tenant else tenant_id))
@@ -274,10 +311,16 @@ class BillingStore:
                 query = query.where(UsageDailyRow.day <= until)
             return [
                 DailyUsage(
-                    day=r.day.isoformat(), tenant_id=r.tenant_id, status=r.status, requests=r.requests,
-                    prompt_tokens=r.prompt_tokens, cached_tokens=r.cached_tokens,
-                    completion_tokens=r.completion_tokens, charged_service=r.charged_service,
-                    tokens_after_cancel=r.tokens_after_cancel, preemptions=r.preemptions,
+                    day=r.day.isoformat(),
+                    tenant_id=r.tenant_id,
+                    status=r.status,
+                    requests=r.requests,
+                    prompt_tokens=r.prompt_tokens,
+                    cached_tokens=r.cached_tokens,
+                    completion_tokens=r.completion_tokens,
+                    charged_service=r.charged_service,
+                    tokens_after_cancel=r.tokens_after_cancel,
+                    preemptions=r.preemptions,
                     recomputed_tokens=r.recomputed_tokens,
                 )
                 for r in session.scalars(query)
@@ -302,7 +345,14 @@ class BillingStore:
                 tenant = self._find_tenant(session, tenant_id)
                 query = query.where(AuditRow.tenant_id == (tenant.id if tenant else tenant_id))
             return [
-                AuditEntry(id=r.id, actor=r.actor, action=r.action, tenant_id=r.tenant_id,
-                           before=r.before, after=r.after, at=r.at)
+                AuditEntry(
+                    id=r.id,
+                    actor=r.actor,
+                    action=r.action,
+                    tenant_id=r.tenant_id,
+                    before=r.before,
+                    after=r.after,
+                    at=r.at,
+                )
                 for r in session.scalars(query)
             ]

@@ -36,7 +36,12 @@ def check_name(name: object) -> str:
 
 def check_weight(weight: object) -> float:
     """A fair-share weight: a finite number > 0."""
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, (int, float))
+        or not math.isfinite(weight)
+        or weight <= 0
+    ):
         raise ValueError(f"weight must be a finite number > 0, got {weight!r}")
     return float(weight)
 
@@ -61,10 +66,14 @@ def check_cache_group(value: object) -> str | None:
     """A prefix-cache group: None (the tenant's own blocks only) or 1-64 letters, digits and ._:-"""
     if value is None or value == "":
         return None
-    if (not isinstance(value, str) or len(value) > MAX_CACHE_GROUP_LENGTH
-            or not all(c.isascii() and (c.isalnum() or c in "._:-") for c in value)):
-        raise ValueError(f"cache_group must be 1-{MAX_CACHE_GROUP_LENGTH} letters, digits or ._:- (or null), "
-                         f"got {value!r}")
+    if (
+        not isinstance(value, str)
+        or len(value) > MAX_CACHE_GROUP_LENGTH
+        or not all(c.isascii() and (c.isalnum() or c in "._:-") for c in value)
+    ):
+        raise ValueError(
+            f"cache_group must be 1-{MAX_CACHE_GROUP_LENGTH} letters, digits or ._:- (or null), got {value!r}"
+        )
     return value
 
 
@@ -72,7 +81,9 @@ def check_tenant_fields(fields: dict[str, Any]) -> dict[str, Any]:
     """Validate a partial tenant update; raises ValueError naming the first unknown or bad field."""
     unknown = sorted(set(fields) - set(TENANT_FIELDS))
     if unknown:
-        raise ValueError(f"unknown tenant field(s): {', '.join(unknown)}; allowed: {', '.join(TENANT_FIELDS)}")
+        raise ValueError(
+            f"unknown tenant field(s): {', '.join(unknown)}; allowed: {', '.join(TENANT_FIELDS)}"
+        )
     clean: dict[str, Any] = {}
     for key, value in fields.items():
         if key == "name":

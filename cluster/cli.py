@@ -26,12 +26,30 @@ def register(subparsers: Any) -> None:
     ray_parser = subparsers.add_parser("ray", help="run engines and gateways on a Ray cluster")
     sub = ray_parser.add_subparsers(dest="ray_command", required=True)
     # `resolve`: the cluster's --engines (a count) replaces serve's --engines (addresses, meaningless here).
-    up = sub.add_parser("up", help="start engines and gateways (and a local cluster unless --address)",
-                        conflict_handler="resolve")
+    up = sub.add_parser(
+        "up",
+        help="start engines and gateways (and a local cluster unless --address)",
+        conflict_handler="resolve",
+    )
     add_knob_flags(up)
-    _cluster_flags(up, ("address", "namespace", "engines", "gateways", "engine_cpus", "gateway_cpus",
-                        "max_restarts", "engine_host", "num_cpus", "poll_interval_s", "ping_timeout_s",
-                        "drain_timeout_s", "ready_timeout_s"))
+    _cluster_flags(
+        up,
+        (
+            "address",
+            "namespace",
+            "engines",
+            "gateways",
+            "engine_cpus",
+            "gateway_cpus",
+            "max_restarts",
+            "engine_host",
+            "num_cpus",
+            "poll_interval_s",
+            "ping_timeout_s",
+            "drain_timeout_s",
+            "ready_timeout_s",
+        ),
+    )
     up.set_defaults(func=_command("cmd_up"))
     status = sub.add_parser("status", help="list engines and gateways with their health and load")
     _cluster_flags(status, _CONNECT)
@@ -50,9 +68,14 @@ def _cluster_flags(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> N
     for name in names:
         field = ClusterConfig.model_fields[name]
         kind = next((t for t in (int, float) if t in _types(field.annotation)), str)
-        group.add_argument("--" + name.replace("_", "-"), dest="ray__" + name, type=kind, default=argparse.SUPPRESS,
-                           metavar={int: "N", float: "X"}.get(kind, name.upper()),
-                           help=f"{field.description} [{ENV_PREFIX}{name.upper()}; default {field.default}]")
+        group.add_argument(
+            "--" + name.replace("_", "-"),
+            dest="ray__" + name,
+            type=kind,
+            default=argparse.SUPPRESS,
+            metavar={int: "N", float: "X"}.get(kind, name.upper()),
+            help=f"{field.description} [{ENV_PREFIX}{name.upper()}; default {field.default}]",
+        )
 
 
 def _types(annotation: Any) -> tuple[Any, ...]:
@@ -68,8 +91,10 @@ def _command(name: str) -> Callable[[argparse.Namespace], int]:
         except ModuleNotFoundError as exc:
             if exc.name != "ray":
                 raise
-            print("fairserve ray: Ray is not installed; install the extra: pip install 'fairserve[ray]'",
-                  file=sys.stderr)
+            print(
+                "fairserve ray: Ray is not installed; install the extra: pip install 'fairserve[ray]'",
+                file=sys.stderr,
+            )
             return 2
         return int(getattr(commands, name)(args))
 

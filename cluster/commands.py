@@ -32,8 +32,10 @@ def _cluster_config(args: argparse.Namespace, **overrides: Any) -> ClusterConfig
 def _gateway_settings(args: argparse.Namespace) -> GatewaySettings:
     flags = flags_from_args(args)
     if flags.pop("engines", None):
-        raise ValueError("--engine attaches `serve` to running engines; under `ray up` the engines are "
-                         "actors: give their count with --engines N")
+        raise ValueError(
+            "--engine attaches `serve` to running engines; under `ray up` the engines are "
+            "actors: give their count with --engines N"
+        )
     return GatewaySettings.load(flags, args.config)
 
 
@@ -47,8 +49,11 @@ def _secrets(settings: GatewaySettings) -> tuple[dict[str, str], dict[str, str]]
     banner = prepare_deployment(settings)
     key_file = settings.cluster_key_file or settings.data_dir / CLUSTER_KEY_FILE
     create_key_file(key_file)
-    secrets = {ADMIN_TOKEN_FILE: banner["admin_token"], METRICS_TOKEN_FILE: banner["metrics_token"],
-               CLUSTER_KEY_FILE: key_file.read_text(encoding="ascii").strip()}
+    secrets = {
+        ADMIN_TOKEN_FILE: banner["admin_token"],
+        METRICS_TOKEN_FILE: banner["metrics_token"],
+        CLUSTER_KEY_FILE: key_file.read_text(encoding="ascii").strip(),
+    }
     return secrets, banner
 
 
@@ -58,11 +63,13 @@ def _cluster_key(secrets: dict[str, str]) -> ClusterKey:
 
 def _wait_answering(url: str, timeout_s: float) -> None:
     """Until the gateway's /healthz answers 200 (bounded)."""
+
     def answers() -> bool:
         try:
             return httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200
         except httpx.HTTPError:
             return False
+
     deploy.wait_until(answers, timeout_s, f"the gateway at {url} to answer")
 
 
@@ -81,8 +88,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     if started and cfg.engine_host is None:
         cfg = cfg.model_copy(update={"engine_host": "127.0.0.1"})  # one machine: engines stay on loopback
     if deploy.engine_names() or deploy.gateway_names():
-        print(f"fairserve ray up: namespace {cfg.namespace!r} already has a deployment; "
-              "`fairserve ray down` it first or pick another --namespace", file=sys.stderr)
+        print(
+            f"fairserve ray up: namespace {cfg.namespace!r} already has a deployment; "
+            "`fairserve ray down` it first or pick another --namespace",
+            file=sys.stderr,
+        )
         return 1
     reg = deploy.registry(cfg)
     ray.get(reg.keep_deployment.remote(settings, secrets, cfg))
@@ -114,9 +124,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     found = deploy.status(cfg)
     print(f"engines: {len(found.engines)}")
     for e in found.engines:
-        print(f"  {e['name']}  {e['health']}  {e['address']}  node={e['node']}  "
-              f"running={e['running']} waiting={e['waiting']} in_flight={e['in_flight']}  "
-              f"alive_at_gateways={e['alive_at_gateways']}/{len(found.gateways)}")
+        print(
+            f"  {e['name']}  {e['health']}  {e['address']}  node={e['node']}  "
+            f"running={e['running']} waiting={e['waiting']} in_flight={e['in_flight']}  "
+            f"alive_at_gateways={e['alive_at_gateways']}/{len(found.gateways)}"
+        )
     print(f"gateways: {len(found.gateways)}")
     for g in found.gateways:
         print(f"  {g['name']}  {g['health']}  {g['url']}")
@@ -129,7 +141,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
     deploy.connect(cfg)
     kept = ray.get(deploy.registry(cfg).deployment.remote())
     if kept is None:
-        print("fairserve ray scale: no deployment in this namespace (run `fairserve ray up`)", file=sys.stderr)
+        print(
+            "fairserve ray scale: no deployment in this namespace (run `fairserve ray up`)", file=sys.stderr
+        )
         return 1
     settings, secrets, kept_cfg = kept
     cfg = kept_cfg.model_copy(update={"drain_timeout_s": cfg.drain_timeout_s})

@@ -43,7 +43,8 @@ def connect(cfg: ClusterConfig) -> bool:
 def registry(cfg: ClusterConfig) -> Any:
     """The deployment's registry actor, created on first use (it also keeps the settings `ray up` used)."""
     actor = ray.remote(Registry).options(  # type: ignore[attr-defined]
-        name=REGISTRY_NAME, lifetime="detached", get_if_exists=True, num_cpus=0, max_restarts=-1)
+        name=REGISTRY_NAME, lifetime="detached", get_if_exists=True, num_cpus=0, max_restarts=-1
+    )
     return actor.remote(cfg.poll_interval_s, cfg.ping_timeout_s)
 
 
@@ -77,7 +78,9 @@ def engine_resources(config: EngineConfig, cfg: ClusterConfig) -> dict[str, floa
     return {"num_cpus": cfg.engine_cpus}
 
 
-def start_engines(settings: GatewaySettings, cfg: ClusterConfig, n: int, key: ClusterKey | None = None) -> list[Any]:
+def start_engines(
+    settings: GatewaySettings, cfg: ClusterConfig, n: int, key: ClusterKey | None = None
+) -> list[Any]:
     """Create `n` more engine actors (they register themselves once serving; with `key`, only to gateways
     holding it)."""
     config = settings.engine
@@ -86,21 +89,31 @@ def start_engines(settings: GatewaySettings, cfg: ClusterConfig, n: int, key: Cl
     actors = []
     for name in _free_names(ENGINE_PREFIX, engine_names(), n):
         options = ray.remote(EngineActor).options(  # type: ignore[attr-defined]
-            name=name, lifetime="detached", max_restarts=cfg.max_restarts, max_task_retries=0,
-            **engine_resources(settings.engine, cfg))
+            name=name,
+            lifetime="detached",
+            max_restarts=cfg.max_restarts,
+            max_task_retries=0,
+            **engine_resources(settings.engine, cfg),
+        )
         actors.append(options.remote(name, config, cfg.engine_host, key))
     return actors
 
 
-def start_gateways(settings: GatewaySettings, cfg: ClusterConfig, secrets: dict[str, str], n: int) -> list[Any]:
+def start_gateways(
+    settings: GatewaySettings, cfg: ClusterConfig, secrets: dict[str, str], n: int
+) -> list[Any]:
     """Create `n` more gateway actors; replica i listens on `port + i` (or a free port when port is 0)."""
     actors = []
     for name in _free_names(GATEWAY_PREFIX, gateway_names(), n):
         index = int(name.removeprefix(GATEWAY_PREFIX))
         own = settings.model_copy(update={"port": settings.port + index if settings.port else 0})
         options = ray.remote(GatewayActor).options(  # type: ignore[attr-defined]
-            name=name, lifetime="detached", max_restarts=cfg.max_restarts, max_task_retries=0,
-            num_cpus=cfg.gateway_cpus)
+            name=name,
+            lifetime="detached",
+            max_restarts=cfg.max_restarts,
+            max_task_retries=0,
+            num_cpus=cfg.gateway_cpus,
+        )
         actors.append(options.remote(name, own, secrets, cfg.poll_interval_s))
     return actors
 
@@ -122,8 +135,12 @@ def drain_engines(names: list[str], cfg: ClusterConfig) -> int:
     ray.get([reg.drain_engine.remote(name) for name in names])
     gateways = [ray.get_actor(g) for g in gateway_names()]
     seen: list[list[dict[str, Any]]] = ray.get([g.engine_loads.remote() for g in gateways])
-    live = sum(int(load["in_flight"] or 0) for loads in seen for load in loads
-               if load["key"].partition("@")[0] in names)
+    live = sum(
+        int(load["in_flight"] or 0)
+        for loads in seen
+        for load in loads
+        if load["key"].partition("@")[0] in names
+    )
 
     def drained() -> bool:
         return not any(_holds(g, name) for g in gateways for name in names)
@@ -157,7 +174,9 @@ def kill_actor(name: str, stop_method: str) -> None:
     ray.kill(actor, no_restart=True)
 
 
-def scale_engines(settings: GatewaySettings, cfg: ClusterConfig, target: int, key: ClusterKey | None = None) -> int:
+def scale_engines(
+    settings: GatewaySettings, cfg: ClusterConfig, target: int, key: ClusterKey | None = None
+) -> int:
     """Add engines (returns once they serve), or drain and remove the newest ones; requests drained."""
     names = engine_names()
     if target > len(names):
@@ -167,7 +186,9 @@ def scale_engines(settings: GatewaySettings, cfg: ClusterConfig, target: int, ke
     return 0
 
 
-def scale_gateways(settings: GatewaySettings, cfg: ClusterConfig, secrets: dict[str, str], target: int) -> None:
+def scale_gateways(
+    settings: GatewaySettings, cfg: ClusterConfig, secrets: dict[str, str], target: int
+) -> None:
     """Add gateways (returns once they listen), or stop the newest ones (each drains its own requests)."""
     names = gateway_names()
     if target > len(names):
@@ -218,11 +239,17 @@ def status(cfg: ClusterConfig) -> Deployment:
     for name in engine_names():
         entry = registered.get(name)
         seen = loads.get(name, [])
-        engines.append({"name": name, "address": entry.address if entry else None,
-                        "engine_id": entry.engine_id if entry else None, "node": entry.node_ip if entry else None,
-                        "health": ("draining" if entry.draining else "up") if entry else "starting",
-                        "alive_at_gateways": sum(1 for s in seen if s["alive"]),
-                        "running": max((s["running"] for s in seen), default=0),
-                        "waiting": max((s["waiting"] for s in seen), default=0),
-                        "in_flight": sum(s["in_flight"] or 0 for s in seen)})
+        engines.append(
+            {
+                "name": name,
+                "address": entry.address if entry else None,
+                "engine_id": entry.engine_id if entry else None,
+                "node": entry.node_ip if entry else None,
+                "health": ("draining" if entry.draining else "up") if entry else "starting",
+                "alive_at_gateways": sum(1 for s in seen if s["alive"]),
+                "running": max((s["running"] for s in seen), default=0),
+                "waiting": max((s["waiting"] for s in seen), default=0),
+                "in_flight": sum(s["in_flight"] or 0 for s in seen),
+            }
+        )
     return Deployment(engines, gw_rows)

@@ -25,7 +25,9 @@ REREGISTER_S = 5.0
 class EngineActor:
     """Runs one engine server for the life of the actor's process."""
 
-    def __init__(self, name: str, config: EngineConfig, host: str | None, key: ClusterKey | None = None) -> None:
+    def __init__(
+        self, name: str, config: EngineConfig, host: str | None, key: ClusterKey | None = None
+    ) -> None:
         self.name = name
         self.node_ip = ray.util.get_node_ip_address()
         self.server = EngineServer(config, f"tcp://{host or self.node_ip}:0", cluster_key=key)
@@ -55,8 +57,14 @@ class EngineActor:
 
     def describe(self) -> dict[str, object]:
         """Address, id, node and process, for `ray status` and the tests."""
-        return {"name": self.name, "address": self.server.address, "engine_id": self.server.engine_id,
-                "node_ip": self.node_ip, "pid": os.getpid(), "serving": self._serving.is_alive()}
+        return {
+            "name": self.name,
+            "address": self.server.address,
+            "engine_id": self.server.engine_id,
+            "node_ip": self.node_ip,
+            "pid": os.getpid(),
+            "serving": self._serving.is_alive(),
+        }
 
     def stop(self) -> None:
         """Stop serving (scale-down calls this after draining, before killing the actor)."""

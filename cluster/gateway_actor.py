@@ -33,7 +33,9 @@ STARTUP_TIMEOUT_S = 300.0
 class GatewayActor:
     """One gateway replica; its `url()` answers once uvicorn listens."""
 
-    def __init__(self, name: str, settings: GatewaySettings, secrets: dict[str, str], poll_interval_s: float) -> None:
+    def __init__(
+        self, name: str, settings: GatewaySettings, secrets: dict[str, str], poll_interval_s: float
+    ) -> None:
         self.name = name
         heartbeat_timeout_s = settings.engine_heartbeat_timeout_s
         self.settings = settings
@@ -41,13 +43,21 @@ class GatewayActor:
         key = settings.cluster_key()
         self._registry = ray.get_actor(REGISTRY_NAME)
         first = self._first_engine()
-        self.router = EngineRouter({member_key(first): join(first, heartbeat_timeout_s, key)},
-                                   settings.routing)
-        self.membership = Membership(self.router, self._registry.engines.remote, poll_interval_s,
-                                     heartbeat_timeout_s, key)
+        self.router = EngineRouter(
+            {member_key(first): join(first, heartbeat_timeout_s, key)}, settings.routing
+        )
+        self.membership = Membership(
+            self.router, self._registry.engines.remote, poll_interval_s, heartbeat_timeout_s, key
+        )
         self.app = create_app(settings, engine=self.router)
-        config = uvicorn.Config(self.app, host=settings.host, port=settings.port, log_level="warning",
-                                lifespan="on", timeout_graceful_shutdown=int(settings.grace_period_s) + 1)
+        config = uvicorn.Config(
+            self.app,
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=int(settings.grace_period_s) + 1,
+        )
         self.server = uvicorn.Server(config)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._serve, name="gateway-uvicorn", daemon=True)
@@ -125,6 +135,7 @@ class GatewayActor:
     def _on_loop(self, fn: Any, *args: Any) -> Any:
         async def call() -> Any:
             return fn(*args)
+
         return asyncio.run_coroutine_threadsafe(call(), self.loop).result(timeout=10)
 
 

@@ -30,8 +30,13 @@ class Banner:
     """A `fairserve` subprocess whose `key: value` lines are read until `admin_token`."""
 
     def __init__(self, *args: str, timeout_s: float = 600.0) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         self.lines: dict[str, str] = {}
         ready = threading.Event()
 
@@ -82,14 +87,16 @@ def main(argv: list[str] | None = None) -> None:
     common = ["--port", "0", "--max-num-seqs", "8", "--num-kv-blocks", "256"]
     started = time.monotonic()
     up = Banner("ray", "up", "--engines", "1", "--num-cpus", "4", "--data-dir", str(data / "ray"), *common)
-    ray_client = httpx.Client(base_url=up.lines["url"], timeout=60,
-                              headers={"Authorization": f"Bearer {up.lines['api_key']}"})
+    ray_client = httpx.Client(
+        base_url=up.lines["url"], timeout=60, headers={"Authorization": f"Bearer {up.lines['api_key']}"}
+    )
     model = _model(ray_client)
     _round(ray_client, model, 1)
     print(f"fairserve ray up -> first answered request: {time.monotonic() - started:.1f}s", flush=True)
     serve = Banner("serve", "--data-dir", str(data / "serve"), *common)
-    serve_client = httpx.Client(base_url=serve.lines["url"], timeout=60,
-                                headers={"Authorization": f"Bearer {serve.lines['api_key']}"})
+    serve_client = httpx.Client(
+        base_url=serve.lines["url"], timeout=60, headers={"Authorization": f"Bearer {serve.lines['api_key']}"}
+    )
     try:
         _round(serve_client, model, 5)
         ratios = []
@@ -97,10 +104,16 @@ def main(argv: list[str] | None = None) -> None:
             pair = [("ray", ray_client), ("serve", serve_client)][:: 1 if i % 2 == 0 else -1]
             medians = {name: _round(c, model, args.requests) for name, c in pair}
             ratios.append(medians["ray"] / medians["serve"])
-            print(f"round {i}: ray {medians['ray'] * 1e3:.1f} ms, serve {medians['serve'] * 1e3:.1f} ms, "
-                  f"ratio {ratios[-1]:.2f}", flush=True)
-        print(f"gateway through Ray / serve alone, median latency of 1-token requests: "
-              f"{statistics.median(ratios):.2f} (rounds {min(ratios):.2f}-{max(ratios):.2f})", flush=True)
+            print(
+                f"round {i}: ray {medians['ray'] * 1e3:.1f} ms, serve {medians['serve'] * 1e3:.1f} ms, "
+                f"ratio {ratios[-1]:.2f}",
+                flush=True,
+            )
+        print(
+            f"gateway through Ray / serve alone, median latency of 1-token requests: "
+            f"{statistics.median(ratios):.2f} (rounds {min(ratios):.2f}-{max(ratios):.2f})",
+            flush=True,
+        )
         _restart(ray_client, model)
     finally:
         serve.stop()
@@ -121,11 +134,16 @@ def _restart(client: httpx.Client, model: str) -> None:
     registered = time.monotonic() - killed
 
     def answers() -> bool:
-        return client.post("/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 1}).status_code == 200
+        return (
+            client.post("/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 1}).status_code
+            == 200
+        )
 
     wait_until(answers, 120, "an answer from the restarted engine", every_s=0.05)
-    print(f"engine actor SIGKILL -> re-registered {registered:.1f}s, answering {time.monotonic() - killed:.1f}s",
-          flush=True)
+    print(
+        f"engine actor SIGKILL -> re-registered {registered:.1f}s, answering {time.monotonic() - killed:.1f}s",
+        flush=True,
+    )
     ray.shutdown()
 
 

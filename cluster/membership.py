@@ -51,8 +51,14 @@ def join(entry: EngineEntry, heartbeat_timeout_s: float, key: ClusterKey | None 
 class Membership:
     """The registry-to-router sync of one gateway."""
 
-    def __init__(self, router: EngineRouter, read_registry: Callable[[], Any], poll_interval_s: float,
-                 heartbeat_timeout_s: float, cluster_key: ClusterKey | None = None) -> None:
+    def __init__(
+        self,
+        router: EngineRouter,
+        read_registry: Callable[[], Any],
+        poll_interval_s: float,
+        heartbeat_timeout_s: float,
+        cluster_key: ClusterKey | None = None,
+    ) -> None:
         self.router = router
         self.cluster_key = cluster_key
         self.read_registry = read_registry  # returns an awaitable list[EngineEntry] (a Ray ObjectRef)

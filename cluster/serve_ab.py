@@ -31,7 +31,9 @@ def _serve_app(settings: GatewaySettings) -> Any:
     def build() -> ASGIApp:
         registry = ray.get_actor("fairserve-registry")
         first: EngineEntry = ray.get(registry.engines.remote())[0]
-        router = EngineRouter({member_key(first): join(first, settings.engine_heartbeat_timeout_s)}, settings.routing)
+        router = EngineRouter(
+            {member_key(first): join(first, settings.engine_heartbeat_timeout_s)}, settings.routing
+        )
         return create_app(settings, engine=router)
 
     deployment: Any = serve.deployment(serve.ingress(build)(), name="fairserve-serve-gateway")
@@ -40,7 +42,9 @@ def _serve_app(settings: GatewaySettings) -> Any:
 
 def main() -> None:
     data = Path(tempfile.mkdtemp(prefix="fairserve-serve-ab-"))
-    settings = GatewaySettings.load({"port": 0, "data_dir": str(data), "engine": {"max_num_seqs": 8, "num_kv_blocks": 256}})
+    settings = GatewaySettings.load(
+        {"port": 0, "data_dir": str(data), "engine": {"max_num_seqs": 8, "num_kv_blocks": 256}}
+    )
     db = Database(settings.database_url())
     db.upgrade()
     key = ensure_demo_key(BillingStore(db), data, settings.demo_tenant)
@@ -53,8 +57,10 @@ def main() -> None:
     serve.start(http_options={"host": "127.0.0.1", "port": 8123})
     serve.run(_serve_app(settings), route_prefix="/")
     headers = {"Authorization": f"Bearer {key}"}
-    clients = {"actor": httpx.Client(base_url=actor_url, timeout=60, headers=headers),
-               "serve": httpx.Client(base_url="http://127.0.0.1:8123", timeout=60, headers=headers)}
+    clients = {
+        "actor": httpx.Client(base_url=actor_url, timeout=60, headers=headers),
+        "serve": httpx.Client(base_url="http://127.0.0.1:8123", timeout=60, headers=headers),
+    }
     model = clients["actor"].get("/v1/models").json()["data"][0]["id"]
     for c in clients.values():
         _round(c, model, 5)
@@ -63,10 +69,16 @@ def main() -> None:
         order = ["actor", "serve"][:: 1 if i % 2 == 0 else -1]
         medians = {name: _round(clients[name], model, 40) for name in order}
         ratios.append(medians["serve"] / medians["actor"])
-        print(f"round {i}: serve {medians['serve'] * 1e3:.1f} ms, actor {medians['actor'] * 1e3:.1f} ms, "
-              f"ratio {ratios[-1]:.2f}", flush=True)
-    print(f"Serve deployment / gateway actor, median latency of 1-token requests: {statistics.median(ratios):.2f} "
-          f"(rounds {min(ratios):.2f}-{max(ratios):.2f})", flush=True)
+        print(
+            f"round {i}: serve {medians['serve'] * 1e3:.1f} ms, actor {medians['actor'] * 1e3:.1f} ms, "
+            f"ratio {ratios[-1]:.2f}",
+            flush=True,
+        )
+    print(
+        f"Serve deployment / gateway actor, median latency of 1-token requests: {statistics.median(ratios):.2f} "
+        f"(rounds {min(ratios):.2f}-{max(ratios):.2f})",
+        flush=True,
+    )
     serve.shutdown()
     deploy.down(cfg)
     ray.shutdown()

@@ -70,6 +70,13 @@ def paged_attention(
         kwargs.setdefault("max_query_len", meta.max_query_len)
         kwargs.setdefault("max_seq_len", meta.max_seq_len)
     return attend(
-        q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, scale,
-        sliding_window=sliding_window, **kwargs,
+        q,
+        k_cache,
+        v_cache,
+        meta.block_tables,
+        meta.query_start_loc,
+        meta.seq_lens,
+        scale,
+        sliding_window=sliding_window,
+        **kwargs,
     )

@@ -27,66 +27,101 @@ class EngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    model: str | None = Field(default=None, description="Hugging Face model directory (default: the embedded model)")
+    model: str | None = Field(
+        default=None, description="Hugging Face model directory (default: the embedded model)"
+    )
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
-        default="auto", description="weight and activation dtype (auto: the checkpoint's, float16 read as float32 on CPU)")
+        default="auto",
+        description="weight and activation dtype (auto: the checkpoint's, float16 read as float32 on CPU)",
+    )
     device: str = Field(default="cpu", description="cpu, cuda or cuda:N")
     attention_backend: Literal["auto", "torch", "triton"] = Field(
-        default="auto", description="auto picks the Triton kernels on CUDA and their torch twins on CPU")
+        default="auto", description="auto picks the Triton kernels on CUDA and their torch twins on CPU"
+    )
     max_num_batched_tokens: int = Field(default=512, ge=1, description="token budget of one iteration")
     max_num_seqs: int = Field(default=64, ge=1, description="sequences running at once (seats)")
-    max_model_len: int | None = Field(default=None, ge=1, description="context length cap (default: the model's)")
+    max_model_len: int | None = Field(
+        default=None, ge=1, description="context length cap (default: the model's)"
+    )
     block_size: int = Field(default=16, ge=1, description="tokens per KV-cache block (a power of two)")
     num_kv_blocks: int | None = Field(
-        default=None, ge=1, description="KV-cache blocks (default: sized from kv_cache_memory_fraction)")
+        default=None, ge=1, description="KV-cache blocks (default: sized from kv_cache_memory_fraction)"
+    )
     kv_cache_memory_fraction: float | None = Field(
-        default=None, gt=0, le=0.95,
+        default=None,
+        gt=0,
+        le=0.95,
         description="share of memory for the KV cache when num_kv_blocks is unset "
-                    "(default by device: 0.9 of free GPU memory on CUDA, 0.05 of RAM on CPU)")
+        "(default by device: 0.9 of free GPU memory on CUDA, 0.05 of RAM on CPU)",
+    )
     enable_prefix_caching: bool = Field(default=True, description="reuse KV blocks of shared prompt prefixes")
-    watermark_blocks: int = Field(default=0, ge=0, description="free blocks admission keeps for running decodes")
+    watermark_blocks: int = Field(
+        default=0, ge=0, description="free blocks admission keeps for running decodes"
+    )
     preemption_mode: Literal["recompute", "swap"] = Field(
-        default="recompute", description="what preemption does with a victim's KV blocks")
-    swap_space_bytes: int = Field(default=256 * 2**20, ge=0, description="host memory for swapped-out KV blocks")
+        default="recompute", description="what preemption does with a victim's KV blocks"
+    )
+    swap_space_bytes: int = Field(
+        default=256 * 2**20, ge=0, description="host memory for swapped-out KV blocks"
+    )
     fairness: FairnessConfig = Field(default_factory=FairnessConfig)
-    trace_path: str | None = Field(default=None, description="write one IterationTrace JSON line per iteration")
+    trace_path: str | None = Field(
+        default=None, description="write one IterationTrace JSON line per iteration"
+    )
     seed: int = Field(default=0, description="sampling seed")
     cache_dir: str | None = Field(default=None, description="where the embedded default model is built")
     # Run ProcessEngine's worker under SCHED_BATCH (Linux): woken by a Submit, it waits for the writer to
     # yield its CPU instead of preempting it mid-write. Off by default: on the 2-core VM it cut how long a
     # submit holds the loop at 20 req/s but cost the gateway a little at 200 (docs/gateway.md, submit_wake).
-    worker_batch_scheduling: bool = Field(default=False, description="run the engine worker under SCHED_BATCH")
+    worker_batch_scheduling: bool = Field(
+        default=False, description="run the engine worker under SCHED_BATCH"
+    )
     # "forkserver": a server process imports the engine (torch) once and every worker, the first and each
     # replacement, is forked from it, so replacing a dead worker skips the interpreter start and the imports
     # (docs/engine.md, "Kill to ready"). "spawn": a fresh interpreter each time.
     worker_start_method: Literal["forkserver", "spawn"] = Field(
-        default="forkserver", description="how the process engine starts its worker")
+        default="forkserver", description="how the process engine starts its worker"
+    )
     # "zmq": ZeroMQ PUSH/PULL ipc sockets with msgspec frames (engine/boundary/zmq_channel.py); "pipe": the older framed,
     # pickled pipe (engine/boundary/pipe.py), kept for A/B runs (docs/engine.md, "Transport").
     transport: Literal["zmq", "pipe"] = Field(
-        default="zmq", description="how the gateway and the process engine's worker exchange messages")
+        default="zmq", description="how the gateway and the process engine's worker exchange messages"
+    )
     caps: RequestCaps = Field(default_factory=RequestCaps)
     # Off by default until measured to help: see docs/engine.md ("Overlap").
     overlap_publish: bool = Field(
-        default=False, description="encode and send each step's report on a worker thread, overlapping the next step")
+        default=False,
+        description="encode and send each step's report on a worker thread, overlapping the next step",
+    )
 
     # Async scheduling (engine/overlap.py). auto: on for CUDA, where the forward runs on the device and
     # the host work beside it is free; off on CPU, where the forward needs the same cores and the GIL
     # (measured: docs/engine.md, "Overlap").
     async_scheduling: Literal["auto", "on", "off"] = Field(
-        default="auto", description="schedule step N+1 while step N's forward runs (auto: on for CUDA, off on CPU)")
+        default="auto",
+        description="schedule step N+1 while step N's forward runs (auto: on for CUDA, off on CPU)",
+    )
     # One fair share across engines (engine/counter_sync.py, docs/fairness.md "Across engines"). Off by default:
     # a lone engine has nobody to share with. `fairserve serve` does not pass the gateway's --redis along
     # either: the engine it spawns is alone unless asked (--engine-redis).
     redis_url: str | None = Field(
-        default=None, description="redis:// URL where engines share VTC counters, so tenants get one fair "
-        "share across every engine using it (default: off, counters local)")
+        default=None,
+        description="redis:// URL where engines share VTC counters, so tenants get one fair "
+        "share across every engine using it (default: off, counters local)",
+    )
     counter_sync_interval_s: float = Field(
-        default=0.1, gt=0, le=1.0, allow_inf_nan=False,
-        description="seconds between publishing this engine's charged service and reading the others'")
+        default=0.1,
+        gt=0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="seconds between publishing this engine's charged service and reading the others'",
+    )
     counter_sync_prefix: str = Field(
-        default="fairserve:vtc", min_length=1, pattern=r"^[^\s]+$",
-        description="Redis key prefix of the shared counters: engines with the same prefix share one fair share")
+        default="fairserve:vtc",
+        min_length=1,
+        pattern=r"^[^\s]+$",
+        description="Redis key prefix of the shared counters: engines with the same prefix share one fair share",
+    )
 
     @field_validator("block_size")
     @classmethod
@@ -99,8 +134,10 @@ class EngineConfig(BaseModel):
     @classmethod
     def _model_dir(cls, value: str | None) -> str | None:
         if value is not None and not Path(value).expanduser().is_dir():
-            raise ValueError(f"model {value!r} is not a directory (a Hugging Face model directory with "
-                             "config.json, *.safetensors and tokenizer.json)")
+            raise ValueError(
+                f"model {value!r} is not a directory (a Hugging Face model directory with "
+                "config.json, *.safetensors and tokenizer.json)"
+            )
         return value
 
     @field_validator("redis_url")
@@ -113,8 +150,10 @@ class EngineConfig(BaseModel):
     @model_validator(mode="after")
     def _shared_policy(self) -> EngineConfig:
         if self.redis_url is not None and not policy_entry(self.fairness.policy).shares_counters:
-            raise ValueError(f"redis_url shares fairness counters across engines, and policy "
-                             f"{self.fairness.policy!r} keeps none: use a policy that does (vtc) or drop redis_url")
+            raise ValueError(
+                f"redis_url shares fairness counters across engines, and policy "
+                f"{self.fairness.policy!r} keeps none: use a policy that does (vtc) or drop redis_url"
+            )
         return self
 
     @model_validator(mode="after")
@@ -131,10 +170,14 @@ class EngineConfig(BaseModel):
             import torch  # deferred: only a CUDA request needs to ask the driver
 
             if not torch.cuda.is_available():
-                raise ValueError(f"device {self.device!r} asked for, but CUDA is not available here "
-                                 "(torch.cuda.is_available() is False); use --device cpu")
+                raise ValueError(
+                    f"device {self.device!r} asked for, but CUDA is not available here "
+                    "(torch.cuda.is_available() is False); use --device cpu"
+                )
             if int(index or 0) >= torch.cuda.device_count():
-                raise ValueError(f"device {self.device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+                raise ValueError(
+                    f"device {self.device!r}: only {torch.cuda.device_count()} CUDA device(s) here"
+                )
         return self
 
     def overlaps(self) -> bool:

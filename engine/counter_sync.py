@@ -54,8 +54,13 @@ class RedisExchange:
     def __init__(self, url: str, prefix: str, engine_id: str) -> None:
         self.engine_id = engine_id
         self._redis = redis.Redis.from_url(
-            url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S,
-            retry=Retry(NoBackoff(), 0), health_check_interval=0, decode_responses=True)
+            url,
+            socket_timeout=REDIS_TIMEOUT_S,
+            socket_connect_timeout=REDIS_TIMEOUT_S,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
+            decode_responses=True,
+        )
         self._prefix = prefix
         self._members = f"{prefix}:engines"
         self._peers: list[str] = []  # other engines listed at the last exchange
@@ -80,7 +85,7 @@ class RedisExchange:
             pipe.hgetall(self._service_key(peer))
         replies = pipe.execute()
         members: list[str] = replies[-1 - len(peers)]
-        read = dict(zip(peers, replies[len(replies) - len(peers):], strict=True))
+        read = dict(zip(peers, replies[len(replies) - len(peers) :], strict=True))
         self._peers = [m for m in members if m != self.engine_id]
         unseen = [m for m in self._peers if m not in read]
         if unseen:  # engines that joined since the last tick: read them now rather than one tick late
@@ -182,8 +187,12 @@ class CounterSync:
         except Exception as exc:  # Redis down, frozen, or answering garbage: never let the thread die
             self.failures += 1
             if self._ok or self.failures == 1:
-                log.warning("counter sync: Redis unavailable (%s: %s); this engine goes on with the counters "
-                            "it has, and resyncs when Redis answers", type(exc).__name__, exc)
+                log.warning(
+                    "counter sync: Redis unavailable (%s: %s); this engine goes on with the counters "
+                    "it has, and resyncs when Redis answers",
+                    type(exc).__name__,
+                    exc,
+                )
             self._ok = False
             return
         grew = False

@@ -92,7 +92,9 @@ class BlockPool:
         return max(0, -(-num_tokens // self.block_size) - have)
 
     # -- prefix cache -----------------------------------------------------------------------
-    def match_prefix(self, token_ids: Sequence[int], root: bytes = DEFAULT_ROOT) -> tuple[list[int], list[bytes]]:
+    def match_prefix(
+        self, token_ids: Sequence[int], root: bytes = DEFAULT_ROOT
+    ) -> tuple[list[int], list[bytes]]:
         """Longest run of cached full blocks at the start of `token_ids` under `root`: (block ids, keys).
 
         At least one token is always left uncached so the request has a position to sample from.
@@ -145,8 +147,9 @@ class BlockPool:
             table.block_ids.append(block_id)
         return True
 
-    def commit_full_blocks(self, request_id: str, token_ids: Sequence[int], num_computed: int,
-                           root: bytes = DEFAULT_ROOT) -> None:
+    def commit_full_blocks(
+        self, request_id: str, token_ids: Sequence[int], num_computed: int, root: bytes = DEFAULT_ROOT
+    ) -> None:
         """Register the keys of blocks that became full and computed (chained from `root`, the request's
         prefix_root), so later requests of the same cache group can share them."""
         if not self.enable_prefix_caching:
@@ -192,4 +195,6 @@ class BlockPool:
                 counts[block_id] += 1
         for block in self.blocks:
             assert block.ref_count == counts[block.block_id], f"block {block.block_id} refcount mismatch"
-            assert (block.ref_count == 0) == (block.block_id in self._free), f"block {block.block_id} free-list mismatch"
+            assert (block.ref_count == 0) == (block.block_id in self._free), (
+                f"block {block.block_id} free-list mismatch"
+            )

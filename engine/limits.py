@@ -28,23 +28,31 @@ class RequestCaps(BaseModel):
     # OpenAI documents token ids with a bias in [-100, 100].
     max_logit_bias: int = Field(default=300, ge=0, description="logit_bias entries per request")
     max_prompt_bytes: int = Field(
-        default=256 * 1024, ge=1, description="UTF-8 bytes of a text prompt, checked before tokenising")
+        default=256 * 1024, ge=1, description="UTF-8 bytes of a text prompt, checked before tokenising"
+    )
 
     def check(self, params: SamplingParams) -> None:
         """Raise InvalidRequestError naming the field that is over its cap."""
         if len(params.stop) > self.max_stop_strings:
             raise InvalidRequestError(
-                f"stop has {len(params.stop)} strings; at most {self.max_stop_strings} are allowed", "stop")
+                f"stop has {len(params.stop)} strings; at most {self.max_stop_strings} are allowed", "stop"
+            )
         longest = max((len(s) for s in params.stop), default=0)
         if longest > self.max_stop_chars:
             raise InvalidRequestError(
-                f"a stop string has {longest} characters; at most {self.max_stop_chars} are allowed", "stop")
+                f"a stop string has {longest} characters; at most {self.max_stop_chars} are allowed", "stop"
+            )
         if len(params.stop_token_ids) > self.max_stop_token_ids:
-            raise InvalidRequestError(f"stop_token_ids has {len(params.stop_token_ids)} entries; at most "
-                                      f"{self.max_stop_token_ids} are allowed", "stop_token_ids")
+            raise InvalidRequestError(
+                f"stop_token_ids has {len(params.stop_token_ids)} entries; at most "
+                f"{self.max_stop_token_ids} are allowed",
+                "stop_token_ids",
+            )
         if len(params.logit_bias) > self.max_logit_bias:
-            raise InvalidRequestError(f"logit_bias has {len(params.logit_bias)} entries; at most "
-                                      f"{self.max_logit_bias} are allowed", "logit_bias")
+            raise InvalidRequestError(
+                f"logit_bias has {len(params.logit_bias)} entries; at most {self.max_logit_bias} are allowed",
+                "logit_bias",
+            )
 
     def check_prompt_text(self, prompt: str, field_name: str = "prompt") -> None:
         """Refuse a text prompt over the byte cap before any tokenising work is spent on it."""
@@ -54,7 +62,8 @@ class RequestCaps(BaseModel):
             size = len(prompt.encode("utf-8", "surrogatepass"))
         if size > self.max_prompt_bytes:
             raise InvalidRequestError(
-                f"{field_name} is over {self.max_prompt_bytes} bytes (at least {size})", field_name)
+                f"{field_name} is over {self.max_prompt_bytes} bytes (at least {size})", field_name
+            )
 
 
 @dataclass
@@ -75,18 +84,25 @@ class RequestLimits:
             raise InvalidRequestError("prompt must not be empty", "prompt")
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
-            raise InvalidRequestError(f"token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})", "prompt")
+            raise InvalidRequestError(
+                f"token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})", "prompt"
+            )
         for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias)):
             outside = [t for t in ids if not 0 <= t < self.vocab_size]
             if outside:
                 raise InvalidRequestError(
-                    f"{name}: token id {outside[0]} is outside the vocabulary [0, {self.vocab_size})", name)
+                    f"{name}: token id {outside[0]} is outside the vocabulary [0, {self.vocab_size})", name
+                )
         total = len(prompt_token_ids) + params.max_tokens
         if total > self.max_model_len:
             raise PromptTooLongError(
                 f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds the "
-                f"model context of {self.max_model_len} tokens", "max_tokens")
+                f"model context of {self.max_model_len} tokens",
+                "max_tokens",
+            )
         if -(-total // self.block_size) > self.num_kv_blocks:
             raise PromptTooLongError(
                 f"prompt + max_tokens = {total} tokens exceeds the KV cache capacity of "
-                f"{self.num_kv_blocks * self.block_size} tokens", "max_tokens")
+                f"{self.num_kv_blocks * self.block_size} tokens",
+                "max_tokens",
+            )

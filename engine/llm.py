@@ -66,7 +66,12 @@ class LLM:
                 texts[out.request_id].append(out.delta_text)
                 if out.finished:
                     done[out.request_id] = CompletionOutput(
-                        out.request_id, prompts_by_id[out.request_id], tokens.pop(out.request_id),
-                        "".join(texts.pop(out.request_id)), out.finish_reason, out.metrics.cached_tokens,
-                        out.metrics.preemptions)
+                        out.request_id,
+                        prompts_by_id[out.request_id],
+                        tokens.pop(out.request_id),
+                        "".join(texts.pop(out.request_id)),
+                        out.finish_reason,
+                        out.metrics.cached_tokens,
+                        out.metrics.preemptions,
+                    )
         return [done[i] for i in prompts_by_id]

@@ -74,16 +74,22 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config  # validated by pydantic when built
         self.device = torch.device(config.device)
-        self.loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device, cache_dir=config.cache_dir)
+        self.loaded = loaded or load_model(
+            config.model, dtype=config.dtype, device=config.device, cache_dir=config.cache_dir
+        )
         mc = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
         self.model_name = self.loaded.name
-        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        self.max_model_len = min(
+            config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
+        )
         self.vocab_size = mc.vocab_size
         self.eos_token_ids = set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids)
         num_blocks = config.num_kv_blocks or self._blocks_from_memory()
         self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.limits = RequestLimits(self.vocab_size, self.max_model_len, config.block_size, num_blocks, config.caps)
+        self.limits = RequestLimits(
+            self.vocab_size, self.max_model_len, config.block_size, num_blocks, config.caps
+        )
         self.policy = build_policy(config.fairness)
         sched_cfg = SchedulerConfig(
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -94,8 +100,16 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(sched_cfg, self.pool, self.policy)
         self.runner = ModelRunner(
-            self.loaded.model, mc.num_layers, mc.num_kv_heads, mc.head_dim, num_blocks, config.block_size,
-            self.loaded.dtype, self.device, resolve_backend(config.attention_backend, self.device), config.seed,
+            self.loaded.model,
+            mc.num_layers,
+            mc.num_kv_heads,
+            mc.head_dim,
+            num_blocks,
+            config.block_size,
+            self.loaded.dtype,
+            self.device,
+            resolve_backend(config.attention_backend, self.device),
+            config.seed,
         )
         self.scheduler.swap_out = self._swap_out
         self.scheduler.swap_in = self._swap_in
@@ -105,9 +119,14 @@ class LLMEngine:
         self.front_detokenizes = False
         self._trace_writer = TraceWriter(config.trace_path) if config.trace_path else None
         self.traces: deque[IterationTrace] = deque(maxlen=512)
-        self._stats = EngineStats(kv_blocks_total=num_blocks, max_num_batched_tokens=config.max_num_batched_tokens,
-                                  max_num_seqs=config.max_num_seqs)
-        self._last_step: dict[str, tuple[int, float, float]] = {}  # request -> (tokens, start, end) of its last iteration
+        self._stats = EngineStats(
+            kv_blocks_total=num_blocks,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+        )
+        self._last_step: dict[
+            str, tuple[int, float, float]
+        ] = {}  # request -> (tokens, start, end) of its last iteration
         self._failures = RequestFailures()  # detokenisation and stop checks; the sampler keeps its own
         self.failed_requests = 0  # requests ended alone by an exception of their own, since start
         # Async scheduling (engine/overlap.py): step N+1 is scheduled while step N's forward runs.
@@ -115,12 +134,16 @@ class LLMEngine:
         # One fair share across engines: other engines' service reaches the policy's counters at step starts.
         self.counter_sync: CounterSync | None = None
         if config.redis_url is not None:
-            self.counter_sync = CounterSync(config.redis_url, config.counter_sync_interval_s, config.counter_sync_prefix)
+            self.counter_sync = CounterSync(
+                config.redis_url, config.counter_sync_interval_s, config.counter_sync_prefix
+            )
             self.counter_sync.start()
 
     def _blocks_from_memory(self) -> int:
         mc = self.loaded.config
-        per_block = kv_block_bytes(mc.num_layers, self.config.block_size, mc.num_kv_heads, mc.head_dim, self.loaded.dtype)
+        per_block = kv_block_bytes(
+            mc.num_layers, self.config.block_size, mc.num_kv_heads, mc.head_dim, self.loaded.dtype
+        )
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = int(free * self.config.kv_fraction())
@@ -139,20 +162,29 @@ class LLMEngine:
         """Token ids of a prompt given as text or ids."""
         return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
-    def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams,
-                    meta: RequestMeta | None = None) -> Request:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        meta: RequestMeta | None = None,
+    ) -> Request:
         """Validate and queue a request; raises InvalidRequestError (or a subclass) and queues nothing on bad input."""
         if request_id in self.scheduler.requests:
             raise DuplicateRequestError(f"request id {request_id!r} is already live", "request_id")
         ids = self.encode(prompt)
         self.validate(ids, params)
         request = Request(request_id, ids, params, meta or RequestMeta())
-        detokenizer = self.tokenizer.detokenizer(ids) if not self.front_detokenizes or text_in_loop(params) else None
+        detokenizer = (
+            self.tokenizer.detokenizer(ids) if not self.front_detokenizes or text_in_loop(params) else None
+        )
         self._streams[request_id] = _Stream(detokenizer, list(params.stop))
         self.scheduler.add(request)
         return request
 
-    def abort_request(self, request_id: str, reason: str = "cancelled", signal_time: float | None = None) -> bool:
+    def abort_request(
+        self, request_id: str, reason: str = "cancelled", signal_time: float | None = None
+    ) -> bool:
         """Cancel at the next iteration boundary; tokens computed after `signal_time` are counted against it."""
         ok = self.scheduler.abort(request_id, reason, signal_time)
         if ok:
@@ -183,17 +215,28 @@ class LLMEngine:
     # -- one iteration ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one iteration; returns an output for every request that produced text or ended."""
-        return [RequestOutput(
-            request_id=r.request_id, prompt_token_ids=r.prompt_token_ids, new_token_ids=new_ids,
-            token_ids=list(r.output_token_ids), delta_text=delta, text=stream.stop.text[: stream.stop.emitted],
-            finished=r.is_finished, finish_reason=r.finish_reason, metrics=RequestMetrics.of(r),
-        ) for r, stream, new_ids, delta in self._iterate()]
+        return [
+            RequestOutput(
+                request_id=r.request_id,
+                prompt_token_ids=r.prompt_token_ids,
+                new_token_ids=new_ids,
+                token_ids=list(r.output_token_ids),
+                delta_text=delta,
+                text=stream.stop.text[: stream.stop.emitted],
+                finished=r.is_finished,
+                finish_reason=r.finish_reason,
+                metrics=RequestMetrics.of(r),
+            )
+            for r, stream, new_ids, delta in self._iterate()
+        ]
 
     def step_deltas(self) -> list[OutputDelta]:
         """`step` without the running totals: no copy of every token and character so far, per stream, per
         iteration (O(context) each). The engine loop uses this; its front rebuilds the totals."""
-        return [OutputDelta(r.request_id, new_ids, delta, r.is_finished, r.finish_reason, RequestMetrics.of(r))
-                for r, _, new_ids, delta in self._iterate()]
+        return [
+            OutputDelta(r.request_id, new_ids, delta, r.is_finished, r.finish_reason, RequestMetrics.of(r))
+            for r, _, new_ids, delta in self._iterate()
+        ]
 
     def _iterate(self) -> list[Emitted]:
         """Run one iteration; what each request has new to report."""
@@ -219,7 +262,12 @@ class LLMEngine:
         run = self.runner.timing
         # Block tables and the cancel bookkeeping above count as preparation: host work before the forward.
         trace.schedule_s, trace.prepare_s = p1 - p0, (p2 - p1) - run.forward_s - run.sample_s
-        trace.forward_s, trace.sample_s, trace.update_s, trace.outputs_s = run.forward_s, run.sample_s, p3 - p2, p4 - p3
+        trace.forward_s, trace.sample_s, trace.update_s, trace.outputs_s = (
+            run.forward_s,
+            run.sample_s,
+            p3 - p2,
+            p4 - p3,
+        )
         self.write_trace(trace)
         return outputs
 
@@ -250,7 +298,7 @@ class LLMEngine:
                 stream.held_delta += text
                 continue
             delta, stream.held_delta = stream.held_delta + text, ""
-            new_ids = request.output_token_ids[stream.emitted_tokens:]
+            new_ids = request.output_token_ids[stream.emitted_tokens :]
             stream.emitted_tokens = len(request.output_token_ids)
             outputs.append((request, stream, new_ids, delta))
             if request.is_finished:
@@ -268,7 +316,11 @@ class LLMEngine:
             delta, stopped = stream.stop.push(detokenizer.push(new_ids))
             if stopped and not request.is_finished:
                 self.scheduler.finish(request, FinishReason.STOP)
-        if request.is_finished and not stream.stop.matched and request.finish_reason is not FinishReason.ERROR:
+        if (
+            request.is_finished
+            and not stream.stop.matched
+            and request.finish_reason is not FinishReason.ERROR
+        ):
             # Release held-back text: an incomplete UTF-8 tail and a partial stop-string match.
             tail, _ = stream.stop.push(detokenizer.finish())
             delta += tail + stream.stop.flush()
@@ -298,22 +350,38 @@ class LLMEngine:
 
     def record_trace(self, out: SchedulerOutput, seconds: float, completions: int) -> IterationTrace:
         trace = IterationTrace(
-            iteration=out.iteration, time=time.time(), waiting=self.scheduler.num_waiting,
-            running=len(self.scheduler.running), prefill_tokens=out.prefill_tokens, decode_tokens=out.decode_tokens,
-            kv_blocks_used=self.pool.num_used, kv_blocks_free=self.pool.num_free, preemptions=len(out.preempted),
-            completions=completions, seconds=seconds, cached_tokens=out.cached_tokens,
+            iteration=out.iteration,
+            time=time.time(),
+            waiting=self.scheduler.num_waiting,
+            running=len(self.scheduler.running),
+            prefill_tokens=out.prefill_tokens,
+            decode_tokens=out.decode_tokens,
+            kv_blocks_used=self.pool.num_used,
+            kv_blocks_free=self.pool.num_free,
+            preemptions=len(out.preempted),
+            completions=completions,
+            seconds=seconds,
+            cached_tokens=out.cached_tokens,
             waiting_for_blocks=self.scheduler.waiting_for_blocks,
         )
         self.traces.append(trace)
         s = self._stats
         if out.chunks and seconds > 0:
-            s.iteration_seconds = seconds if s.iterations == 0 else (1 - _EWMA) * s.iteration_seconds + _EWMA * seconds
+            s.iteration_seconds = (
+                seconds if s.iterations == 0 else (1 - _EWMA) * s.iteration_seconds + _EWMA * seconds
+            )
             if out.prefill_tokens:
                 rate = out.prefill_tokens / seconds
-                s.prefill_tokens_per_s = rate if not s.prefill_tokens_per_s else (1 - _EWMA) * s.prefill_tokens_per_s + _EWMA * rate
+                s.prefill_tokens_per_s = (
+                    rate
+                    if not s.prefill_tokens_per_s
+                    else (1 - _EWMA) * s.prefill_tokens_per_s + _EWMA * rate
+                )
             if out.decode_tokens:
                 rate = out.decode_tokens / seconds
-                s.decode_tokens_per_s = rate if not s.decode_tokens_per_s else (1 - _EWMA) * s.decode_tokens_per_s + _EWMA * rate
+                s.decode_tokens_per_s = (
+                    rate if not s.decode_tokens_per_s else (1 - _EWMA) * s.decode_tokens_per_s + _EWMA * rate
+                )
         s.batch_size = len(out.chunks)
         s.iterations = out.iteration
         return trace
@@ -332,16 +400,30 @@ class LLMEngine:
                 waiting_tokens += r.num_tokens - r.num_computed_tokens
         sched = self.scheduler
         return EngineStats(
-            alive=True, waiting=sched.num_waiting, running=len(sched.running), waiting_by_tenant=waiting_by,
-            running_by_tenant=running_by, waiting_tokens=waiting_tokens, kv_blocks_used=self.pool.num_used,
-            kv_blocks_total=self.pool.num_blocks, batch_size=s.batch_size, prefill_tokens_per_s=s.prefill_tokens_per_s,
-            decode_tokens_per_s=s.decode_tokens_per_s, iteration_seconds=s.iteration_seconds,
-            max_num_batched_tokens=self.config.max_num_batched_tokens, max_num_seqs=self.config.max_num_seqs,
+            alive=True,
+            waiting=sched.num_waiting,
+            running=len(sched.running),
+            waiting_by_tenant=waiting_by,
+            running_by_tenant=running_by,
+            waiting_tokens=waiting_tokens,
+            kv_blocks_used=self.pool.num_used,
+            kv_blocks_total=self.pool.num_blocks,
+            batch_size=s.batch_size,
+            prefill_tokens_per_s=s.prefill_tokens_per_s,
+            decode_tokens_per_s=s.decode_tokens_per_s,
+            iteration_seconds=s.iteration_seconds,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_num_seqs=self.config.max_num_seqs,
             preemptions_total=sched.preemptions_total,
-            preemptions_by_kind={f"{r}/{m}": n for (r, m), n in sched.preemptions_by_kind.items()}, recomputed_tokens_total=sched.recomputed_tokens_total,
-            swapped_bytes_total=sched.swapped_bytes_total, kv_alloc_failures=self.pool.alloc_failures,
-            deadline_misses=sum(sched.deadline_misses.values()), waiting_for_blocks=sched.waiting_for_blocks,
-            service=dict(self.policy.service()), iterations=s.iterations, **self._sync_stats(),
+            preemptions_by_kind={f"{r}/{m}": n for (r, m), n in sched.preemptions_by_kind.items()},
+            recomputed_tokens_total=sched.recomputed_tokens_total,
+            swapped_bytes_total=sched.swapped_bytes_total,
+            kv_alloc_failures=self.pool.alloc_failures,
+            deadline_misses=sum(sched.deadline_misses.values()),
+            waiting_for_blocks=sched.waiting_for_blocks,
+            service=dict(self.policy.service()),
+            iterations=s.iterations,
+            **self._sync_stats(),
         )
 
     def _sync_stats(self) -> dict[str, Any]:
@@ -354,9 +436,16 @@ class LLMEngine:
     def _swap_out(self, request: Request) -> int:
         if self.overlap is not None:
             self.overlap.wait_forward()  # the forward in flight may still write these blocks
-        ids = self.pool.block_ids(request.request_id)[: -(-request.num_computed_tokens // self.pool.block_size)]
-        need = kv_block_bytes(self.loaded.config.num_layers, self.pool.block_size, self.loaded.config.num_kv_heads,
-                              self.loaded.config.head_dim, self.loaded.dtype) * len(ids)
+        ids = self.pool.block_ids(request.request_id)[
+            : -(-request.num_computed_tokens // self.pool.block_size)
+        ]
+        need = kv_block_bytes(
+            self.loaded.config.num_layers,
+            self.pool.block_size,
+            self.loaded.config.num_kv_heads,
+            self.loaded.config.head_dim,
+            self.loaded.dtype,
+        ) * len(ids)
         if self.runner.swapped_bytes() + need > self.config.swap_space_bytes:
             return -1  # buffer full: fall back to recompute
         return self.runner.swap_out(request, ids)

@@ -36,8 +36,13 @@ DEFAULT_MODEL_SEED = 1234
 _READABLE_BYTES = [10, *range(32, 127)]
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Files whose presence means a default model directory is complete (written last: the weights).
-_DEFAULT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                  "model.safetensors")
+_DEFAULT_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "model.safetensors",
+)
 
 
 @dataclass
@@ -73,7 +78,9 @@ def load_model(
     weight_files = safetensors_files(root)
     tokenizer = Tokenizer.from_dir(root)
     if tokenizer.vocab_size > cfg.vocab_size:
-        raise ValueError(f"{root}: tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size}")
+        raise ValueError(
+            f"{root}: tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size}"
+        )
     torch_dtype = resolve_dtype(dtype, hf_config, device)
     model = build_model(cfg, torch_dtype, torch.device(device))
     model.load_weights(_iter_tensors(weight_files))  # type: ignore[operator]
@@ -225,5 +232,3 @@ def _default_weights(c: dict[str, Any]) -> dict[str, torch.Tensor]:
     head[_READABLE_BYTES] *= 8.0
     weights["lm_head.weight"] = head
     return weights
-
-

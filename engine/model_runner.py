@@ -27,7 +27,9 @@ def _token_slice(request: Request, start: int, end: int) -> list[int]:
     return prompt[start:] + request.output_token_ids[: end - n]
 
 
-def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+def kv_block_bytes(
+    num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
     """Bytes one block occupies across all layers, K and V."""
     return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
@@ -87,8 +89,9 @@ class ModelRunner:
         self.block_rows = BlockTableRows()
         self._swapped: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
-    def prepare(self, out: SchedulerOutput,
-                block_tables: dict[str, list[int]]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+    def prepare(
+        self, out: SchedulerOutput, block_tables: dict[str, list[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """Flatten the batch: token ids, positions, attention metadata, and the rows whose logits are sampled."""
         batch = self.prepare_host(out, block_tables)
         ids, positions, meta = self._to_device(batch)
@@ -125,8 +128,18 @@ class ModelRunner:
         ends_list = ends.tolist()
         sample_rows = [e - 1 for e, c in zip(ends_list, chunks, strict=True) if c.samples]
         ids_t = torch.tensor(token_ids, dtype=torch.int64)
-        return HostBatch(ids_t, positions, slots, table_t, starts, seq_lens, max((c.length for c in chunks), default=0),
-                         sample_rows, [c.request for c in chunks if c.samples], min(token_ids, default=0) < 0)
+        return HostBatch(
+            ids_t,
+            positions,
+            slots,
+            table_t,
+            starts,
+            seq_lens,
+            max((c.length for c in chunks), default=0),
+            sample_rows,
+            [c.request for c in chunks if c.samples],
+            min(token_ids, default=0) < 0,
+        )
 
     def _prepare_one_token_each(self, out: SchedulerOutput, table: np.ndarray) -> HostBatch:
         """The decode steady state (every chunk one token): one pass over the chunks, then numpy on arrays
@@ -148,9 +161,18 @@ class ModelRunner:
         seq_lens = (positions + 1).astype(np.int32)
         ids = np.array(token_ids, dtype=np.int64)
         from_numpy = torch.from_numpy
-        return HostBatch(from_numpy(ids), from_numpy(positions), from_numpy(slots), from_numpy(table),
-                         from_numpy(starts), from_numpy(seq_lens), 1, sample_rows, sampling,
-                         bool(len(ids)) and int(ids.min()) < 0)
+        return HostBatch(
+            from_numpy(ids),
+            from_numpy(positions),
+            from_numpy(slots),
+            from_numpy(table),
+            from_numpy(starts),
+            from_numpy(seq_lens),
+            1,
+            sample_rows,
+            sampling,
+            bool(len(ids)) and int(ids.min()) < 0,
+        )
 
     def _to_device(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         dev = self.device
@@ -200,7 +222,8 @@ class ModelRunner:
             timing.forward_s = time.perf_counter() - t1
             return {}
         logits = self.model.compute_logits(  # type: ignore[operator]
-            hidden[torch.tensor(batch.sample_rows, device=hidden.device)])
+            hidden[torch.tensor(batch.sample_rows, device=hidden.device)]
+        )
         t2 = time.perf_counter()
         tokens = self.sampler.sample(logits, sampling)
         sampled = {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}

@@ -46,10 +46,20 @@ class RequestMetrics(msgspec.Struct, array_like=True, gc=False):
     @classmethod
     def of(cls, request: Request) -> RequestMetrics:
         """Snapshot a request's metrics (positional and slotted: the loop makes one per output per step)."""
-        return cls(len(request.prompt_token_ids), request.num_cached_tokens, len(request.output_token_ids),
-                   request.charged_service, len(request.preemptions), request.recomputed_tokens,
-                   request.tokens_after_cancel, request.cancel_state, request.meta.arrival_time,
-                   request.first_scheduled_time, request.first_token_time, request.finished_time)
+        return cls(
+            len(request.prompt_token_ids),
+            request.num_cached_tokens,
+            len(request.output_token_ids),
+            request.charged_service,
+            len(request.preemptions),
+            request.recomputed_tokens,
+            request.tokens_after_cancel,
+            request.cancel_state,
+            request.meta.arrival_time,
+            request.first_scheduled_time,
+            request.first_token_time,
+            request.finished_time,
+        )
 
 
 class TokenPrefix(Sequence[int]):

@@ -71,8 +71,9 @@ class OverlapStepper:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         # A new thread starts with torch's default thread count: give it the engine's.
-        self._thread = ThreadPoolExecutor(1, "fairserve-forward", initializer=torch.set_num_threads,
-                                          initargs=(torch.get_num_threads(),))
+        self._thread = ThreadPoolExecutor(
+            1, "fairserve-forward", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)
+        )
         self._flight: _Flight | None = None
         self._forgotten: list[str] = []  # ended requests whose sampler state waits for the forward in flight
         self._landed_at = 0.0  # perf_counter when the host last stopped waiting for a forward
@@ -121,7 +122,9 @@ class OverlapStepper:
         t1 = time.time()
         engine.fail_requests(ran.failures, t1)
         engine.note_ran(current.out, current.started, t1)
-        finished = land(engine.scheduler, current.batch.sampling, ran.sampled, engine.eos_token_ids, t1, ran.failures)
+        finished = land(
+            engine.scheduler, current.batch.sampling, ran.sampled, engine.eos_token_ids, t1, ran.failures
+        )
         p1 = perf_counter()
         touched = retired + nxt.out.finished + [c.request for c in current.out.chunks]
         outputs = engine.collect_outputs(touched)
@@ -129,8 +132,9 @@ class OverlapStepper:
         discarded = self._commit(nxt) if nxt.future is not None else 0
         self._flight = nxt if nxt.future is not None else None
         p3 = perf_counter()
-        trace = engine.record_trace(current.out, t1 - current.started,
-                                    len(finished) + len(retired) + len(nxt.out.finished))
+        trace = engine.record_trace(
+            current.out, t1 - current.started, len(finished) + len(retired) + len(nxt.out.finished)
+        )
         trace.schedule_s, trace.prepare_s = nxt.schedule_s, nxt.prepare_s
         trace.forward_s, trace.sample_s = ran.timing.forward_s, ran.timing.sample_s
         trace.update_s, trace.outputs_s = (p1 - w1) + (p3 - p2), p2 - p1
@@ -151,7 +155,9 @@ class OverlapStepper:
         if not out.chunks:
             return _Flight(out, None, None, t0, p1 - p0, 0.0)
         block_ids = engine.pool.block_ids
-        batch = engine.runner.prepare_host(out, {c.request.request_id: block_ids(c.request.request_id) for c in out.chunks})
+        batch = engine.runner.prepare_host(
+            out, {c.request.request_id: block_ids(c.request.request_id) for c in out.chunks}
+        )
         future = self._thread.submit(self._run, batch)
         return _Flight(out, batch, future, t0, p1 - p0, perf_counter() - p1)
 
@@ -182,7 +188,9 @@ class OverlapStepper:
                 continue
             computed = request.num_computed_tokens = chunk.start + chunk.length
             if caching and (chunk.length > 1 or computed % block_size == 0):
-                pool.commit_full_blocks(request.request_id, request.all_token_ids, computed, request.prefix_root)
+                pool.commit_full_blocks(
+                    request.request_id, request.all_token_ids, computed, request.prefix_root
+                )
         assert flight.batch is not None
         for row, request in enumerate(flight.batch.sampling):
             if not request.is_finished:
@@ -197,8 +205,14 @@ class OverlapStepper:
             forget(request_id)
 
 
-def land(sched: Scheduler, sampling: list[Request], sampled: dict[str, int], eos_token_ids: set[int] | frozenset[int],
-         now: float, failed: Container[str] = ()) -> list[Request]:
+def land(
+    sched: Scheduler,
+    sampling: list[Request],
+    sampled: dict[str, int],
+    eos_token_ids: set[int] | frozenset[int],
+    now: float,
+    failed: Container[str] = (),
+) -> list[Request]:
     """Put each sampled token in its placeholder and apply the token-level stops; returns the requests that ended.
     A request without a placeholder had ended before its step ran: its token is thrown away."""
     finished: list[Request] = []
@@ -217,8 +231,12 @@ def land(sched: Scheduler, sampling: list[Request], sampled: dict[str, int], eos
         if request.is_finished:
             continue  # ended by an abort or its deadline while its token was in flight: the token still goes out
         params = request.sampling
-        if (len(output) >= params.max_tokens or request.num_tokens >= max_model_len
-                or (token in eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids):
+        if (
+            len(output) >= params.max_tokens
+            or request.num_tokens >= max_model_len
+            or (token in eos_token_ids and not params.ignore_eos)
+            or token in params.stop_token_ids
+        ):
             reason = sched.stop_reason(request, token, eos_token_ids)
             if reason is not None:
                 sched.finish(request, reason, now)

@@ -81,19 +81,28 @@ class SamplingParams:
         bounds are RequestLimits'. Together they accept exactly what the engine can serve.
         """
         if not _integer(self.max_tokens) or self.max_tokens < 1:
-            raise InvalidRequestError(f"max_tokens must be a positive integer, got {self.max_tokens!r}", "max_tokens")
+            raise InvalidRequestError(
+                f"max_tokens must be a positive integer, got {self.max_tokens!r}", "max_tokens"
+            )
         if not _finite(self.temperature) or self.temperature < 0:
-            raise InvalidRequestError(f"temperature must be finite and >= 0, got {self.temperature!r}", "temperature")
+            raise InvalidRequestError(
+                f"temperature must be finite and >= 0, got {self.temperature!r}", "temperature"
+            )
         if not _finite(self.top_p) or not 0 < self.top_p <= 1:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
         if not _integer(self.top_k) or self.top_k < 0:
-            raise InvalidRequestError(f"top_k must be an integer >= 0 (0 disables), got {self.top_k!r}", "top_k")
+            raise InvalidRequestError(
+                f"top_k must be an integer >= 0 (0 disables), got {self.top_k!r}", "top_k"
+            )
         if self.seed is not None and (not _integer(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX):
             raise InvalidRequestError(
-                f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed!r}", "seed")
+                f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed!r}", "seed"
+            )
         if not isinstance(self.stop, list) or any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop must be a list of non-empty strings", "stop")
-        if not isinstance(self.stop_token_ids, list) or any(not _integer(t) or t < 0 for t in self.stop_token_ids):
+        if not isinstance(self.stop_token_ids, list) or any(
+            not _integer(t) or t < 0 for t in self.stop_token_ids
+        ):
             raise InvalidRequestError("stop_token_ids must be non-negative integers", "stop_token_ids")
         if not isinstance(self.ignore_eos, bool):
             raise InvalidRequestError("ignore_eos must be a boolean", "ignore_eos")
@@ -106,7 +115,9 @@ class SamplingParams:
             if not _integer(token) or token < 0:
                 raise InvalidRequestError(f"logit_bias key {token!r} is not a token id", "logit_bias")
             if not _finite(bias) or abs(bias) > LOGIT_BIAS_MAX:
-                raise InvalidRequestError(f"logit_bias values must be in [-100, 100], got {bias!r}", "logit_bias")
+                raise InvalidRequestError(
+                    f"logit_bias values must be in [-100, 100], got {bias!r}", "logit_bias"
+                )
 
     @property
     def greedy(self) -> bool:

@@ -23,7 +23,9 @@ class Sampler:
     def __init__(self, seed: int = 0) -> None:
         self._global = torch.Generator().manual_seed(seed)
         self._per_request: dict[str, torch.Generator] = {}
-        self._bias: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # request -> (token ids, biases), built once
+        self._bias: dict[
+            str, tuple[torch.Tensor, torch.Tensor]
+        ] = {}  # request -> (token ids, biases), built once
         self.failures = RequestFailures()
         # The ids of the last `sample` where the logits were (async scheduling feeds the next forward from them).
         self.last_sampled: torch.Tensor | None = None
@@ -57,7 +59,9 @@ class Sampler:
             params = request.sampling
             if params.greedy and not params.logit_bias:
                 continue
-            out[row] = self.failures.run(request.request_id, partial(self._sample_row, logits[row], request), FAILED_TOKEN)
+            out[row] = self.failures.run(
+                request.request_id, partial(self._sample_row, logits[row], request), FAILED_TOKEN
+            )
         self.last_sampled = torch.tensor(out, dtype=torch.int64, device=on_device.device)
         return out
 
@@ -68,7 +72,8 @@ class Sampler:
             if bias is None:
                 bias = self._bias[request.request_id] = (
                     torch.tensor(list(params.logit_bias.keys()), dtype=torch.long),
-                    torch.tensor(list(params.logit_bias.values()), dtype=scores.dtype))
+                    torch.tensor(list(params.logit_bias.values()), dtype=scores.dtype),
+                )
             scores = scores.index_add(0, bias[0], bias[1])
         if params.greedy:
             return int(scores.argmax())

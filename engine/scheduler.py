@@ -142,7 +142,9 @@ class Scheduler:
             remaining = len(request.prompt_token_ids) + len(output) - computed
             if remaining == 1 and output:
                 in_flight = request.num_output_placeholders
-                if in_flight and (len(output) >= request.sampling.max_tokens or computed + 1 >= max_model_len):
+                if in_flight and (
+                    len(output) >= request.sampling.max_tokens or computed + 1 >= max_model_len
+                ):
                     continue  # its token in flight ends it by length: nothing to speculate on
                 if computed % block_size == 0 and not self._grow(request, computed + 1, out, now):
                     continue
@@ -172,7 +174,11 @@ class Scheduler:
         prefills: list[Request] = []
         for r in running:  # a decode: output exists and only the last sampled token is uncomputed
             out = r.output_token_ids
-            (decodes if out and r.num_computed_tokens == len(r.prompt_token_ids) + len(out) - 1 else prefills).append(r)
+            (
+                decodes
+                if out and r.num_computed_tokens == len(r.prompt_token_ids) + len(out) - 1
+                else prefills
+            ).append(r)
         return decodes + prefills
 
     def _charge_decodes(self) -> None:
@@ -272,7 +278,9 @@ class Scheduler:
         # Charge as tokens are scheduled: prompt positions once (recompute is free), each new token once.
         prompt_end = request.num_prompt_tokens
         new_prompt = max(0, min(start + length, prompt_end) - max(start, request.num_charged_prompt_tokens))
-        request.num_charged_prompt_tokens = max(request.num_charged_prompt_tokens, min(start + length, prompt_end))
+        request.num_charged_prompt_tokens = max(
+            request.num_charged_prompt_tokens, min(start + length, prompt_end)
+        )
         is_decode_step = length == 1 and start >= prompt_end
         recomputed = max(0, min(start + length, request.recompute_until) - start)
         if recomputed:
@@ -326,8 +334,13 @@ class Scheduler:
         return True
 
     # -- after the forward pass -------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: Mapping[str, int], eos_token_ids: set[int] | frozenset[int],
-               now: float | None = None) -> list[Request]:
+    def update(
+        self,
+        out: SchedulerOutput,
+        sampled: Mapping[str, int],
+        eos_token_ids: set[int] | frozenset[int],
+        now: float | None = None,
+    ) -> list[Request]:
         """Advance computed counts, append sampled tokens, and retire what stopped; returns the requests that finished."""
         finished: list[Request] = []
         now = time.time() if now is None else now
@@ -344,7 +357,9 @@ class Scheduler:
             output = request.output_token_ids
             # Hash blocks only when one filled: a one-token chunk fills one only on a block boundary.
             if caching and (chunk.length > 1 or computed % block_size == 0):
-                pool.commit_full_blocks(request.request_id, request.all_token_ids, computed, request.prefix_root)
+                pool.commit_full_blocks(
+                    request.request_id, request.all_token_ids, computed, request.prefix_root
+                )
             if computed != len(request.prompt_token_ids) + len(output):
                 continue  # a prefill chunk that does not reach the end samples nothing
             token = sampled[request.request_id]
@@ -352,22 +367,31 @@ class Scheduler:
             if request.first_token_time is None:
                 request.first_token_time = now
             params = request.sampling
-            if (len(output) >= params.max_tokens or computed + 1 >= max_model_len
-                    or (token in eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids):
+            if (
+                len(output) >= params.max_tokens
+                or computed + 1 >= max_model_len
+                or (token in eos_token_ids and not params.ignore_eos)
+                or token in params.stop_token_ids
+            ):
                 reason = self.stop_reason(request, token, eos_token_ids)
                 if reason is not None:
                     self.finish(request, reason, now)
                     finished.append(request)
         return finished
 
-    def stop_reason(self, request: Request, token: int, eos_token_ids: set[int] | frozenset[int]) -> FinishReason | None:
+    def stop_reason(
+        self, request: Request, token: int, eos_token_ids: set[int] | frozenset[int]
+    ) -> FinishReason | None:
         """Token-level stop conditions (stop strings are checked by the engine on text)."""
         params = request.sampling
         if not params.ignore_eos and token in eos_token_ids:
             return FinishReason.STOP
         if token in params.stop_token_ids:
             return FinishReason.STOP
-        if len(request.output_token_ids) >= params.max_tokens or request.num_tokens >= self.config.max_model_len:
+        if (
+            len(request.output_token_ids) >= params.max_tokens
+            or request.num_tokens >= self.config.max_model_len
+        ):
             return FinishReason.LENGTH
         return None
 
@@ -388,7 +412,11 @@ class Scheduler:
 
     @staticmethod
     def _phase(request: Request) -> str:
-        if request.state is not RequestState.RUNNING and request.num_computed_tokens == 0 and not request.output_token_ids:
+        if (
+            request.state is not RequestState.RUNNING
+            and request.num_computed_tokens == 0
+            and not request.output_token_ids
+        ):
             return "waiting"
         return "prefill" if request.num_computed_tokens < request.num_prompt_tokens else "decode"
 

@@ -68,7 +68,11 @@ class Tokenizer:
         if bos is None:
             bos = token_id(tk_cfg.get("bos_token"))
         eos: list[int] = []
-        for source in (gen_cfg.get("eos_token_id"), model_cfg.get("eos_token_id"), token_id(tk_cfg.get("eos_token"))):
+        for source in (
+            gen_cfg.get("eos_token_id"),
+            model_cfg.get("eos_token_id"),
+            token_id(tk_cfg.get("eos_token")),
+        ):
             eos = [source] if isinstance(source, int) else [int(x) for x in source or []]
             if eos:
                 break
@@ -84,7 +88,12 @@ class Tokenizer:
         """Token ids of text; with add_special_tokens, the model's BOS (if it uses one) comes first."""
         ids: list[int] = self._tk.encode(text, add_special_tokens=add_special_tokens).ids
         # Some tokenizer.json files lack the BOS post-processor that tokenizer_config.json asks for.
-        if add_special_tokens and self._add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
+        if (
+            add_special_tokens
+            and self._add_bos
+            and self.bos_token_id is not None
+            and ids[:1] != [self.bos_token_id]
+        ):
             ids.insert(0, self.bos_token_id)
         return ids
 
@@ -172,7 +181,11 @@ class IncrementalDetokenizer:
             else:
                 self._tail = [token_id]
             out += chunk
-        if pending and (out or self._held) and tk.decode(pending, skip_special_tokens=True).endswith("\ufffd"):
+        if (
+            pending
+            and (out or self._held)
+            and tk.decode(pending, skip_special_tokens=True).endswith("\ufffd")
+        ):
             # Several ids whose last ones are an incomplete character: the text of the whole push waits for
             # it, as it did when each push was decoded as one window (the deltas stay what they were).
             self._held += out
@@ -187,7 +200,7 @@ class IncrementalDetokenizer:
             before = self._tk.decode(self._tail, skip_special_tokens=True)
             after = self._tk.decode(self._tail + self._pending, skip_special_tokens=True)
             self._tail, self._pending = self._tail + self._pending, []
-            delta += after[len(before):] if len(after) > len(before) else ""
+            delta += after[len(before) :] if len(after) > len(before) else ""
         return str(delta)
 
 
@@ -234,7 +247,9 @@ def write_byte_tokenizer(path: str | Path) -> None:
     tk = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[]))
     tk.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tk.decoder = tokenizers.decoders.ByteLevel()
-    tk.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in BYTE_SPECIAL_TOKENS])
+    tk.add_special_tokens(
+        [tokenizers.AddedToken(t, special=True, normalized=False) for t in BYTE_SPECIAL_TOKENS]
+    )
     bos = 256  # "<|bos|>": the first special token
     tk.post_processor = tokenizers.processors.TemplateProcessing(
         single="<|bos|> $A", pair="<|bos|> $A $B", special_tokens=[("<|bos|>", bos)]
@@ -261,8 +276,11 @@ def byte_tokenizer_config() -> dict[str, Any]:
 
 def _bytes_to_unicode() -> dict[int, str]:
     # GPT-2's byte -> printable character map, the one the ByteLevel pre-tokenizer/decoder use.
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = list(printable)
     extra = 0
     for b in range(256):

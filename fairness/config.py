@@ -25,18 +25,24 @@ class FairnessConfig(BaseModel):
 
     policy: str = Field(default=DEFAULT_POLICY, description=f"fairness policy: {' | '.join(POLICIES)}")
     key: Literal["tenant", "api_key", "user"] = Field(
-        default="tenant", description="what fair share is kept per: tenant, API key or end user")
+        default="tenant", description="what fair share is kept per: tenant, API key or end user"
+    )
     w_in: float = Field(default=1.0, ge=0, allow_inf_nan=False, description="charge per prompt token")
     w_out: float = Field(default=2.0, ge=0, allow_inf_nan=False, description="charge per output token")
-    w_cached: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="charge per cached prompt token")
+    w_cached: float = Field(
+        default=0.0, ge=0, allow_inf_nan=False, description="charge per cached prompt token"
+    )
     priority_classes: bool = Field(default=True, description="serve tenants' priority classes in order")
     max_queue_age_s: float = Field(default=30.0, gt=0, description="aging period; inf disables promotion")
     edf: bool = Field(default=False, description="order each tenant's own requests by deadline")
     # The most credit any key can bank (fairness/vtc.py, docs/fairness.md "Lifting"): 0 is the paper's lift;
     # 1024 is one 512-token answer at w_out=2.
     lift_allowance: float = Field(
-        default=1024.0, ge=0, allow_inf_nan=False,
-        description="service a key that becomes backlogged may keep below the backlogged minimum (vtc)")
+        default=1024.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="service a key that becomes backlogged may keep below the backlogged minimum (vtc)",
+    )
 
     @field_validator("policy")
     @classmethod

@@ -36,7 +36,9 @@ class TokenCost:
 def check_weight(key: str, weight: object) -> float:
     """Return `weight` as a float, or raise InvalidWeightError unless it is positive and finite."""
     if not _real(weight) or not math.isfinite(weight) or weight <= 0:  # type: ignore[arg-type,operator]
-        raise InvalidWeightError(f"weight for fairness key {key!r} must be a positive finite number, got {weight!r}")
+        raise InvalidWeightError(
+            f"weight for fairness key {key!r} must be a positive finite number, got {weight!r}"
+        )
     return float(weight)  # type: ignore[arg-type]
 
 

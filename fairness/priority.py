@@ -170,8 +170,11 @@ class PriorityPolicy(Generic[T]):
 
     def local_service(self) -> Mapping[str, float]:
         """Each class's charged service here, by "<class>:<key>": a key's share is kept per class."""
-        return {class_counter(cls, key): value for cls, base in self._classes.items()
-                for key, value in _local_service(base).items()}
+        return {
+            class_counter(cls, key): value
+            for cls, base in self._classes.items()
+            for key, value in _local_service(base).items()
+        }
 
     def absorb_remote(self, totals: Mapping[str, float]) -> None:
         """Other engines' service by "<class>:<key>", handed to each class (made now if new here)."""

@@ -40,8 +40,14 @@ class PolicyEntry:
 POLICIES: dict[str, PolicyEntry] = {
     entry.name: entry
     for entry in (
-        PolicyEntry("vtc", VTCPolicy, True, "Virtual Token Counter fair share (the default)",
-                    configure=lambda config: {"lift_allowance": config.lift_allowance}, shares_counters=True),
+        PolicyEntry(
+            "vtc",
+            VTCPolicy,
+            True,
+            "Virtual Token Counter fair share (the default)",
+            configure=lambda config: {"lift_allowance": config.lift_allowance},
+            shares_counters=True,
+        ),
         PolicyEntry("fcfs", FCFSPolicy, False, "first come, first served across tenants"),
     )
 }

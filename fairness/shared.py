@@ -38,7 +38,9 @@ class SharedCounters(Protocol):
 
 def shares_counters(policy: object) -> bool:
     """True when `policy` has the two hooks of `SharedCounters` (VTC and the wrappers around it do)."""
-    return callable(getattr(policy, "local_service", None)) and callable(getattr(policy, "absorb_remote", None))
+    return callable(getattr(policy, "local_service", None)) and callable(
+        getattr(policy, "absorb_remote", None)
+    )
 
 
 def class_counter(cls: int, key: str) -> str:

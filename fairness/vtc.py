@@ -51,8 +51,9 @@ _HEAP_SLACK = 64
 class VTCPolicy(Generic[T]):
     """Weighted Virtual Token Counter over fairness keys; FIFO (preempted first) within a key."""
 
-    def __init__(self, cost: TokenCost | None = None, key_fn: KeyFn = tenant_key,
-                 lift_allowance: float = 1024.0) -> None:
+    def __init__(
+        self, cost: TokenCost | None = None, key_fn: KeyFn = tenant_key, lift_allowance: float = 1024.0
+    ) -> None:
         if not lift_allowance >= 0 or lift_allowance == float("inf"):
             raise ValueError(f"lift_allowance must be a finite number >= 0, got {lift_allowance!r}")
         self.cost = cost or TokenCost()

@@ -50,7 +50,9 @@ class DeadlinePolicy:
 
     def resolve(self, now: float) -> float | None:
         """The absolute deadline of a call starting at `now`; the earlier one when both are set."""
-        candidates = [d for d in (self.at, None if self.within_s is None else now + self.within_s) if d is not None]
+        candidates = [
+            d for d in (self.at, None if self.within_s is None else now + self.within_s) if d is not None
+        ]
         return min(candidates) if candidates else None
 
 
@@ -74,14 +76,20 @@ def longest_backoff(retries_taken: int) -> float:
     return min(INITIAL_RETRY_DELAY * 2.0 ** min(retries_taken, 1000), MAX_RETRY_DELAY)
 
 
-def next_start(now: float, retry_after_s: float | None, estimated_start_ms: str | None, retries_taken: int) -> float:
+def next_start(
+    now: float, retry_after_s: float | None, estimated_start_ms: str | None, retries_taken: int
+) -> float:
     """The earliest instant the next attempt could start running on the server.
 
     The client waits the server's `Retry-After` when it gives one the SDK honours, else its own
     back-off; the server's `X-Estimated-Start-Ms` says how long the queue would hold a request sent
     now. The queue drains while the client waits, so the start is the later of the two, not their sum.
     """
-    if retry_after_s is not None and math.isfinite(retry_after_s) and 0 < retry_after_s <= MAX_RETRY_AFTER_DELAY:
+    if (
+        retry_after_s is not None
+        and math.isfinite(retry_after_s)
+        and 0 < retry_after_s <= MAX_RETRY_AFTER_DELAY
+    ):
         wait = retry_after_s
     else:
         wait = longest_backoff(retries_taken)

@@ -85,13 +85,16 @@ class Task(_TaskScope):
         self._enter()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._leave()
         if exc_type is not None:
             try:
                 self.cancel()
-            except Exception:  # the caller's exception is the one that matters; the server ends work on its own
+            except (
+                Exception
+            ):  # the caller's exception is the one that matters; the server ends work on its own
                 log.warning("could not cancel task %s", self.id, exc_info=True)
 
 
@@ -117,8 +120,9 @@ class AsyncTask(_TaskScope):
         self._enter()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._leave()
         if exc_type is not None:
             try:

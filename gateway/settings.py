@@ -46,8 +46,11 @@ class LayeredSettings(BaseSettings):
     """A settings tree read from flags, then FAIRSERVE_* variables, then a `--config` TOML file (`load`)."""
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER, extra="forbid",
-        arbitrary_types_allowed=True, validate_default=True,
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        extra="forbid",
+        arbitrary_types_allowed=True,
+        validate_default=True,
     )
 
     @classmethod
@@ -83,8 +86,11 @@ class StorageSettings(LayeredSettings):
     command run after `make serve` finds the server's database without being told."""
 
     data_dir: Path = Field(default=DEFAULT_DATA_DIR, description="database, secrets, ledger spill and models")
-    db_url: str | None = Field(default=None, description="SQLAlchemy URL (default: SQLite in the data dir)",
-                               json_schema_extra={"flags": ["--db"]})
+    db_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL (default: SQLite in the data dir)",
+        json_schema_extra={"flags": ["--db"]},
+    )
 
     def database_url(self) -> str:
         """The configured URL, else the SQLite file in the data directory (which this creates)."""
@@ -96,74 +102,126 @@ class GatewaySettings(StorageSettings):
 
     host: str = Field(default="127.0.0.1", description="address to listen on")
     port: int = Field(default=8000, ge=0, le=65535, description="port to listen on; 0 picks a free port")
-    redis_url: str | None = Field(default=None, description="redis:// URL for shared idempotency and quotas "
-                                  "(default: in memory)", json_schema_extra={"flags": ["--redis"]})
+    redis_url: str | None = Field(
+        default=None,
+        description="redis:// URL for shared idempotency and quotas (default: in memory)",
+        json_schema_extra={"flags": ["--redis"]},
+    )
     # Every Redis call's deadline; past it (or on a refused connection) the breaker opens and calls fail fast.
-    redis_timeout_s: float = Field(default=0.25, gt=0, le=10, description="seconds each Redis call may take "
-                                   "before the circuit breaker opens", json_schema_extra={"flags": ["--redis-timeout"]})
+    redis_timeout_s: float = Field(
+        default=0.25,
+        gt=0,
+        le=10,
+        description="seconds each Redis call may take before the circuit breaker opens",
+        json_schema_extra={"flags": ["--redis-timeout"]},
+    )
     quota_on_redis_failure: Literal["open", "closed"] = Field(
-        default="open", description="while Redis is unavailable: admit without quotas, counted and flagged by "
-        "an X-Quota-Status header (open), or answer 503 (closed)")
+        default="open",
+        description="while Redis is unavailable: admit without quotas, counted and flagged by "
+        "an X-Quota-Status header (open), or answer 503 (closed)",
+    )
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="largest request body accepted")
     max_queued_requests: int = Field(default=256, ge=1, description="global admission queue bound")
     max_queued_tokens: int = Field(default=131072, ge=1, description="global bound on queued prompt tokens")
-    default_tenant_queued_requests: int = Field(default=64, ge=1,
-                                                description="queue bound of a tenant that sets none")
+    default_tenant_queued_requests: int = Field(
+        default=64, ge=1, description="queue bound of a tenant that sets none"
+    )
     retry_jitter: float = Field(default=0.25, ge=0.0, le=1.0, description="random share added to Retry-After")
     prior_prefill_tokens_per_s: float = Field(
-        default=RatePriors.prefill_tokens_per_s, gt=0, allow_inf_nan=False,
-        description="prefill rate admission assumes before the engine has measured one")
+        default=RatePriors.prefill_tokens_per_s,
+        gt=0,
+        allow_inf_nan=False,
+        description="prefill rate admission assumes before the engine has measured one",
+    )
     prior_iteration_s: float = Field(
-        default=RatePriors.iteration_seconds, gt=0, allow_inf_nan=False,
-        description="iteration time admission assumes before the engine has measured one")
-    idempotency_ttl_s: float = Field(default=86400.0, gt=0, description="seconds idempotency records are kept",
-                                     json_schema_extra={"flags": ["--idempotency-ttl"]})
-    grace_period_s: float = Field(default=10.0, ge=0, description="seconds to finish work on SIGTERM",
-                                  json_schema_extra={"flags": ["--grace-period"]})
+        default=RatePriors.iteration_seconds,
+        gt=0,
+        allow_inf_nan=False,
+        description="iteration time admission assumes before the engine has measured one",
+    )
+    idempotency_ttl_s: float = Field(
+        default=86400.0,
+        gt=0,
+        description="seconds idempotency records are kept",
+        json_schema_extra={"flags": ["--idempotency-ttl"]},
+    )
+    grace_period_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="seconds to finish work on SIGTERM",
+        json_schema_extra={"flags": ["--grace-period"]},
+    )
     # 10 s covers openai-python's back-off (at most 8 s) after a read timeout.
     idempotent_orphan_grace_s: float = Field(
-        default=10.0, ge=0, le=600, description="seconds a run sent with an Idempotency-Key outlives its last "
+        default=10.0,
+        ge=0,
+        le=600,
+        description="seconds a run sent with an Idempotency-Key outlives its last "
         "reader, for a retry to attach (0: abort at once, like unkeyed runs)",
-        json_schema_extra={"flags": ["--idempotent-orphan-grace"]})
+        json_schema_extra={"flags": ["--idempotent-orphan-grace"]},
+    )
     key_cache_ttl_s: float = Field(default=5.0, gt=0, description="seconds a verified API key is cached")
     # Authentication failures allowed per client address (gateway/edge/auth_guard.py): a burst, then a rate.
-    auth_failure_burst: int = Field(default=20, ge=1, description="failed authentications a client address "
-                                    "may make at once before 429")
-    auth_failure_rate_per_s: float = Field(default=2.0, gt=0, description="failed authentications per second "
-                                           "a client address may sustain", json_schema_extra={"flags": ["--auth-failure-rate"]})
+    auth_failure_burst: int = Field(
+        default=20, ge=1, description="failed authentications a client address may make at once before 429"
+    )
+    auth_failure_rate_per_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="failed authentications per second a client address may sustain",
+        json_schema_extra={"flags": ["--auth-failure-rate"]},
+    )
     demo_tenant: str = Field(default="demo", description="tenant given a key on a deployment's first start")
     metrics_tenants: int = Field(default=50, ge=0, description="tenants given their own metric labels")
     # /metrics on the main port needs the metrics (or admin) token. A metrics port, if set, serves the same
     # registry without a credential, so it listens on loopback unless told otherwise.
-    metrics_host: str = Field(default="127.0.0.1", description="address of the --metrics-port listener "
-                              "(it needs no credential: keep it private)")
-    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="also serve /metrics here "
-                                     "without a credential (the main port's /metrics needs a token)")
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="address of the --metrics-port listener (it needs no credential: keep it private)",
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="also serve /metrics here without a credential (the main port's /metrics needs a token)",
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig)
     # How a gateway with several engines picks one per request (routing/score.py); inert with one engine.
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     # The engine loop in its own process (ProcessEngine) rather than a thread sharing the gateway's GIL:
     # on by measurement (docs/gateway.md, "Benchmark: gateway overhead").
     engine_process: bool = Field(default=True, description="run the engine loop in its own process")
-    restart_engine: bool = Field(default=True, description="replace a dead engine worker (process engine only)")
+    restart_engine: bool = Field(
+        default=True, description="replace a dead engine worker (process engine only)"
+    )
     # How often CPython makes a running thread offer the GIL to a waiting one. The ledger writer and other
     # helper threads run Python for milliseconds at a time; at CPython's 5 ms the event loop can wait that
     # long for every turn (docs/gateway.md, loop lag).
     switch_interval_ms: float = Field(default=0.5, gt=0, le=100, description="CPython's GIL switch interval")
     # Engines started on their own (`fairserve engine --listen ...`) that this gateway attaches to instead
     # of starting one: none = the gateway's own engine, as always.
-    engines: list[str] = Field(default_factory=list, description="tcp://HOST:PORT of a running `fairserve "
-                               "engine` to serve from instead of starting one (repeatable)",
-                               json_schema_extra={"flags": ["--engine"]})
+    engines: list[str] = Field(
+        default_factory=list,
+        description="tcp://HOST:PORT of a running `fairserve "
+        "engine` to serve from instead of starting one (repeatable)",
+        json_schema_extra={"flags": ["--engine"]},
+    )
     # One CurveZMQ secret shared with the engines (engine/remote/curve.py): without it an engine's port
     # takes work from anyone who reaches it. Checked here, so a bad file is refused before anything starts.
     cluster_key_file: Path | None = Field(
-        default=None, description="the --cluster-key file of the engines given with --engine (encrypts the "
-        "link and keeps out peers without it)", json_schema_extra={"flags": ["--cluster-key"]})
+        default=None,
+        description="the --cluster-key file of the engines given with --engine (encrypts the "
+        "link and keeps out peers without it)",
+        json_schema_extra={"flags": ["--cluster-key"]},
+    )
     # The engine heartbeats every 50 ms: this much silence and its requests in flight fail with a retryable 503.
     engine_heartbeat_timeout_s: float = Field(
-        default=0.5, gt=0, le=60, description="seconds of silence after which an --engine counts as down",
-        json_schema_extra={"flags": ["--engine-heartbeat-timeout"]})
+        default=0.5,
+        gt=0,
+        le=60,
+        description="seconds of silence after which an --engine counts as down",
+        json_schema_extra={"flags": ["--engine-heartbeat-timeout"]},
+    )
 
     @model_validator(mode="after")
     def _models_in_data_dir(self) -> GatewaySettings:
@@ -212,20 +270,36 @@ class EngineServerSettings(LayeredSettings):
     and in the same FAIRSERVE_ENGINE__* variable and `[engine]` table.
     """
 
-    data_dir: Path = Field(default=DEFAULT_DATA_DIR, description="where the embedded default model is built "
-                           "(<data_dir>/models)")
-    listen: str = Field(default="tcp://127.0.0.1:5555", description="tcp://HOST:PORT to serve gateways on "
-                        "(port 0 picks a free one); without --cluster-key anyone who reaches it can submit work")
+    data_dir: Path = Field(
+        default=DEFAULT_DATA_DIR, description="where the embedded default model is built (<data_dir>/models)"
+    )
+    listen: str = Field(
+        default="tcp://127.0.0.1:5555",
+        description="tcp://HOST:PORT to serve gateways on "
+        "(port 0 picks a free one); without --cluster-key anyone who reaches it can submit work",
+    )
     # engine/remote/curve.py: CURVE encryption, and only gateways holding the same file get in.
     cluster_key_file: Path | None = Field(
-        default=None, description="a key file shared with this engine's gateways (created 0600 if missing): "
-        "the link is encrypted and peers without it are refused", json_schema_extra={"flags": ["--cluster-key"]})
+        default=None,
+        description="a key file shared with this engine's gateways (created 0600 if missing): "
+        "the link is encrypted and peers without it are refused",
+        json_schema_extra={"flags": ["--cluster-key"]},
+    )
     # The engine aborts the requests of a gateway it has not heard from for this long: a dead gateway must
     # not keep the engine computing for nobody. Gateways ping every 0.1 s.
-    gateway_timeout_s: float = Field(default=3.0, gt=0, le=600, description="seconds of silence after which "
-                                     "a gateway's requests are aborted", json_schema_extra={"flags": ["--gateway-timeout"]})
-    grace_period_s: float = Field(default=10.0, ge=0, description="seconds live requests get to finish on SIGTERM",
-                                  json_schema_extra={"flags": ["--grace-period"]})
+    gateway_timeout_s: float = Field(
+        default=3.0,
+        gt=0,
+        le=600,
+        description="seconds of silence after which a gateway's requests are aborted",
+        json_schema_extra={"flags": ["--gateway-timeout"]},
+    )
+    grace_period_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="seconds live requests get to finish on SIGTERM",
+        json_schema_extra={"flags": ["--grace-period"]},
+    )
     # The socket thread forwards every report the loop publishes: at CPython's 5 ms it could wait that long
     # for the loop thread to offer the GIL, on every report (docs/engine.md, "Engines on their own").
     switch_interval_ms: float = Field(default=0.5, gt=0, le=100, description="CPython's GIL switch interval")

@@ -88,15 +88,19 @@ def _scalar(annotation: Any) -> tuple[Any, list[Any] | None]:
     return str, None
 
 
-def add_knob_flags(parser: argparse.ArgumentParser, model: type[BaseModel] = GatewaySettings,
-                   aliases: dict[str, str] | None = None) -> None:
+def add_knob_flags(
+    parser: argparse.ArgumentParser,
+    model: type[BaseModel] = GatewaySettings,
+    aliases: dict[str, str] | None = None,
+) -> None:
     """One flag per knob of `model`; unset flags stay out of the namespace so lower sources can fill them.
 
     `aliases` maps a leaf name to one more flag for it in this command only (`fairserve engine` gives
     an engine's `redis_url` the `--redis` that `serve` spends on the gateway's own Redis).
     """
-    group = parser.add_argument_group("settings (each also FAIRSERVE_<PATH> in the environment and a "
-                                      "key in the --config TOML file)")
+    group = parser.add_argument_group(
+        "settings (each also FAIRSERVE_<PATH> in the environment and a key in the --config TOML file)"
+    )
     group.add_argument("--config", type=Path, default=None, help="TOML file of settings")
     seen: set[str] = set()
     for knob in knobs(model):
@@ -110,15 +114,27 @@ def add_knob_flags(parser: argparse.ArgumentParser, model: type[BaseModel] = Gat
         seen.update(flags)
         help_ = f"{knob.field.description or knob.toml_key} [{knob.env}; default {_default_text(knob)}]"
         if knob.field.annotation is bool:
-            group.add_argument(*flags[-1:], dest=knob.dest, action=argparse.BooleanOptionalAction,
-                               default=argparse.SUPPRESS, help=help_)
+            group.add_argument(
+                *flags[-1:],
+                dest=knob.dest,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=help_,
+            )
             continue
         kind, choices = _scalar(knob.field.annotation)
         choices = _REGISTRY_CHOICES[knob.path]() if knob.path in _REGISTRY_CHOICES else choices
         repeated = typing.get_origin(knob.field.annotation) is list  # e.g. --engine A --engine B
-        group.add_argument(*flags, dest=knob.dest, type=kind, choices=choices, default=argparse.SUPPRESS,
-                           action="append" if repeated else "store",
-                           metavar=None if choices else knob.path[-1].upper(), help=help_)
+        group.add_argument(
+            *flags,
+            dest=knob.dest,
+            type=kind,
+            choices=choices,
+            default=argparse.SUPPRESS,
+            action="append" if repeated else "store",
+            metavar=None if choices else knob.path[-1].upper(),
+            help=help_,
+        )
 
 
 def _default_text(knob: Knob) -> str:
@@ -173,8 +189,11 @@ def effective_rows(args: argparse.Namespace) -> list[tuple[str, str, str]]:
         for part in knob.path:
             value = getattr(value, part)
         source = next((label for label, tree in layers if _lookup(tree, knob.path)[0]), "default")
-        source = {"flag": f"flag {knob.flags[0]}", "env": f"env {knob.env}",
-                  "file": f"file {args.config}"}.get(source, source)
+        source = {
+            "flag": f"flag {knob.flags[0]}",
+            "env": f"env {knob.env}",
+            "file": f"file {args.config}",
+        }.get(source, source)
         if knob.path == ("engine", "kv_cache_memory_fraction") and value is None:
             value, source = settings.engine.kv_fraction(), f"default for device {settings.engine.device}"
         elif knob.path == ("engine", "cache_dir") and source == "default":

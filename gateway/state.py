@@ -98,8 +98,12 @@ class GatewayState:
         if self.redis is None:
             return {}
         await self.redis.breaker.check()
-        return {"redis": {**self.redis.breaker.snapshot(),
-                          "quota_on_failure": self.settings.quota_on_redis_failure}}
+        return {
+            "redis": {
+                **self.redis.breaker.snapshot(),
+                "quota_on_failure": self.settings.quota_on_redis_failure,
+            }
+        }
 
 
 def gateway_engine(settings: GatewaySettings) -> EngineClient:
@@ -115,7 +119,9 @@ def gateway_engine(settings: GatewaySettings) -> EngineClient:
     # Several: each is reached first (its announce names the model and brings the tokenizer), then the
     # router (routing/router.py) picks one per request. Engines of different models are refused here.
     key = settings.cluster_key()
-    remotes = [RemoteEngine(address, settings.engine_heartbeat_timeout_s, key) for address in settings.engines]
+    remotes = [
+        RemoteEngine(address, settings.engine_heartbeat_timeout_s, key) for address in settings.engines
+    ]
     try:
         for remote in remotes:
             remote.start()
@@ -142,8 +148,11 @@ def build_state(settings: GatewaySettings, engine: EngineClient | None) -> Gatew
     ledger = Ledger(db, LedgerConfig(data_dir=str(settings.data_dir)), registry=metrics.registry)
     ledger.start()
     quota_metrics(metrics.registry)  # exported (at 0) with or without Redis, as documented
-    link = connect(settings.redis_url, settings.redis_timeout_s, registry=metrics.registry) \
-        if settings.redis_url else None
+    link = (
+        connect(settings.redis_url, settings.redis_timeout_s, registry=metrics.registry)
+        if settings.redis_url
+        else None
+    )
     state = GatewayState(
         settings=settings,
         engine=engine,
@@ -152,7 +161,9 @@ def build_state(settings: GatewaySettings, engine: EngineClient | None) -> Gatew
         store=store,
         keys=KeyCache(store, ttl_s=settings.key_cache_ttl_s),
         ledger=ledger,
-        quota=make_quota(link, fail_open=settings.quota_on_redis_failure == "open", registry=metrics.registry),
+        quota=make_quota(
+            link, fail_open=settings.quota_on_redis_failure == "open", registry=metrics.registry
+        ),
         idempotency=make_idempotency_store(link, settings.idempotency_ttl_s, registry=metrics.registry),
         admission=AdmissionController(settings.admission_settings()),
         metrics=metrics,
@@ -167,8 +178,9 @@ def build_state(settings: GatewaySettings, engine: EngineClient | None) -> Gatew
         state.key_events.start()
     if settings.metrics_port is not None:
         # prometheus_client's own WSGI listener on a thread: a maintained server for a scrape-only port.
-        state.metrics_server, _thread = start_http_server(settings.metrics_port, settings.metrics_host,
-                                                          registry=metrics.registry)
+        state.metrics_server, _thread = start_http_server(
+            settings.metrics_port, settings.metrics_host, registry=metrics.registry
+        )
     return state
 
 

@@ -29,13 +29,17 @@ def check_dtype(name: str, tensor: torch.Tensor, allowed: tuple[torch.dtype, ...
     """Raise unless `tensor.dtype` is one of `allowed`."""
     if tensor.dtype not in allowed:
         names = ", ".join(str(d).removeprefix("torch.") for d in allowed)
-        raise KernelInputError(f"{name} must be one of {names}, got {str(tensor.dtype).removeprefix('torch.')}")
+        raise KernelInputError(
+            f"{name} must be one of {names}, got {str(tensor.dtype).removeprefix('torch.')}"
+        )
 
 
 def check_unit_last_stride(name: str, tensor: torch.Tensor) -> None:
     """Raise unless the innermost (head_dim) dimension is contiguous, which the vectorised loads assume."""
     if tensor.numel() > 0 and tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
-        raise KernelInputError(f"{name} must be contiguous in its last dimension, got strides {tensor.stride()}")
+        raise KernelInputError(
+            f"{name} must be contiguous in its last dimension, got strides {tensor.stride()}"
+        )
 
 
 def check_same_device(tensors: dict[str, torch.Tensor], interpreted: bool) -> torch.device:

@@ -23,7 +23,11 @@ _BUCKET_FRACTION = 0.5
 
 
 def store_kv_ref(
-    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
 ) -> None:
     """Scatter new K/V rows into the paged cache at their slots, skipping slots < 0."""
     slots = slot_mapping.long()
@@ -47,8 +51,14 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor, num_blocks: int) -> torch
     return rows.float().transpose(1, 2)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float,
-            soft_cap: float | None) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor,
+    scale: float,
+    soft_cap: float | None,
+) -> torch.Tensor:
     """q [B, Hkv, R, D], k/v [B, Hkv, L, D], allowed: bool broadcastable to [B, Hkv, R, L]; fp32 softmax."""
     if soft_cap is None or soft_cap <= 0:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
@@ -117,7 +127,11 @@ def paged_attention_ref(
         kpos = torch.arange(nb * block_size, device=query.device).unsqueeze(0)
         allowed = _allowed(qpos, kpos, sliding_window)
         res = _attend(q, k, v, allowed, scale, soft_cap)  # [1, Hkv, group * span, D]
-        res = res.view(num_kv_heads, group, span, head_dim).permute(2, 0, 1, 3).reshape(span, num_heads, head_dim)
+        res = (
+            res.view(num_kv_heads, group, span, head_dim)
+            .permute(2, 0, 1, 3)
+            .reshape(span, num_heads, head_dim)
+        )
         out[start:end] = res.to(query.dtype)
     return out.view(-1, num_heads, head_dim)
 

@@ -139,7 +139,10 @@ def _paged_attention_kernel(
         block = tl.load(table_row + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
         in_block = (k_pos % BLOCK_SIZE).to(tl.int64)
         k = tl.load(
-            k_cache_ptr + block[None, :] * stride_kb + in_block[None, :] * stride_ks + kv_head_off * stride_kh
+            k_cache_ptr
+            + block[None, :] * stride_kb
+            + in_block[None, :] * stride_ks
+            + kv_head_off * stride_kh
             + dims[:, None],
             mask=dim_ok[:, None] & k_ok[None, :],
             other=0.0,
@@ -159,7 +162,10 @@ def _paged_attention_kernel(
         p = tl.exp2(s - m_shift[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(
-            v_cache_ptr + block[:, None] * stride_vb + in_block[:, None] * stride_vs + kv_head_off * stride_vh
+            v_cache_ptr
+            + block[:, None] * stride_vb
+            + in_block[:, None] * stride_vs
+            + kv_head_off * stride_vh
             + dims[None, :],
             mask=k_ok[:, None] & dim_ok[None, :],
             other=0.0,
@@ -219,7 +225,9 @@ def _reduce_splits_kernel(
     total = tl.sum(weight * l_s, 0)
     total = tl.where(total == 0.0, 1.0, total)
     out = tl.sum(acc * weight[:, None], 0) / total
-    tl.store(out_ptr + token * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dim_ok)
+    tl.store(
+        out_ptr + token * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dim_ok
+    )
 
 
 def _check_attention_args(
@@ -240,14 +248,20 @@ def _check_attention_args(
     for name, tensor in (("query", query), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_dtype(name, tensor, FLOAT_DTYPES)
         check_unit_last_stride(name, tensor)
-    for name, tensor in (("block_tables", block_tables), ("query_start_loc", query_start_loc), ("seq_lens", seq_lens)):
+    for name, tensor in (
+        ("block_tables", block_tables),
+        ("query_start_loc", query_start_loc),
+        ("seq_lens", seq_lens),
+    ):
         check_dtype(name, tensor, INDEX_DTYPES)
     if not query_start_loc.is_contiguous() or not seq_lens.is_contiguous():
         raise KernelInputError("query_start_loc and seq_lens must be contiguous")
     if block_tables.numel() > 0 and block_tables.stride(1) != 1:
         raise KernelInputError(f"block_tables rows must be contiguous, got strides {block_tables.stride()}")
     if k_cache.shape != v_cache.shape:
-        raise KernelInputError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must match")
+        raise KernelInputError(
+            f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must match"
+        )
     if query.dtype != k_cache.dtype or k_cache.dtype != v_cache.dtype:
         raise KernelInputError(
             f"query, k_cache and v_cache must share a dtype, got {query.dtype}, {k_cache.dtype}, {v_cache.dtype}"
@@ -262,7 +276,9 @@ def _check_attention_args(
         raise KernelInputError(f"head_dim {head_dim} > 256 is not supported")
     num_seqs = seq_lens.shape[0]
     if query_start_loc.shape[0] != num_seqs + 1:
-        raise KernelInputError(f"query_start_loc needs num_seqs + 1 = {num_seqs + 1} entries, got {query_start_loc.shape[0]}")
+        raise KernelInputError(
+            f"query_start_loc needs num_seqs + 1 = {num_seqs + 1} entries, got {query_start_loc.shape[0]}"
+        )
     if block_tables.shape[0] < num_seqs:
         raise KernelInputError(f"block_tables has {block_tables.shape[0]} rows for {num_seqs} sequences")
     if not scale > 0:
@@ -327,7 +343,9 @@ def paged_attention(
     )
     block_d = max(triton.next_power_of_2(head_dim), 16)
     if cfg.num_splits > 1:
-        part_acc = torch.empty((num_tokens, num_heads, cfg.num_splits, head_dim), dtype=torch.float32, device=device)
+        part_acc = torch.empty(
+            (num_tokens, num_heads, cfg.num_splits, head_dim), dtype=torch.float32, device=device
+        )
         part_max = torch.empty((num_tokens, num_heads, cfg.num_splits), dtype=torch.float32, device=device)
         part_sum = torch.empty_like(part_max)
     else:

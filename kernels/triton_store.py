@@ -56,14 +56,22 @@ def _store_kv_kernel(
     mask = (heads[:, None] < NUM_KV_HEADS) & (dims[None, :] < HEAD_DIM)
     key = tl.load(key_ptr + token * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=mask)
     value = tl.load(value_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask)
-    k_dst = k_cache_ptr + block * stride_kcb + offset * stride_kcs + heads[:, None] * stride_kch + dims[None, :]
-    v_dst = v_cache_ptr + block * stride_vcb + offset * stride_vcs + heads[:, None] * stride_vch + dims[None, :]
+    k_dst = (
+        k_cache_ptr + block * stride_kcb + offset * stride_kcs + heads[:, None] * stride_kch + dims[None, :]
+    )
+    v_dst = (
+        v_cache_ptr + block * stride_vcb + offset * stride_vcs + heads[:, None] * stride_vch + dims[None, :]
+    )
     tl.store(k_dst, key.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_dst, value.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def _check_store_args(
-    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
 ) -> None:
     check_rank("key", key, 3)
     check_rank("value", value, 3)
@@ -80,7 +88,9 @@ def _check_store_args(
             f"and {tuple(v_cache.shape)} {v_cache.dtype}"
         )
     if key.shape != value.shape:
-        raise KernelInputError(f"key and value must have the same shape, got {tuple(key.shape)} and {tuple(value.shape)}")
+        raise KernelInputError(
+            f"key and value must have the same shape, got {tuple(key.shape)} and {tuple(value.shape)}"
+        )
     if key.shape[1:] != k_cache.shape[2:]:
         raise KernelInputError(
             f"key rows are [num_kv_heads, head_dim] = {tuple(key.shape[1:])} but the cache holds {tuple(k_cache.shape[2:])}"
@@ -92,7 +102,11 @@ def _check_store_args(
 
 
 def store_kv(
-    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
 ) -> None:
     """Scatter new K/V rows into the paged cache at their slots, skipping slots < 0 (see `store_kv_ref`)."""
     _check_store_args(key, value, k_cache, v_cache, slot_mapping)

@@ -17,7 +17,9 @@ from engine.kv_cache import chain_hash, prefix_root
 from engine.request import RequestMeta
 
 
-def prefix_digests(prompt_token_ids: Sequence[int], meta: RequestMeta, block_size: int, blocks: int) -> list[bytes]:
+def prefix_digests(
+    prompt_token_ids: Sequence[int], meta: RequestMeta, block_size: int, blocks: int
+) -> list[bytes]:
     """Keys of the prompt's first `blocks` full blocks, as an engine with `block_size` caches them.
 
     Like `BlockPool.match_prefix`, a prompt's last token is never part of a cached block, so a prompt of
@@ -27,7 +29,7 @@ def prefix_digests(prompt_token_ids: Sequence[int], meta: RequestMeta, block_siz
     parent = prefix_root(meta.tenant_id, meta.cache_group, meta.cache_salt)
     keys = []
     for i in range(max(full, 0)):
-        parent = chain_hash(parent, prompt_token_ids[i * block_size:(i + 1) * block_size])
+        parent = chain_hash(parent, prompt_token_ids[i * block_size : (i + 1) * block_size])
         keys.append(parent)
     return keys
 

@@ -19,22 +19,42 @@ class RoutingSettings(BaseModel):
     # 0.5 lets a prefix pull a request to an engine until that engine is half a batch of queue (or half
     # its KV cache) busier than the least loaded one: then load wins and the tenant spreads.
     affinity_weight: float = Field(
-        default=0.5, ge=0, allow_inf_nan=False,
+        default=0.5,
+        ge=0,
+        allow_inf_nan=False,
         description="score of an engine that already holds a prompt's first affinity_blocks blocks "
-                    "(0: route by load alone)")
+        "(0: route by load alone)",
+    )
     affinity_blocks: int = Field(
-        default=8, ge=1, le=256, description="leading full KV blocks of a prompt whose digests key its affinity")
+        default=8,
+        ge=1,
+        le=256,
+        description="leading full KV blocks of a prompt whose digests key its affinity",
+    )
     affinity_entries: int = Field(
-        default=8192, ge=1, le=1 << 22,
-        description="block digests remembered per engine (least recently routed forgotten first)")
+        default=8192,
+        ge=1,
+        le=1 << 22,
+        description="block digests remembered per engine (least recently routed forgotten first)",
+    )
     queue_weight: float = Field(
-        default=1.0, ge=0, allow_inf_nan=False,
-        description="load of an engine's waiting requests, per batch of them (waiting / max_num_seqs)")
+        default=1.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="load of an engine's waiting requests, per batch of them (waiting / max_num_seqs)",
+    )
     waiting_token_weight: float = Field(
-        default=1.0, ge=0, allow_inf_nan=False,
-        description="load of an engine's waiting prompt tokens, per KV cache of them")
+        default=1.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="load of an engine's waiting prompt tokens, per KV cache of them",
+    )
     running_weight: float = Field(
-        default=0.5, ge=0, allow_inf_nan=False,
-        description="load of an engine's running requests, per batch of them (running / max_num_seqs)")
+        default=0.5,
+        ge=0,
+        allow_inf_nan=False,
+        description="load of an engine's running requests, per batch of them (running / max_num_seqs)",
+    )
     kv_weight: float = Field(
-        default=0.5, ge=0, allow_inf_nan=False, description="load of an engine's KV cache when it is full")
+        default=0.5, ge=0, allow_inf_nan=False, description="load of an engine's KV cache when it is full"
+    )

@@ -31,10 +31,18 @@ class EngineLoad:
     @classmethod
     def of(cls, key: str, client: Any, stats: EngineStats, **extra: Any) -> EngineLoad:
         """The load of `client` from its stats snapshot; a remote engine's address and id when it has them."""
-        return cls(key=key, alive=bool(client.is_alive), waiting=stats.waiting, waiting_tokens=stats.waiting_tokens,
-                   running=stats.running, kv_blocks_used=stats.kv_blocks_used, kv_blocks_total=stats.kv_blocks_total,
-                   address=_text(getattr(client, "address", None)), engine_id=_text(getattr(client, "engine_id", None)),
-                   **extra)
+        return cls(
+            key=key,
+            alive=bool(client.is_alive),
+            waiting=stats.waiting,
+            waiting_tokens=stats.waiting_tokens,
+            running=stats.running,
+            kv_blocks_used=stats.kv_blocks_used,
+            kv_blocks_total=stats.kv_blocks_total,
+            address=_text(getattr(client, "address", None)),
+            engine_id=_text(getattr(client, "engine_id", None)),
+            **extra,
+        )
 
     @property
     def kv_use(self) -> float:

@@ -72,11 +72,16 @@ class EngineRouter:
     max_model_len: int
     tokenizer: Tokenizer
 
-    def __init__(self, engines: Mapping[str, EngineClient] | Iterable[tuple[str, EngineClient]],
-                 settings: RoutingSettings | None = None) -> None:
+    def __init__(
+        self,
+        engines: Mapping[str, EngineClient] | Iterable[tuple[str, EngineClient]],
+        settings: RoutingSettings | None = None,
+    ) -> None:
         items = list(engines.items() if isinstance(engines, Mapping) else engines)
         if not items:
-            raise ValueError("an EngineRouter needs at least one engine: it names the model and its tokenizer")
+            raise ValueError(
+                "an EngineRouter needs at least one engine: it names the model and its tokenizer"
+            )
         self.settings = settings or RoutingSettings()
         self._members: dict[str, _Member] = {}
         self._leaving: list[_Member] = []
@@ -99,13 +104,16 @@ class EngineRouter:
         name must mean one model, whichever engine answers.
         """
         if client.model_name != self.model_name:
-            raise ValueError(f"engine {key!r} serves model {client.model_name!r}, but this router serves "
-                             f"{self.model_name!r}: engines of different models cannot share one name")
+            raise ValueError(
+                f"engine {key!r} serves model {client.model_name!r}, but this router serves "
+                f"{self.model_name!r}: engines of different models cannot share one name"
+            )
         with self._lock:
             if key in self._members:
                 raise ValueError(f"engine {key!r} is already in the rotation")
-            self._members[key] = _Member(key, client, DigestMemory(self.settings.affinity_entries),
-                                         was_alive=client.is_alive)
+            self._members[key] = _Member(
+                key, client, DigestMemory(self.settings.affinity_entries), was_alive=client.is_alive
+            )
             self._refit()
         self._replay_weights(client)
 
@@ -173,12 +181,22 @@ class EngineRouter:
             m.seen_iteration = s.iterations
             m.pending_requests = m.pending_tokens = 0
         waiting = max(s.waiting + m.pending_requests, m.in_flight - s.running)
-        return Candidate(healthy=alive, waiting=waiting, waiting_tokens=s.waiting_tokens + m.pending_tokens,
-                         running=s.running, kv_blocks_used=s.kv_blocks_used, kv_blocks_total=s.kv_blocks_total,
-                         max_num_seqs=s.max_num_seqs, kv_capacity_tokens=s.kv_blocks_total * (m.block_size or 1),
-                         affinity=affinity, in_flight=m.in_flight)
+        return Candidate(
+            healthy=alive,
+            waiting=waiting,
+            waiting_tokens=s.waiting_tokens + m.pending_tokens,
+            running=s.running,
+            kv_blocks_used=s.kv_blocks_used,
+            kv_blocks_total=s.kv_blocks_total,
+            max_num_seqs=s.max_num_seqs,
+            kv_capacity_tokens=s.kv_blocks_total * (m.block_size or 1),
+            affinity=affinity,
+            in_flight=m.in_flight,
+        )
 
-    def _ranked(self, prompt_token_ids: Sequence[int], meta: RequestMeta) -> tuple[list[_Member], dict[int, list[bytes]]]:
+    def _ranked(
+        self, prompt_token_ids: Sequence[int], meta: RequestMeta
+    ) -> tuple[list[_Member], dict[int, list[bytes]]]:
         """Healthy members best first, and the prompt's digests per block size (to remember at the chosen one)."""
         w = self.settings
         members = list(self._members.values())
@@ -195,7 +213,9 @@ class EngineRouter:
             candidates.append(self._candidate(m, alive, affinity))
         return [members[i] for i in rank(candidates, w)], digests
 
-    def _routed(self, m: _Member, request_id: str, prompt_tokens: int, digests: dict[int, list[bytes]]) -> None:
+    def _routed(
+        self, m: _Member, request_id: str, prompt_tokens: int, digests: dict[int, list[bytes]]
+    ) -> None:
         with self._lock:
             self._routes[request_id] = m
             m.in_flight += 1
@@ -236,8 +256,9 @@ class EngineRouter:
         for m in self._everyone():
             m.client.shutdown(timeout_s)
 
-    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams, meta: RequestMeta,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, meta: RequestMeta, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
         """Route and queue a request, and yield its outputs."""
         stream = self.submit(prompt_token_ids, params, meta, request_id)
         try:
@@ -246,8 +267,14 @@ class EngineRouter:
         finally:
             stream.close()
 
-    def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams, meta: RequestMeta,
-               request_id: str, sink: Sink | None = None) -> OutputStream:
+    def submit(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        meta: RequestMeta,
+        request_id: str,
+        sink: Sink | None = None,
+    ) -> OutputStream:
         """Send the request to the best healthy engine (the next one if that engine just died).
 
         Raises EngineDeadError when no engine takes it (the gateway answers a retryable 503), and the
@@ -313,5 +340,14 @@ class EngineRouter:
 
     def engine_loads(self) -> list[EngineLoad]:
         """Each engine's health, load and routed requests, for /metrics and the dashboard."""
-        return [EngineLoad.of(m.key, m.client, m.client.stats(), in_flight=max(m.in_flight, 0), routed=m.routed,
-                              leaving=m.leaving) for m in self._everyone()]
+        return [
+            EngineLoad.of(
+                m.key,
+                m.client,
+                m.client.stats(),
+                in_flight=max(m.in_flight, 0),
+                routed=m.routed,
+                leaving=m.leaving,
+            )
+            for m in self._everyone()
+        ]

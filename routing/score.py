@@ -41,10 +41,12 @@ class Candidate:
 def load(c: Candidate, w: RoutingSettings) -> float:
     """How busy the engine is, each resource counted as its used share (about 1 when full)."""
     seats = max(c.max_num_seqs, 1)
-    return (w.queue_weight * c.waiting / seats
-            + w.waiting_token_weight * c.waiting_tokens / max(c.kv_capacity_tokens, 1)
-            + w.running_weight * c.running / seats
-            + w.kv_weight * c.kv_blocks_used / max(c.kv_blocks_total, 1))
+    return (
+        w.queue_weight * c.waiting / seats
+        + w.waiting_token_weight * c.waiting_tokens / max(c.kv_capacity_tokens, 1)
+        + w.running_weight * c.running / seats
+        + w.kv_weight * c.kv_blocks_used / max(c.kv_blocks_total, 1)
+    )
 
 
 def score(c: Candidate, w: RoutingSettings) -> float:

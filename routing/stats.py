@@ -18,7 +18,11 @@ _SLOWEST = {"iteration_seconds", "counter_sync_age_s", "counter_sync_engines"}  
 _SYNC_ORDER = ("off", "ok", "stale")  # the counter sync the cluster reports is its worst engine's
 # Each field's merge, worked out once from the dataclass: admission reads the stats twice per request.
 _MAPS = tuple(f.name for f in fields(EngineStats) if f.default_factory is dict)
-_SUMS = tuple(f.name for f in fields(EngineStats) if f.name not in _SLOWEST and f.name not in ("alive", "counter_sync") and f.name not in _MAPS)
+_SUMS = tuple(
+    f.name
+    for f in fields(EngineStats)
+    if f.name not in _SLOWEST and f.name not in ("alive", "counter_sync") and f.name not in _MAPS
+)
 
 
 def _merge(maps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ BIN=.venv/bin
 export PYTHONHASHSEED=0
 bash scripts/services.sh
 bash scripts/ensure_chromium.sh
+$BIN/ruff format --check .
 $BIN/ruff check .
 $BIN/mypy
 $BIN/lint-imports

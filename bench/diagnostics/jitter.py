@@ -17,6 +17,7 @@ import time
 
 def busy_slices(seconds: float, slice_ms: float) -> list[tuple[float, float]]:
     """(start, duration) of repeated fixed CPU slices, calibrated to about `slice_ms` each."""
+
     def work(n: int) -> int:
         acc = 0
         for i in range(n):
@@ -29,7 +30,9 @@ def busy_slices(seconds: float, slice_ms: float) -> list[tuple[float, float]]:
         return time.perf_counter() - t
 
     n = 1000
-    while min(timed(n) for _ in range(3)) * 1e3 < slice_ms:  # the fastest of three: a stall must not calibrate
+    while (
+        min(timed(n) for _ in range(3)) * 1e3 < slice_ms
+    ):  # the fastest of three: a stall must not calibrate
         n *= 2
     out = []
     start = time.perf_counter()
@@ -67,14 +70,29 @@ def main() -> None:
     median = pct(durations, 0.5)
     stalls = [(round(at, 2), round((d - median) * 1e3, 1)) for at, d in slices if d > median + 0.005]
     late = oversleeps(args.seconds)
-    print(json.dumps({
-        "busy_slice_ms": {"p50": round(median * 1e3, 3), "p99": round(pct(durations, 0.99) * 1e3, 3),
-                          "max": round(max(durations) * 1e3, 3)},
-        "stalls_over_5ms": {"count": len(stalls), "per_s": round(len(stalls) / args.seconds, 2),
-                            "worst_ms": max((s for _, s in stalls), default=0.0), "first": stalls[:12]},
-        "oversleep_1ms_ms": {"p50": round(pct(late, 0.5) * 1e3, 3), "p99": round(pct(late, 0.99) * 1e3, 3),
-                             "max": round(max(late) * 1e3, 3)},
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "busy_slice_ms": {
+                    "p50": round(median * 1e3, 3),
+                    "p99": round(pct(durations, 0.99) * 1e3, 3),
+                    "max": round(max(durations) * 1e3, 3),
+                },
+                "stalls_over_5ms": {
+                    "count": len(stalls),
+                    "per_s": round(len(stalls) / args.seconds, 2),
+                    "worst_ms": max((s for _, s in stalls), default=0.0),
+                    "first": stalls[:12],
+                },
+                "oversleep_1ms_ms": {
+                    "p50": round(pct(late, 0.5) * 1e3, 3),
+                    "p99": round(pct(late, 0.99) * 1e3, 3),
+                    "max": round(max(late) * 1e3, 3),
+                },
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

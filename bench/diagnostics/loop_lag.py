@@ -31,12 +31,38 @@ CPYTHON_DEFAULT_S = 0.005
 def usage_row(tenant_id: str) -> UsageRecord:
     """One plausible finished request."""
     now = datetime.now(UTC)
-    return UsageRecord(uuid.uuid4().hex, tenant_id, None, None, None, 1, "bench", "completed", "length", None,
-                       5, 0, 1, 6.0, 0, 0, 0, 1.0, 2.0, 3.0, now, now)
+    return UsageRecord(
+        uuid.uuid4().hex,
+        tenant_id,
+        None,
+        None,
+        None,
+        1,
+        "bench",
+        "completed",
+        "length",
+        None,
+        5,
+        0,
+        1,
+        6.0,
+        0,
+        0,
+        0,
+        1.0,
+        2.0,
+        3.0,
+        now,
+        now,
+    )
 
 
-async def _segment(ledger: Ledger | None, tenant_id: str, seconds: float, rows_per_s: float,
-                   ) -> tuple[list[float], int]:
+async def _segment(
+    ledger: Ledger | None,
+    tenant_id: str,
+    seconds: float,
+    rows_per_s: float,
+) -> tuple[list[float], int]:
     """Lateness (s) of repeated 1 ms sleeps while rows are recorded at `rows_per_s` on this loop, and how
     many rows were recorded."""
     late: list[float] = []
@@ -57,8 +83,11 @@ async def _segment(ledger: Ledger | None, tenant_id: str, seconds: float, rows_p
 def measure(seconds: float, rows_per_s: float, rounds: int) -> dict[str, dict[str, float]]:
     """Lateness percentiles (ms) per segment kind, and how many rows were recorded and reached SQL."""
     gateway_s = GatewaySettings().switch_interval_ms / 1e3
-    kinds = {"no ledger": (False, gateway_s), f"ledger, switch {CPYTHON_DEFAULT_S * 1e3:g} ms": (True, CPYTHON_DEFAULT_S),
-             f"ledger, switch {gateway_s * 1e3:g} ms": (True, gateway_s)}
+    kinds = {
+        "no ledger": (False, gateway_s),
+        f"ledger, switch {CPYTHON_DEFAULT_S * 1e3:g} ms": (True, CPYTHON_DEFAULT_S),
+        f"ledger, switch {gateway_s * 1e3:g} ms": (True, gateway_s),
+    }
     before = sys.getswitchinterval()
     late: dict[str, list[float]] = {k: [] for k in kinds}
     recorded = 0
@@ -83,8 +112,15 @@ def measure(seconds: float, rows_per_s: float, rounds: int) -> dict[str, dict[st
         written = sum(s.requests for s in BillingStore(db).usage_summary())
         db.dispose()
     report: dict[str, dict[str, float]] = {
-        kind: {"p50_ms": pct(v, 0.5) * 1e3, "p99_ms": pct(v, 0.99) * 1e3, "p999_ms": pct(v, 0.999) * 1e3,
-               "max_ms": max(v) * 1e3, "n": len(v)} for kind, v in late.items()}
+        kind: {
+            "p50_ms": pct(v, 0.5) * 1e3,
+            "p99_ms": pct(v, 0.99) * 1e3,
+            "p999_ms": pct(v, 0.999) * 1e3,
+            "max_ms": max(v) * 1e3,
+            "n": len(v),
+        }
+        for kind, v in late.items()
+    }
     report["ledger"] = {"rows_recorded": recorded, "rows_written": written}
     return report
 

@@ -23,7 +23,12 @@ from engine.boundary.front import OutputRoute
 from engine.boundary.messages import IterationReport
 from engine.outputs import EngineStats, OutputDelta, RequestMetrics, RequestOutput
 
-SHAPES = [(64, 16, 8), (1000, 128, 32), (4000, 512, 64), (256, 8000, 32)]  # (prompt tokens, tokens so far, streams)
+SHAPES = [
+    (64, 16, 8),
+    (1000, 128, 32),
+    (4000, 512, 64),
+    (256, 8000, 32),
+]  # (prompt tokens, tokens so far, streams)
 
 
 @dataclass
@@ -48,14 +53,33 @@ class _Running:
 
 def running(prompt: int, so_far: int, batch: int, rng: random.Random) -> list[_Running]:
     """`batch` streams with `prompt` tokens in and `so_far` out."""
-    return [_Running(f"req-{i}", [rng.randrange(32000) for _ in range(prompt)],
-                     [rng.randrange(32000) for _ in range(so_far)], " tok" * so_far) for i in range(batch)]
+    return [
+        _Running(
+            f"req-{i}",
+            [rng.randrange(32000) for _ in range(prompt)],
+            [rng.randrange(32000) for _ in range(so_far)],
+            " tok" * so_far,
+        )
+        for i in range(batch)
+    ]
 
 
 def whole(streams: list[_Running], metrics: RequestMetrics) -> list[RequestOutput]:
     """One decode iteration's outputs as LLMEngine.step makes them: copies of the totals."""
-    return [RequestOutput(r.request_id, r.prompt_token_ids, r.output_token_ids[-1:], list(r.output_token_ids),
-                          " tok", r.text[:], False, None, metrics) for r in streams]
+    return [
+        RequestOutput(
+            r.request_id,
+            r.prompt_token_ids,
+            r.output_token_ids[-1:],
+            list(r.output_token_ids),
+            " tok",
+            r.text[:],
+            False,
+            None,
+            metrics,
+        )
+        for r in streams
+    ]
 
 
 def deltas(streams: list[_Running], metrics: RequestMetrics) -> list[OutputDelta]:
@@ -95,12 +119,18 @@ def measure(prompt: int, so_far: int, batch: int, repeat: int = 30) -> dict[str,
 
     try:
         return {
-            "whole": WireCost(len(whole_wire), _best(lambda: whole(streams, metrics), repeat),
-                              _best(lambda: pickle.dumps((outs, stats), protocol=5), repeat),
-                              _best(lambda: pickle.loads(whole_wire), repeat)),
-            "delta": WireCost(len(delta_wire), _best(lambda: deltas(streams, metrics), repeat),
-                              _best(lambda: pickle.dumps(report, protocol=5), repeat),
-                              _best(receive_deltas, repeat)),
+            "whole": WireCost(
+                len(whole_wire),
+                _best(lambda: whole(streams, metrics), repeat),
+                _best(lambda: pickle.dumps((outs, stats), protocol=5), repeat),
+                _best(lambda: pickle.loads(whole_wire), repeat),
+            ),
+            "delta": WireCost(
+                len(delta_wire),
+                _best(lambda: deltas(streams, metrics), repeat),
+                _best(lambda: pickle.dumps(report, protocol=5), repeat),
+                _best(receive_deltas, repeat),
+            ),
         }
     finally:
         loop.close()
@@ -113,20 +143,30 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for prompt, so_far, batch in SHAPES:
         cost = measure(prompt, so_far, batch)
-        rows.append({"prompt": prompt, "so_far": so_far, "batch": batch,
-                     **{f"{form}_{k}": round(v, 1) for form, c in cost.items() for k, v in c.__dict__.items()}})
+        rows.append(
+            {
+                "prompt": prompt,
+                "so_far": so_far,
+                "batch": batch,
+                **{f"{form}_{k}": round(v, 1) for form, c in cost.items() for k, v in c.__dict__.items()},
+            }
+        )
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print("| prompt | tokens so far | batch | whole: bytes / build / send / receive "
-          "| deltas: bytes / build / send / receive | engine ratio | gateway ratio |")
+    print(
+        "| prompt | tokens so far | batch | whole: bytes / build / send / receive "
+        "| deltas: bytes / build / send / receive | engine ratio | gateway ratio |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         engine = (r["whole_build_us"] + r["whole_send_us"]) / (r["delta_build_us"] + r["delta_send_us"])
-        print(f"| {r['prompt']} | {r['so_far']} | {r['batch']} | {r['whole_bytes']:,} B / {r['whole_build_us']:.0f}"
-              f" / {r['whole_send_us']:.0f} / {r['whole_receive_us']:.0f} us | {r['delta_bytes']:,} B / "
-              f"{r['delta_build_us']:.0f} / {r['delta_send_us']:.0f} / {r['delta_receive_us']:.0f} us "
-              f"| {engine:.1f}x | {r['whole_receive_us'] / r['delta_receive_us']:.1f}x |")
+        print(
+            f"| {r['prompt']} | {r['so_far']} | {r['batch']} | {r['whole_bytes']:,} B / {r['whole_build_us']:.0f}"
+            f" / {r['whole_send_us']:.0f} / {r['whole_receive_us']:.0f} us | {r['delta_bytes']:,} B / "
+            f"{r['delta_build_us']:.0f} / {r['delta_send_us']:.0f} / {r['delta_receive_us']:.0f} us "
+            f"| {engine:.1f}x | {r['whole_receive_us'] / r['delta_receive_us']:.1f}x |"
+        )
     return 0
 
 

@@ -75,17 +75,24 @@ def measure(rate: float, seconds: float, rounds: int) -> dict[str, dict[str, obj
                     engine.shutdown()
     report: dict[str, dict[str, object]] = {}
     for mode, walls in samples.items():
-        report[mode] = {"worker_policy": policies[mode], "n": len(walls),
-                        **{f"{name}_us": round(pct(walls, q) * 1e6, 1)
-                           for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
-                        "max_us": round(max(walls) * 1e6, 1)}
+        report[mode] = {
+            "worker_policy": policies[mode],
+            "n": len(walls),
+            **{
+                f"{name}_us": round(pct(walls, q) * 1e6, 1)
+                for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+            },
+            "max_us": round(max(walls) * 1e6, 1),
+        }
     return report
 
 
 def main() -> None:
     """Parse flags, run, print JSON."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rate", type=float, default=20.0, help="submits per second (low: the worker sleeps between)")
+    p.add_argument(
+        "--rate", type=float, default=20.0, help="submits per second (low: the worker sleeps between)"
+    )
     p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per mode and round")
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()

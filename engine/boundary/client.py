@@ -40,12 +40,19 @@ class EngineClient(Protocol):
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the loop; in-flight requests end as cancelled."""
 
-    def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams, meta: RequestMeta,
-                 request_id: str) -> AsyncIterator[RequestOutput]:
+    def generate(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, meta: RequestMeta, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
         """Queue a request and yield its outputs."""
 
-    def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams, meta: RequestMeta,
-               request_id: str, sink: Sink | None = None) -> OutputStream:
+    def submit(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        meta: RequestMeta,
+        request_id: str,
+        sink: Sink | None = None,
+    ) -> OutputStream:
         """Validate and queue a request now; outputs go to the stream or the sink."""
 
     def abort(self, request_id: str, reason: str = "cancelled") -> bool:

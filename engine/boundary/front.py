@@ -38,7 +38,8 @@ from engine.tokenizer import Detokenizer, Tokenizer
 from engine.trace import IterationTrace
 
 _ERRORS: dict[str, type[InvalidRequestError]] = {
-    cls.__name__: cls for cls in (InvalidRequestError, DuplicateRequestError, PromptTooLongError)}
+    cls.__name__: cls for cls in (InvalidRequestError, DuplicateRequestError, PromptTooLongError)
+}
 _TRACES_KEPT = 256
 log = logging.getLogger("fairserve.engine")
 # Called inside the front's delivery, so it must not wait; what it raises is logged and goes no further.
@@ -54,8 +55,13 @@ class OutputRoute:
 
     __slots__ = ("loop", "put", "prompt_token_ids", "token_ids", "text", "detokenizer")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, put: Sink, prompt_token_ids: list[int],
-                 detokenizer: Detokenizer | None = None) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        put: Sink,
+        prompt_token_ids: list[int],
+        detokenizer: Detokenizer | None = None,
+    ) -> None:
         self.loop = loop
         self.put = put
         self.prompt_token_ids = prompt_token_ids
@@ -75,9 +81,17 @@ class OutputRoute:
             if delta.finished:
                 text += detokenizer.finish()
         self.text += text
-        return RequestOutput(delta.request_id, self.prompt_token_ids, delta.new_token_ids,
-                             TokenPrefix(self.token_ids, len(self.token_ids)),
-                             text, self.text, delta.finished, delta.finish_reason, delta.metrics)
+        return RequestOutput(
+            delta.request_id,
+            self.prompt_token_ids,
+            delta.new_token_ids,
+            TokenPrefix(self.token_ids, len(self.token_ids)),
+            text,
+            self.text,
+            delta.finished,
+            delta.finish_reason,
+            delta.metrics,
+        )
 
 
 class EngineFront:
@@ -119,8 +133,9 @@ class EngineFront:
         return self._alive
 
     # -- the boundary -----------------------------------------------------------------------
-    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams, meta: RequestMeta,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, meta: RequestMeta, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
         """Queue a request and yield its outputs; validation errors raise before anything is queued."""
         stream = self.submit(prompt_token_ids, params, meta, request_id)
         try:
@@ -129,8 +144,14 @@ class EngineFront:
         finally:
             stream.close()
 
-    def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams, meta: RequestMeta,
-               request_id: str, sink: Sink | None = None) -> OutputStream:
+    def submit(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        meta: RequestMeta,
+        request_id: str,
+        sink: Sink | None = None,
+    ) -> OutputStream:
         """Validate and queue a request now, on the running loop; its outputs come from the returned stream.
 
         Unlike `generate`, whose body waits for the consumer's first step, the Submit is on its way
@@ -258,9 +279,17 @@ class EngineFront:
         if not item.finished:
             with contextlib.suppress(EngineDeadError):
                 self._send(Abort(item.request_id, "error"))
-        return RequestOutput(item.request_id, route.prompt_token_ids, item.new_token_ids,
-                             TokenPrefix(route.token_ids, len(route.token_ids)), "", route.text, True,
-                             FinishReason.ERROR, item.metrics)
+        return RequestOutput(
+            item.request_id,
+            route.prompt_token_ids,
+            item.new_token_ids,
+            TokenPrefix(route.token_ids, len(route.token_ids)),
+            "",
+            route.text,
+            True,
+            FinishReason.ERROR,
+            item.metrics,
+        )
 
     def _fail_all(self, exc: BaseException) -> None:
         self._alive = False
@@ -308,7 +337,9 @@ class OutputStream:
         if self._ended:
             raise StopAsyncIteration
         if self.queue is None:
-            raise TypeError("a stream submitted with a sink hands its outputs to the sink; it is not iterated")
+            raise TypeError(
+                "a stream submitted with a sink hands its outputs to the sink; it is not iterated"
+            )
         item = await self.queue.get()
         if isinstance(item, BaseException):
             self._end(abort=False)  # the loop already ended this request; aborting could hit a namesake

@@ -170,7 +170,7 @@ class PipeReader:
             end = start + _HEADER.size + size
             if len(buf) < end:
                 break
-            self._ready.append(pickle.loads(buf[start + _HEADER.size:end]))
+            self._ready.append(pickle.loads(buf[start + _HEADER.size : end]))
             start = end
         del buf[:start]
 

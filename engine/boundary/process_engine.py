@@ -40,6 +40,7 @@ log = logging.getLogger("fairserve.engine")
 _EOF = object()  # what the worker's channel reads as once the worker is gone (or said goodbye)
 FrontChannel = PipeFrontChannel | ZmqFrontChannel
 
+
 class EngineStartError(RuntimeError):
     """The engine worker process failed to build its engine or did not report ready in time."""
 
@@ -64,8 +65,11 @@ class ProcessEngine(EngineFront):
         self._exited = threading.Event()
         self._stopping = False
         self._shutdowns = 0  # counts shutdown calls, so a restart can tell one happened while it loaded
-        self._stats = EngineStats(alive=False, max_num_batched_tokens=config.max_num_batched_tokens,
-                                  max_num_seqs=config.max_num_seqs)
+        self._stats = EngineStats(
+            alive=False,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+        )
         self.last_start: dict[str, float] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -74,11 +78,16 @@ class ProcessEngine(EngineFront):
         if self._proc is not None:
             return
         ctx = _worker_context(self.config.worker_start_method)
-        channel: FrontChannel = (ZmqFrontChannel(_EOF) if self.config.transport == "zmq"
-                                 else PipeFrontChannel(ctx, _EOF))
+        channel: FrontChannel = (
+            ZmqFrontChannel(_EOF) if self.config.transport == "zmq" else PipeFrontChannel(ctx, _EOF)
+        )
         spawned_at = time.time()
-        proc = ctx.Process(target=run_worker, args=(self.config, channel.worker_link(), default_worker_threads()),
-                           name="fairserve-engine", daemon=True)
+        proc = ctx.Process(
+            target=run_worker,
+            args=(self.config, channel.worker_link(), default_worker_threads()),
+            name="fairserve-engine",
+            daemon=True,
+        )
         try:
             proc.start()
             if isinstance(channel, PipeFrontChannel):
@@ -94,15 +103,21 @@ class ProcessEngine(EngineFront):
         self._proc, self._channel = proc, channel
         self._exited.clear()
         self._stopping = False
-        self._limits = RequestLimits(ready.vocab_size, ready.max_model_len, ready.block_size, ready.num_kv_blocks,
-                                     self.config.caps)
+        self._limits = RequestLimits(
+            ready.vocab_size, ready.max_model_len, ready.block_size, ready.num_kv_blocks, self.config.caps
+        )
         self.model_name, self.max_model_len = ready.model_name, ready.max_model_len
         self._stats = ready.stats
         # Where the last start's time went (docs/engine.md, "Kill to ready").
-        self.last_start = {"spawn_and_imports_s": ready.entered_at - spawned_at, "build_s": ready.build_seconds,
-                           "total_s": time.time() - spawned_at}
+        self.last_start = {
+            "spawn_and_imports_s": ready.entered_at - spawned_at,
+            "build_s": ready.build_seconds,
+            "total_s": time.time() - spawned_at,
+        }
         self._alive = True
-        with contextlib.suppress(RuntimeError):  # started on a loop: read there now, else at the first generate
+        with contextlib.suppress(
+            RuntimeError
+        ):  # started on a loop: read there now, else at the first generate
             self._attach(asyncio.get_running_loop())
 
     @property
@@ -152,7 +167,12 @@ class ProcessEngine(EngineFront):
         worker starts with empty queues and fairness counters: what died with the old one was failed already.
         """
         proc = self._proc
-        if proc is not None and self._alive and not proc.is_alive() and (self._loop is None or self._loop.is_closed()):
+        if (
+            proc is not None
+            and self._alive
+            and not proc.is_alive()
+            and (self._loop is None or self._loop.is_closed())
+        ):
             self._worker_exited()  # it died with no loop reading its pipe to notice
         if self._alive or (proc is not None and not self._exited.is_set()):
             return  # running, or its death not yet handled (that handler fails its streams first)
@@ -275,7 +295,9 @@ def _worker_context(method: str) -> Any:
     is what makes forking from it safe."""
     if method == "forkserver":
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["engine.boundary.worker"])  # read when the server starts (at the first worker)
+        ctx.set_forkserver_preload(
+            ["engine.boundary.worker"]
+        )  # read when the server starts (at the first worker)
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -292,7 +314,9 @@ def _await_ready(proc: BaseProcess, reader: FrontChannel, timeout_s: float) -> W
                 proc.join(1.0)
                 msg = next(iter(reader.drain_after_exit()), _EOF)
             elif time.monotonic() >= deadline:
-                raise EngineStartError(f"engine worker did not report ready within {timeout_s:.0f}s") from None
+                raise EngineStartError(
+                    f"engine worker did not report ready within {timeout_s:.0f}s"
+                ) from None
             else:
                 continue
         if isinstance(msg, WorkerReady):

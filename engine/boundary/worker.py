@@ -136,8 +136,11 @@ class EngineLoop:
             try:
                 engine.add_request(msg.request_id, msg.prompt_token_ids, msg.params, meta)
             except Exception as exc:  # validated by the parent; a race still ends that one stream cleanly
-                self.publish(SubmitFailed(msg.request_id, type(exc).__name__, str(exc),
-                                          getattr(exc, "field_name", None)))
+                self.publish(
+                    SubmitFailed(
+                        msg.request_id, type(exc).__name__, str(exc), getattr(exc, "field_name", None)
+                    )
+                )
         elif isinstance(msg, Abort):
             engine.abort_request(msg.request_id, msg.reason, msg.signal_time)
         elif isinstance(msg, SetWeight):
@@ -183,9 +186,18 @@ def _serve(config: EngineConfig, inbox: Inbox, outbox: Outbox, entered_at: float
         with contextlib.suppress(OSError):
             tell(WorkerFailed(f"{type(exc).__name__}: {exc}"))
         return
-    tell(WorkerReady(engine.model_name, engine.max_model_len, engine.vocab_size, engine.pool.block_size,
-                     engine.pool.num_blocks, engine.stats(), entered_at=entered_at,
-                     build_seconds=time.time() - entered_at))
+    tell(
+        WorkerReady(
+            engine.model_name,
+            engine.max_model_len,
+            engine.vocab_size,
+            engine.pool.block_size,
+            engine.pool.num_blocks,
+            engine.stats(),
+            entered_at=entered_at,
+            build_seconds=time.time() - entered_at,
+        )
+    )
     publisher = BackgroundPublisher(tell) if config.overlap_publish else None
     try:
         EngineLoop(engine, inbox, publisher or tell).run()

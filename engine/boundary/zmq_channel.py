@@ -45,7 +45,9 @@ _WORKER_SNDHWM = 1000
 _EXIT_QUIET_S = 0.02
 
 
-def decode_all(sock: zmq.Socket[Any], decoder: msgspec.msgpack.Decoder[Any], into: collections.deque[Any]) -> None:
+def decode_all(
+    sock: zmq.Socket[Any], decoder: msgspec.msgpack.Decoder[Any], into: collections.deque[Any]
+) -> None:
     """Read every frame waiting on `sock` without blocking; a frame that does not decode is logged and dropped.
 
     A garbage or unknown frame belongs to nobody: dropping it costs no request, and the loop goes on.

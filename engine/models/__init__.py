@@ -20,9 +20,18 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
 def build_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> nn.Module:
     """An uninitialised model for cfg; fill it with `model.load_weights(...)`."""
     if cfg.architecture not in MODEL_REGISTRY:
-        raise ValueError(f"unsupported architecture {cfg.architecture!r}; supported: {', '.join(MODEL_REGISTRY)}")
+        raise ValueError(
+            f"unsupported architecture {cfg.architecture!r}; supported: {', '.join(MODEL_REGISTRY)}"
+        )
     model = MODEL_REGISTRY[cfg.architecture](cfg, dtype, torch.device(device))
     return model.eval()
 
 
-__all__ = ["HF_ARCHITECTURES", "MODEL_REGISTRY", "MODEL_TYPES", "LlamaForCausalLM", "ModelConfig", "build_model"]
+__all__ = [
+    "HF_ARCHITECTURES",
+    "MODEL_REGISTRY",
+    "MODEL_TYPES",
+    "LlamaForCausalLM",
+    "ModelConfig",
+    "build_model",
+]

@@ -52,12 +52,16 @@ class ModelConfig:
         kv_heads = int(d.get("num_key_value_heads") or heads)
         head_dim = int(d.get("head_dim") or 0) or hidden // heads
         if heads % kv_heads:
-            raise ValueError(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
+            raise ValueError(
+                f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"
+            )
         act = d.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"unsupported hidden_act {act!r}: only 'silu' is implemented")
         if float(d.get("partial_rotary_factor", 1.0)) != 1.0:
-            raise ValueError("unsupported field partial_rotary_factor: only full rotary embeddings are implemented")
+            raise ValueError(
+                "unsupported field partial_rotary_factor: only full rotary embeddings are implemented"
+            )
         rope_theta, rope_scaling = _rope(d)
         attention_bias = bool(d.get("attention_bias", False)) or arch == "qwen2"
         return cls(
@@ -121,8 +125,11 @@ def _rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     if rope_type == "default":
         return theta, None
     scaling["rope_type"] = rope_type
-    required = ("factor",) if rope_type == "linear" else (
-        "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    required = (
+        ("factor",)
+        if rope_type == "linear"
+        else ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    )
     missing = [k for k in required if k not in scaling]
     if missing:
         raise ValueError(f"rope_scaling {rope_type!r} is missing {', '.join(missing)}")
@@ -145,5 +152,7 @@ def _sliding_window(d: dict[str, Any], arch: str) -> int | None:
         if all(t == "full_attention" for t in layer_types):
             return None
         if any(t != "sliding_attention" for t in layer_types):
-            raise ValueError("unsupported field use_sliding_window: Qwen2 with sliding windows on only some layers")
+            raise ValueError(
+                "unsupported field use_sliding_window: Qwen2 with sliding windows on only some layers"
+            )
     return int(window)

@@ -30,7 +30,9 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise the last dimension of x."""
         if x.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one fused kernel, same math in fp32
+            return F.rms_norm(
+                x, self.weight.shape, self.weight, self.eps
+            )  # one fused kernel, same math in fp32
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
@@ -76,11 +78,18 @@ class LlamaAttention(nn.Module):
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.scale = cfg.head_dim**-0.5
         self.sliding_window = cfg.sliding_window
-        self.qkv_proj = _linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.attention_bias, dtype, device)
+        self.qkv_proj = _linear(
+            cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.attention_bias, dtype, device
+        )
         self.o_proj = _linear(self.q_size, cfg.hidden_size, cfg.o_proj_bias, dtype, device)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
     ) -> torch.Tensor:
         """x: [N, hidden]; cos/sin: [N, 1, head_dim] in x's dtype (sin sign-folded, see apply_rope)."""
         heads = self.num_heads + self.num_kv_heads
@@ -118,7 +127,12 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg, dtype, device)
 
     def forward(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
     ) -> torch.Tensor:
         """One transformer block over the flat batch."""
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
@@ -136,8 +150,11 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.dtype = dtype
         # An uninitialised weight (the loader fills it) handed in directly, not skip_init: see _linear.
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(
-            cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device))
+        self.embed_tokens = nn.Embedding(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            _weight=torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device),
+        )
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, dtype, device) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.lm_head = _linear(cfg.hidden_size, cfg.vocab_size, False, dtype, device)
@@ -184,11 +201,15 @@ class LlamaForCausalLM(nn.Module):
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue  # tied: the head is the embedding matrix
             if name not in targets:
-                raise ValueError(f"unexpected checkpoint tensor {name!r} for a {self.config.architecture} model")
+                raise ValueError(
+                    f"unexpected checkpoint tensor {name!r} for a {self.config.architecture} model"
+                )
             param, start, size = targets[name]
             expected = (size, *param.shape[1:])
             if tuple(tensor.shape) != expected:
-                raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, expected {expected}")
+                raise ValueError(
+                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, expected {expected}"
+                )
             with torch.no_grad():
                 param[start : start + size].copy_(tensor)
             loaded.add(name)
@@ -226,7 +247,10 @@ class LlamaForCausalLM(nn.Module):
                 targets[f"{p}mlp.down_proj.{suffix}"] = (getattr(mlp.down_proj, suffix), 0, cfg.hidden_size)
             targets[f"{p}input_layernorm.weight"] = (layer.input_layernorm.weight, 0, cfg.hidden_size)
             targets[f"{p}post_attention_layernorm.weight"] = (
-                layer.post_attention_layernorm.weight, 0, cfg.hidden_size)
+                layer.post_attention_layernorm.weight,
+                0,
+                cfg.hidden_size,
+            )
         return targets
 
 

@@ -50,8 +50,9 @@ class RemoteEngine(EngineFront):
 
     start_timeout_s = 60.0
 
-    def __init__(self, address: str, heartbeat_timeout_s: float = 0.5,
-                 cluster_key: ClusterKey | None = None) -> None:
+    def __init__(
+        self, address: str, heartbeat_timeout_s: float = 0.5, cluster_key: ClusterKey | None = None
+    ) -> None:
         super().__init__()
         self._address = address
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -66,7 +67,9 @@ class RemoteEngine(EngineFront):
         self._sock.setsockopt(zmq.IDENTITY, self.gateway_id.encode())
         self._sock.setsockopt(zmq.IMMEDIATE, 1)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.SNDHWM, 0)  # as the local channel: a send queues, it never waits on the loop
+        self._sock.setsockopt(
+            zmq.SNDHWM, 0
+        )  # as the local channel: a send queues, it never waits on the loop
         self._sock.setsockopt(zmq.RCVHWM, 0)
         self._sock.setsockopt(zmq.RECONNECT_IVL, 50)
         self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
@@ -80,7 +83,9 @@ class RemoteEngine(EngineFront):
         self._decoder = msgspec.msgpack.Decoder(FromServer)
         self._sock_lock = threading.Lock()  # a zmq socket is not thread-safe; shutdown may come from a thread
         self._heard_at = 0.0
-        self._lost_ids: list[str] = []  # failed here on a timeout: the same engine, if it returns, aborts them
+        self._lost_ids: list[
+            str
+        ] = []  # failed here on a timeout: the same engine, if it returns, aborts them
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick: asyncio.Handle | None = None
         self._read_soon = False  # a read is already scheduled on the loop
@@ -112,7 +117,9 @@ class RemoteEngine(EngineFront):
         while not self._alive:
             now = time.monotonic()
             if now >= deadline:
-                raise EngineStartError(f"no engine answered at {self._address} within {self.start_timeout_s:.0f}s")
+                raise EngineStartError(
+                    f"no engine answered at {self._address} within {self.start_timeout_s:.0f}s"
+                )
             if now - said_at >= _HELLO_EVERY_S and self._say(Hello(self.gateway_id, want_tokenizer=True)):
                 said_at = now
             sock = self._sock
@@ -138,7 +145,8 @@ class RemoteEngine(EngineFront):
         self._stop_handshake_watch()
         raise EngineStartError(
             f"the engine at {self._address} and this gateway could not agree a handshake ({event['event']!r}): "
-            "both must have the same --cluster-key, or neither")
+            "both must have the same --cluster-key, or neither"
+        )
 
     def _stop_handshake_watch(self) -> None:
         mon, self._handshakes = self._handshakes, None
@@ -226,7 +234,9 @@ class RemoteEngine(EngineFront):
             try:
                 msg = self._decoder.decode(frame)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                log.error("dropped a frame from the engine that does not decode (%d bytes): %s", len(frame), exc)
+                log.error(
+                    "dropped a frame from the engine that does not decode (%d bytes): %s", len(frame), exc
+                )
                 continue
             if isinstance(msg, Announce):
                 self._adopt(msg)
@@ -241,8 +251,10 @@ class RemoteEngine(EngineFront):
         if self.model_name and ann.model_name != self.model_name:
             if self._alive:
                 self._lost(f"the engine at {self._address} now serves {ann.model_name!r}")
-            refusal = (f"the engine at {self._address} serves {ann.model_name!r}, not {self.model_name!r}: "
-                       "refused (one gateway serves one model)")
+            refusal = (
+                f"the engine at {self._address} serves {ann.model_name!r}, not {self.model_name!r}: "
+                "refused (one gateway serves one model)"
+            )
             if self._error != refusal:  # said once, not at every Hello it answers
                 log.error("%s", refusal)
                 self._error = refusal
@@ -257,8 +269,9 @@ class RemoteEngine(EngineFront):
             if not ann.tokenizer_files:
                 return  # an announce that answered a Ping: wait for the one our Hello asks the files in
             self.tokenizer = tokenizer_from_files(ann.tokenizer_files)
-        self._limits = RequestLimits(ann.vocab_size, ann.max_model_len, ann.block_size, ann.num_kv_blocks,
-                                     RequestCaps(**ann.caps))
+        self._limits = RequestLimits(
+            ann.vocab_size, ann.max_model_len, ann.block_size, ann.num_kv_blocks, RequestCaps(**ann.caps)
+        )
         self.model_name, self.max_model_len = ann.model_name, ann.max_model_len
         if ann.engine_id != self._engine_id and self._engine_id is not None:
             log.warning("engine at %s is back as %s: serving again", self._address, ann.engine_id)
@@ -303,7 +316,9 @@ class RemoteEngine(EngineFront):
         self._read()
         if self._alive and time.monotonic() - self._heard_at > self.heartbeat_timeout_s:
             self._lost(f"no word from the engine at {self._address} for {self.heartbeat_timeout_s:.2f}s")
-        self._say(Ping() if self._alive else Hello(self.gateway_id, want_tokenizer=not hasattr(self, "tokenizer")))
+        self._say(
+            Ping() if self._alive else Hello(self.gateway_id, want_tokenizer=not hasattr(self, "tokenizer"))
+        )
         self._tick = loop.call_later(self._tick_s, self._on_tick)
 
 

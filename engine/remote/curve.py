@@ -34,8 +34,11 @@ from zmq.utils import z85
 log = logging.getLogger("fairserve.engine.remote")
 
 # A peer whose handshake the other side refused: a wrong key, no key against a keyed engine, or the reverse.
-HANDSHAKE_REFUSED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+HANDSHAKE_REFUSED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 
 
 class ClusterKeyError(ValueError):
@@ -65,8 +68,10 @@ class ClusterKey:
         """The key pairs for a deployment secret as stored in a key file (Z85, 40 characters)."""
         text = text.strip()
         if len(text) != 40:
-            raise ClusterKeyError("a cluster key is 40 Z85 characters (create one with `fairserve engine "
-                                  "--cluster-key NEW_FILE`)")
+            raise ClusterKeyError(
+                "a cluster key is 40 Z85 characters (create one with `fairserve engine "
+                "--cluster-key NEW_FILE`)"
+            )
         try:
             raw = z85.decode(text)
         except (ValueError, KeyError, IndexError) as exc:

@@ -58,9 +58,15 @@ class PeerLost(msgspec.Struct):
 class GatewayLink:
     """The ROUTER socket, its peer table and heartbeats, on a thread of its own (see the module docstring)."""
 
-    def __init__(self, ctx: zmq.Context[Any], router: zmq.Socket[Any], outbox_addr: str,
-                 inbox: queue.Queue[Any], announce: Callable[[bool], Announce],
-                 gateway_timeout_s: float) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context[Any],
+        router: zmq.Socket[Any],
+        outbox_addr: str,
+        inbox: queue.Queue[Any],
+        announce: Callable[[bool], Announce],
+        gateway_timeout_s: float,
+    ) -> None:
         self._router = router
         self._pull = ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
@@ -152,7 +158,9 @@ class GatewayLink:
             try:
                 msg = self._decoder.decode(frame)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # belongs to nobody: drop it
-                log.error("dropped a frame from a gateway that does not decode (%d bytes): %s", len(frame), exc)
+                log.error(
+                    "dropped a frame from a gateway that does not decode (%d bytes): %s", len(frame), exc
+                )
                 continue
             with self._lock:
                 known = peer in self._heard
@@ -185,6 +193,9 @@ class GatewayLink:
                 del self._heard[peer]
                 self._sent.pop(peer, None)
         for peer in silent:
-            log.warning("gateway %s silent for over %.1f s: aborting its requests", peer.hex(),
-                        self._gateway_timeout_s)
+            log.warning(
+                "gateway %s silent for over %.1f s: aborting its requests",
+                peer.hex(),
+                self._gateway_timeout_s,
+            )
             self._inbox.put(PeerLost(peer))

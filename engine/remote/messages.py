@@ -15,8 +15,13 @@ from engine.boundary.messages import Abort, IterationReport, SetWeight, Submit, 
 from engine.outputs import EngineStats
 
 # The files of a model directory engine.tokenizer.Tokenizer.from_dir reads; those present are announced.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json",
-                   "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "config.json",
+    "chat_template.jinja",
+)
 
 
 class Hello(msgspec.Struct, tag=True, array_like=True):

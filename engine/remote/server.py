@@ -57,8 +57,14 @@ _CLOSE_LINGER_MS = 1000  # the final outputs and the goodbye get this long to le
 class EngineServer:
     """Build an engine, bind `listen`, and serve its loop to every gateway that connects."""
 
-    def __init__(self, config: EngineConfig, listen: str, gateway_timeout_s: float = 3.0,
-                 grace_period_s: float = 10.0, cluster_key: ClusterKey | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        listen: str,
+        gateway_timeout_s: float = 3.0,
+        grace_period_s: float = 10.0,
+        cluster_key: ClusterKey | None = None,
+    ) -> None:
         self.config = config
         self.cluster_key = cluster_key  # None: the port admits anyone who reaches it (engine/remote/curve.py)
         self.listen = listen
@@ -107,8 +113,9 @@ class EngineServer:
             raise
         root = Path(engine.loaded.path)
         self._tokenizer_files = {n: (root / n).read_text() for n in TOKENIZER_FILES if (root / n).is_file()}
-        self._link = GatewayLink(ctx, router, self._outbox_addr, self._items, self._announce,
-                                 self.gateway_timeout_s)
+        self._link = GatewayLink(
+            ctx, router, self._outbox_addr, self._items, self._announce, self.gateway_timeout_s
+        )
         self._link.latest_stats = engine.stats()
         self._link.start()
 
@@ -164,7 +171,9 @@ class EngineServer:
 
         return {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
 
-    def _close(self, push: zmq.Socket[Any], link: GatewayLink, ctx: zmq.Context[Any], engine: LLMEngine) -> None:
+    def _close(
+        self, push: zmq.Socket[Any], link: GatewayLink, ctx: zmq.Context[Any], engine: LLMEngine
+    ) -> None:
         """Say goodbye to every gateway (after the final outputs), then release sockets and the engine."""
         try:
             with self._push_lock:
@@ -189,9 +198,17 @@ class EngineServer:
         """Called on the socket thread: the engine's fixed figures and its latest stats."""
         engine, link = self._engine, self._link
         assert engine is not None and link is not None
-        return Announce(self.engine_id, engine.model_name, engine.max_model_len, engine.vocab_size,
-                        engine.pool.block_size, engine.pool.num_blocks, self.config.caps.model_dump(),
-                        link.latest_stats, self._tokenizer_files if want_tokenizer else {})
+        return Announce(
+            self.engine_id,
+            engine.model_name,
+            engine.max_model_len,
+            engine.vocab_size,
+            engine.pool.block_size,
+            engine.pool.num_blocks,
+            self.config.caps.model_dump(),
+            link.latest_stats,
+            self._tokenizer_files if want_tokenizer else {},
+        )
 
     def _publish(self, msg: Any) -> None:
         """Each gateway gets the outputs of its own requests; every gateway gets the stats and traces."""
@@ -245,8 +262,13 @@ class GatewayInbox:
     live answers StopLoop.
     """
 
-    def __init__(self, items: queue.Queue[Any], owners: dict[str, bytes],
-                 reply: Callable[[bytes, Any], None], draining: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        items: queue.Queue[Any],
+        owners: dict[str, bytes],
+        reply: Callable[[bytes, Any], None],
+        draining: Callable[[], bool],
+    ) -> None:
         self._items = items
         self._owners = owners
         self._reply = reply
@@ -280,8 +302,15 @@ class GatewayInbox:
         peer, msg = item
         if isinstance(msg, Submit):
             if msg.request_id in self._owners:
-                self._reply(peer, SubmitFailed(msg.request_id, "DuplicateRequestError",
-                                               f"request id {msg.request_id!r} is already live", "request_id"))
+                self._reply(
+                    peer,
+                    SubmitFailed(
+                        msg.request_id,
+                        "DuplicateRequestError",
+                        f"request id {msg.request_id!r} is already live",
+                        "request_id",
+                    ),
+                )
                 return
             self._owners[msg.request_id] = peer
         elif isinstance(msg, Abort) and self._owners.get(msg.request_id) != peer:

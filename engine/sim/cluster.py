@@ -49,8 +49,13 @@ class TenantSpec:
 
 def default_engine() -> SimConfig:
     """One simulated engine, smaller than the single-engine default so 64 of them run in minutes."""
-    return SimConfig(max_num_seqs=64, max_num_batched_tokens=1024, num_blocks=1024, block_size=16,
-                     fairness=FairnessConfig(priority_classes=False))
+    return SimConfig(
+        max_num_seqs=64,
+        max_num_batched_tokens=1024,
+        num_blocks=1024,
+        block_size=16,
+        fairness=FairnessConfig(priority_classes=False),
+    )
 
 
 @dataclass
@@ -103,10 +108,19 @@ class ClusterConfig:
         if self.tenant_specs is not None:
             return self.tenant_specs
         rng = random.Random(self.seed + 1)
-        router_cum = list(itertools.accumulate(1 / (r + 1) ** self.router_zipf_s for r in range(self.routers)))
-        return [TenantSpec(f"t{k}", 1 / (k + 1) ** self.zipf_s, self.weights[k % len(self.weights)],
-                           bisect.bisect(router_cum, rng.random() * router_cum[-1]), self.home_share)
-                for k in range(self.tenants)]
+        router_cum = list(
+            itertools.accumulate(1 / (r + 1) ** self.router_zipf_s for r in range(self.routers))
+        )
+        return [
+            TenantSpec(
+                f"t{k}",
+                1 / (k + 1) ** self.zipf_s,
+                self.weights[k % len(self.weights)],
+                bisect.bisect(router_cum, rng.random() * router_cum[-1]),
+                self.home_share,
+            )
+            for k in range(self.tenants)
+        ]
 
     def capacity_requests_per_s(self) -> float:
         """Rough requests per virtual second one engine completes with full seats (sets the offered rate)."""
@@ -200,7 +214,7 @@ class ClusterSim:
 
     def read(self, engine: _Engine) -> None:
         """The engine reads the others' last publications for every key published since its last read."""
-        keys = set(self.log[engine.cursor:])
+        keys = set(self.log[engine.cursor :])
         engine.cursor = len(self.log)
         for key, service in others_service(self.total_published, engine.published, keys).items():
             engine.policy.set_remote(key, service, self.weight[key])
@@ -230,8 +244,16 @@ class ClusterSim:
         """Score the engines for `spec` as `router` sees them, queue it on the best one."""
         table, cap = self.router_table[router], self.config.engine.num_blocks * self.config.engine.block_size
         home = table.get(spec.tenant)
-        views = [EngineView(e.outstanding_tokens, cap, e.sim.pool.num_used / e.sim.pool.num_blocks, i == home,
-                            e.tenant_tokens.get(spec.tenant, 0)) for i, e in enumerate(self.engines)]
+        views = [
+            EngineView(
+                e.outstanding_tokens,
+                cap,
+                e.sim.pool.num_used / e.sim.pool.num_blocks,
+                i == home,
+                e.tenant_tokens.get(spec.tenant, 0),
+            )
+            for i, e in enumerate(self.engines)
+        ]
         index = pick_engine(views, self.config.route, self._behind(spec.tenant))
         table[spec.tenant] = index
         engine = self.engines[index]
@@ -262,6 +284,7 @@ class ClusterSim:
     def _busy_elsewhere(self, engine: _Engine) -> Callable[[str], bool]:
         def busy(key: str) -> bool:
             return self.tenant_tokens.get(key, 0) > engine.tenant_tokens.get(key, 0)
+
         return busy
 
     def _completed_on(self, engine: _Engine) -> Callable[[Completion], None]:
@@ -275,6 +298,7 @@ class ClusterSim:
             if not n:
                 self._active -= 1
                 self._active_v -= self.total_published.get(done.tenant, 0.0) / self.weight[done.tenant]
+
         return completed
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -292,8 +316,17 @@ class ClusterSim:
             router = tenant.home_router % c.routers
             if c.routers > 1 and rng.random() >= tenant.home_share:
                 router = (router + rng.randrange(1, c.routers)) % c.routers
-            yield SimRequest(f"r{i}", tenant.name, t, rng.randint(*c.prompt), rng.randint(*c.output),
-                             weight=tenant.weight), router
+            yield (
+                SimRequest(
+                    f"r{i}",
+                    tenant.name,
+                    t,
+                    rng.randint(*c.prompt),
+                    rng.randint(*c.output),
+                    weight=tenant.weight,
+                ),
+                router,
+            )
 
     def run(self) -> float:
         """Simulate until `duration_s` of virtual time; returns the wall seconds it took."""

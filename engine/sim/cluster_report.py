@@ -37,8 +37,12 @@ def window_fairness(samples: Sequence[Sample], weight: dict[str, float]) -> dict
             gap = max(gap, max(x) - min(x))
     end = samples[-1].service
     served = {k: (end.get(k, 0.0) - start.get(k, 0.0)) / weight[k] for k in sorted(backlogged)}
-    return {"backlogged": len(backlogged), "max_gap": gap, "jain": jain_index(list(served.values())),
-            "weighted_service": served}
+    return {
+        "backlogged": len(backlogged),
+        "max_gap": gap,
+        "jain": jain_index(list(served.values())),
+        "weighted_service": served,
+    }
 
 
 def cluster_scenario(config: ClusterConfig, keep_service: bool = False) -> dict[str, Any]:
@@ -47,26 +51,38 @@ def cluster_scenario(config: ClusterConfig, keep_service: bool = False) -> dict[
     wall = sim.run()
     fairness = window_fairness(sim.samples, sim.weight)
     window = sim.samples
-    served = {k: window[-1].service.get(k, 0.0) - window[0].service.get(k, 0.0) for k in sim.weight} \
-        if len(window) > 1 else {}
+    served = (
+        {k: window[-1].service.get(k, 0.0) - window[0].service.get(k, 0.0) for k in sim.weight}
+        if len(window) > 1
+        else {}
+    )
     span = window[-1].t - window[0].t if len(window) > 1 else 0.0
     results = [e.result for e in sim.engines]
     request_iterations = sum(r.request_iterations for r in results)
     bound = config.single_engine_bound()
     report: dict[str, Any] = {
-        "engines": config.engines, "routers": config.routers, "tenants": len(sim.tenants),
+        "engines": config.engines,
+        "routers": config.routers,
+        "tenants": len(sim.tenants),
         "sharing": config.staleness_s is not None,
         "staleness_ms": None if config.staleness_s is None else config.staleness_s * 1e3,
-        "duration_s": config.duration_s, "warmup_s": config.warmup_s, "load": config.load,
-        "backlogged": fairness["backlogged"], "max_gap": fairness["max_gap"], "bound": bound,
-        "gap_over_bound": fairness["max_gap"] / bound, "cluster_bound": config.cluster_bound(),
+        "duration_s": config.duration_s,
+        "warmup_s": config.warmup_s,
+        "load": config.load,
+        "backlogged": fairness["backlogged"],
+        "max_gap": fairness["max_gap"],
+        "bound": bound,
+        "gap_over_bound": fairness["max_gap"] / bound,
+        "cluster_bound": config.cluster_bound(),
         "jain": fairness["jain"],
         "service_per_s": sum(served.values()) / span if span else 0.0,
         "output_tokens_per_s": sum(r.output_tokens for r in results) / config.duration_s,
         "tokens_per_s": sum(r.batched_tokens for r in results) / config.duration_s,
         "prefix_hit_rate": sim.prefix_hits / sim.routed if sim.routed else 0.0,
-        "requests": sim.routed, "completed": sum(len(r.completions) for r in results),
-        "request_iterations": request_iterations, "wall_seconds": wall,
+        "requests": sim.routed,
+        "completed": sum(len(r.completions) for r in results),
+        "request_iterations": request_iterations,
+        "wall_seconds": wall,
         "request_iterations_per_s": request_iterations / wall if wall else 0.0,
     }
     if keep_service:
@@ -77,8 +93,19 @@ def cluster_scenario(config: ClusterConfig, keep_service: bool = False) -> dict[
 def dynamo_config(sharing: bool, staleness_s: float = 0.0, duration_s: float = 12.0) -> ClusterConfig:
     """Dynamo's skewed ingress (DEP #15187): tenant A (weight 4) enters only through router 0, B (weight 1)
     only through router 1, both backlogged, each router's affinity pinning its tenant to its own engine."""
-    tenants = [TenantSpec("A", 1.0, 4.0, home_router=0, home_share=1.0),
-               TenantSpec("B", 1.0, 1.0, home_router=1, home_share=1.0)]
-    return ClusterConfig(engines=2, routers=2, tenant_specs=tenants, staleness_s=staleness_s if sharing else None,
-                         duration_s=duration_s, warmup_s=2.0, load=3.0, seed_affinity=True,
-                         route=RouteWeights(affinity=1000.0), prefix_tokens=0)
+    tenants = [
+        TenantSpec("A", 1.0, 4.0, home_router=0, home_share=1.0),
+        TenantSpec("B", 1.0, 1.0, home_router=1, home_share=1.0),
+    ]
+    return ClusterConfig(
+        engines=2,
+        routers=2,
+        tenant_specs=tenants,
+        staleness_s=staleness_s if sharing else None,
+        duration_s=duration_s,
+        warmup_s=2.0,
+        load=3.0,
+        seed_affinity=True,
+        route=RouteWeights(affinity=1000.0),
+        prefix_tokens=0,
+    )

@@ -40,9 +40,13 @@ class BankedCreditSetup:
 
     def config(self) -> SimConfig:
         """The simulated engine (w_in=1, w_out=2, one class)."""
-        return SimConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-                         num_blocks=self.num_blocks, block_size=self.block_size,
-                         fairness=FairnessConfig(lift_allowance=self.lift_allowance))
+        return SimConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            fairness=FairnessConfig(lift_allowance=self.lift_allowance),
+        )
 
     def vtc_bound(self, w_in: float = 1.0, w_out: float = 2.0) -> float:
         """2·max(w_in·L_in, w_out·M), M the tokens the KV cache can hold."""
@@ -53,8 +57,9 @@ def banked_credit(setup: BankedCreditSetup | None = None) -> dict[str, Any]:
     """Scenario (a): T's largest lead after its flood, and the bound."""
     setup = setup or BankedCreditSetup()
     sim = Simulator(setup.config())
-    backlog = [SimRequest(f"{t}{i}", t, 0.0, setup.prompt, setup.output)
-               for i in range(4000) for t in ("A", "B")]
+    backlog = [
+        SimRequest(f"{t}{i}", t, 0.0, setup.prompt, setup.output) for i in range(4000) for t in ("A", "B")
+    ]
     names = itertools.count()
     state: dict[str, Any] = {"start": None, "lead": 0.0}
     trickle: list[Request] = []
@@ -64,14 +69,21 @@ def banked_credit(setup: BankedCreditSetup | None = None) -> dict[str, Any]:
         if sim.clock < setup.trickle_until_s:
             trickle[:] = [r for r in trickle if not r.is_finished]
             for _ in range(setup.trickle_streams - len(trickle)):
-                trickle.append(sim.submit(SimRequest(f"t{next(names)}", "T", sim.clock, setup.trickle_prompt,
-                                                     setup.trickle_output)))
+                trickle.append(
+                    sim.submit(
+                        SimRequest(
+                            f"t{next(names)}", "T", sim.clock, setup.trickle_prompt, setup.trickle_output
+                        )
+                    )
+                )
             return
         service = sim.service()
         if state["start"] is None:
             state["start"] = dict(service)
-            flood.extend(sim.submit(SimRequest(f"f{i}", "T", sim.clock, setup.prompt, setup.output))
-                         for i in range(setup.flood))
+            flood.extend(
+                sim.submit(SimRequest(f"f{i}", "T", sim.clock, setup.prompt, setup.output))
+                for i in range(setup.flood)
+            )
             return
         if flood[-1].first_scheduled_time is not None:
             return  # the flood is admitted: T is no longer backlogged, the bound no longer applies
@@ -81,8 +93,12 @@ def banked_credit(setup: BankedCreditSetup | None = None) -> dict[str, Any]:
 
     sim.run(backlog, until=setup.trickle_until_s + 60.0, on_iteration=hook)
     bound = setup.vtc_bound()
-    return {"lift_allowance": setup.lift_allowance, "lead": state["lead"], "bound": bound,
-            "lead_over_bound": state["lead"] / bound}
+    return {
+        "lift_allowance": setup.lift_allowance,
+        "lead": state["lead"],
+        "bound": bound,
+        "lead_over_bound": state["lead"] / bound,
+    }
 
 
 @dataclass
@@ -101,8 +117,12 @@ class ClosedLoopSetup:
 
     def config(self) -> SimConfig:
         """The simulated engine (w_in=1, w_out=2, one class)."""
-        return SimConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-                         num_blocks=1024, fairness=FairnessConfig(lift_allowance=self.lift_allowance))
+        return SimConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            num_blocks=1024,
+            fairness=FairnessConfig(lift_allowance=self.lift_allowance),
+        )
 
 
 def closed_loop_weights(setup: ClosedLoopSetup | None = None) -> dict[str, Any]:
@@ -120,12 +140,27 @@ def closed_loop_weights(setup: ClosedLoopSetup | None = None) -> dict[str, Any]:
         for tenant, weight in tenants.items():
             streams = live[tenant] = [r for r in live[tenant] if not r.is_finished]
             for _ in range(streams_of[tenant] - len(streams)):
-                streams.append(sim.submit(SimRequest(f"{tenant}{next(names)}", tenant, sim.clock, setup.prompt,
-                                                     rng.randint(*setup.output), weight=weight)))
+                streams.append(
+                    sim.submit(
+                        SimRequest(
+                            f"{tenant}{next(names)}",
+                            tenant,
+                            sim.clock,
+                            setup.prompt,
+                            rng.randint(*setup.output),
+                            weight=weight,
+                        )
+                    )
+                )
 
     sim.run([SimRequest("start", "free", 0.0, 1, 1)], until=setup.duration_s, on_iteration=hook)
     service = sim.service()
     ratio = service["gold"] / service["free"]
     want = setup.weights[0] / setup.weights[1]
-    return {"lift_allowance": setup.lift_allowance, "service": dict(service), "ratio": ratio, "want": want,
-            "error": abs(ratio - want) / want}
+    return {
+        "lift_allowance": setup.lift_allowance,
+        "service": dict(service),
+        "ratio": ratio,
+        "want": want,
+        "error": abs(ratio - want) / want,
+    }

@@ -19,12 +19,19 @@ ESSAY_SLOTS = 2
 
 def essay_run(static: bool) -> tuple[SimResult, int]:
     """Run the essay trace, one token step per iteration; returns the result and the slot count."""
-    config = SimConfig(max_num_seqs=ESSAY_SLOTS, max_num_batched_tokens=64, num_blocks=64,
-                       request_batching=static, cost=CostModel(a=1.0, b=0.0, c=0.0))
+    config = SimConfig(
+        max_num_seqs=ESSAY_SLOTS,
+        max_num_batched_tokens=64,
+        num_blocks=64,
+        request_batching=static,
+        cost=CostModel(a=1.0, b=0.0, c=0.0),
+    )
     # A one-token prompt completes its prefill in the iteration that samples the first token,
     # so "needs N output steps" is exactly N iterations of one slot.
-    workload = [SimRequest(name, arrival=float(at), prompt_tokens=1, output_tokens=steps)
-                for name, at, steps in ESSAY_TRACE]
+    workload = [
+        SimRequest(name, arrival=float(at), prompt_tokens=1, output_tokens=steps)
+        for name, at, steps in ESSAY_TRACE
+    ]
     return Simulator(config).run(workload), ESSAY_SLOTS
 
 
@@ -64,9 +71,13 @@ class TwoTenantSetup:
 
     def config(self, policy: str) -> SimConfig:
         """The simulated engine for `policy` (w_in=1, w_out=2, one class)."""
-        return SimConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-                         num_blocks=self.num_blocks, block_size=self.block_size,
-                         fairness=FairnessConfig(policy=policy))
+        return SimConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            fairness=FairnessConfig(policy=policy),
+        )
 
     def workload(self, x_weight: float = 1.0, y_weight: float = 1.0) -> list[SimRequest]:
         """Enough requests from both tenants, all queued at t=0 in alternating order, to stay backlogged."""
@@ -97,12 +108,15 @@ def two_tenants_scenario(setup: TwoTenantSetup | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {"bound": setup.vtc_bound(), "duration_s": setup.duration_s}
     for policy in ("fcfs", "vtc"):
         result = Simulator(setup.config(policy)).run(
-            setup.workload(), until=setup.duration_s, service_every=setup.sample_every_s, track_service=True)
+            setup.workload(), until=setup.duration_s, service_every=setup.sample_every_s, track_service=True
+        )
         final = result.service_samples[-1][1] if result.service_samples else {}
         report[policy] = {
             "service": {tenant: final.get(tenant, 0.0) for tenant in ("X", "Y")},
-            "service_over_time": [{"t": round(t, 3), **{k: s.get(k, 0.0) for k in ("X", "Y")}}
-                                  for t, s in result.service_samples],
+            "service_over_time": [
+                {"t": round(t, 3), **{k: s.get(k, 0.0) for k in ("X", "Y")}}
+                for t, s in result.service_samples
+            ],
             "max_service_difference": result.max_service_difference,
             "output_tokens_per_s": result.output_tokens / result.clock if result.clock else 0.0,
             "batched_tokens_per_s": result.batched_tokens / result.clock if result.clock else 0.0,
@@ -110,25 +124,49 @@ def two_tenants_scenario(setup: TwoTenantSetup | None = None) -> dict[str, Any]:
     return report
 
 
-def scale_workload(requests: int, tenants: int, seed: int = 0, prompt: tuple[int, int] = (20, 100),
-                   output: tuple[int, int] = (50, 150)) -> list[SimRequest]:
+def scale_workload(
+    requests: int,
+    tenants: int,
+    seed: int = 0,
+    prompt: tuple[int, int] = (20, 100),
+    output: tuple[int, int] = (50, 150),
+) -> list[SimRequest]:
     """`requests` requests of ~100 output tokens from `tenants` tenants, all queued at t=0."""
     rng = random.Random(seed)
-    return [SimRequest(f"r{i}", f"t{rng.randrange(tenants)}", 0.0, rng.randint(*prompt), rng.randint(*output))
-            for i in range(requests)]
+    return [
+        SimRequest(f"r{i}", f"t{rng.randrange(tenants)}", 0.0, rng.randint(*prompt), rng.randint(*output))
+        for i in range(requests)
+    ]
 
 
-def scale_scenario(requests: int = 100_000, tenants: int = 1000, max_num_seqs: int = 256, policy: str = "vtc",
-                   seed: int = 0, max_iterations: int | None = None) -> dict[str, Any]:
+def scale_scenario(
+    requests: int = 100_000,
+    tenants: int = 1000,
+    max_num_seqs: int = 256,
+    policy: str = "vtc",
+    seed: int = 0,
+    max_iterations: int | None = None,
+) -> dict[str, Any]:
     """Run a large backlog and report the simulator's own speed in request-iterations per wall second."""
-    config = SimConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(2048, 8 * max_num_seqs),
-                       num_blocks=max(8192, 32 * max_num_seqs), fairness=FairnessConfig(policy=policy))
+    config = SimConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max(2048, 8 * max_num_seqs),
+        num_blocks=max(8192, 32 * max_num_seqs),
+        fairness=FairnessConfig(policy=policy),
+    )
     result = Simulator(config).run(scale_workload(requests, tenants, seed), max_iterations=max_iterations)
     return {
-        "policy": policy, "requests": requests, "tenants": tenants, "max_num_seqs": max_num_seqs,
-        "completed": len(result.completions), "iterations": result.iterations,
-        "request_iterations": result.request_iterations, "wall_seconds": result.wall_seconds,
-        "intake_seconds": result.intake_seconds, "seconds_per_iteration": result.seconds_per_iteration,
-        "request_iterations_per_s": result.rate, "simulated_seconds": result.clock,
+        "policy": policy,
+        "requests": requests,
+        "tenants": tenants,
+        "max_num_seqs": max_num_seqs,
+        "completed": len(result.completions),
+        "iterations": result.iterations,
+        "request_iterations": result.request_iterations,
+        "wall_seconds": result.wall_seconds,
+        "intake_seconds": result.intake_seconds,
+        "seconds_per_iteration": result.seconds_per_iteration,
+        "request_iterations_per_s": result.rate,
+        "simulated_seconds": result.clock,
         "output_tokens_per_simulated_s": result.output_tokens / result.clock if result.clock else 0.0,
     }

@@ -23,8 +23,9 @@ from fairness.cost import TokenCost
 from fairness.vtc import VTCPolicy
 
 
-def others_service(total_published: Mapping[str, float], own_published: Mapping[str, float],
-                   keys: Iterable[str]) -> dict[str, float]:
+def others_service(
+    total_published: Mapping[str, float], own_published: Mapping[str, float], keys: Iterable[str]
+) -> dict[str, float]:
     """Service every other engine last published for `keys`: the cluster total minus this engine's share.
 
     `total_published` sums every engine's last publication (kept incrementally by the caller, so a
@@ -40,8 +41,12 @@ class SharedVTC(VTCPolicy[Request]):
     branch's; it touches the parent's counter heap the way `charge` does (push when backlogged).
     """
 
-    def __init__(self, cost: TokenCost | None = None, lift_allowance: float = 1024.0,
-                 busy_elsewhere: Callable[[str], bool] | None = None) -> None:
+    def __init__(
+        self,
+        cost: TokenCost | None = None,
+        lift_allowance: float = 1024.0,
+        busy_elsewhere: Callable[[str], bool] | None = None,
+    ) -> None:
         super().__init__(cost, lift_allowance=lift_allowance)
         self.busy_elsewhere = busy_elsewhere
         self._remote: dict[str, float] = {}  # key -> remote service already folded into its counter

@@ -148,16 +148,25 @@ IterationHook = Callable[["Simulator", SchedulerOutput], None]
 class Simulator:
     """Runs a workload through a real Scheduler on a virtual clock."""
 
-    def __init__(self, config: SimConfig | None = None, policy: SchedulingPolicy[Request] | None = None) -> None:
+    def __init__(
+        self, config: SimConfig | None = None, policy: SchedulingPolicy[Request] | None = None
+    ) -> None:
         self.config = config = config or SimConfig()
         config.validate()
         self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.policy = policy if policy is not None else build_policy(config.fairness)
-        self.scheduler = Scheduler(SchedulerConfig(
-            max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
-            max_model_len=config.max_model_len, watermark_blocks=config.watermark_blocks,
-            preemption_mode=config.preemption_mode, request_batching=config.request_batching,
-        ), self.pool, self.policy)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_num_seqs=config.max_num_seqs,
+                max_model_len=config.max_model_len,
+                watermark_blocks=config.watermark_blocks,
+                preemption_mode=config.preemption_mode,
+                request_batching=config.request_batching,
+            ),
+            self.pool,
+            self.policy,
+        )
         self.scheduler.swap_out = self._swap_out
         self.scheduler.swap_in = self._swap_in
         self._swapped: dict[str, int] = {}  # request id -> blocks held in the host buffer
@@ -165,7 +174,9 @@ class Simulator:
         self._specs: dict[str, SimRequest] = {}
         self.clock = 0.0
         self._idle = 0  # consecutive iterations that scheduled nothing
-        self.on_complete: Callable[[Completion], None] | None = None  # e.g. a cluster's outstanding-work count
+        self.on_complete: Callable[[Completion], None] | None = (
+            None  # e.g. a cluster's outstanding-work count
+        )
 
     # -- workload ---------------------------------------------------------------------------
     def make_request(self, spec: SimRequest) -> Request:
@@ -175,9 +186,16 @@ class Simulator:
         prompt = self._prompts.get(spec.prompt_tokens)
         if prompt is None:
             prompt = self._prompts[spec.prompt_tokens] = [1] * spec.prompt_tokens
-        meta = RequestMeta(tenant_id=spec.tenant, priority=spec.priority, weight=spec.weight,
-                           deadline=spec.deadline, arrival_time=spec.arrival)
-        return Request(spec.name, prompt, SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True), meta)
+        meta = RequestMeta(
+            tenant_id=spec.tenant,
+            priority=spec.priority,
+            weight=spec.weight,
+            deadline=spec.deadline,
+            arrival_time=spec.arrival,
+        )
+        return Request(
+            spec.name, prompt, SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True), meta
+        )
 
     def submit(self, spec: SimRequest) -> Request:
         """Queue `spec` now, from inside a run (an `on_iteration` hook): how closed-loop clients are simulated."""
@@ -189,9 +207,15 @@ class Simulator:
         return request
 
     # -- the loop ---------------------------------------------------------------------------
-    def run(self, workload: Iterable[SimRequest], until: float | None = None, max_iterations: int | None = None,
-            service_every: float | None = None, track_service: bool = False,
-            on_iteration: IterationHook | None = None) -> SimResult:
+    def run(
+        self,
+        workload: Iterable[SimRequest],
+        until: float | None = None,
+        max_iterations: int | None = None,
+        service_every: float | None = None,
+        track_service: bool = False,
+        on_iteration: IterationHook | None = None,
+    ) -> SimResult:
         """Simulate until every request ended, or until the clock passes `until`, or `max_iterations` ran.
 
         `service_every` samples charged service per tenant every that many simulated seconds;
@@ -226,8 +250,16 @@ class Simulator:
         result.block_waits = sched.block_waits_total
         return result
 
-    def _loop(self, specs: list[SimRequest], result: SimResult, until: float | None, max_iterations: int | None,
-              service_every: float | None, track_service: bool, on_iteration: IterationHook | None) -> None:
+    def _loop(
+        self,
+        specs: list[SimRequest],
+        result: SimResult,
+        until: float | None,
+        max_iterations: int | None,
+        service_every: float | None,
+        track_service: bool,
+        on_iteration: IterationHook | None,
+    ) -> None:
         sched = self.scheduler
         next_sample = self.clock if service_every else None
         i = 0
@@ -245,14 +277,17 @@ class Simulator:
                     break
                 self.clock = specs[i].arrival
                 continue
-            if (until is not None and self.clock >= until) or (max_iterations is not None
-                                                              and result.iterations >= max_iterations):
+            if (until is not None and self.clock >= until) or (
+                max_iterations is not None and result.iterations >= max_iterations
+            ):
                 break
             out = self.step(result)
             if track_service:
                 values = self.policy.service().values()
                 if len(values) > 1:
-                    result.max_service_difference = max(result.max_service_difference, max(values) - min(values))
+                    result.max_service_difference = max(
+                        result.max_service_difference, max(values) - min(values)
+                    )
             if next_sample is not None and service_every and self.clock >= next_sample:
                 result.service_samples.append((self.clock, dict(self.policy.service())))
                 next_sample += service_every * max(1, int((self.clock - next_sample) // service_every) + 1)
@@ -270,8 +305,10 @@ class Simulator:
         if not chunks:
             self._idle += 1
             if self._idle > self.config.max_idle_iterations:
-                raise SimulationError(f"stalled: {sched.num_waiting} requests wait but nothing can run "
-                                      f"(num_blocks={self.config.num_blocks} too small?)")
+                raise SimulationError(
+                    f"stalled: {sched.num_waiting} requests wait but nothing can run "
+                    f"(num_blocks={self.config.num_blocks} too small?)"
+                )
         else:
             self._idle = 0
         context = 0
@@ -299,9 +336,17 @@ class Simulator:
         assert request.finish_reason is not None and request.finished_time is not None
         result.output_tokens += len(request.output_token_ids)
         done = result.completions[spec.name] = Completion(
-            spec.name, spec.tenant, spec.arrival, request.first_scheduled_time, request.first_token_time,
-            request.finished_time, request.finish_reason, len(request.output_token_ids), len(request.preemptions),
-            request.recomputed_tokens)
+            spec.name,
+            spec.tenant,
+            spec.arrival,
+            request.first_scheduled_time,
+            request.first_token_time,
+            request.finished_time,
+            request.finish_reason,
+            len(request.output_token_ids),
+            len(request.preemptions),
+            request.recomputed_tokens,
+        )
         if self.on_complete is not None:
             self.on_complete(done)
 

@@ -31,7 +31,9 @@ def _fields(body: dict[str, Any], allowed: tuple[str, ...]) -> dict[str, Any]:
     """Validate body fields one by one so a 400 names the offending field as `param`."""
     for name, value in body.items():
         if name not in allowed:
-            raise APIError(400, f"unknown field {name!r}; allowed: {', '.join(allowed)}", "invalid_value", name)
+            raise APIError(
+                400, f"unknown field {name!r}; allowed: {', '.join(allowed)}", "invalid_value", name
+            )
         try:
             check_tenant_fields({name: value})
         except ValueError as exc:
@@ -48,10 +50,17 @@ async def _tenant(state: GatewayState, ref: str) -> Tenant:
 
 def _tenant_json(t: Tenant, active_keys: int | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {
-        "id": t.id, "name": t.name, "weight": t.weight, "priority_class": t.priority_class,
-        "tokens_per_minute": t.tokens_per_minute, "tokens_per_day": t.tokens_per_day,
-        "max_queued_requests": t.max_queued_requests, "cache_group": t.cache_group, "disabled": t.disabled,
-        "created_at": t.created_at, "updated_at": t.updated_at,
+        "id": t.id,
+        "name": t.name,
+        "weight": t.weight,
+        "priority_class": t.priority_class,
+        "tokens_per_minute": t.tokens_per_minute,
+        "tokens_per_day": t.tokens_per_day,
+        "max_queued_requests": t.max_queued_requests,
+        "cache_group": t.cache_group,
+        "disabled": t.disabled,
+        "created_at": t.created_at,
+        "updated_at": t.updated_at,
     }
     if active_keys is not None:
         row["active_keys"] = active_keys
@@ -60,8 +69,14 @@ def _tenant_json(t: Tenant, active_keys: int | None = None) -> dict[str, Any]:
 
 def _key_json(k: ApiKeyInfo, names: dict[str, str]) -> dict[str, Any]:
     return {
-        "id": k.id, "tenant_id": k.tenant_id, "tenant_name": names.get(k.tenant_id), "prefix": k.prefix,
-        "name": k.name, "created_at": k.created_at, "last_used_at": k.last_used_at, "revoked_at": k.revoked_at,
+        "id": k.id,
+        "tenant_id": k.tenant_id,
+        "tenant_name": names.get(k.tenant_id),
+        "prefix": k.prefix,
+        "name": k.name,
+        "created_at": k.created_at,
+        "last_used_at": k.last_used_at,
+        "revoked_at": k.revoked_at,
         "revoked": k.revoked,
     }
 
@@ -122,7 +137,9 @@ async def update_tenant(request: Request, state: GatewayState) -> Response:
     """PATCH /admin/api/tenants/{tenant}: change weight, class, quotas, queue bound, name or disabled."""
     body = _fields(await json_object(request), EDITABLE_FIELDS)
     if not body:
-        raise APIError(400, f"nothing to change; send one or more of: {', '.join(EDITABLE_FIELDS)}", "invalid_value")
+        raise APIError(
+            400, f"nothing to change; send one or more of: {', '.join(EDITABLE_FIELDS)}", "invalid_value"
+        )
     return await _update(request, state, body)
 
 
@@ -161,7 +178,9 @@ async def create_key(request: Request, state: GatewayState) -> Response:
         raise APIError(400, f"unknown field {unknown[0]!r}; allowed: name", "invalid_value", unknown[0])
     name = body.get("name", "default")
     if not isinstance(name, str) or not name.strip() or len(name) > 128:
-        raise APIError(400, "key name must be a non-empty string of at most 128 characters", "invalid_value", "name")
+        raise APIError(
+            400, "key name must be a non-empty string of at most 128 characters", "invalid_value", "name"
+        )
     tenant = await _tenant(state, request.path_params["tenant"])
     secret, info = await in_store(state.store.create_key, tenant.id, name=name, actor=actor(request))
     return reply({"secret": secret, "key": _key_json(info, {tenant.id: tenant.name})}, 201)

@@ -82,8 +82,12 @@ def actor(request: Request) -> str:
     if not name:
         return "admin"
     if len(name) > MAX_ACTOR_LENGTH or not name.isprintable():
-        raise APIError(400, f"X-Admin-Actor must be at most {MAX_ACTOR_LENGTH} printable characters",
-                       "invalid_value", "X-Admin-Actor")
+        raise APIError(
+            400,
+            f"X-Admin-Actor must be at most {MAX_ACTOR_LENGTH} printable characters",
+            "invalid_value",
+            "X-Admin-Actor",
+        )
     return f"admin:{name}"
 
 
@@ -115,5 +119,6 @@ async def in_store(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise APIError(400, str(exc), "invalid_value") from None
     except (StoreUnavailable, SQLAlchemyError):
         log.warning("admin API: billing store call %s failed", getattr(fn, "__name__", fn), exc_info=True)
-        raise APIError(503, "the billing database is unavailable", "store_unavailable",
-                       headers={"Retry-After": "1"}) from None
+        raise APIError(
+            503, "the billing database is unavailable", "store_unavailable", headers={"Retry-After": "1"}
+        ) from None

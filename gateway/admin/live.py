@@ -39,7 +39,9 @@ class ServiceSample:
 class ServiceHistory:
     """A ring of service samples, from which the dashboard's share-vs-weight series is computed."""
 
-    def __init__(self, capacity: int = HISTORY_SAMPLES, min_interval_s: float = MIN_SAMPLE_INTERVAL_S) -> None:
+    def __init__(
+        self, capacity: int = HISTORY_SAMPLES, min_interval_s: float = MIN_SAMPLE_INTERVAL_S
+    ) -> None:
         self._samples: deque[ServiceSample] = deque(maxlen=capacity)
         self._min_interval_s = min_interval_s
         self._lock = threading.Lock()
@@ -156,9 +158,14 @@ def live_snapshot(state: GatewayState, live: LiveRuntime, history_points: int) -
     enabled_weight = sum(t.weight for t in tenants if not t.disabled) or 1.0
     rows = [
         {
-            "id": t.id, "name": t.name, "weight": t.weight, "priority_class": t.priority_class,
-            "disabled": t.disabled, "weight_share": 0.0 if t.disabled else t.weight / enabled_weight,
-            "waiting": stats.waiting_by_tenant.get(t.id, 0), "running": stats.running_by_tenant.get(t.id, 0),
+            "id": t.id,
+            "name": t.name,
+            "weight": t.weight,
+            "priority_class": t.priority_class,
+            "disabled": t.disabled,
+            "weight_share": 0.0 if t.disabled else t.weight / enabled_weight,
+            "waiting": stats.waiting_by_tenant.get(t.id, 0),
+            "running": stats.running_by_tenant.get(t.id, 0),
             "service": stats.service.get(t.id, 0.0),
         }
         for t in tenants
@@ -172,22 +179,33 @@ def live_snapshot(state: GatewayState, live: LiveRuntime, history_points: int) -
         "draining": state.draining,
         "live_requests": len(state.runs.by_id),
         "engine": {
-            "waiting": stats.waiting, "running": stats.running, "waiting_tokens": stats.waiting_tokens,
-            "batch_size": stats.batch_size, "max_num_seqs": stats.max_num_seqs,
-            "max_num_batched_tokens": stats.max_num_batched_tokens, "kv_blocks_used": stats.kv_blocks_used,
+            "waiting": stats.waiting,
+            "running": stats.running,
+            "waiting_tokens": stats.waiting_tokens,
+            "batch_size": stats.batch_size,
+            "max_num_seqs": stats.max_num_seqs,
+            "max_num_batched_tokens": stats.max_num_batched_tokens,
+            "kv_blocks_used": stats.kv_blocks_used,
             "kv_blocks_total": stats.kv_blocks_total,
             "kv_blocks_free": max(stats.kv_blocks_total - stats.kv_blocks_used, 0),
-            "preemptions_total": stats.preemptions_total, "recomputed_tokens_total": stats.recomputed_tokens_total,
-            "kv_alloc_failures": stats.kv_alloc_failures, "deadline_misses": stats.deadline_misses,
-            "iteration_seconds": stats.iteration_seconds, "prefill_tokens_per_s": stats.prefill_tokens_per_s,
-            "decode_tokens_per_s": stats.decode_tokens_per_s, "iterations": stats.iterations,
+            "preemptions_total": stats.preemptions_total,
+            "recomputed_tokens_total": stats.recomputed_tokens_total,
+            "kv_alloc_failures": stats.kv_alloc_failures,
+            "deadline_misses": stats.deadline_misses,
+            "iteration_seconds": stats.iteration_seconds,
+            "prefill_tokens_per_s": stats.prefill_tokens_per_s,
+            "decode_tokens_per_s": stats.decode_tokens_per_s,
+            "iterations": stats.iterations,
         },
         "engines": engine_rows(state),
         "tenants": rows,
         "other_service": other,
         "rejections": {"by_reason": rejections_by_reason(state), "recent": state.rejections.as_json(30)},
         "iterations": [asdict(tr) for tr in reversed(state.engine.recent_traces(RECENT_ITERATIONS))],
-        "share": {"window_s": SHARE_WINDOW_S, "points": live.history.share_points(SHARE_WINDOW_S, history_points)},
+        "share": {
+            "window_s": SHARE_WINDOW_S,
+            "points": live.history.share_points(SHARE_WINDOW_S, history_points),
+        },
     }
 
 
@@ -209,5 +227,6 @@ async def live_stream(request: Request, state: GatewayState) -> Response:
             yield f"event: snapshot\ndata: {json.dumps(jsonable(snap))}\n\n"
             await asyncio.sleep(interval)  # pacing the stream, not waiting for a condition
 
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={**NO_STORE, "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={**NO_STORE, "X-Accel-Buffering": "no"}
+    )

@@ -30,8 +30,14 @@ class RejectionLog:
         self._events: deque[RejectionEvent] = deque(maxlen=capacity)
         self._lock = threading.Lock()
 
-    def record(self, reason: str, status: int, retry_after: str | int | None, tenant_id: str | None = None,
-               message: str = "") -> None:
+    def record(
+        self,
+        reason: str,
+        status: int,
+        retry_after: str | int | None,
+        tenant_id: str | None = None,
+        message: str = "",
+    ) -> None:
         """Append one rejection; `retry_after` is the Retry-After header value as sent (or None)."""
         seconds: int | None
         try:

@@ -36,8 +36,14 @@ async def admin_page(request: Request) -> Response:
 
 async def engine_state(request: Request, state: GatewayState) -> Response:
     """GET /admin/api/engine: the raw engine statistics."""
-    return JSONResponse({"model": state.engine.model_name, "stats": asdict(state.engine.stats()),
-                         "live_requests": len(state.runs.by_id), "draining": state.draining})
+    return JSONResponse(
+        {
+            "model": state.engine.model_name,
+            "stats": asdict(state.engine.stats()),
+            "live_requests": len(state.runs.by_id),
+            "draining": state.draining,
+        }
+    )
 
 
 async def engines(request: Request, state: GatewayState) -> Response:

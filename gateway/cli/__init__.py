@@ -42,4 +42,3 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `fairserve` console script."""
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
-

@@ -56,10 +56,12 @@ def quota_arg(text: str) -> int | None:
 def _db_options(parser: argparse.ArgumentParser) -> None:
     # The same flags, FAIRSERVE_* variables and defaults as `fairserve serve` (gateway/settings.py).
     fields = StorageSettings.model_fields
-    parser.add_argument("--db", default=None,
-                        help=f"{fields['db_url'].description} [FAIRSERVE_DB_URL]")
-    parser.add_argument("--data-dir", default=None,
-                        help=f"{fields['data_dir'].description} [FAIRSERVE_DATA_DIR; default {DEFAULT_DATA_DIR}]")
+    parser.add_argument("--db", default=None, help=f"{fields['db_url'].description} [FAIRSERVE_DB_URL]")
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help=f"{fields['data_dir'].description} [FAIRSERVE_DATA_DIR; default {DEFAULT_DATA_DIR}]",
+    )
 
 
 def _storage(args: argparse.Namespace) -> StorageSettings:
@@ -78,15 +80,19 @@ def _store(args: argparse.Namespace, need_tenants: bool = True) -> BillingStore:
     db = Database(storage.database_url())
     where = f"{db!r}" if storage.db_url else f"the data directory {storage.data_dir.resolve()}"
     if db.current_revision() is None:
-        raise ValueError(f"{where} has no fairserve schema: is it the one `fairserve serve` uses "
-                         "(--data-dir / --db, FAIRSERVE_DATA_DIR / FAIRSERVE_DB_URL)? To start a new one, "
-                         "run `fairserve db upgrade` or `fairserve serve` with the same options")
+        raise ValueError(
+            f"{where} has no fairserve schema: is it the one `fairserve serve` uses "
+            "(--data-dir / --db, FAIRSERVE_DATA_DIR / FAIRSERVE_DB_URL)? To start a new one, "
+            "run `fairserve db upgrade` or `fairserve serve` with the same options"
+        )
     db.upgrade()  # an older schema moves to head, as the server does on start; a no-op at head
     store = BillingStore(db)
     if need_tenants and not store.list_tenants():
-        raise ValueError(f"{where} has no tenants: is it the one `fairserve serve` uses "
-                         "(--data-dir / --db, FAIRSERVE_DATA_DIR / FAIRSERVE_DB_URL)? "
-                         "Add one with `fairserve tenants add NAME`")
+        raise ValueError(
+            f"{where} has no tenants: is it the one `fairserve serve` uses "
+            "(--data-dir / --db, FAIRSERVE_DATA_DIR / FAIRSERVE_DB_URL)? "
+            "Add one with `fairserve tenants add NAME`"
+        )
     return store
 
 
@@ -115,8 +121,17 @@ def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], columns: list[st
         print(_table(rows, columns) if rows else "(none)")
 
 
-TENANT_COLUMNS = ["id", "name", "weight", "priority_class", "tokens_per_minute", "tokens_per_day",
-                  "max_queued_requests", "cache_group", "disabled"]
+TENANT_COLUMNS = [
+    "id",
+    "name",
+    "weight",
+    "priority_class",
+    "tokens_per_minute",
+    "tokens_per_day",
+    "max_queued_requests",
+    "cache_group",
+    "disabled",
+]
 KEY_COLUMNS = ["id", "tenant_id", "prefix", "name", "created_at", "last_used_at", "revoked_at"]
 
 
@@ -139,8 +154,14 @@ def cmd_tenants(args: argparse.Namespace) -> int:
         return 0
     fields = {
         k: getattr(args, k)
-        for k in ("weight", "priority_class", "tokens_per_minute", "tokens_per_day", "max_queued_requests",
-                  "cache_group")
+        for k in (
+            "weight",
+            "priority_class",
+            "tokens_per_minute",
+            "tokens_per_day",
+            "max_queued_requests",
+            "cache_group",
+        )
         if getattr(args, k) is not _UNSET
     }
     if args.tenants_action == "add":
@@ -151,9 +172,11 @@ def cmd_tenants(args: argparse.Namespace) -> int:
         if args.disabled is not None:
             fields["disabled"] = args.disabled
         if not fields:
-            raise ValueError("nothing to change: give at least one of --weight, --priority-class, --tokens-per-minute, "
-                             "--tokens-per-day, --max-queued-requests, --cache-group, --rename, "
-                             "--disable/--enable")
+            raise ValueError(
+                "nothing to change: give at least one of --weight, --priority-class, --tokens-per-minute, "
+                "--tokens-per-day, --max-queued-requests, --cache-group, --rename, "
+                "--disable/--enable"
+            )
         tenant = store.update_tenant(args.tenant, actor=args.actor, **fields)
         _announce(args, tenant.id)
     _emit(args, [asdict(tenant)], TENANT_COLUMNS)
@@ -169,8 +192,11 @@ def cmd_keys(args: argparse.Namespace) -> int:
             print(json.dumps({"secret": secret, **asdict(info)}, default=_fmt, indent=2))
         else:
             print(secret)
-            print(f"key {info.id} ({info.prefix}) for tenant {info.tenant_id}; store the secret now, "
-                  "it is not shown again", file=sys.stderr)
+            print(
+                f"key {info.id} ({info.prefix}) for tenant {info.tenant_id}; store the secret now, "
+                "it is not shown again",
+                file=sys.stderr,
+            )
     elif args.keys_action == "list":
         _emit(args, [asdict(k) for k in store.list_keys(args.tenant)], KEY_COLUMNS)
     else:
@@ -183,8 +209,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def _announce(args: argparse.Namespace, tenant_id: str) -> None:
     """With --redis, tell every gateway to drop the tenant's cached keys now (else their TTL applies)."""
     if getattr(args, "redis", None) and not publish_change(args.redis, tenant_id):
-        print("warning: could not reach Redis; gateways see the change within their key cache TTL",
-              file=sys.stderr)
+        print(
+            "warning: could not reach Redis; gateways see the change within their key cache TTL",
+            file=sys.stderr,
+        )
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
@@ -197,12 +225,31 @@ def cmd_usage(args: argparse.Namespace) -> int:
     for s in summaries:
         row = asdict(s)
         by_status = row.pop("requests_by_status")
-        row.update({st: by_status.get(st, 0) for st in ("completed", "cancelled", "deadline", "rejected", "error")})
+        row.update(
+            {st: by_status.get(st, 0) for st in ("completed", "cancelled", "deadline", "rejected", "error")}
+        )
         row["tenant"] = s.tenant_name or s.tenant_id
         rows.append(row)
-    _emit(args, rows, ["tenant", "requests", "completed", "cancelled", "deadline", "rejected", "error",
-                       "prompt_tokens", "cached_tokens", "completion_tokens", "charged_service",
-                       "tokens_after_cancel", "preemptions", "recomputed_tokens"])
+    _emit(
+        args,
+        rows,
+        [
+            "tenant",
+            "requests",
+            "completed",
+            "cancelled",
+            "deadline",
+            "rejected",
+            "error",
+            "prompt_tokens",
+            "cached_tokens",
+            "completion_tokens",
+            "charged_service",
+            "tokens_after_cancel",
+            "preemptions",
+            "recomputed_tokens",
+        ],
+    )
     return 0
 
 
@@ -227,7 +274,9 @@ def _guarded(func: Any) -> Any:
             from sqlalchemy.exc import SQLAlchemyError
 
             if isinstance(exc, SQLAlchemyError):
-                print(f"fairserve {args.command}: database error: {str(exc).splitlines()[0]}", file=sys.stderr)
+                print(
+                    f"fairserve {args.command}: database error: {str(exc).splitlines()[0]}", file=sys.stderr
+                )
                 return 1
             raise
 
@@ -237,11 +286,17 @@ def _guarded(func: Any) -> Any:
 def _tenant_fields(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weight", type=float, default=_UNSET, help="fair-share weight (> 0)")
     p.add_argument("--priority-class", type=int, default=_UNSET, help="0 = most important (default 1)")
-    p.add_argument("--tokens-per-minute", type=quota_arg, default=_UNSET, help="token quota per minute, or none")
+    p.add_argument(
+        "--tokens-per-minute", type=quota_arg, default=_UNSET, help="token quota per minute, or none"
+    )
     p.add_argument("--tokens-per-day", type=quota_arg, default=_UNSET, help="token quota per day, or none")
     p.add_argument("--max-queued-requests", type=quota_arg, default=_UNSET, help="queue bound, or none")
-    p.add_argument("--cache-group", type=_cache_group_arg, default=_UNSET,
-                   help="share prefix-cache blocks with the tenants of this group, or none (own blocks only)")
+    p.add_argument(
+        "--cache-group",
+        type=_cache_group_arg,
+        default=_UNSET,
+        help="share prefix-cache blocks with the tenants of this group, or none (own blocks only)",
+    )
 
 
 def _cache_group_arg(value: str) -> str | None:
@@ -277,7 +332,9 @@ def register(subparsers: Any) -> None:
     set_.add_argument("--rename", default=None, help="new name")
     set_.add_argument("--disable", dest="disabled", action="store_const", const=True, default=None)
     set_.add_argument("--enable", dest="disabled", action="store_const", const=False)
-    set_.add_argument("--redis", default=None, help="redis:// URL of the gateways: they apply the change at once")
+    set_.add_argument(
+        "--redis", default=None, help="redis:// URL of the gateways: they apply the change at once"
+    )
     tenants.set_defaults(func=_guarded(cmd_tenants))
 
     keys = subparsers.add_parser("keys", help="manage API keys")
@@ -289,7 +346,9 @@ def register(subparsers: Any) -> None:
     lst.add_argument("--tenant", default=None, help="only this tenant's keys")
     revoke = k_sub.add_parser("revoke", parents=[common], help="revoke a key by id or prefix")
     revoke.add_argument("key_id")
-    revoke.add_argument("--redis", default=None, help="redis:// URL of the gateways: they refuse the key at once")
+    revoke.add_argument(
+        "--redis", default=None, help="redis:// URL of the gateways: they refuse the key at once"
+    )
     keys.set_defaults(func=_guarded(cmd_keys))
 
     usage = subparsers.add_parser("usage", parents=[common], help="per-tenant usage from the ledger")

@@ -17,8 +17,11 @@ def register(subparsers: Any) -> None:
     """Add the `config` command family (`config show`)."""
     config = subparsers.add_parser("config", help="inspect the settings `serve` would run with")
     config_sub = config.add_subparsers(dest="config_command", required=True)
-    show = config_sub.add_parser("show", help="print each setting's effective value and its source "
-                                 "(flag, FAIRSERVE_* environment, --config file or default)")
+    show = config_sub.add_parser(
+        "show",
+        help="print each setting's effective value and its source "
+        "(flag, FAIRSERVE_* environment, --config file or default)",
+    )
     show.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     add_knob_flags(show)
     show.set_defaults(func=show_config)

@@ -30,9 +30,12 @@ _ALIASES = {"redis_url": "--redis"}
 
 def register(subparsers: Any) -> None:
     """Add the `engine` subcommand: one flag per EngineConfig knob, plus where to listen."""
-    p = subparsers.add_parser("engine", help="run one engine server that gateways attach to (serve --engine)",
-                              description="Every setting below can also come from its FAIRSERVE_* environment "
-                              "variable or the --config TOML file ([engine] table), as for `serve`.")
+    p = subparsers.add_parser(
+        "engine",
+        help="run one engine server that gateways attach to (serve --engine)",
+        description="Every setting below can also come from its FAIRSERVE_* environment "
+        "variable or the --config TOML file ([engine] table), as for `serve`.",
+    )
     add_knob_flags(p, EngineServerSettings, _ALIASES)
     p.set_defaults(func=run_engine)
 
@@ -49,15 +52,19 @@ def run_engine(args: argparse.Namespace) -> int:
     key = None
     if settings.cluster_key_file is not None:
         if create_key_file(settings.cluster_key_file):
-            print(f"cluster_key: created {settings.cluster_key_file} (give it to every gateway: "
-                  "serve --cluster-key)", flush=True)
+            print(
+                f"cluster_key: created {settings.cluster_key_file} (give it to every gateway: "
+                "serve --cluster-key)",
+                flush=True,
+            )
         try:
             key = ClusterKey.load(settings.cluster_key_file)
         except ClusterKeyError as exc:
             print(f"fairserve engine: invalid settings:\ncluster_key_file: {exc}", file=sys.stderr)
             return 2
-    server = EngineServer(settings.engine, settings.listen, settings.gateway_timeout_s, settings.grace_period_s,
-                          cluster_key=key)
+    server = EngineServer(
+        settings.engine, settings.listen, settings.gateway_timeout_s, settings.grace_period_s, cluster_key=key
+    )
     try:
         server.start()
     except zmq.ZMQError as exc:  # the address is taken, or not this host's

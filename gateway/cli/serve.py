@@ -20,10 +20,13 @@ from gateway.settings_flags import add_knob_flags, settings_from_args
 
 def register(subparsers: Any) -> None:
     """Add the `serve` subcommand: one flag per knob of the settings tree (gateway/settings_flags.py)."""
-    p = subparsers.add_parser("serve", help="run the OpenAI-compatible gateway and the engine",
-                              description="Every setting below can also come from its FAIRSERVE_* environment "
-                              "variable or the --config TOML file; `fairserve config show` prints the "
-                              "effective values and their sources.")
+    p = subparsers.add_parser(
+        "serve",
+        help="run the OpenAI-compatible gateway and the engine",
+        description="Every setting below can also come from its FAIRSERVE_* environment "
+        "variable or the --config TOML file; `fairserve config show` prints the "
+        "effective values and their sources.",
+    )
     add_knob_flags(p)
     p.set_defaults(func=serve)
 
@@ -65,10 +68,14 @@ def prepare_deployment(settings: GatewaySettings) -> dict[str, str]:
     db.upgrade()
     api_key = ensure_demo_key(BillingStore(db), settings.data_dir, settings.demo_tenant) or (
         f"none (tenant {settings.demo_tenant!r} already exists; `fairserve keys create --tenant "
-        f"{settings.demo_tenant}` issues a key)")
+        f"{settings.demo_tenant}` issues a key)"
+    )
     db.dispose()
-    return {"api_key": api_key, "metrics_token": ensure_metrics_token(settings.data_dir),
-            "admin_token": ensure_admin_token(settings.data_dir)}
+    return {
+        "api_key": api_key,
+        "metrics_token": ensure_metrics_token(settings.data_dir),
+        "admin_token": ensure_admin_token(settings.data_dir),
+    }
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -82,8 +89,14 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     banner = prepare_deployment(settings)
     app = create_app(settings)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                            timeout_graceful_shutdown=int(settings.grace_period_s) + 1, lifespan="on")
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        timeout_graceful_shutdown=int(settings.grace_period_s) + 1,
+        lifespan="on",
+    )
     server = _Server(config, banner)
     sys.setswitchinterval(settings.switch_interval_ms / 1e3)  # process-wide, so set here at the entry point
     server.run()

@@ -22,18 +22,29 @@ def register(subparsers: Any) -> None:
     sim = subparsers.add_parser("sim", help="simulate the scheduler with a virtual clock and a cost model")
     sim.add_argument("--scenario", choices=SCENARIOS, default="essay", help="which workload to simulate")
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    sim.add_argument("--duration", type=float, default=None,
-                     help="simulated seconds (two-tenants: default 60; cluster: default 15)")
+    sim.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="simulated seconds (two-tenants: default 60; cluster: default 15)",
+    )
     sim.add_argument("--requests", type=int, default=100_000, help="scale: number of requests")
     sim.add_argument("--tenants", type=int, default=1000, help="scale, cluster: number of tenants")
     sim.add_argument("--max-num-seqs", type=int, default=256, help="scale: batch size (seats)")
-    sim.add_argument("--policy", choices=list(POLICIES), default=DEFAULT_POLICY, help="scale: fairness policy")
+    sim.add_argument(
+        "--policy", choices=list(POLICIES), default=DEFAULT_POLICY, help="scale: fairness policy"
+    )
     sim.add_argument("--seed", type=int, default=0, help="scale: workload seed")
     sim.add_argument("--engines", type=int, default=8, help="cluster: number of engines")
     sim.add_argument("--routers", type=int, default=4, help="cluster: number of routers (skewed ingress)")
-    sim.add_argument("--staleness-ms", default="100",
-                     help="cluster: counter publication period in virtual ms (0 = exact), or 'none' for no sharing")
-    sim.add_argument("--warmup", type=float, default=5.0, help="cluster: seconds before the measurement window")
+    sim.add_argument(
+        "--staleness-ms",
+        default="100",
+        help="cluster: counter publication period in virtual ms (0 = exact), or 'none' for no sharing",
+    )
+    sim.add_argument(
+        "--warmup", type=float, default=5.0, help="cluster: seconds before the measurement window"
+    )
     sim.add_argument("--load", type=float, default=3.0, help="cluster: offered work / estimated capacity")
     sim.set_defaults(func=run_sim)
 
@@ -73,9 +84,16 @@ def _cluster_config(args: argparse.Namespace) -> ClusterConfig:
             staleness = float(args.staleness_ms) / 1e3
         except ValueError:
             raise SimulationError("--staleness-ms must be a number of milliseconds or 'none'") from None
-    config = ClusterConfig(engines=args.engines, routers=args.routers, tenants=args.tenants, staleness_s=staleness,
-                           duration_s=15.0 if args.duration is None else args.duration, warmup_s=args.warmup,
-                           load=args.load, seed=args.seed)
+    config = ClusterConfig(
+        engines=args.engines,
+        routers=args.routers,
+        tenants=args.tenants,
+        staleness_s=staleness,
+        duration_s=15.0 if args.duration is None else args.duration,
+        warmup_s=args.warmup,
+        load=args.load,
+        seed=args.seed,
+    )
     try:
         config.validate()
     except ValueError as exc:
@@ -85,13 +103,18 @@ def _cluster_config(args: argparse.Namespace) -> ClusterConfig:
 
 def cluster_text(reports: list[dict[str, Any]]) -> str:
     """One table row per cluster run (also the table of docs/scale.md)."""
-    lines = ["| engines | sharing (staleness) | backlogged tenants | max weighted gap | gap ÷ bound | Jain | "
-             "tokens/s (virtual) | prefix hits | wall s |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| engines | sharing (staleness) | backlogged tenants | max weighted gap | gap ÷ bound | Jain | "
+        "tokens/s (virtual) | prefix hits | wall s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in reports:
         sharing = "none" if r["staleness_ms"] is None else f"{r['staleness_ms']:g} ms"
-        lines.append(f"| {r['engines']} | {sharing} | {r['backlogged']} | {r['max_gap']:,.0f} | "
-                     f"{r['gap_over_bound']:.3f} | {r['jain']:.3f} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['prefix_hit_rate']:.0%} | {r['wall_seconds']:.1f} |")
+        lines.append(
+            f"| {r['engines']} | {sharing} | {r['backlogged']} | {r['max_gap']:,.0f} | "
+            f"{r['gap_over_bound']:.3f} | {r['jain']:.3f} | {r['tokens_per_s']:,.0f} | "
+            f"{r['prefix_hit_rate']:.0%} | {r['wall_seconds']:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -99,14 +122,18 @@ def _essay_text(report: dict[str, Any]) -> str:
     lines = ["policy      completion steps (A B C D)  mean flow  occupancy"]
     for name, r in report.items():
         steps = " ".join(str(v) for v in r["completion_steps"].values())
-        lines.append(f"{name:<11} {steps:<27} {r['mean_flow_time']:<10.2f} "
-                     f"{r['useful_request_steps']}/{r['slot_positions']} = {r['occupancy']:.1%}")
+        lines.append(
+            f"{name:<11} {steps:<27} {r['mean_flow_time']:<10.2f} "
+            f"{r['useful_request_steps']}/{r['slot_positions']} = {r['occupancy']:.1%}"
+        )
     return "\n".join(lines)
 
 
 def _two_tenants_text(report: dict[str, Any]) -> str:
-    lines = [f"service per tenant over time (w_in=1, w_out=2); VTC bound 2·max(w_in·L_in, w_out·M) = "
-             f"{report['bound']:.0f}"]
+    lines = [
+        f"service per tenant over time (w_in=1, w_out=2); VTC bound 2·max(w_in·L_in, w_out·M) = "
+        f"{report['bound']:.0f}"
+    ]
     for policy in ("fcfs", "vtc"):
         r = report[policy]
         lines.append(f"\n{policy}: max service difference {r['max_service_difference']:.0f}")
@@ -116,8 +143,10 @@ def _two_tenants_text(report: dict[str, Any]) -> str:
 
 
 def _scale_text(report: dict[str, Any]) -> str:
-    return (f"{report['requests']} requests, {report['tenants']} tenants, batch {report['max_num_seqs']}, "
-            f"{report['policy']}: {report['iterations']} iterations, {report['request_iterations']} "
-            f"request-iterations in {report['wall_seconds']:.1f} s wall "
-            f"= {report['request_iterations_per_s']:,.0f} request-iterations/s "
-            f"({report['seconds_per_iteration'] * 1e3:.2f} ms per iteration)")
+    return (
+        f"{report['requests']} requests, {report['tenants']} tenants, batch {report['max_num_seqs']}, "
+        f"{report['policy']}: {report['iterations']} iterations, {report['request_iterations']} "
+        f"request-iterations in {report['wall_seconds']:.1f} s wall "
+        f"= {report['request_iterations_per_s']:,.0f} request-iterations/s "
+        f"({report['seconds_per_iteration'] * 1e3:.2f} ms per iteration)"
+    )

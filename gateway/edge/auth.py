@@ -42,7 +42,9 @@ def _client_address(request: Request) -> str:
     return request.client.host if request.client is not None else "unknown"
 
 
-async def authenticate(request: Request, keys: KeyCache, budget: FailureBudget, failures: Counter | None = None) -> Caller:
+async def authenticate(
+    request: Request, keys: KeyCache, budget: FailureBudget, failures: Counter | None = None
+) -> Caller:
     """The calling tenant, or 401 `invalid_api_key` (503 if the key store is down with nothing cached).
 
     A cached key is answered on the event loop; only a key the cache cannot answer is looked up, on a
@@ -60,14 +62,19 @@ async def authenticate(request: Request, keys: KeyCache, budget: FailureBudget, 
     if wait is not None and not (token is not None and keys.recently_valid(token)):
         if failures is not None:
             failures.labels("limited").inc()
-        raise APIError(429, "too many failed authentications from this address", "too_many_auth_failures",
-                       headers={"Retry-After": str(wait)})
+        raise APIError(
+            429,
+            "too many failed authentications from this address",
+            "too_many_auth_failures",
+            headers={"Retry-After": str(wait)},
+        )
     if token is not None and not known:
         try:
             found = await asyncio.to_thread(keys.verify, token)
         except StoreUnavailable:
-            raise APIError(503, "the key store is unavailable", "store_unavailable",
-                           headers={"Retry-After": "1"}) from None
+            raise APIError(
+                503, "the key store is unavailable", "store_unavailable", headers={"Retry-After": "1"}
+            ) from None
     if found is not None:
         return Caller(*found)
     budget.charge(address)
@@ -115,8 +122,11 @@ def check_metrics(request: Request, metrics_token: str, admin_token: str) -> Non
     """Allow the metrics token or the admin token: 401 without credentials, 403 for any other token."""
     token = bearer(request)
     if token is None:
-        raise APIError(401, "missing metrics token: send 'Authorization: Bearer <metrics_token>'",
-                       "invalid_metrics_token")
+        raise APIError(
+            401,
+            "missing metrics token: send 'Authorization: Bearer <metrics_token>'",
+            "invalid_metrics_token",
+        )
     given = token.encode()
     # Both compared, each in constant time, so timing tells neither which token nor how much of it matched.
     ok_metrics = hmac.compare_digest(given, metrics_token.encode())
@@ -130,7 +140,9 @@ def check_admin(request: Request, admin_token: str) -> None:
     """Allow only the admin token: 401 without credentials, 403 for a tenant key or a wrong token."""
     token = bearer(request)
     if token is None:
-        raise APIError(401, "missing admin token: send 'Authorization: Bearer <admin_token>'", "invalid_admin_token")
+        raise APIError(
+            401, "missing admin token: send 'Authorization: Bearer <admin_token>'", "invalid_admin_token"
+        )
     # Constant-time compare so response timing does not reveal a matching prefix.
     if hmac.compare_digest(token.encode(), admin_token.encode()):
         return

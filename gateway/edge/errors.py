@@ -74,8 +74,10 @@ class APIError(Exception):
         if too_long is not None:
             back = datetime.fromtimestamp(time.time() + too_long, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             status = 503
-            message = (f"{message}; the wait ({too_long} s) is longer than the {RETRY_AFTER_CAP_S} s a "
-                       f"Retry-After may ask, so do not retry before {back}")
+            message = (
+                f"{message}; the wait ({too_long} s) is longer than the {RETRY_AFTER_CAP_S} s a "
+                f"Retry-After may ask, so do not retry before {back}"
+            )
         super().__init__(message)
         self.status = status
         self.message = message
@@ -84,7 +86,9 @@ class APIError(Exception):
         self.headers = capped
 
 
-def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict[str, object]:
+def error_body(
+    status: int, message: str, code: str | None = None, param: str | None = None
+) -> dict[str, object]:
     """The OpenAI error JSON object."""
     return {
         "error": {

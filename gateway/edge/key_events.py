@@ -30,8 +30,11 @@ def publish_change(url: str, tenant_id: str = ALL, timeout_s: float = 0.5) -> bo
         client.publish(CHANNEL, tenant_id)
         return True
     except RedisError as exc:
-        log.warning("could not announce the key change of %s (replicas fall back to the cache TTL): %s",
-                    tenant_id, exc)
+        log.warning(
+            "could not announce the key change of %s (replicas fall back to the cache TTL): %s",
+            tenant_id,
+            exc,
+        )
         return False
     finally:
         client.close()
@@ -45,8 +48,9 @@ class KeyEvents:
         self.keys = keys
         self.timeout_s = timeout_s
         # health_check_interval makes redis-py ping an idle subscription, so a dead Redis is noticed.
-        self._redis = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                           health_check_interval=5)
+        self._redis = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, health_check_interval=5
+        )
         self._stop = threading.Event()
         self.subscribed = threading.Event()
         self.applied = 0  # messages applied, for tests and debugging
@@ -95,7 +99,9 @@ class KeyEvents:
                 now = time.monotonic()
                 if now - last_warning > 30.0:
                     last_warning = now
-                    log.warning("key-change subscription to Redis lost (cache TTL applies meanwhile): %s", exc)
+                    log.warning(
+                        "key-change subscription to Redis lost (cache TTL applies meanwhile): %s", exc
+                    )
                 self._stop.wait(backoff)
                 backoff = min(5.0, backoff * 2)
             finally:

@@ -82,9 +82,18 @@ class EdgeMiddleware:
         await self.app(scope, replay, send_with_id)
 
     async def _too_large(self, send: Send) -> None:
-        body = json.dumps(error_body(413, f"request body exceeds {self.max_body_bytes} bytes",
-                                     "request_too_large")).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
+        body = json.dumps(
+            error_body(413, f"request body exceeds {self.max_body_bytes} bytes", "request_too_large")
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

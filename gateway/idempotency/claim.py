@@ -46,12 +46,24 @@ class KeyClaim:
             claim = await store.claim(ctx.tenant_id, self.key, ctx.fingerprint, ctx.request_id)
         except BackendUnavailable as exc:  # only keyed requests need the store, so only they are refused
             retry = str(self.state.admission.retry_after(exc.retry_after_s))
-            raise refused(self.state, ctx.tenant_id, APIError(
-                503, "idempotency records are unavailable; retry later, or send the request without Idempotency-Key",
-                "idempotency_unavailable", "Idempotency-Key", headers={"Retry-After": retry})) from None
+            raise refused(
+                self.state,
+                ctx.tenant_id,
+                APIError(
+                    503,
+                    "idempotency records are unavailable; retry later, or send the request without Idempotency-Key",
+                    "idempotency_unavailable",
+                    "Idempotency-Key",
+                    headers={"Retry-After": retry},
+                ),
+            ) from None
         if claim.outcome == "mismatch":
-            raise APIError(422, "Idempotency-Key was already used with a different request body",
-                           "idempotency_key_reused", "Idempotency-Key")
+            raise APIError(
+                422,
+                "Idempotency-Key was already used with a different request body",
+                "idempotency_key_reused",
+                "Idempotency-Key",
+            )
         self.outcome = claim.outcome
         replayed = {"Idempotent-Replayed": "true", "X-Request-Id": claim.request_id or ctx.request_id}
         if claim.outcome == "replay":
@@ -59,8 +71,11 @@ class KeyClaim:
             self._earlier = StoredResponseSender(claim.response, replayed)
         elif claim.outcome == "attach":
             local = self.state.runs.by_key.get((ctx.tenant_id, self.key))
-            self._earlier = RunResponse(local, replayed) if local is not None else \
-                FollowResponse(store.follow(ctx.tenant_id, self.key), bool(ctx.body.stream), replayed)
+            self._earlier = (
+                RunResponse(local, replayed)
+                if local is not None
+                else FollowResponse(store.follow(ctx.tenant_id, self.key), bool(ctx.body.stream), replayed)
+            )
         return self
 
     @property
@@ -68,8 +83,9 @@ class KeyClaim:
         """The response of the key's earlier request (replayed, or attached to while it runs), if any."""
         return self._earlier
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self.outcome == "new" and not self._handed_over:  # refused (or cancelled) before a Run took it
             await self._abandon()
 
@@ -82,6 +98,7 @@ class KeyClaim:
 
         async def publish(chunk: str) -> None:
             await store.append(tenant_id, key, chunk)
+
         self._publisher = asyncio.create_task(publish_chunks(run, publish))
 
     async def settle(self, run: Run, outcome: Outcome) -> None:

@@ -21,7 +21,9 @@ INFLIGHT_LEASE_S = 900.0  # an in-flight record outlives no request; a crashed o
 
 def fingerprint(path: str, body: Any) -> str:
     """sha256 of the endpoint and the canonical JSON of the parsed body (key order and spacing ignored)."""
-    canonical = json.dumps({"path": path, "body": body}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    canonical = json.dumps(
+        {"path": path, "body": body}, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -44,7 +46,9 @@ class StoredResponse:
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> StoredResponse:
         """Inverse of to_json."""
-        return cls(status=raw["status"], kind=raw["kind"], chunks=list(raw["chunks"]), headers=dict(raw["headers"]))
+        return cls(
+            status=raw["status"], kind=raw["kind"], chunks=list(raw["chunks"]), headers=dict(raw["headers"])
+        )
 
 
 @dataclass

@@ -62,7 +62,10 @@ def _unavailable_counter(registry: CollectorRegistry | None) -> Counter:
             found = _metrics[registry] = Counter(
                 "fairserve_idempotency_backend_unavailable_total",
                 "Idempotency operations that could not reach Redis, by operation "
-                "(claim: answered 503 idempotency_unavailable).", ["op"], registry=registry)
+                "(claim: answered 503 idempotency_unavailable).",
+                ["op"],
+                registry=registry,
+            )
             for op in _OPS:
                 found.labels(op=op)  # exported at 0 from the start
         return found
@@ -71,8 +74,9 @@ def _unavailable_counter(registry: CollectorRegistry | None) -> Counter:
 class RedisIdempotencyStore:
     """Idempotency records in Redis, shared by every gateway process using the same URL."""
 
-    def __init__(self, link: RedisLink | str, ttl_s: float = 86400.0,
-                 registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, link: RedisLink | str, ttl_s: float = 86400.0, registry: CollectorRegistry | None = None
+    ) -> None:
         self.ttl_s = ttl_s
         self.link = connect(link) if isinstance(link, str) else link
         self._owns_link = isinstance(link, str)
@@ -118,7 +122,9 @@ class RedisIdempotencyStore:
         try:
             claim = await self._call("claim", lambda: self._claim(tenant_id, key, fp, request_id, nonce))
         except BackendUnavailable as exc:
-            if exc.__cause__ is not None:  # it reached Redis (not failed fast): the SET NX may still run there
+            if (
+                exc.__cause__ is not None
+            ):  # it reached Redis (not failed fast): the SET NX may still run there
                 self.repair.later(rkey, nonce)
             raise
         if claim.outcome == "new":

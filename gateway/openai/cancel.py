@@ -20,8 +20,9 @@ async def cancel_request(request: Request) -> JSONResponse:
     if run is None:
         raise APIError(404, f"no live request {request_id!r}", "request_not_found", "request_id")
     run.cancel("api")
-    return JSONResponse({"id": request_id, "object": "request.cancel", "cancelled": True,
-                         "started": run.started})
+    return JSONResponse(
+        {"id": request_id, "object": "request.cancel", "cancelled": True, "started": run.started}
+    )
 
 
 async def cancel_task(request: Request) -> JSONResponse:
@@ -34,8 +35,9 @@ async def cancel_task(request: Request) -> JSONResponse:
         raise APIError(404, f"no live requests for task {task_id!r}", "task_not_found", "task_id")
     for run in runs:
         run.cancel("api")
-    return JSONResponse({"task_id": task_id, "object": "task.cancel",
-                         "cancelled": sorted(r.spec.request_id for r in runs)})
+    return JSONResponse(
+        {"task_id": task_id, "object": "task.cancel", "cancelled": sorted(r.spec.request_id for r in runs)}
+    )
 
 
 routes = [

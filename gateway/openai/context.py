@@ -32,8 +32,14 @@ from gateway.state import GatewayState
 # Ledger columns that are the engine's RequestMetrics fields of the same name, and their value when the
 # request ended without metrics (refused by the engine, or a gateway bug).
 _METRIC_COLUMNS: dict[str, Any] = {
-    "cancel_state": None, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0,
-    "charged_service": 0.0, "tokens_after_cancel": 0, "preemptions": 0, "recomputed_tokens": 0,
+    "cancel_state": None,
+    "prompt_tokens": 0,
+    "cached_tokens": 0,
+    "completion_tokens": 0,
+    "charged_service": 0.0,
+    "tokens_after_cancel": 0,
+    "preemptions": 0,
+    "recomputed_tokens": 0,
 }
 
 
@@ -74,37 +80,72 @@ class RequestContext:
 
     def admission_ask(self) -> AdmissionAsk:
         """The one admission call's question: deadline, queue bounds and quota of this request."""
-        return AdmissionAsk(self.tenant_id, len(self.inputs.prompt_token_ids), self.inputs.params.max_tokens,
-                            self.deadline, self.arrival, self.limits, self.caller.tenant.max_queued_requests)
+        return AdmissionAsk(
+            self.tenant_id,
+            len(self.inputs.prompt_token_ids),
+            self.inputs.params.max_tokens,
+            self.deadline,
+            self.arrival,
+            self.limits,
+            self.caller.tenant.max_queued_requests,
+        )
 
     def meta(self) -> RequestMeta:
         """Who asked and under what contract, for the engine's scheduler."""
         tenant = self.caller.tenant
-        return RequestMeta(tenant_id=tenant.id, api_key_id=self.caller.key.id, user=self.body.user,
-                           task_id=self.ident.task_id, workflow_run_id=self.ident.workflow_run_id,
-                           attempt=self.ident.attempt, priority=tenant.priority_class, weight=tenant.weight,
-                           deadline=self.deadline, arrival_time=self.arrival, cache_group=tenant.cache_group,
-                           cache_salt=self.body.cache_salt)
+        return RequestMeta(
+            tenant_id=tenant.id,
+            api_key_id=self.caller.key.id,
+            user=self.body.user,
+            task_id=self.ident.task_id,
+            workflow_run_id=self.ident.workflow_run_id,
+            attempt=self.ident.attempt,
+            priority=tenant.priority_class,
+            weight=tenant.weight,
+            deadline=self.deadline,
+            arrival_time=self.arrival,
+            cache_group=tenant.cache_group,
+            cache_salt=self.body.cache_salt,
+        )
 
     def run_spec(self) -> RunSpec:
         """The shape of the response the Run produces."""
         shape = Shape(self.chat, self.request_id, self.body.model, int(self.arrival))
-        return RunSpec(self.request_id, self.tenant_id, self.ident.task_id, shape, bool(self.body.stream),
-                       self.body.include_usage, self.idempotency_key, engine_id=self.engine_id,
-                       continuous_usage=self.body.continuous_usage)
+        return RunSpec(
+            self.request_id,
+            self.tenant_id,
+            self.ident.task_id,
+            shape,
+            bool(self.body.stream),
+            self.body.include_usage,
+            self.idempotency_key,
+            engine_id=self.engine_id,
+            continuous_usage=self.body.continuous_usage,
+        )
 
     def usage_record(self, outcome: Outcome, finished: float) -> UsageRecord:
         """The ledger row of the ended request: ids from the context, counts and timings from the engine."""
         m = outcome.metrics
         queue_ms, ttft_ms, e2e_ms = _timings(m, finished)
-        counts = {name: getattr(m, name) for name in _METRIC_COLUMNS} if m is not None else dict(_METRIC_COLUMNS)
+        counts = (
+            {name: getattr(m, name) for name in _METRIC_COLUMNS} if m is not None else dict(_METRIC_COLUMNS)
+        )
         return UsageRecord(
-            request_id=self.request_id, tenant_id=self.tenant_id, api_key_id=self.caller.key.id,
-            task_id=self.ident.task_id, workflow_run_id=self.ident.workflow_run_id, attempt=self.ident.attempt,
-            model=self.body.model, status=outcome.status,
+            request_id=self.request_id,
+            tenant_id=self.tenant_id,
+            api_key_id=self.caller.key.id,
+            task_id=self.ident.task_id,
+            workflow_run_id=self.ident.workflow_run_id,
+            attempt=self.ident.attempt,
+            model=self.body.model,
+            status=outcome.status,
             finish_reason=outcome.finish_reason.value if outcome.finish_reason else None,
-            **counts, queue_ms=queue_ms, ttft_ms=ttft_ms, e2e_ms=e2e_ms,
-            created_at=datetime.fromtimestamp(self.arrival, UTC), finished_at=datetime.fromtimestamp(finished, UTC),
+            **counts,
+            queue_ms=queue_ms,
+            ttft_ms=ttft_ms,
+            e2e_ms=e2e_ms,
+            created_at=datetime.fromtimestamp(self.arrival, UTC),
+            finished_at=datetime.fromtimestamp(finished, UTC),
         )
 
 
@@ -121,8 +162,11 @@ def _timings(m: RequestMetrics | None, finished: float) -> tuple[float | None, f
     """(queue, time to first token, end to end) in ms, from the engine's clock of the request."""
     if m is None:
         return None, None, None
-    return (_ms(m.arrival_time, m.first_scheduled_time), _ms(m.arrival_time, m.first_token_time),
-            _ms(m.arrival_time, m.finished_time or finished))
+    return (
+        _ms(m.arrival_time, m.first_scheduled_time),
+        _ms(m.arrival_time, m.first_token_time),
+        _ms(m.arrival_time, m.finished_time or finished),
+    )
 
 
 async def read_request(request: Request, state: GatewayState, caller: Caller, chat: bool) -> RequestContext:
@@ -136,6 +180,15 @@ async def read_request(request: Request, state: GatewayState, caller: Caller, ch
         raise APIError(503, "the engine is not running", "engine_unavailable", headers={"Retry-After": "1"})
     inputs = await rp.engine_input_async(body, state.engine)
     fp = fingerprint(request.url.path, json.loads(raw)) if ident.idempotency_key is not None else None
-    return RequestContext(caller=caller, ident=ident, id_chosen=bool(request.state.request_id_chosen),
-                          engine_id=new_request_id(), chat=chat, arrival=now,
-                          deadline=deadline, body=body, fingerprint=fp, inputs=inputs)
+    return RequestContext(
+        caller=caller,
+        ident=ident,
+        id_chosen=bool(request.state.request_id_chosen),
+        engine_id=new_request_id(),
+        chat=chat,
+        arrival=now,
+        deadline=deadline,
+        body=body,
+        fingerprint=fp,
+        inputs=inputs,
+    )

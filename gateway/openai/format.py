@@ -58,13 +58,16 @@ class Shape:
         out = self._head(self.object) | {"choices": [choice], "usage": usage(m)}
         return json.dumps(out, ensure_ascii=False)
 
-    def chunk(self, delta_text: str, reason: FinishReason | None, first: bool,
-              so_far: RequestMetrics | None = None) -> str:
+    def chunk(
+        self, delta_text: str, reason: FinishReason | None, first: bool, so_far: RequestMetrics | None = None
+    ) -> str:
         """One stream event's JSON: a text delta, on the last one the finish reason, and with `so_far`
         the usage up to this event (`stream_options.continuous_usage_stats`)."""
         finish = openai_finish_reason(reason)
         if self.chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": delta_text} if first else {"content": delta_text}
+            delta: dict[str, Any] = (
+                {"role": "assistant", "content": delta_text} if first else {"content": delta_text}
+            )
             choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             obj = "chat.completion.chunk"
         else:

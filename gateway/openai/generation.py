@@ -31,9 +31,16 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
     """Handle one completions or chat completions request; returns the ASGI response to send."""
     state: GatewayState = request.app.state.gateway
     if state.draining:
-        raise refused(state, None, APIError(503, "the server is shutting down; retry on another replica",
-                                            "shutting_down",
-                                            headers={"Retry-After": str(state.admission.retry_after(1.0))}))
+        raise refused(
+            state,
+            None,
+            APIError(
+                503,
+                "the server is shutting down; retry on another replica",
+                "shutting_down",
+                headers={"Retry-After": str(state.admission.retry_after(1.0))},
+            ),
+        )
     caller = await authenticate(request, state.keys, state.auth_budget, state.metrics.auth_failures)
     shed = await state.edge.shed(state.engine.stats(), caller.tenant.id, quota_limits(caller))
     if shed is not None:  # before the body is read: an overloaded server spends nothing more on it
@@ -47,8 +54,11 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
         if isinstance(verdict, Rejection):
             raise rejected(state, ctx.tenant_id, verdict)
         run = _start(state, ctx, verdict, claim)
-    headers = {"X-Request-Id": ctx.request_id, **quota_headers(verdict.quota),
-               "X-Estimated-Start-Ms": str(verdict.estimated_start_ms)}
+    headers = {
+        "X-Request-Id": ctx.request_id,
+        **quota_headers(verdict.quota),
+        "X-Estimated-Start-Ms": str(verdict.estimated_start_ms),
+    }
     if verdict.quota_unenforced:
         headers[QUOTA_STATUS_HEADER] = "unenforced; reason=backend_unavailable"  # failed open: say so
     return RunResponse(run, headers)
@@ -57,12 +67,17 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
 async def _check_request_id(state: GatewayState, ctx: RequestContext) -> None:
     """409 for a request id of this tenant that is in flight, or (the client's own) already in the ledger."""
     if (ctx.tenant_id, ctx.request_id) in state.runs.by_id:
-        raise APIError(409, f"request id {ctx.request_id!r} is already in flight", "duplicate_request_id",
-                       "X-Request-Id")
+        raise APIError(
+            409, f"request id {ctx.request_id!r} is already in flight", "duplicate_request_id", "X-Request-Id"
+        )
     if ctx.id_chosen and await _id_already_used(state, ctx.tenant_id, ctx.request_id):
         # The ledger keeps one row per request id; a second request under the same id would lose its row.
-        raise APIError(409, f"request id {ctx.request_id!r} was already used; send a new X-Request-Id",
-                       "duplicate_request_id", "X-Request-Id")
+        raise APIError(
+            409,
+            f"request id {ctx.request_id!r} was already used; send a new X-Request-Id",
+            "duplicate_request_id",
+            "X-Request-Id",
+        )
 
 
 async def _id_already_used(state: GatewayState, tenant_id: str, request_id: str) -> bool:
@@ -83,13 +98,18 @@ def _start(state: GatewayState, ctx: RequestContext, admission: Admission, claim
     """Submit the engine request and start the task that owns the run to its end."""
     spec = ctx.run_spec()
     engine = state.engine
-    run = Run(spec, abort=lambda reason: engine.abort(spec.engine_id, reason),
-              orphan_grace_s=state.settings.idempotent_orphan_grace_s)
+    run = Run(
+        spec,
+        abort=lambda reason: engine.abort(spec.engine_id, reason),
+        orphan_grace_s=state.settings.idempotent_orphan_grace_s,
+    )
     run.submitted_at = time.perf_counter()
     feed = RunFeed(run, admission.slot.start, lambda outcome: _record(state, ctx, outcome))
     stream: OutputStream | None = None
     try:  # submitted here, not when the task below first runs: the engine sees it one loop pass sooner
-        stream = engine.submit(ctx.inputs.prompt_token_ids, ctx.inputs.params, ctx.meta(), spec.engine_id, sink=feed)
+        stream = engine.submit(
+            ctx.inputs.prompt_token_ids, ctx.inputs.params, ctx.meta(), spec.engine_id, sink=feed
+        )
     except Exception as exc:  # a race the edge checks missed, or a dead engine: the feed reports it as usual
         feed(exc)
     state.runs.add(run)
@@ -98,8 +118,15 @@ def _start(state: GatewayState, ctx: RequestContext, admission: Admission, claim
     return run
 
 
-async def _own(state: GatewayState, ctx: RequestContext, run: Run, feed: RunFeed, stream: OutputStream | None,
-               admission: Admission, claim: KeyClaim) -> None:
+async def _own(
+    state: GatewayState,
+    ctx: RequestContext,
+    run: Run,
+    feed: RunFeed,
+    stream: OutputStream | None,
+    admission: Admission,
+    claim: KeyClaim,
+) -> None:
     """Wait for the run to end, then settle quota, count metrics and settle the idempotency claim."""
     try:
         outcome = await feed.outcome
@@ -108,9 +135,15 @@ async def _own(state: GatewayState, ctx: RequestContext, run: Run, feed: RunFeed
             stream.close()  # ended already, unless this task was cancelled: then it aborts the request
         admission.slot.release()
         state.runs.remove(run)
-    await asyncio.sleep(0)  # the readers woke at the last notify: let them send the reply before the bookkeeping
-    if run.error is not None and run.error.code == "engine_unavailable" and not state.engine.is_alive \
-            and not state.settings.engines:  # an attached engine rejoins by itself (engine/remote/client.py)
+    await asyncio.sleep(
+        0
+    )  # the readers woke at the last notify: let them send the reply before the bookkeeping
+    if (
+        run.error is not None
+        and run.error.code == "engine_unavailable"
+        and not state.engine.is_alive
+        and not state.settings.engines
+    ):  # an attached engine rejoins by itself (engine/remote/client.py)
         state.engine_failed = True  # unless a new worker is already up (gateway/ops/engine_watch.py)
     m = outcome.metrics
     try:

@@ -38,7 +38,9 @@ def _optional_id(request: Request, header: str) -> str | None:
     if value is None:
         return None
     if not _TOKEN_ID.match(value):
-        raise APIError(400, f"{header} must be 1-200 characters of letters, digits and ._:-/", "invalid_header", header)
+        raise APIError(
+            400, f"{header} must be 1-200 characters of letters, digits and ._:-/", "invalid_header", header
+        )
     return value
 
 
@@ -92,7 +94,9 @@ class EngineInput:
     params: SamplingParams
 
 
-async def engine_input_async(body: CompletionRequest | ChatCompletionRequest, engine: EngineClient) -> EngineInput:
+async def engine_input_async(
+    body: CompletionRequest | ChatCompletionRequest, engine: EngineClient
+) -> EngineInput:
     """`engine_input`, with a large text prompt tokenised off the event loop."""
     if _text_chars(body) > TOKENIZE_INLINE_CHARS:
         return await asyncio.to_thread(engine_input, body, engine)
@@ -111,8 +115,12 @@ def _text_chars(body: CompletionRequest | ChatCompletionRequest) -> int:
 def engine_input(body: CompletionRequest | ChatCompletionRequest, engine: EngineClient) -> EngineInput:
     """Check the caps, tokenise, resolve max_tokens and validate everything the engine would refuse."""
     if body.model != engine.model_name:
-        raise APIError(400, f"model {body.model!r} does not exist; this server serves {engine.model_name!r}",
-                       "model_not_found", "model")
+        raise APIError(
+            400,
+            f"model {body.model!r} does not exist; this server serves {engine.model_name!r}",
+            "model_not_found",
+            "model",
+        )
     caps: RequestCaps = engine.caps
     params = body.sampling(None)
     try:
@@ -125,8 +133,12 @@ def engine_input(body: CompletionRequest | ChatCompletionRequest, engine: Engine
         raise APIError(400, f"{prompt_param} encodes to no tokens", "invalid_value", prompt_param)
     limit = engine.max_model_len
     if len(ids) >= limit:
-        raise APIError(400, f"{prompt_param} has {len(ids)} tokens; this model's context is {limit} tokens",
-                       "context_length_exceeded", prompt_param)
+        raise APIError(
+            400,
+            f"{prompt_param} has {len(ids)} tokens; this model's context is {limit} tokens",
+            "context_length_exceeded",
+            prompt_param,
+        )
     if requested is not None and requested < 1:
         raise APIError(400, f"{max_param} must be >= 1, got {requested}", "invalid_value", max_param)
     if requested is None:
@@ -135,14 +147,16 @@ def engine_input(body: CompletionRequest | ChatCompletionRequest, engine: Engine
         raise APIError(
             400,
             f"{max_param}={requested} plus {len(ids)} prompt tokens exceeds the {limit}-token context",
-            "context_length_exceeded", max_param,
+            "context_length_exceeded",
+            max_param,
         )
     params.max_tokens = requested
     return EngineInput(ids, params)
 
 
-def _tokens(body: CompletionRequest | ChatCompletionRequest, engine: EngineClient,
-            caps: RequestCaps) -> tuple[list[int], int | None, str, str]:
+def _tokens(
+    body: CompletionRequest | ChatCompletionRequest, engine: EngineClient, caps: RequestCaps
+) -> tuple[list[int], int | None, str, str]:
     """(prompt token ids, requested max tokens, its field name, the prompt's field name); 400 over a cap."""
     tok = engine.tokenizer
     if isinstance(body, ChatCompletionRequest):
@@ -154,7 +168,11 @@ def _tokens(body: CompletionRequest | ChatCompletionRequest, engine: EngineClien
         max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         return ids, body.requested_max_tokens, max_param, "messages"
     prompt = body.prompt
-    text = prompt if isinstance(prompt, str) else (str(prompt[0]) if prompt and isinstance(prompt[0], str) else None)
+    text = (
+        prompt
+        if isinstance(prompt, str)
+        else (str(prompt[0]) if prompt and isinstance(prompt[0], str) else None)
+    )
     if text is not None:
         try:
             caps.check_prompt_text(text, "prompt")

@@ -19,7 +19,9 @@ def quota_headers(decision: QuotaDecision | None) -> dict[str, str]:
 def refused(state: GatewayState, tenant_id: str | None, err: APIError) -> APIError:
     """Count and log an edge refusal (metrics and the dashboard's recent list); returns `err`."""
     state.metrics.rejections.labels(err.code or "other").inc()
-    state.rejections.record(err.code or "other", err.status, err.headers.get("Retry-After"), tenant_id, err.message)
+    state.rejections.record(
+        err.code or "other", err.status, err.headers.get("Retry-After"), tenant_id, err.message
+    )
     return err
 
 

@@ -109,8 +109,13 @@ class RunResponse:
         if not run.chunks and run.error is not None:
             await _send_error(send, run.error, self.headers)
             return True
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": _raw({**self._timed(), **_SSE_HEADERS}, "text/event-stream")})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": _raw({**self._timed(), **_SSE_HEADERS}, "text/event-stream"),
+            }
+        )
         # Every event that is ready goes out in one write, and the last ones with the end of the stream:
         # each write is a syscall and a wake-up of the client, the largest per-event cost here.
         sent = 0
@@ -143,8 +148,13 @@ class StoredResponseSender:
         if self.stored.kind == "json":
             await _send_json(send, self.stored.status, self.stored.chunks[0], self.headers)
             return
-        await send({"type": "http.response.start", "status": self.stored.status,
-                    "headers": _raw({**self.headers, **_SSE_HEADERS}, "text/event-stream")})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": self.stored.status,
+                "headers": _raw({**self.headers, **_SSE_HEADERS}, "text/event-stream"),
+            }
+        )
         body = b"".join(sse(c) for c in self.stored.chunks)
         await send({"type": "http.response.body", "body": body})
 
@@ -181,8 +191,11 @@ class FollowResponse:
                 return
             item = step.result()
             if item.abandoned:
-                err = APIError(409, "the original request with this Idempotency-Key ended without a result; "
-                               "retry it", "idempotency_abandoned")
+                err = APIError(
+                    409,
+                    "the original request with this Idempotency-Key ended without a result; retry it",
+                    "idempotency_abandoned",
+                )
                 if not started:
                     await _send_error(send, err, self.headers)
                 else:
@@ -195,8 +208,13 @@ class FollowResponse:
                 continue
             if not started:
                 started = True
-                await send({"type": "http.response.start", "status": 200,
-                            "headers": _raw({**self.headers, **_SSE_HEADERS}, "text/event-stream")})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 200,
+                        "headers": _raw({**self.headers, **_SSE_HEADERS}, "text/event-stream"),
+                    }
+                )
             chunks = item.final.chunks if item.final is not None else item.chunks
             skip = sent if item.final is not None else 0
             for chunk in chunks[skip:]:

@@ -26,11 +26,20 @@ async def models(request: Request) -> JSONResponse:
     """GET /v1/models: the one model this engine serves."""
     state: GatewayState = request.app.state.gateway
     await authenticate(request, state.keys, state.auth_budget, state.metrics.auth_failures)
-    return JSONResponse({
-        "object": "list",
-        "data": [{"id": state.engine.model_name, "object": "model", "created": 0, "owned_by": "fairserve",
-                  "max_model_len": state.engine.max_model_len}],
-    })
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": state.engine.model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "fairserve",
+                    "max_model_len": state.engine.max_model_len,
+                }
+            ],
+        }
+    )
 
 
 routes = [

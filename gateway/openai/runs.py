@@ -166,8 +166,9 @@ class RunFeed:
     task in between; `outcome` resolves when the request has ended. It never raises.
     """
 
-    def __init__(self, run: Run, on_first: Callable[[], None],
-                 on_end: Callable[[Outcome], None] = lambda outcome: None) -> None:
+    def __init__(
+        self, run: Run, on_first: Callable[[], None], on_end: Callable[[Outcome], None] = lambda outcome: None
+    ) -> None:
         self.run = run
         self.on_first = on_first
         self.on_end = on_end
@@ -219,8 +220,12 @@ class RunFeed:
         elif isinstance(exc, InvalidRequestError):
             run.error = APIError(400, str(exc), "invalid_value", exc.field_name)
         elif isinstance(exc, EngineDeadError):
-            run.error = APIError(503, "the engine stopped; retry on another replica", "engine_unavailable",
-                                 headers={"Retry-After": "1"})
+            run.error = APIError(
+                503,
+                "the engine stopped; retry on another replica",
+                "engine_unavailable",
+                headers={"Retry-After": "1"},
+            )
             metrics = self.last.metrics if self.last else None
             return Outcome("error", FinishReason.ERROR, metrics, run.cancelled_by)
         else:  # a bug on this side of the engine, not the engine's death
@@ -258,8 +263,12 @@ def _final(run: Run, last: RequestOutput) -> StoredResponse:
     headers = {"X-Request-Id": spec.request_id}
     if spec.stream:
         tail = [spec.shape.usage_chunk(last.metrics)] if spec.include_usage else []
-        if last.finish_reason is FinishReason.ERROR:  # it failed alone (engine/isolation.py): say so on the stream
-            tail.append(json.dumps(error_body(500, "the engine failed while generating this request", "engine_error")))
+        if (
+            last.finish_reason is FinishReason.ERROR
+        ):  # it failed alone (engine/isolation.py): say so on the stream
+            tail.append(
+                json.dumps(error_body(500, "the engine failed while generating this request", "engine_error"))
+            )
         return StoredResponse(200, "sse", [*run.chunks, *tail, DONE], headers)
     if last.finish_reason is FinishReason.DEADLINE:
         body = error_body(504, "the deadline passed before the request finished", "deadline_exceeded")
@@ -267,7 +276,9 @@ def _final(run: Run, last: RequestOutput) -> StoredResponse:
     if last.finish_reason is FinishReason.ERROR:
         body = error_body(500, "the engine failed while generating", "engine_error")
         return StoredResponse(500, "json", [json.dumps(body)], headers)
-    return StoredResponse(200, "json", [spec.shape.body(last.text, last.finish_reason, last.metrics)], headers)
+    return StoredResponse(
+        200, "json", [spec.shape.body(last.text, last.finish_reason, last.metrics)], headers
+    )
 
 
 class RunRegistry:

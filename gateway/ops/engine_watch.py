@@ -59,9 +59,13 @@ async def keep_engine_alive(state: GatewayState, engine: ProcessEngine) -> None:
         state.engine_failed = False
         state.metrics.engine_restarts.labels("ok").inc()
         took = engine.last_start
-        log.warning("engine worker replaced (start %.2f s: spawn and imports %.2f s, engine build %.2f s); "
-                    "admitting again", took.get("total_s", 0.0), took.get("spawn_and_imports_s", 0.0),
-                    took.get("build_s", 0.0))
+        log.warning(
+            "engine worker replaced (start %.2f s: spawn and imports %.2f s, engine build %.2f s); "
+            "admitting again",
+            took.get("total_s", 0.0),
+            took.get("spawn_and_imports_s", 0.0),
+            took.get("build_s", 0.0),
+        )
 
 
 async def _start_worker(state: GatewayState, engine: ProcessEngine) -> bool:
@@ -69,16 +73,24 @@ async def _start_worker(state: GatewayState, engine: ProcessEngine) -> bool:
     loop = asyncio.get_running_loop()
 
     def failed(retry: RetryCallState) -> None:
-        log.error("could not start a new engine worker (attempt %d): %s", retry.attempt_number,
-                  retry.outcome.exception() if retry.outcome else None)
+        log.error(
+            "could not start a new engine worker (attempt %d): %s",
+            retry.attempt_number,
+            retry.outcome.exception() if retry.outcome else None,
+        )
         state.metrics.engine_restarts.labels("failed").inc()
 
     def draining(retry: RetryCallState) -> bool:
         return state.draining
 
     try:
-        async for attempt in AsyncRetrying(wait=START_BACKOFF, retry=retry_if_exception_type(Exception),
-                                           stop=draining, before_sleep=failed, reraise=True):
+        async for attempt in AsyncRetrying(
+            wait=START_BACKOFF,
+            retry=retry_if_exception_type(Exception),
+            stop=draining,
+            before_sleep=failed,
+            reraise=True,
+        ):
             with attempt:
                 await asyncio.to_thread(engine.restart, loop)
     except Exception:

@@ -63,7 +63,9 @@ class _EngineCollector(Collector):
             ("fairserve_engine_alive", "1 while the engine loop runs", 1.0 if stats.alive else 0.0),
         ):
             yield GaugeMetricFamily(name, doc, value=float(value))
-        waiting = GaugeMetricFamily("fairserve_waiting_requests", "Requests queued in the engine", labels=["tenant"])
+        waiting = GaugeMetricFamily(
+            "fairserve_waiting_requests", "Requests queued in the engine", labels=["tenant"]
+        )
         by_label: dict[str, int] = {}
         for tenant_id, count in stats.waiting_by_tenant.items():
             key = self._labels.label(tenant_id)
@@ -73,9 +75,17 @@ class _EngineCollector(Collector):
         yield waiting
         for name, doc, value in (
             ("fairserve_kv_alloc_failures", "KV block allocation failures", stats.kv_alloc_failures),
-            ("fairserve_recomputed_tokens", "Tokens recomputed after preemption", stats.recomputed_tokens_total),
+            (
+                "fairserve_recomputed_tokens",
+                "Tokens recomputed after preemption",
+                stats.recomputed_tokens_total,
+            ),
             ("fairserve_swapped_bytes", "Bytes swapped out by preemption", stats.swapped_bytes_total),
-            ("fairserve_deadline_misses", "Requests that missed their deadline in the engine", stats.deadline_misses),
+            (
+                "fairserve_deadline_misses",
+                "Requests that missed their deadline in the engine",
+                stats.deadline_misses,
+            ),
         ):
             yield CounterMetricFamily(name, doc, value=float(value))
         # The engine reports one total; reason and mode labels keep the documented shape.
@@ -97,23 +107,39 @@ class _EnginesCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         loads = list(self._loads())
         gauges = [
-            (GaugeMetricFamily("fairserve_engine_up", "1 while the engine answers", labels=["engine"]),
-             lambda e: 1.0 if e.alive else 0.0),
-            (GaugeMetricFamily("fairserve_engine_waiting", "Requests queued in the engine", labels=["engine"]),
-             lambda e: e.waiting),
-            (GaugeMetricFamily("fairserve_engine_running", "Requests running in the engine", labels=["engine"]),
-             lambda e: e.running),
-            (GaugeMetricFamily("fairserve_engine_kv_use", "Share of the engine's KV blocks in use", labels=["engine"]),
-             lambda e: e.kv_use),
+            (
+                GaugeMetricFamily("fairserve_engine_up", "1 while the engine answers", labels=["engine"]),
+                lambda e: 1.0 if e.alive else 0.0,
+            ),
+            (
+                GaugeMetricFamily(
+                    "fairserve_engine_waiting", "Requests queued in the engine", labels=["engine"]
+                ),
+                lambda e: e.waiting,
+            ),
+            (
+                GaugeMetricFamily(
+                    "fairserve_engine_running", "Requests running in the engine", labels=["engine"]
+                ),
+                lambda e: e.running,
+            ),
+            (
+                GaugeMetricFamily(
+                    "fairserve_engine_kv_use", "Share of the engine's KV blocks in use", labels=["engine"]
+                ),
+                lambda e: e.kv_use,
+            ),
         ]
         for family, value in gauges:
             for e in loads:
                 family.add_metric([e.key], float(value(e)))
             yield family
-        in_flight = GaugeMetricFamily("fairserve_engine_in_flight", "This gateway's requests live on the engine",
-                                      labels=["engine"])
-        routed = CounterMetricFamily("fairserve_engine_routed", "Requests this gateway routed to the engine",
-                                     labels=["engine"])
+        in_flight = GaugeMetricFamily(
+            "fairserve_engine_in_flight", "This gateway's requests live on the engine", labels=["engine"]
+        )
+        routed = CounterMetricFamily(
+            "fairserve_engine_routed", "Requests this gateway routed to the engine", labels=["engine"]
+        )
         for e in loads:
             if e.routed is not None:  # a lone engine is not routed to: it has no count of its own
                 in_flight.add_metric([e.key], float(e.in_flight or 0))
@@ -125,8 +151,12 @@ class _EnginesCollector(Collector):
 class GatewayMetrics:
     """Every fairserve metric of one app, registered on its own registry."""
 
-    def __init__(self, labels: TenantLabels, stats: Callable[[], Any] | None = None,
-                 loads: Callable[[], Iterable[Any]] | None = None) -> None:
+    def __init__(
+        self,
+        labels: TenantLabels,
+        stats: Callable[[], Any] | None = None,
+        loads: Callable[[], Iterable[Any]] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         self.labels = labels
         r = self.registry
@@ -140,14 +170,28 @@ class GatewayMetrics:
         self.queue = hist("fairserve_queue_seconds", "Arrival to first scheduled")
         self.requests = Counter("fairserve_requests", "Finished requests", ["tenant", "status"], registry=r)
         self.tokens = Counter("fairserve_tokens", "Tokens by kind", ["tenant", "kind"], registry=r)
-        self.charged = Counter("fairserve_charged_service", "Charged fairness service", ["tenant"], registry=r)
-        self.rejections = Counter("fairserve_admission_rejections", "Requests refused at the edge", ["reason"], registry=r)
-        self.auth_failures = Counter("fairserve_auth_failures", "Refused authentications: missing, invalid "
-                                     "(malformed, unknown, revoked, disabled) or limited (address over budget)",
-                                     ["outcome"], registry=r)
-        self.cancel_lag = Counter("fairserve_cancel_lag_tokens", "Tokens computed after a cancel signal", registry=r)
-        self.engine_restarts = Counter("fairserve_engine_restarts", "Engine workers started to replace a dead one",
-                                       ["result"], registry=r)
+        self.charged = Counter(
+            "fairserve_charged_service", "Charged fairness service", ["tenant"], registry=r
+        )
+        self.rejections = Counter(
+            "fairserve_admission_rejections", "Requests refused at the edge", ["reason"], registry=r
+        )
+        self.auth_failures = Counter(
+            "fairserve_auth_failures",
+            "Refused authentications: missing, invalid "
+            "(malformed, unknown, revoked, disabled) or limited (address over budget)",
+            ["outcome"],
+            registry=r,
+        )
+        self.cancel_lag = Counter(
+            "fairserve_cancel_lag_tokens", "Tokens computed after a cancel signal", registry=r
+        )
+        self.engine_restarts = Counter(
+            "fairserve_engine_restarts",
+            "Engine workers started to replace a dead one",
+            ["result"],
+            registry=r,
+        )
         if stats is not None:
             r.register(_EngineCollector(stats, labels))
         if loads is not None:  # routing.EngineLoad rows, one per engine
@@ -167,6 +211,8 @@ class GatewayMetrics:
         if m.first_token_time is not None:
             self.ttft.labels(t).observe(max(m.first_token_time - m.arrival_time, 0.0))
             if m.finished_time is not None and m.completion_tokens > 1:
-                self.tpot.labels(t).observe(max(m.finished_time - m.first_token_time, 0.0) / (m.completion_tokens - 1))
+                self.tpot.labels(t).observe(
+                    max(m.finished_time - m.first_token_time, 0.0) / (m.completion_tokens - 1)
+                )
         if m.finished_time is not None:
             self.e2e.labels(t).observe(max(m.finished_time - m.arrival_time, 0.0))

@@ -37,8 +37,10 @@ async def readyz(request: Request) -> JSONResponse:
     ok, checks = await run_in_threadpool(state.ready)
     dependencies = await state.dependencies()
     degraded = sorted(name for name, dep in dependencies.items() if dep["state"] != "closed")
-    return JSONResponse({"ready": ok, "checks": checks, "degraded": degraded, "dependencies": dependencies},
-                        status_code=200 if ok else 503)
+    return JSONResponse(
+        {"ready": ok, "checks": checks, "degraded": degraded, "dependencies": dependencies},
+        status_code=200 if ok else 503,
+    )
 
 
 routes = [

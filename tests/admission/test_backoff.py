@@ -39,5 +39,11 @@ def test_jitter_never_pushes_an_estimate_within_the_cap_over_it() -> None:
 
 def test_a_per_minute_windows_slot_of_rounding_is_still_capped_a_longer_wait_is_not() -> None:
     rng = random.Random(1)
-    assert max(retry_after_seconds(RETRY_AFTER_CAP_S + CAP_SLACK_S, 0.25, rng) for _ in range(200)) == RETRY_AFTER_CAP_S
-    assert min(retry_after_seconds(RETRY_AFTER_CAP_S + CAP_SLACK_S + 0.5, 0.0, rng) for _ in range(20)) > RETRY_AFTER_CAP_S
+    assert (
+        max(retry_after_seconds(RETRY_AFTER_CAP_S + CAP_SLACK_S, 0.25, rng) for _ in range(200))
+        == RETRY_AFTER_CAP_S
+    )
+    assert (
+        min(retry_after_seconds(RETRY_AFTER_CAP_S + CAP_SLACK_S + 0.5, 0.0, rng) for _ in range(20))
+        > RETRY_AFTER_CAP_S
+    )

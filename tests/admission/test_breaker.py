@@ -48,7 +48,9 @@ def test_frozen_redis_opens_the_breaker_and_the_probe_closes_it(redis_server: Re
             assert not breaker.is_open
             assert await breaker.call(lambda: link.client.get("k")) == b"v"
             assert registry.get_sample_value("fairserve_backend_circuit_open", {"backend": "redis"}) == 0
-            assert registry.get_sample_value("fairserve_backend_circuit_trips_total", {"backend": "redis"}) == 1
+            assert (
+                registry.get_sample_value("fairserve_backend_circuit_trips_total", {"backend": "redis"}) == 1
+            )
         finally:
             if redis_server.frozen:
                 redis_server.thaw()

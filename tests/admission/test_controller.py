@@ -10,7 +10,9 @@ NOW = 1_000.0
 
 
 def controller(**bounds: int) -> AdmissionController:
-    return AdmissionController(AdmissionSettings(bounds=QueueBounds(**bounds), retry_jitter=0.0), random.Random(0))
+    return AdmissionController(
+        AdmissionSettings(bounds=QueueBounds(**bounds), retry_jitter=0.0), random.Random(0)
+    )
 
 
 def test_passed_deadline_is_408() -> None:

@@ -27,8 +27,14 @@ def _edge(quota: QuotaStore, **bounds: int) -> EdgeAdmission:
 
 
 def _ask(tokens: int, deadline: float | None = None, limits: QuotaLimits = LIMITS) -> AdmissionAsk:
-    return AdmissionAsk("t", prompt_tokens=tokens // 2, max_tokens=tokens - tokens // 2, deadline=deadline,
-                        arrival=NOW, limits=limits)
+    return AdmissionAsk(
+        "t",
+        prompt_tokens=tokens // 2,
+        max_tokens=tokens - tokens // 2,
+        deadline=deadline,
+        arrival=NOW,
+        limits=limits,
+    )
 
 
 @pytest.mark.parametrize("backend", ["memory", "redis"])
@@ -38,8 +44,11 @@ def test_peek_counts_nothing(backend: str) -> None:
         require_redis()
 
     async def scenario() -> None:
-        quota: QuotaStore = RedisQuota(REDIS_URL, namespace=namespace, registry=CollectorRegistry(),
-                                       timeout_s=5.0) if backend == "redis" else MemoryQuota()
+        quota: QuotaStore = (
+            RedisQuota(REDIS_URL, namespace=namespace, registry=CollectorRegistry(), timeout_s=5.0)
+            if backend == "redis"
+            else MemoryQuota()
+        )
         taken = await quota.reserve("t", 30, LIMITS)
         assert taken.allowed
         for _ in range(5):
@@ -81,7 +90,9 @@ def test_quota_refusal_releases_the_queue_slot_and_names_the_window() -> None:
         assert isinstance(first, Admission)
         refused = await edge.admit(_ask(40), Stats())
         assert isinstance(refused, Rejection) and refused.status == 429 and refused.code == "quota_exceeded"
-        assert refused.quota is not None and refused.quota.remaining == 20 and refused.retry_after_s is not None
+        assert (
+            refused.quota is not None and refused.quota.remaining == 20 and refused.retry_after_s is not None
+        )
         assert edge.controller.queues.queued() == 1  # only the first request's slot
 
     asyncio.run(scenario())

@@ -67,7 +67,9 @@ def test_memory_threads_admit_exactly_the_quota() -> None:
     quota = MemoryQuota()
     start = threading.Event()
     results: list[int] = []
-    threads = [threading.Thread(target=lambda: results.append(_hammer(quota, "t", start, 3.0))) for _ in range(8)]
+    threads = [
+        threading.Thread(target=lambda: results.append(_hammer(quota, "t", start, 3.0))) for _ in range(8)
+    ]
     for t in threads:
         t.start()
     start.set()
@@ -135,8 +137,11 @@ def test_settle_refunds_once_and_retry_after_is_when_tokens_leave_the_window(bac
         require_redis()
 
     async def scenario() -> None:
-        quota = RedisQuota(REDIS_URL, namespace=namespace, registry=CollectorRegistry(), timeout_s=5.0) \
-            if backend == "redis" else MemoryQuota()
+        quota = (
+            RedisQuota(REDIS_URL, namespace=namespace, registry=CollectorRegistry(), timeout_s=5.0)
+            if backend == "redis"
+            else MemoryQuota()
+        )
         limits = QuotaLimits(tokens_per_minute=600)
         first = await quota.reserve("t", 500, limits)
         assert first.allowed and first.reservation_id and first.limit == 600 and first.policy == "600;w=60"
@@ -226,7 +231,9 @@ def test_bad_arguments_are_refused() -> None:
 
 
 @pytest.mark.parametrize("fail_open", [True, False])
-def test_redis_down_fails_open_or_closed_without_raising(fail_open: bool, caplog: pytest.LogCaptureFixture) -> None:
+def test_redis_down_fails_open_or_closed_without_raising(
+    fail_open: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -247,9 +254,17 @@ def test_redis_down_fails_open_or_closed_without_raising(fail_open: bool, caplog
 
     asyncio.run(scenario())
     outcome = "allowed" if fail_open else "denied"
-    assert registry.get_sample_value("fairserve_quota_backend_unavailable_total",
-                                     {"op": "reserve", "outcome": outcome}) == 2
-    assert registry.get_sample_value("fairserve_quota_backend_unavailable_total",
-                                     {"op": "settle", "outcome": "lost"}) == 1
+    assert (
+        registry.get_sample_value(
+            "fairserve_quota_backend_unavailable_total", {"op": "reserve", "outcome": outcome}
+        )
+        == 2
+    )
+    assert (
+        registry.get_sample_value(
+            "fairserve_quota_backend_unavailable_total", {"op": "settle", "outcome": "lost"}
+        )
+        == 1
+    )
     assert "quota backend unavailable" in caplog.text
     assert isinstance(make_quota(None), MemoryQuota)

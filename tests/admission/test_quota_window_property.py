@@ -34,12 +34,15 @@ def _max_in_any_window(log: list[Taken], seconds: float) -> int:
     return max((sum(t.tokens for t in log if a.at <= t.at < a.at + seconds) for a in log), default=0)
 
 
-ops = st.lists(st.one_of(
-    st.tuples(st.just("advance"), st.one_of(st.floats(0, 5), st.floats(0, 70), st.floats(0, 90_000))),
-    st.tuples(st.just("reserve"), st.integers(0, 1_100)),
-    st.tuples(st.just("settle"), st.integers(0, 1_000), st.floats(0, 1)),
-    st.tuples(st.just("retry"), st.integers(1, 1_000)),
-), max_size=60)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("advance"), st.one_of(st.floats(0, 5), st.floats(0, 70), st.floats(0, 90_000))),
+        st.tuples(st.just("reserve"), st.integers(0, 1_100)),
+        st.tuples(st.just("settle"), st.integers(0, 1_000), st.floats(0, 1)),
+        st.tuples(st.just("retry"), st.integers(1, 1_000)),
+    ),
+    max_size=60,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -81,5 +84,7 @@ def _check_denial_is_justified(log: list[Taken], now: float, tokens: int, reason
         assert any(tokens > limit for limit, _ in WINDOWS)
         return
     assert reason == "insufficient_tokens"
-    assert any(sum(t.tokens for t in log if t.at > now - spec.seconds - spec.slot_s) + tokens > limit
-               for limit, spec in WINDOWS), (now, tokens)
+    assert any(
+        sum(t.tokens for t in log if t.at > now - spec.seconds - spec.slot_s) + tokens > limit
+        for limit, spec in WINDOWS
+    ), (now, tokens)

@@ -26,7 +26,9 @@ class LiveServer:
 
     def errors(self) -> str:
         """The server's ERROR lines and tracebacks, to put beside an assertion about what it recorded."""
-        return "".join(line for line in self.log if "ERROR" in line or "Traceback" in line or "Error:" in line)
+        return "".join(
+            line for line in self.log if "ERROR" in line or "Traceback" in line or "Error:" in line
+        )
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +36,13 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
     """`fairserve serve --port 0` with embedded defaults; stopped with SIGTERM after the module."""
     data_dir = tmp_path_factory.mktemp("serve-data")
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data-dir", str(data_dir)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     banner: dict[str, str] = {}
     ready = threading.Event()
     lines: list[str] = []
@@ -111,7 +118,10 @@ def check_report(report: dict[str, Any], out: Path) -> None:
     sections = [*report["workloads"], report["closed_loop"], *report["sweep"]["points"]]
     for s in sections:
         check_section(s)
-    assert report["closed_loop"]["mode"].startswith("closed loop") and "comparison only" in report["closed_loop"]["mode"]
+    assert (
+        report["closed_loop"]["mode"].startswith("closed loop")
+        and "comparison only" in report["closed_loop"]["mode"]
+    )
     assert all(s["mode"] == "open loop" for s in report["workloads"])
     offered = [p["offered"]["requests_per_s"] for p in report["sweep"]["points"]]
     rates = [p["rate"] for p in report["sweep"]["points"]]

@@ -18,23 +18,43 @@ fairserve_charged_service_total{tenant="steady"} %d
 """
 
 
-def _outcome(i: int, status: int = 200, reason: str | None = "length", ttft: float = 0.1, e2e: float = 0.5,
-             code: str | None = None) -> Outcome:
-    return Outcome(f"r{i}", "steady", sent_at=float(i), status=status, error_code=code, first_token_at=i + ttft,
-                   end_at=i + e2e, completion_tokens=10, finish_reason=reason if status == 200 else None)
+def _outcome(
+    i: int,
+    status: int = 200,
+    reason: str | None = "length",
+    ttft: float = 0.1,
+    e2e: float = 0.5,
+    code: str | None = None,
+) -> Outcome:
+    return Outcome(
+        f"r{i}",
+        "steady",
+        sent_at=float(i),
+        status=status,
+        error_code=code,
+        first_token_at=i + ttft,
+        end_at=i + e2e,
+        completion_tokens=10,
+        finish_reason=reason if status == 200 else None,
+    )
 
 
 def _section(outcomes: list[Outcome]) -> dict[str, Any]:
     w = WORKLOADS["chat"]
     before = parse_metrics(METRICS % (0, 0))
     after = parse_metrics(METRICS % (sum(o.accepted for o in outcomes), 300))
-    return summarise(w, plan(w, 2.0, 5.0), 2.0, 5.0, LoadResult(outcomes, 0.0, 5.0, 10.0), before, after, Timeline())
+    return summarise(
+        w, plan(w, 2.0, 5.0), 2.0, 5.0, LoadResult(outcomes, 0.0, 5.0, 10.0), before, after, Timeline()
+    )
 
 
 def test_counts_goodput_and_percentiles_add_up() -> None:
-    outcomes = [_outcome(i) for i in range(6)] + [_outcome(6, e2e=9.0), _outcome(7, reason="cancelled"),
-                                                   _outcome(8, 429, code="tenant_queue_full"),
-                                                   _outcome(9, 503, code="overloaded")]
+    outcomes = [_outcome(i) for i in range(6)] + [
+        _outcome(6, e2e=9.0),
+        _outcome(7, reason="cancelled"),
+        _outcome(8, 429, code="tenant_queue_full"),
+        _outcome(9, 503, code="overloaded"),
+    ]
     s = _section(outcomes)
     c = s["counts"]
     assert (c["sent"], c["accepted"], c["rejected"], c["completed"], c["cancelled"]) == (10, 8, 2, 7, 1)
@@ -62,9 +82,16 @@ def test_percentiles() -> None:
 
 
 def _point(rate: float, offered: float, achieved: float, good: float, rejected: int = 0) -> dict[str, Any]:
-    return {"rate": rate, "offered": {"requests_per_s": offered}, "counts": {"sent": 100, "rejected": rejected},
-            "achieved": {"requests_per_s": achieved, "goodput_requests_per_s": good,
-                         "goodput_fraction": good / achieved if achieved else 0.0}}
+    return {
+        "rate": rate,
+        "offered": {"requests_per_s": offered},
+        "counts": {"sent": 100, "rejected": rejected},
+        "achieved": {
+            "requests_per_s": achieved,
+            "goodput_requests_per_s": good,
+            "goodput_fraction": good / achieved if achieved else 0.0,
+        },
+    }
 
 
 def test_capacity_point_is_before_goodput_falls() -> None:

@@ -8,8 +8,16 @@ from bench.retry_storm import run
 
 
 def test_small_storm_report_adds_up_and_the_client_never_generates_twice() -> None:
-    args = argparse.Namespace(clients=8, rounds=1, max_tokens=64, timeout=1.0, max_retries=5, max_num_seqs=2,
-                              tenant_queue=2, out=None)
+    args = argparse.Namespace(
+        clients=8,
+        rounds=1,
+        max_tokens=64,
+        timeout=1.0,
+        max_retries=5,
+        max_num_seqs=2,
+        tenant_queue=2,
+        out=None,
+    )
     report = run(args)
     rounds = {r["kind"]: r for r in report["rounds"]}
     assert set(rounds) == {"plain", "fairserve"}

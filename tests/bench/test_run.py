@@ -11,11 +11,24 @@ from gateway.cli import main
 from tests.bench.conftest import LiveServer, check_report, check_section
 
 
-def test_quick_bench_against_a_live_server_is_consistent(live_server: LiveServer, tmp_path: Path,
-                                                          capfd: pytest.CaptureFixture[str]) -> None:
+def test_quick_bench_against_a_live_server_is_consistent(
+    live_server: LiveServer, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "report"
-    rc = main(["bench", "--quick", "--url", live_server.url, "--api-key", live_server.api_key,
-               "--metrics-token", live_server.metrics_token, "--out", str(out)])
+    rc = main(
+        [
+            "bench",
+            "--quick",
+            "--url",
+            live_server.url,
+            "--api-key",
+            live_server.api_key,
+            "--metrics-token",
+            live_server.metrics_token,
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     printed = capfd.readouterr().out
     assert f"json: {out / 'report.json'}" in printed
@@ -35,8 +48,23 @@ def test_quick_bench_against_a_live_server_is_consistent(live_server: LiveServer
 
 def test_self_started_bench_runs_the_comparisons(tmp_path: Path) -> None:
     out = tmp_path / "report"
-    rc = main(["bench", "--quick", "--workload", "agent", "--duration", "2", "--sweep-rates", "4", "16",
-               "--out", str(out), "--litellm-bin", str(tmp_path / "no-such-litellm")])
+    rc = main(
+        [
+            "bench",
+            "--quick",
+            "--workload",
+            "agent",
+            "--duration",
+            "2",
+            "--sweep-rates",
+            "4",
+            "16",
+            "--out",
+            str(out),
+            "--litellm-bin",
+            str(tmp_path / "no-such-litellm"),
+        ]
+    )
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
     check_report(report, out)

@@ -12,7 +12,9 @@ from bench.workloads import WORKLOADS, TenantTraffic, arrival_times, plan
 def test_plan_is_deterministic_and_sorted() -> None:
     a = plan(WORKLOADS["chat"], 10.0, 5.0, seed=3)
     b = plan(WORKLOADS["chat"], 10.0, 5.0, seed=3)
-    assert [(p.at, p.tenant, p.prompt, p.max_tokens) for p in a] == [(p.at, p.tenant, p.prompt, p.max_tokens) for p in b]
+    assert [(p.at, p.tenant, p.prompt, p.max_tokens) for p in a] == [
+        (p.at, p.tenant, p.prompt, p.max_tokens) for p in b
+    ]
     assert [p.at for p in a] == sorted(p.at for p in a)
     assert plan(WORKLOADS["chat"], 10.0, 5.0, seed=4)[0].prompt != a[0].prompt
 
@@ -37,7 +39,7 @@ def test_bursty_tenant_is_silent_while_off() -> None:
 
 def test_workloads_declare_their_shapes() -> None:
     retrieval = plan(WORKLOADS["retrieval"], 20.0, 10.0)
-    prefix = retrieval[0].prompt[:WORKLOADS["retrieval"].prefix_tokens]
+    prefix = retrieval[0].prompt[: WORKLOADS["retrieval"].prefix_tokens]
     shared = sum(1 for p in retrieval if p.prompt.startswith(prefix)) / len(retrieval)
     assert 0.5 < shared <= 1.0
     assert all(320 <= len(p.prompt) <= 480 for p in retrieval)

@@ -20,14 +20,34 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 def test_tenants_keys_usage_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = ["--data-dir", str(tmp_path / "data")]
     assert run(capsys, "db", "upgrade", *d)[0] == 0
-    code, out, _ = run(capsys, "tenants", "add", "acme", "--weight", "2", "--tokens-per-minute", "10_000", "--json", *d)
+    code, out, _ = run(
+        capsys, "tenants", "add", "acme", "--weight", "2", "--tokens-per-minute", "10_000", "--json", *d
+    )
     assert code == 0 and json.loads(out)[0]["tokens_per_minute"] == 10_000
     code, _, err = run(capsys, "tenants", "add", "acme", *d)
     assert code == 1 and "already exists" in err and "Traceback" not in err
-    code, out, _ = run(capsys, "tenants", "set", "acme", "--priority-class", "0", "--tokens-per-minute", "none",
-                       "--disable", "--actor", "ops", "--json", *d)
+    code, out, _ = run(
+        capsys,
+        "tenants",
+        "set",
+        "acme",
+        "--priority-class",
+        "0",
+        "--tokens-per-minute",
+        "none",
+        "--disable",
+        "--actor",
+        "ops",
+        "--json",
+        *d,
+    )
     row = json.loads(out)[0]
-    assert code == 0 and row["priority_class"] == 0 and row["tokens_per_minute"] is None and row["disabled"] is True
+    assert (
+        code == 0
+        and row["priority_class"] == 0
+        and row["tokens_per_minute"] is None
+        and row["disabled"] is True
+    )
     code, _, err = run(capsys, "tenants", "set", "acme", "--weight", "-1", *d)
     assert code == 1 and "weight" in err
     run(capsys, "tenants", "set", "acme", "--enable", *d)
@@ -91,9 +111,16 @@ def test_every_command_shares_the_servers_data_dir(
     assert (tmp_path / "elsewhere" / "fairserve.db").is_file()
 
 
-def test_a_database_without_schema_or_tenants_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_database_without_schema_or_tenants_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     d = ["--data-dir", str(tmp_path / "empty")]
-    for argv in (["tenants", "list"], ["tenants", "add", "bob"], ["keys", "create", "--tenant", "bob"], ["usage"]):
+    for argv in (
+        ["tenants", "list"],
+        ["tenants", "add", "bob"],
+        ["keys", "create", "--tenant", "bob"],
+        ["usage"],
+    ):
         code, _, err = run(capsys, *argv, *d)
         assert code == 1 and "has no fairserve schema" in err and "fairserve db upgrade" in err, argv
     assert run(capsys, "db", "upgrade", *d)[0] == 0

@@ -19,8 +19,11 @@ from tests.billing.test_ledger import make_row, wait_until
 def _record_then_die(url: str, spill: str, n: int, ready: object) -> None:
     """Child: record n rows with a ledger that never gets to write SQL (huge interval), then SIGKILL itself."""
     db = Database(url)
-    ledger = Ledger(db, LedgerConfig(spill_path=spill, flush_interval_s=3600, batch_size=10**6,
-                                     buffer_size=n // 2), registry=CollectorRegistry())
+    ledger = Ledger(
+        db,
+        LedgerConfig(spill_path=spill, flush_interval_s=3600, batch_size=10**6, buffer_size=n // 2),
+        registry=CollectorRegistry(),
+    )
     ledger.start()
     for i in range(n):
         ledger.record(make_row(i))  # half are buffered, half overflow to the spill file
@@ -53,8 +56,12 @@ def test_kill_9_before_any_sql_write_loses_no_row(any_db: Database, tmp_path: Pa
 
 
 def test_journal_segments_are_released_once_stored(sqlite_db: Database, tmp_path: Path) -> None:
-    config = LedgerConfig(spill_path=str(tmp_path / "ledger.spill"), flush_interval_s=0.05, batch_size=50,
-                          journal_segment_bytes=4096)
+    config = LedgerConfig(
+        spill_path=str(tmp_path / "ledger.spill"),
+        flush_interval_s=0.05,
+        batch_size=50,
+        journal_segment_bytes=4096,
+    )
     ledger = Ledger(sqlite_db, config, registry=CollectorRegistry())
     ledger.start()
     for i in range(500):
@@ -110,7 +117,9 @@ def test_a_live_owners_journal_is_not_a_leftover(tmp_path: Path) -> None:
 
 
 def test_a_failing_journal_still_buffers_the_row(sqlite_db: Database, tmp_path: Path) -> None:
-    ledger = Ledger(sqlite_db, LedgerConfig(spill_path=str(tmp_path / "ledger.spill")), registry=CollectorRegistry())
+    ledger = Ledger(
+        sqlite_db, LedgerConfig(spill_path=str(tmp_path / "ledger.spill")), registry=CollectorRegistry()
+    )
     ledger.start()
     assert ledger.journal is not None
     full = os.open("/dev/full", os.O_WRONLY)  # a real device whose every write fails (ENOSPC)

@@ -25,12 +25,28 @@ def make_row(i: int, tenant: str = "t") -> UsageRecord:
     status = STATUSES[i % len(STATUSES)]
     finished = BASE + timedelta(milliseconds=i * 2)
     return UsageRecord(
-        request_id=f"req-{i}", tenant_id=f"{tenant}{i % 3}", api_key_id=None, task_id=f"task-{i % 10}",
-        workflow_run_id=None, attempt=0, model="tiny", status=status,
-        finish_reason="stop" if status == "completed" else status, cancel_state="decode" if status == "cancelled" else None,
-        prompt_tokens=10 + i % 7, cached_tokens=i % 3, completion_tokens=i % 11, charged_service=0.5 * (i % 5),
-        tokens_after_cancel=1 if status == "cancelled" else 0, preemptions=i % 2, recomputed_tokens=i % 4,
-        queue_ms=1.0, ttft_ms=2.0, e2e_ms=3.0, created_at=finished - timedelta(seconds=1), finished_at=finished,
+        request_id=f"req-{i}",
+        tenant_id=f"{tenant}{i % 3}",
+        api_key_id=None,
+        task_id=f"task-{i % 10}",
+        workflow_run_id=None,
+        attempt=0,
+        model="tiny",
+        status=status,
+        finish_reason="stop" if status == "completed" else status,
+        cancel_state="decode" if status == "cancelled" else None,
+        prompt_tokens=10 + i % 7,
+        cached_tokens=i % 3,
+        completion_tokens=i % 11,
+        charged_service=0.5 * (i % 5),
+        tokens_after_cancel=1 if status == "cancelled" else 0,
+        preemptions=i % 2,
+        recomputed_tokens=i % 4,
+        queue_ms=1.0,
+        ttft_ms=2.0,
+        e2e_ms=3.0,
+        created_at=finished - timedelta(seconds=1),
+        finished_at=finished,
     )
 
 
@@ -56,11 +72,14 @@ def expected_prompt_tokens(n: int) -> int:
     return sum(10 + i % 7 for i in range(n))
 
 
-def run_outage(db: Database, outage: Callable[[], None], recover: Callable[[], None], spill: Path, n: int) -> Ledger:
+def run_outage(
+    db: Database, outage: Callable[[], None], recover: Callable[[], None], spill: Path, n: int
+) -> Ledger:
     """Record n rows, cutting the database off at 20% and restoring it at 70%; returns the closed ledger."""
     registry = CollectorRegistry()
-    config = LedgerConfig(buffer_size=5_000, batch_size=1_000, flush_interval_s=0.05,
-                          spill_path=str(spill), max_backoff_s=0.2)
+    config = LedgerConfig(
+        buffer_size=5_000, batch_size=1_000, flush_interval_s=0.05, spill_path=str(spill), max_backoff_s=0.2
+    )
     ledger = Ledger(db, config, registry=registry)
     ledger.start()
     for i in range(n):
@@ -68,7 +87,9 @@ def run_outage(db: Database, outage: Callable[[], None], recover: Callable[[], N
             assert ledger.flush(timeout_s=60)
             outage()
         if i == n * 7 // 10:
-            assert wait_until(lambda: (registry.get_sample_value("fairserve_ledger_retries_total") or 0) > 0, 10)
+            assert wait_until(
+                lambda: (registry.get_sample_value("fairserve_ledger_retries_total") or 0) > 0, 10
+            )
             recover()
         ledger.record(make_row(i))
     # Replays of rows already stored must not be stored (or rolled up) twice.

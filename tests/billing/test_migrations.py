@@ -37,22 +37,60 @@ def test_models_match_migrations(any_db: Database) -> None:
 def test_models_round_trip(any_db: Database) -> None:
     now = datetime(2026, 5, 1, 12, 30, 15, 123000, tzinfo=UTC)
     with Session(any_db.engine) as session, session.begin():
-        session.add(TenantRow(id="t1", name="acme", weight=2.5, priority_class=0, tokens_per_minute=10**10,
-                              tokens_per_day=None, max_queued_requests=7, disabled=False,
-                              created_at=now, updated_at=now))
+        session.add(
+            TenantRow(
+                id="t1",
+                name="acme",
+                weight=2.5,
+                priority_class=0,
+                tokens_per_minute=10**10,
+                tokens_per_day=None,
+                max_queued_requests=7,
+                disabled=False,
+                created_at=now,
+                updated_at=now,
+            )
+        )
         session.flush()
-        session.add(ApiKeyRow(id="k1", tenant_id="t1", prefix="fsk_abcdefgh", key_hash="0" * 64,
-                              name="ci", created_at=now))
-        session.add(AuditRow(actor="test", action="tenant.create", tenant_id="t1",
-                             before=None, after={"weight": 2.5, "nested": [1, None]}, at=now))
-        session.add(UsageDailyRow(day=now.date(), tenant_id="t1", status="completed", requests=3,
-                                  prompt_tokens=2**40, cached_tokens=0, completion_tokens=1,
-                                  charged_service=0.25, tokens_after_cancel=0, preemptions=0,
-                                  recomputed_tokens=0))
+        session.add(
+            ApiKeyRow(
+                id="k1", tenant_id="t1", prefix="fsk_abcdefgh", key_hash="0" * 64, name="ci", created_at=now
+            )
+        )
+        session.add(
+            AuditRow(
+                actor="test",
+                action="tenant.create",
+                tenant_id="t1",
+                before=None,
+                after={"weight": 2.5, "nested": [1, None]},
+                at=now,
+            )
+        )
+        session.add(
+            UsageDailyRow(
+                day=now.date(),
+                tenant_id="t1",
+                status="completed",
+                requests=3,
+                prompt_tokens=2**40,
+                cached_tokens=0,
+                completion_tokens=1,
+                charged_service=0.25,
+                tokens_after_cancel=0,
+                preemptions=0,
+                recomputed_tokens=0,
+            )
+        )
     with Session(any_db.engine) as session:
         tenant = session.get(TenantRow, "t1")
         assert tenant is not None
-        assert (tenant.name, tenant.weight, tenant.tokens_per_minute, tenant.tokens_per_day) == ("acme", 2.5, 10**10, None)
+        assert (tenant.name, tenant.weight, tenant.tokens_per_minute, tenant.tokens_per_day) == (
+            "acme",
+            2.5,
+            10**10,
+            None,
+        )
         assert tenant.created_at == now and tenant.created_at.tzinfo is not None
         key = session.scalars(select(ApiKeyRow)).one()
         assert key.tenant_id == "t1" and key.revoked_at is None
@@ -76,7 +114,10 @@ def test_default_db_url_creates_the_data_dir(tmp_path) -> None:  # type: ignore[
 def test_bad_urls_are_refused_with_a_clear_message() -> None:
     import pytest
 
-    for url, fragment in (("mysql://u@h/db", "unsupported database"), ("not a url", "invalid database URL"),
-                          ("postgresql+asyncpg://h/db", "unsupported PostgreSQL driver")):
+    for url, fragment in (
+        ("mysql://u@h/db", "unsupported database"),
+        ("not a url", "invalid database URL"),
+        ("postgresql+asyncpg://h/db", "unsupported PostgreSQL driver"),
+    ):
         with pytest.raises(ValueError, match=fragment):
             Database(url)

@@ -73,7 +73,7 @@ def test_keys_are_stored_only_as_hashes(store: BillingStore) -> None:
         rows = conn.execute(text("SELECT * FROM api_keys")).mappings().all()
     assert len(rows) == 1
     stored = " ".join(str(v) for v in rows[0].values())
-    assert secret not in stored and secret[len(info.prefix):] not in stored
+    assert secret not in stored and secret[len(info.prefix) :] not in stored
     assert rows[0]["key_hash"] == hashlib.sha256(secret.encode()).hexdigest()
     verified = store.verify_key(secret)
     assert verified is not None and verified[0].id == tenant.id and verified[1].id == info.id
@@ -103,8 +103,18 @@ def test_revoked_unknown_malformed_and_disabled_are_refused(store: BillingStore)
     with pytest.raises(KeyNotFound):
         store.revoke_key("no-such-key")
     assert store.verify_key(generate_secret()) is None  # well-formed but unknown
-    for bad in ("", "Bearer " + other, other + "x", other[:-1], other.upper(), "sk-" + other[4:],
-                other[:10] + "!" + other[11:], " " + other, None, 42):
+    for bad in (
+        "",
+        "Bearer " + other,
+        other + "x",
+        other[:-1],
+        other.upper(),
+        "sk-" + other[4:],
+        other[:10] + "!" + other[11:],
+        " " + other,
+        None,
+        42,
+    ):
         assert store.verify_key(bad) is None  # type: ignore[arg-type]
     store.update_tenant("acme", disabled=True)
     assert store.verify_key(other) is None

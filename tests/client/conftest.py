@@ -40,8 +40,11 @@ class Served:
 
     def admin(self) -> httpx.Client:
         """An httpx client holding the admin token."""
-        return httpx.Client(base_url=self.url, timeout=30,
-                            headers={"Authorization": f"Bearer {self.proc.banner['admin_token']}"})
+        return httpx.Client(
+            base_url=self.url,
+            timeout=30,
+            headers={"Authorization": f"Bearer {self.proc.banner['admin_token']}"},
+        )
 
     def add_tenant(self, name: str, **fields: Any) -> str:
         """Create a tenant with one key over the admin API; returns the key."""
@@ -62,14 +65,20 @@ class Served:
         engine = create_engine(default_db_url(self.data_dir))
         try:
             with engine.connect() as conn:
-                return [dict(r) for r in conn.execute(text(f"SELECT * FROM usage WHERE {where}"), params).mappings()]
+                return [
+                    dict(r)
+                    for r in conn.execute(text(f"SELECT * FROM usage WHERE {where}"), params).mappings()
+                ]
         finally:
             engine.dispose()
 
     def ledger_rows(self, n: int, where: str, **params: Any) -> list[dict[str, Any]]:
         """Wait (the ledger writes behind) until at least `n` rows match; returns them all."""
-        return wait_for(lambda: (rows if len(rows := self.ledger(where, **params)) >= n else None), 30,
-                        f"{n} ledger rows where {where} {params}")  # type: ignore[no-any-return]
+        return wait_for(
+            lambda: rows if len(rows := self.ledger(where, **params)) >= n else None,
+            30,
+            f"{n} ledger rows where {where} {params}",
+        )  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="package")
@@ -95,19 +104,28 @@ class Hogs:
         self.threads = [threading.Thread(target=self._one, args=(i,), daemon=True) for i in range(n)]
 
     def _one(self, i: int) -> None:
-        body = {"model": "fairserve-tiny", "prompt": f"hog {i} " * 8, "max_tokens": self.max_tokens,
-                "ignore_eos": True, "stream": True}
+        body = {
+            "model": "fairserve-tiny",
+            "prompt": f"hog {i} " * 8,
+            "max_tokens": self.max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+        }
         headers = {"Authorization": f"Bearer {self.served.keys['hog']}", "X-Task-Id": self.task_id}
-        with httpx.Client(base_url=self.served.url, timeout=120) as c, \
-                c.stream("POST", "/v1/completions", json=body, headers=headers) as resp:
+        with (
+            httpx.Client(base_url=self.served.url, timeout=120) as c,
+            c.stream("POST", "/v1/completions", json=body, headers=headers) as resp,
+        ):
             for _ in resp.iter_lines():
                 self.started[i].set()
         self.started[i].set()
 
     def cancel(self) -> None:
         with httpx.Client(base_url=self.served.url, timeout=30) as c:
-            c.post(f"/v1/tasks/{self.task_id}/cancel",
-                   headers={"Authorization": f"Bearer {self.served.keys['hog']}"})
+            c.post(
+                f"/v1/tasks/{self.task_id}/cancel",
+                headers={"Authorization": f"Bearer {self.served.keys['hog']}"},
+            )
 
     def __enter__(self) -> Hogs:
         for t in self.threads:

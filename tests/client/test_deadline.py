@@ -22,18 +22,27 @@ def test_deadline_forms_name_the_same_instant() -> None:
         epoch_of(float("nan"))
 
 
-@given(now=st.floats(1e9, 2e9), at=st.one_of(st.none(), st.floats(1e9, 2e9)),
-       within=st.one_of(st.none(), st.floats(0.001, 1e5)))
-def test_the_earlier_of_absolute_and_relative_wins(now: float, at: float | None, within: float | None) -> None:
+@given(
+    now=st.floats(1e9, 2e9),
+    at=st.one_of(st.none(), st.floats(1e9, 2e9)),
+    within=st.one_of(st.none(), st.floats(0.001, 1e5)),
+)
+def test_the_earlier_of_absolute_and_relative_wins(
+    now: float, at: float | None, within: float | None
+) -> None:
     resolved = DeadlinePolicy(at, within).resolve(now)
     expected = [d for d in (at, None if within is None else now + within) if d is not None]
     assert resolved == (min(expected) if expected else None)
 
 
-@given(retry_after=st.one_of(st.none(), st.floats(-10, 1000)), queue_ms=st.integers(0, 600_000),
-       retries=st.integers(0, 50))
-def test_next_start_waits_for_both_the_retry_after_and_the_queue(retry_after: float | None, queue_ms: int,
-                                                                 retries: int) -> None:
+@given(
+    retry_after=st.one_of(st.none(), st.floats(-10, 1000)),
+    queue_ms=st.integers(0, 600_000),
+    retries=st.integers(0, 50),
+)
+def test_next_start_waits_for_both_the_retry_after_and_the_queue(
+    retry_after: float | None, queue_ms: int, retries: int
+) -> None:
     start = next_start(1000.0, retry_after, str(queue_ms), retries)
     honoured = retry_after is not None and 0 < retry_after <= MAX_RETRY_AFTER_DELAY
     wait = retry_after if honoured and retry_after is not None else longest_backoff(retries)

@@ -19,16 +19,22 @@ LONG = 1500
 
 
 def test_an_exception_inside_task_cancels_the_siblings_and_the_ledger_reports_tokens_after_cancel(
-        served: Served) -> None:
+    served: Served,
+) -> None:
     client = FairServe(base_url=served.base_url, api_key=served.keys["agent"], max_retries=0)
     streaming = [threading.Event() for _ in range(3)]
     seen: dict[int, dict[str, Any]] = {}
 
     def sibling(task: Task, i: int) -> None:
         # A thread does not inherit the block's context, so it calls through the task's own client.
-        stream = task.client.completions.create(model=MODEL, prompt=f"attempt {i} " * 4, max_tokens=LONG,
-                                                stream=True, stream_options={"include_usage": True},
-                                                extra_body={"ignore_eos": True})
+        stream = task.client.completions.create(
+            model=MODEL,
+            prompt=f"attempt {i} " * 4,
+            max_tokens=LONG,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
         for chunk in stream:
             streaming[i].set()
             if chunk.choices and chunk.choices[0].finish_reason:
@@ -47,10 +53,15 @@ def test_an_exception_inside_task_cancels_the_siblings_and_the_ledger_reports_to
     rows = served.ledger_rows(3, "task_id = :t", t=task.id)
     assert len(rows) == 3 and {r["status"] for r in rows} == {"cancelled"}
     assert {r["request_id"] for r in rows} == set(task.cancelled)
-    assert sorted(r["completion_tokens"] for r in rows) == sorted(seen[i]["completion_tokens"] for i in range(3))
+    assert sorted(r["completion_tokens"] for r in rows) == sorted(
+        seen[i]["completion_tokens"] for i in range(3)
+    )
     for row in rows:
         assert row["completion_tokens"] < LONG
-        assert row["tokens_after_cancel"] is not None and 0 <= row["tokens_after_cancel"] <= row["completion_tokens"]
+        assert (
+            row["tokens_after_cancel"] is not None
+            and 0 <= row["tokens_after_cancel"] <= row["completion_tokens"]
+        )
     assert {r["cancel_state"] for r in rows} <= {"waiting", "prefill", "decode"}
 
 
@@ -58,7 +69,9 @@ def test_task_cancel_without_an_exception_and_a_task_with_nothing_live(served: S
     client = FairServe(base_url=served.base_url, api_key=served.keys["agent"], max_retries=0)
     with client.task() as task:
         out = client.completions.create(model=MODEL, prompt="quick", max_tokens=2)
-        assert task.cancel() == []  # nothing of the task is live any more: a 404, reported as nothing cancelled
+        assert (
+            task.cancel() == []
+        )  # nothing of the task is live any more: a 404, reported as nothing cancelled
     assert out.choices[0].finish_reason in ("stop", "length")
     rows = served.ledger_rows(1, "task_id = :t", t=task.id)
     assert [r["status"] for r in rows] == ["completed"]
@@ -72,13 +85,23 @@ def test_async_task_cancels_a_streaming_sibling_when_another_coroutine_fails(ser
 
     async def scenario() -> tuple[str | None, list[str], str]:
         http = openai.DefaultAsyncHttpxClient(event_hooks={"request": [record]})
-        client = AsyncFairServe(base_url=served.base_url, api_key=served.keys["agent"], max_retries=0,
-                                http_client=http, deadline_in=60)
+        client = AsyncFairServe(
+            base_url=served.base_url,
+            api_key=served.keys["agent"],
+            max_retries=0,
+            http_client=http,
+            deadline_in=60,
+        )
         started = asyncio.Event()
 
         async def long_stream() -> str | None:
-            stream = await client.completions.create(model=MODEL, prompt="sibling " * 4, max_tokens=LONG,
-                                                     stream=True, extra_body={"ignore_eos": True})
+            stream = await client.completions.create(
+                model=MODEL,
+                prompt="sibling " * 4,
+                max_tokens=LONG,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
             reason = None
             async for chunk in stream:
                 started.set()
@@ -89,7 +112,9 @@ def test_async_task_cancels_a_streaming_sibling_when_another_coroutine_fails(ser
         sibling: asyncio.Task[str | None] | None = None
         with pytest.raises(RuntimeError, match="sub-agent"):
             async with client.task() as task:
-                sibling = asyncio.create_task(long_stream())  # created inside the block: it carries the task id
+                sibling = asyncio.create_task(
+                    long_stream()
+                )  # created inside the block: it carries the task id
                 await started.wait()
                 raise RuntimeError("sub-agent failed")
         assert sibling is not None

@@ -32,12 +32,30 @@ class Cluster:
     address: str
     namespace: str
 
-    def fairserve(self, *args: str, until: str | None = None, timeout: float = CLI_TIMEOUT_S) -> dict[str, str]:
+    def fairserve(
+        self, *args: str, until: str | None = None, timeout: float = CLI_TIMEOUT_S
+    ) -> dict[str, str]:
         """Run `fairserve ray <args>` against this cluster; its `key: value` lines (read up to `until`)."""
-        cmd = [sys.executable, "-m", "gateway.cli", "ray", args[0], "--address", self.address,
-               "--namespace", self.namespace, *args[1:]]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        cmd = [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "ray",
+            args[0],
+            "--address",
+            self.address,
+            "--namespace",
+            self.namespace,
+            *args[1:],
+        ]
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         lines: list[str] = []
         timer = threading.Timer(timeout, proc.kill)
         timer.start()
@@ -62,8 +80,9 @@ def ray_cluster() -> Iterator[Cluster]:
     """A local Ray cluster (this process is its driver); workers import this checkout."""
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     namespace = f"fairserve-test-{uuid.uuid4().hex[:8]}"
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, namespace=namespace,
-             configure_logging=False)
+    ray.init(
+        num_cpus=8, include_dashboard=False, log_to_driver=False, namespace=namespace, configure_logging=False
+    )
     try:
         yield Cluster(ray.get_runtime_context().gcs_address, namespace)
     finally:

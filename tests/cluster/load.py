@@ -44,14 +44,22 @@ class Load:
         rid = f"ray-{uuid.uuid4().hex}"
         stream = rng.random() < 0.4
         max_tokens = 64 if rng.random() < self.long_share else rng.randint(1, 12)
-        body = {"model": self.model, "prompt": "count " * rng.randint(1, 20), "max_tokens": max_tokens,
-                "stream": stream}
+        body = {
+            "model": self.model,
+            "prompt": "count " * rng.randint(1, 20),
+            "max_tokens": max_tokens,
+            "stream": stream,
+        }
         headers = {"Authorization": f"Bearer {self.key}", "X-Request-Id": rid}
         if not stream:
             resp = client.post("/v1/completions", json=body, headers=headers)
             if resp.status_code == 200 and json.loads(resp.content)["choices"]:
                 return rid, "answered"
-            if resp.status_code == 503 and "engine_unavailable" in resp.text and "retry-after" in resp.headers:
+            if (
+                resp.status_code == 503
+                and "engine_unavailable" in resp.text
+                and "retry-after" in resp.headers
+            ):
                 return rid, "retryable"
             return rid, "refused"
         with client.stream("POST", "/v1/completions", json=body, headers=headers) as resp:

@@ -19,7 +19,9 @@ sys.exit(main(["ray", "status"]))
 
 
 def test_fairserve_without_ray_names_the_extra() -> None:
-    done = subprocess.run([sys.executable, "-c", WITHOUT_RAY], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_RAY], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert done.returncode == 2, done.stderr
     assert "pip install 'fairserve[ray]'" in done.stderr
     assert "Traceback" not in done.stderr

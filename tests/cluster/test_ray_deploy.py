@@ -66,12 +66,30 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def deployment(ray_cluster: Cluster, pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+def deployment(
+    ray_cluster: Cluster, pg_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
     data_dir = tmp_path_factory.mktemp("ray-deploy")
     started = time.monotonic()
-    banner = ray_cluster.fairserve("up", "--engines", str(ENGINES), "--gateways", "1", "--port", "0",
-                                   "--engine-host", "127.0.0.1", "--data-dir", str(data_dir), "--db", pg_url,
-                                   "--max-num-seqs", "8", "--num-kv-blocks", "256")
+    banner = ray_cluster.fairserve(
+        "up",
+        "--engines",
+        str(ENGINES),
+        "--gateways",
+        "1",
+        "--port",
+        "0",
+        "--engine-host",
+        "127.0.0.1",
+        "--data-dir",
+        str(data_dir),
+        "--db",
+        pg_url,
+        "--max-num-seqs",
+        "8",
+        "--num-kv-blocks",
+        "256",
+    )
     for key in ("url", "admin", "api_key", "admin_token"):
         assert key in banner, banner
     client = openai.OpenAI(base_url=banner["url"] + "/v1", api_key=banner["api_key"], max_retries=0)
@@ -87,8 +105,9 @@ def deployment(ray_cluster: Cluster, pg_url: str, tmp_path_factory: pytest.TempP
 
 def test_two_engines_one_gateway_serve_openai(deployment: Deployment) -> None:
     client = openai.OpenAI(base_url=deployment.url + "/v1", api_key=deployment.api_key, max_retries=0)
-    chat = client.chat.completions.create(model=deployment.model, max_tokens=4,
-                                          messages=[{"role": "user", "content": "hi"}])
+    chat = client.chat.completions.create(
+        model=deployment.model, max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+    )
     assert chat.choices[0].message.content is not None and chat.usage is not None
     streamed = client.completions.create(model=deployment.model, prompt="count", max_tokens=4, stream=True)
     assert any(chunk.choices and chunk.choices[0].text for chunk in streamed)
@@ -96,8 +115,11 @@ def test_two_engines_one_gateway_serve_openai(deployment: Deployment) -> None:
     load = Load(deployment.url, deployment.api_key, deployment.model)
     try:
         # Concurrent load spreads: both engines get requests routed to them.
-        wait_for(lambda: sum(1 for v in deployment.loads().values() if v["routed"]) == ENGINES, 120,
-                 "both engines serving")
+        wait_for(
+            lambda: sum(1 for v in deployment.loads().values() if v["routed"]) == ENGINES,
+            120,
+            "both engines serving",
+        )
     finally:
         tally = load.finish()
     assert set(tally) == {"answered"}, tally
@@ -111,27 +133,39 @@ def test_killed_engine_fails_its_requests_retryably_and_serves_again(deployment:
     key = f"{victim.name}@{victim.engine_id}"
     load = Load(deployment.url, deployment.api_key, deployment.model, long_share=0.6)
     try:
-        wait_for(lambda: (deployment.loads().get(key) or {}).get("in_flight", 0) > 0, 60, "requests on the victim")
+        wait_for(
+            lambda: (deployment.loads().get(key) or {}).get("in_flight", 0) > 0, 60, "requests on the victim"
+        )
         killed_at = time.monotonic()
         os.kill(victim.pid, signal.SIGKILL)
         # The gateway's own heartbeat check (0.5 s of silence) takes it out of the rotation, before Ray or
         # the registry notice anything; each look is one call to the gateway actor, a few ms.
-        wait_for(lambda: not (deployment.loads().get(key) or {"alive": False})["alive"], 10,
-                 "the gateway to count the killed engine down")
+        wait_for(
+            lambda: not (deployment.loads().get(key) or {"alive": False})["alive"],
+            10,
+            "the gateway to count the killed engine down",
+        )
         dropped_s = time.monotonic() - killed_at
-        wait_for(lambda: load.count("retryable") > 0, 30, "a retryable failure of a request on the killed engine")
+        wait_for(
+            lambda: load.count("retryable") > 0, 30, "a retryable failure of a request on the killed engine"
+        )
         back = wait_for(lambda: _restarted(deployment, victim), 120, "Ray to restart the engine actor")
         registered_s = time.monotonic() - killed_at
         new_key = f"{back.name}@{back.engine_id}"
-        wait_for(lambda: (deployment.loads().get(new_key) or {}).get("routed", 0) > 0, 60,
-                 "requests routed to the restarted engine")
+        wait_for(
+            lambda: (deployment.loads().get(new_key) or {}).get("routed", 0) > 0,
+            60,
+            "requests routed to the restarted engine",
+        )
         seen = load.count("answered")
         wait_for(lambda: load.count("answered") > seen + 5, 60, "answers after the restart")
         serving_s = time.monotonic() - killed_at
     finally:
         tally = load.finish()
-    print(f"engine actor SIGKILL -> dropped by the gateway {dropped_s:.2f}s, re-registered {registered_s:.1f}s, "
-          f"routed to again {serving_s:.1f}s; {tally}")
+    print(
+        f"engine actor SIGKILL -> dropped by the gateway {dropped_s:.2f}s, re-registered {registered_s:.1f}s, "
+        f"routed to again {serving_s:.1f}s; {tally}"
+    )
     assert dropped_s < 1.0, f"the gateway still routed to the killed engine {dropped_s:.2f}s after the kill"
     assert back.pid != victim.pid and back.address != victim.address
     assert set(tally) <= {"answered", "retryable"}, tally
@@ -149,10 +183,18 @@ def test_scale_2_3_1_loses_no_accepted_request(deployment: Deployment) -> None:
     try:
         wait_for(lambda: load.count("answered") > 5, 60, "answers before scaling")
         assert deployment.cluster.fairserve("scale", "--engines", "3")["engines"] == "3"
-        wait_for(lambda: any(k.startswith("fairserve-engine-2@") and v["routed"] > 0
-                             for k, v in deployment.loads().items()), 60, "requests routed to the third engine")
-        wait_for(lambda: all(v["in_flight"] for v in deployment.loads().values()), 60,
-                 "requests in flight on every engine before scaling down")
+        wait_for(
+            lambda: any(
+                k.startswith("fairserve-engine-2@") and v["routed"] > 0 for k, v in deployment.loads().items()
+            ),
+            60,
+            "requests routed to the third engine",
+        )
+        wait_for(
+            lambda: all(v["in_flight"] for v in deployment.loads().values()),
+            60,
+            "requests in flight on every engine before scaling down",
+        )
         down = deployment.cluster.fairserve("scale", "--engines", "1")
         assert down["engines"] == "1"
         drained = int(down["drained"].split()[0])

@@ -19,7 +19,9 @@ from engine import (
 from engine.loader import LoadedModel, load_model
 from engine.request import RequestState
 
-PROMPTS = [[(7 * i + j) % 250 + 1 for j in range(20 + 9 * i)] for i in range(6)]  # 20-65 tokens, no shared prefix
+PROMPTS = [
+    [(7 * i + j) % 250 + 1 for j in range(20 + 9 * i)] for i in range(6)
+]  # 20-65 tokens, no shared prefix
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +43,23 @@ class Run:
     overlapped: float = 0.0
 
 
-def run(loaded: LoadedModel, overlap: bool, params: list[SamplingParams], abort_at: dict[str, int] | None = None,
-        **config: object) -> Run:
+def run(
+    loaded: LoadedModel,
+    overlap: bool,
+    params: list[SamplingParams],
+    abort_at: dict[str, int] | None = None,
+    **config: object,
+) -> Run:
     """Serve PROMPTS with `params` to the end; abort a request once it has streamed `abort_at` tokens."""
-    cfg = EngineConfig(**{"num_kv_blocks": 64, "max_num_batched_tokens": 16, "max_num_seqs": 6,  # type: ignore[arg-type]
-                          "async_scheduling": "on" if overlap else "off", **config})
+    cfg = EngineConfig(
+        **{
+            "num_kv_blocks": 64,
+            "max_num_batched_tokens": 16,
+            "max_num_seqs": 6,  # type: ignore[arg-type]
+            "async_scheduling": "on" if overlap else "off",
+            **config,
+        }
+    )
     engine = LLMEngine(cfg, loaded=loaded)
     result = Run()
     for i, (prompt, p) in enumerate(zip(PROMPTS, params, strict=True)):
@@ -62,7 +76,10 @@ def run(loaded: LoadedModel, overlap: bool, params: list[SamplingParams], abort_
             if out.finished:
                 result.reasons[out.request_id] = out.finish_reason
                 result.charged[out.request_id] = out.metrics.charged_service
-            if abort_at.get(out.request_id, -1) != -1 and len(result.tokens[out.request_id]) >= abort_at[out.request_id]:
+            if (
+                abort_at.get(out.request_id, -1) != -1
+                and len(result.tokens[out.request_id]) >= abort_at[out.request_id]
+            ):
                 engine.abort_request(out.request_id)
                 abort_at[out.request_id] = -1
         result.discarded += engine.traces[-1].discarded_tokens
@@ -108,17 +125,24 @@ def test_swap_preemption_matches(loaded: LoadedModel) -> None:
     assert_same(plain, overlapped)
 
 
-def test_stop_strings_and_tokens_end_early_and_the_speculative_step_is_not_charged(loaded: LoadedModel) -> None:
+def test_stop_strings_and_tokens_end_early_and_the_speculative_step_is_not_charged(
+    loaded: LoadedModel,
+) -> None:
     # Find what the model says, then stop on a piece of it: a stop string for some, a stop token for others.
     probe = run(loaded, False, GREEDY)
     params = []
     for i, p in enumerate(GREEDY):
         tokens, text = probe.tokens[f"r{i}"], probe.text[f"r{i}"]
         if i % 2 and len(text) > 8:
-            params.append(SamplingParams(max_tokens=p.max_tokens, temperature=0.0, ignore_eos=True, stop=[text[5:8]]))
+            params.append(
+                SamplingParams(max_tokens=p.max_tokens, temperature=0.0, ignore_eos=True, stop=[text[5:8]])
+            )
         else:
-            params.append(SamplingParams(max_tokens=p.max_tokens, temperature=0.0, ignore_eos=True,
-                                         stop_token_ids=[tokens[6]]))
+            params.append(
+                SamplingParams(
+                    max_tokens=p.max_tokens, temperature=0.0, ignore_eos=True, stop_token_ids=[tokens[6]]
+                )
+            )
     plain, overlapped = run(loaded, False, params), run(loaded, True, params)
     assert_same(plain, overlapped)
     assert all(r is FinishReason.STOP for r in plain.reasons.values())
@@ -163,13 +187,17 @@ def test_an_abort_while_the_token_is_in_flight_still_delivers_it(loaded: LoadedM
 
 def test_a_worker_process_with_async_scheduling_streams_the_same(loaded: LoadedModel) -> None:
     plain = run(loaded, False, GREEDY)
-    engine = ProcessEngine(EngineConfig(num_kv_blocks=64, max_num_batched_tokens=16, max_num_seqs=6,
-                                        async_scheduling="on"))
+    engine = ProcessEngine(
+        EngineConfig(num_kv_blocks=64, max_num_batched_tokens=16, max_num_seqs=6, async_scheduling="on")
+    )
     engine.start()
     try:
+
         async def one(i: int) -> RequestOutput:
             last = None
-            async for out in engine.generate(PROMPTS[i], GREEDY[i], RequestMeta(tenant_id=f"t{i % 3}"), f"r{i}"):
+            async for out in engine.generate(
+                PROMPTS[i], GREEDY[i], RequestMeta(tenant_id=f"t{i % 3}"), f"r{i}"
+            ):
                 last = out
             assert last is not None
             return last
@@ -181,5 +209,8 @@ def test_a_worker_process_with_async_scheduling_streams_the_same(loaded: LoadedM
     finally:
         engine.shutdown()
     for i, out in enumerate(finals):
-        assert (list(out.token_ids), out.text, out.finish_reason) == (plain.tokens[f"r{i}"], plain.text[f"r{i}"],
-                                                                      FinishReason.LENGTH)
+        assert (list(out.token_ids), out.text, out.finish_reason) == (
+            plain.tokens[f"r{i}"],
+            plain.text[f"r{i}"],
+            FinishReason.LENGTH,
+        )

@@ -57,15 +57,25 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 def make_engine(loaded: LoadedModel, url: str | None, prefix: str = "unused") -> LLMEngine:
     # A 10 ms sync interval: these engines step in a few ms, so the default 100 ms would leave counters
     # ~30 steps stale and the ratio would need many more tokens to settle (test time).
-    config = EngineConfig(num_kv_blocks=128, max_num_seqs=4, max_num_batched_tokens=64, enable_prefix_caching=False,
-                          redis_url=url, counter_sync_prefix=prefix, counter_sync_interval_s=0.01, fairness=FairnessConfig(w_in=1.0, w_out=1.0))
+    config = EngineConfig(
+        num_kv_blocks=128,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        enable_prefix_caching=False,
+        redis_url=url,
+        counter_sync_prefix=prefix,
+        counter_sync_interval_s=0.01,
+        fairness=FairnessConfig(w_in=1.0, w_out=1.0),
+    )
     return LLMEngine(config, loaded=loaded)
 
 
 class Cluster:
     """Engines stepped in turn, each keeping its layout's tenants backlogged."""
 
-    def __init__(self, loaded: LoadedModel, layouts: list[Layout], url: str | None, prefix: str = "unused") -> None:
+    def __init__(
+        self, loaded: LoadedModel, layouts: list[Layout], url: str | None, prefix: str = "unused"
+    ) -> None:
         self.engines = [make_engine(loaded, url, prefix) for _ in layouts]
         self.layouts = layouts
         self.served: dict[str, int] = defaultdict(int)
@@ -79,12 +89,17 @@ class Cluster:
                 for _ in range(QUEUED - waiting.get(tenant, 0)):
                     n = next(self._ids)
                     self._tenant[f"r{n}"] = tenant
-                    engine.add_request(f"r{n}", [5 + (n + j) % 50 for j in range(8)], PARAMS,
-                                       RequestMeta(tenant_id=tenant, weight=weight))
+                    engine.add_request(
+                        f"r{n}",
+                        [5 + (n + j) % 50 for j in range(8)],
+                        PARAMS,
+                        RequestMeta(tenant_id=tenant, weight=weight),
+                    )
             for out in engine.step():
                 first = len(out.token_ids) == len(out.new_token_ids)
                 self.served[self._tenant[out.request_id]] += len(out.new_token_ids) + (
-                    len(out.prompt_token_ids) if first else 0)
+                    len(out.prompt_token_ids) if first else 0
+                )
 
     def run(self, tokens: int, max_steps: int = 50_000) -> dict[str, int]:
         """Step until `tokens` more are served; each tenant's part of them."""
@@ -108,16 +123,24 @@ class Cluster:
 
     def synced(self) -> bool:
         """Every engine's last exchange succeeded and it sees all the others."""
-        return all(s.counter_sync == "ok" and s.counter_sync_engines == len(self.engines) - 1
-                   for s in (e.stats() for e in self.engines))
+        return all(
+            s.counter_sync == "ok" and s.counter_sync_engines == len(self.engines) - 1
+            for s in (e.stats() for e in self.engines)
+        )
 
     def close(self) -> None:
         for engine in self.engines:
             engine.close()
 
 
-def shares(loaded: LoadedModel, layouts: list[Layout], url: str | None, prefix: str = "unused",
-           warmup: int = 500, tokens: int = 2500) -> dict[str, int]:
+def shares(
+    loaded: LoadedModel,
+    layouts: list[Layout],
+    url: str | None,
+    prefix: str = "unused",
+    warmup: int = 500,
+    tokens: int = 2500,
+) -> dict[str, int]:
     """Tokens each tenant was served of `tokens`, after a warm-up in which the counters first meet."""
     cluster = Cluster(loaded, layouts, url, prefix)
     try:
@@ -130,32 +153,39 @@ def shares(loaded: LoadedModel, layouts: list[Layout], url: str | None, prefix: 
 
 
 def test_skewed_ingress_gets_one_share_across_engines_only_with_shared_counters(
-        loaded: LoadedModel, shared_redis: tuple[str, str]) -> None:
+    loaded: LoadedModel, shared_redis: tuple[str, str]
+) -> None:
     """Engine 1 has A and B backlogged, engine 2 only B: shared, A gets all of engine 1 (1:1); alone, 1:3."""
     layouts: list[Layout] = [{"A": 1.0, "B": 1.0}, {"B": 1.0}]
     shared = shares(loaded, layouts, *shared_redis)
     alone = shares(loaded, layouts, None, warmup=0, tokens=1500)
-    print(f"\n1:1 skewed ingress, A:B served tokens: shared {shared['A'] / shared['B']:.3f} ({shared}), "
-          f"alone {alone['A'] / alone['B']:.3f} ({alone})")
+    print(
+        f"\n1:1 skewed ingress, A:B served tokens: shared {shared['A'] / shared['B']:.3f} ({shared}), "
+        f"alone {alone['A'] / alone['B']:.3f} ({alone})"
+    )
     assert shared["A"] / shared["B"] == pytest.approx(1.0, rel=0.10)
     assert alone["A"] / alone["B"] < 0.5  # about 1:3: each engine is fair only to what it sees
 
 
 def test_weights_four_to_one_hold_across_engines_only_with_shared_counters(
-        loaded: LoadedModel, shared_redis: tuple[str, str]) -> None:
+    loaded: LoadedModel, shared_redis: tuple[str, str]
+) -> None:
     """A (weight 4) on both engines, B (weight 1) on engine 1 only: shared 4:1; alone A also gets 4/5 of
     engine 1 on top of all of engine 2 (9:1)."""
     layouts: list[Layout] = [{"A": 4.0, "B": 1.0}, {"A": 4.0}]
     shared = shares(loaded, layouts, *shared_redis, tokens=3000)
     alone = shares(loaded, layouts, None, warmup=0, tokens=1500)
-    print(f"\n4:1 weights, A:B served tokens: shared {shared['A'] / shared['B']:.3f} ({shared}), "
-          f"alone {alone['A'] / alone['B']:.3f} ({alone})")
+    print(
+        f"\n4:1 weights, A:B served tokens: shared {shared['A'] / shared['B']:.3f} ({shared}), "
+        f"alone {alone['A'] / alone['B']:.3f} ({alone})"
+    )
     assert shared["A"] / shared["B"] == pytest.approx(4.0, rel=0.10)
     assert alone["A"] / alone["B"] > 6.0
 
 
 def test_engines_step_on_through_a_frozen_and_a_dead_redis_and_resync(
-        loaded: LoadedModel, own_redis: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    loaded: LoadedModel, own_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.WARNING, logger="fairserve.engine.counter_sync")
     cluster = Cluster(loaded, [{"A": 1.0, "B": 1.0}, {"B": 1.0}], own_redis.url, "test:counter-sync")
     one, two = cluster.engines
@@ -175,12 +205,22 @@ def test_engines_step_on_through_a_frozen_and_a_dead_redis_and_resync(
         assert one.stats().counter_sync == "stale"  # and it stays so while Redis is gone
         served_meanwhile = two.policy.local_service()["0:B"]  # type: ignore[attr-defined]
         own_redis.start()  # empty: the engines republish their cumulative totals
-        cluster.step_until(lambda: cluster.synced() and one.counter_sync.remote_service().get(  # type: ignore[union-attr]
-            "0:B", 0.0) >= served_meanwhile, "engine 1 to learn what engine 2 served while Redis was down")
+        cluster.step_until(
+            lambda: (
+                cluster.synced()
+                and one.counter_sync.remote_service().get(  # type: ignore[union-attr]
+                    "0:B", 0.0
+                )
+                >= served_meanwhile
+            ),
+            "engine 1 to learn what engine 2 served while Redis was down",
+        )
     finally:
         cluster.close()
     messages = [r.getMessage() for r in caplog.records]
-    assert sum("Redis unavailable" in m for m in messages) >= 4  # one line per outage per engine, not per tick
+    assert (
+        sum("Redis unavailable" in m for m in messages) >= 4
+    )  # one line per outage per engine, not per tick
     assert sum("Redis unavailable" in m for m in messages) <= 6
     assert sum("answers again" in m for m in messages) >= 4
 

@@ -29,9 +29,13 @@ def _run(workload: list[SimRequest], **config: object) -> tuple[Simulator, dict[
 
 
 def test_a_request_expiring_in_the_queue_leaves_unprefilled() -> None:
-    sim, held, result = _run([SimRequest("busy", prompt_tokens=4, output_tokens=10),
-                              SimRequest("late", arrival=0.5, prompt_tokens=4, output_tokens=10, deadline=3.0)],
-                             max_num_seqs=1)
+    sim, held, result = _run(
+        [
+            SimRequest("busy", prompt_tokens=4, output_tokens=10),
+            SimRequest("late", arrival=0.5, prompt_tokens=4, output_tokens=10, deadline=3.0),
+        ],
+        max_num_seqs=1,
+    )
     late = result.completions["late"]
     assert late.reason is FinishReason.DEADLINE and late.finished == 3.0
     assert late.first_scheduled is None and late.output_tokens == 0
@@ -53,16 +57,21 @@ def test_a_request_expiring_mid_prefill_stops_and_frees_its_blocks() -> None:
 
 
 def test_a_decoding_request_stops_at_its_deadline_with_its_partial_output() -> None:
-    sim, held, _ = _run([SimRequest("chat", prompt_tokens=4, output_tokens=100, deadline=10.0),
-                      SimRequest("other", prompt_tokens=4, output_tokens=30)])
+    sim, held, _ = _run(
+        [
+            SimRequest("chat", prompt_tokens=4, output_tokens=100, deadline=10.0),
+            SimRequest("other", prompt_tokens=4, output_tokens=30),
+        ]
+    )
     assert held["chat"] == 0, "blocks must be freed in the iteration the deadline passed"
     assert sim.scheduler.deadline_misses == {"waiting": 0, "running": 1}
     assert sim.scheduler.deadline_wasted_tokens == 4 + 9
 
 
 def test_partial_output_is_kept_in_the_completion() -> None:
-    result = Simulator(SimConfig(cost=STEP)).run([SimRequest("chat", prompt_tokens=4, output_tokens=100,
-                                                             deadline=10.0)])
+    result = Simulator(SimConfig(cost=STEP)).run(
+        [SimRequest("chat", prompt_tokens=4, output_tokens=100, deadline=10.0)]
+    )
     done = result.completions["chat"]
     assert done.reason is FinishReason.DEADLINE and done.output_tokens == 10
 
@@ -73,7 +82,9 @@ def engine() -> LLMEngine:
     return LLMEngine(EngineConfig(num_kv_blocks=64, block_size=4))
 
 
-def test_engine_expires_queued_and_decoding_requests(engine: LLMEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_engine_expires_queued_and_decoding_requests(
+    engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     clock = [1000.0]
     monkeypatch.setattr("engine.llm_engine.time", types.SimpleNamespace(time=lambda: clock[0]))
     params = SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True)

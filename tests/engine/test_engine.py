@@ -110,11 +110,14 @@ def test_seeded_sampling_is_independent_of_batch(loaded: LoadedModel) -> None:
     params = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, top_k=50, seed=1234, ignore_eos=True)
     alone = LLM(None, num_kv_blocks=64).generate("seeded prompt", params)[0].token_ids
     others = [SamplingParams(max_tokens=n, temperature=1.0, ignore_eos=True) for n in (5, 9, 14)]
-    mixed = LLM(None, num_kv_blocks=64).generate(["noise a", "seeded prompt", "noise bb", "noise ccc"],
-                                                 [others[0], params, others[1], others[2]])
+    mixed = LLM(None, num_kv_blocks=64).generate(
+        ["noise a", "seeded prompt", "noise bb", "noise ccc"], [others[0], params, others[1], others[2]]
+    )
     assert mixed[1].token_ids == alone
     different = LLM(None, num_kv_blocks=64).generate(
-        "seeded prompt", SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, top_k=50, seed=99, ignore_eos=True))
+        "seeded prompt",
+        SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, top_k=50, seed=99, ignore_eos=True),
+    )
     assert different[0].token_ids != alone
 
 
@@ -123,7 +126,9 @@ def test_stop_string_cuts_text_and_finishes(loaded: LoadedModel) -> None:
     free = llm.generate("stop test", SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))[0]
     assert len(free.text) > 4
     stop = free.text[2:4]
-    cut = llm.generate("stop test", SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[stop]))[0]
+    cut = llm.generate(
+        "stop test", SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[stop])
+    )[0]
     assert cut.finish_reason is FinishReason.STOP
     assert cut.text == free.text[: free.text.index(stop)]
 
@@ -136,8 +141,9 @@ def _outputs(engine: LLMEngine, request_id: str) -> list:
 
 
 @pytest.mark.parametrize("stop", [[], "cut"])
-def test_unstreamed_outputs_are_the_first_and_the_last_with_the_same_text(loaded: LoadedModel,
-                                                                        stop: list[str] | str) -> None:
+def test_unstreamed_outputs_are_the_first_and_the_last_with_the_same_text(
+    loaded: LoadedModel, stop: list[str] | str
+) -> None:
     params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
     engine = make_engine(loaded)
     ids = engine.tokenizer.encode("quiet until done")
@@ -145,10 +151,16 @@ def test_unstreamed_outputs_are_the_first_and_the_last_with_the_same_text(loaded
     streamed = _outputs(engine, "streamed")
     stops = [streamed[-1].text[3:5]] if stop else []
     if stops:  # a stop string found only across skipped outputs must still cut the text
-        engine.add_request("streamed-stop", ids, SamplingParams(**{**params.__dict__, "stop": stops}), RequestMeta())
+        engine.add_request(
+            "streamed-stop", ids, SamplingParams(**{**params.__dict__, "stop": stops}), RequestMeta()
+        )
         streamed = _outputs(engine, "streamed-stop")
-    engine.add_request("whole", ids, SamplingParams(**{**params.__dict__, "stop": stops, "stream_outputs": False}),
-                       RequestMeta())
+    engine.add_request(
+        "whole",
+        ids,
+        SamplingParams(**{**params.__dict__, "stop": stops, "stream_outputs": False}),
+        RequestMeta(),
+    )
     whole = _outputs(engine, "whole")
     assert len(streamed) > 2 and len(whole) == 2 and not whole[0].finished and whole[1].finished
     assert whole[1].text == streamed[-1].text and whole[1].finish_reason is streamed[-1].finish_reason
@@ -176,16 +188,24 @@ def test_async_engine_streams_and_cancels(loaded: LoadedModel) -> None:
 
     async def scenario() -> None:
         texts = []
-        async for out in engine.generate([1, 2, 3], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
-                                         RequestMeta(tenant_id="a"), "r1"):
+        async for out in engine.generate(
+            [1, 2, 3],
+            SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
+            RequestMeta(tenant_id="a"),
+            "r1",
+        ):
             texts.append(out.delta_text)
             last = out
         assert last.finished and last.finish_reason is FinishReason.LENGTH
         assert len(last.token_ids) == 6 and "".join(texts) == last.text
 
         seen = 0
-        stream = engine.generate([1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True),
-                                 RequestMeta(tenant_id="a", task_id="t1"), "r2")
+        stream = engine.generate(
+            [1, 2, 3],
+            SamplingParams(max_tokens=400, ignore_eos=True),
+            RequestMeta(tenant_id="a", task_id="t1"),
+            "r2",
+        )
         async for out in stream:
             seen += 1
             if seen == 2:
@@ -211,7 +231,9 @@ def test_submit_queues_at_once_and_closing_early_aborts(loaded: LoadedModel) -> 
         with pytest.raises(InvalidRequestError):  # raised by the call itself, nothing registered
             engine.submit([], SamplingParams(), RequestMeta(), "bad")
         assert engine.live_request("bad") is None
-        stream = engine.submit([1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True), RequestMeta(), "early")
+        stream = engine.submit(
+            [1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True), RequestMeta(), "early"
+        )
         info = engine.live_request("early")
         assert info is not None and info.state == "waiting"  # live before anyone reads the stream
         with pytest.raises(DuplicateRequestError):
@@ -224,8 +246,12 @@ def test_submit_queues_at_once_and_closing_early_aborts(loaded: LoadedModel) -> 
             await anext(stream)
         # Messages reach the loop in order: once a later request has run to its end, the abort has
         # been applied and the 400-token request holds nothing (checked below).
-        after = [out async for out in engine.submit([1, 2], SamplingParams(max_tokens=3, ignore_eos=True),
-                                                   RequestMeta(), "after")]
+        after = [
+            out
+            async for out in engine.submit(
+                [1, 2], SamplingParams(max_tokens=3, ignore_eos=True), RequestMeta(), "after"
+            )
+        ]
         assert after[-1].finished and len(after[-1].token_ids) == 3
         assert engine.stats().running == 0
 
@@ -235,7 +261,9 @@ def test_submit_queues_at_once_and_closing_early_aborts(loaded: LoadedModel) -> 
     engine.shutdown()
 
 
-def test_a_sink_on_the_thread_engine_takes_outputs_on_its_loop_and_closing_aborts(loaded: LoadedModel) -> None:
+def test_a_sink_on_the_thread_engine_takes_outputs_on_its_loop_and_closing_aborts(
+    loaded: LoadedModel,
+) -> None:
     engine = AsyncEngine(EngineConfig(num_kv_blocks=64), engine=make_engine(loaded))
     engine.start()
 
@@ -250,13 +278,18 @@ def test_a_sink_on_the_thread_engine_takes_outputs_on_its_loop_and_closing_abort
             if not first.done():
                 first.set_result(None)
 
-        stream = engine.submit([1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True), RequestMeta(), "s",
-                               sink=sink)
+        stream = engine.submit(
+            [1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True), RequestMeta(), "s", sink=sink
+        )
         await asyncio.wait_for(first, 30)
         stream.close()  # the consumer went away mid-request
         assert engine.live_request("s") is None
-        after = [out async for out in engine.submit([1, 2], SamplingParams(max_tokens=3, ignore_eos=True),
-                                                   RequestMeta(), "after")]
+        after = [
+            out
+            async for out in engine.submit(
+                [1, 2], SamplingParams(max_tokens=3, ignore_eos=True), RequestMeta(), "after"
+            )
+        ]
         assert after[-1].finished and engine.stats().running == 0  # the abort reached the loop first
         assert all(isinstance(o, RequestOutput) and not o.finished for o in taken)
 
@@ -282,6 +315,7 @@ def test_async_engine_death_fails_streams(loaded: LoadedModel) -> None:
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=5))
     assert not engine.stats().alive
+
     async def late() -> None:
         await anext(engine.generate([1], SamplingParams(), RequestMeta(), "y"))
 
@@ -301,7 +335,9 @@ def test_end_callbacks_run_once_however_a_stream_ends(loaded: LoadedModel) -> No
         done.when_ended(lambda: ended.append("done"))
         assert [out.finished async for out in done][-1] and ended == ["done"]
         done.when_ended(lambda: ended.append("late"))  # already ended: at once
-        closed = engine.submit([1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True), RequestMeta(), "closed")
+        closed = engine.submit(
+            [1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True), RequestMeta(), "closed"
+        )
         closed.when_ended(lambda: ended.append("closed"))
         closed.close()
         closed.close()

@@ -15,8 +15,15 @@ from engine import LLM, SamplingParams
 from engine.tokenizer import write_byte_tokenizer
 
 COMMON: dict[str, Any] = dict(
-    vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.1, rms_norm_eps=1e-5,
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    initializer_range=0.1,
+    rms_norm_eps=1e-5,
 )
 
 
@@ -32,9 +39,14 @@ class Reference:
         key = (tuple(prompt), n)
         if key not in self.memo:
             with torch.no_grad():
-                out = self.hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                       max_new_tokens=n, min_new_tokens=n, do_sample=False)
-            self.memo[key] = out[0, len(prompt):].tolist()
+                out = self.hf.generate(
+                    torch.tensor([prompt]),
+                    attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                    max_new_tokens=n,
+                    min_new_tokens=n,
+                    do_sample=False,
+                )
+            self.memo[key] = out[0, len(prompt) :].tolist()
         return self.memo[key]
 
 
@@ -55,7 +67,10 @@ def workload(n: int, seed: int, shared_prefix: int = 0) -> list[tuple[list[int],
     """n prompts of mixed lengths (4..60 tokens) with mixed output lengths (2..24)."""
     rng = random.Random(seed)
     prefix = [rng.randrange(256) for _ in range(shared_prefix)]
-    return [(prefix + [rng.randrange(256) for _ in range(rng.randint(4, 60))], rng.randint(2, 24)) for _ in range(n)]
+    return [
+        (prefix + [rng.randrange(256) for _ in range(rng.randint(4, 60))], rng.randint(2, 24))
+        for _ in range(n)
+    ]
 
 
 @pytest.fixture(params=["off", "on"])
@@ -64,8 +79,9 @@ def scheduling(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def run_engine(ref: Reference, items: list[tuple[list[int], int]], scheduling: str,
-               **config: Any) -> tuple[LLM, list[list[int]]]:
+def run_engine(
+    ref: Reference, items: list[tuple[list[int], int]], scheduling: str, **config: Any
+) -> tuple[LLM, list[list[int]]]:
     llm = LLM(str(ref.path), dtype="float32", async_scheduling=scheduling, **config)
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in items]
     outs = llm.generate([p for p, _ in items], params)
@@ -100,7 +116,15 @@ def test_chunked_prefill_matches(reference: Reference, scheduling: str) -> None:
 
 def test_preemption_matches(reference: Reference, scheduling: str) -> None:
     items = workload(16, seed=4)
-    llm, got = run_engine(reference, items, scheduling, num_kv_blocks=10, block_size=16, max_num_seqs=16, enable_prefix_caching=False)
+    llm, got = run_engine(
+        reference,
+        items,
+        scheduling,
+        num_kv_blocks=10,
+        block_size=16,
+        max_num_seqs=16,
+        enable_prefix_caching=False,
+    )
     assert llm.engine.stats().preemptions_total > 0, "ten blocks must not hold sixteen requests"
     assert got == expected(reference, items)
     assert llm.engine.pool.num_free == 10
@@ -109,8 +133,12 @@ def test_preemption_matches(reference: Reference, scheduling: str) -> None:
 def test_prefix_cache_hits_match(reference: Reference, scheduling: str) -> None:
     items = workload(16, seed=5, shared_prefix=40)
     llm = LLM(str(reference.path), dtype="float32", max_num_seqs=16, async_scheduling=scheduling)
-    first = llm.generate(items[0][0], SamplingParams(max_tokens=items[0][1], temperature=0.0, ignore_eos=True))
-    outs = llm.generate([p for p, _ in items[1:]],
-                        [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in items[1:]])
+    first = llm.generate(
+        items[0][0], SamplingParams(max_tokens=items[0][1], temperature=0.0, ignore_eos=True)
+    )
+    outs = llm.generate(
+        [p for p, _ in items[1:]],
+        [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in items[1:]],
+    )
     assert [o.token_ids for o in first + outs] == expected(reference, items)
     assert all(o.cached_tokens >= 32 for o in outs), "the 40-token shared prefix fills two 16-token blocks"

@@ -65,8 +65,9 @@ def test_a_tenant_returning_from_idle_is_lifted_and_cannot_monopolise() -> None:
     late = 10.0
     workload = [SimRequest(f"a{i}", "A", 0.0, 50, 50) for i in range(4000)]
     workload += [SimRequest(f"b{i}", "B", late, 50, 50) for i in range(4000)]
-    config = SimConfig(max_num_seqs=16, max_num_batched_tokens=256, num_blocks=256,
-                       fairness=FairnessConfig(policy="vtc"))
+    config = SimConfig(
+        max_num_seqs=16, max_num_batched_tokens=256, num_blocks=256, fairness=FairnessConfig(policy="vtc")
+    )
     bound = 2 * max(1.0 * 50, 2.0 * config.num_blocks * config.block_size)
     at_arrival: dict[str, float] = {}
     gains: list[float] = []
@@ -89,10 +90,19 @@ def test_a_tenant_returning_from_idle_is_lifted_and_cannot_monopolise() -> None:
 
 
 def test_a_higher_class_is_never_preempted_for_a_lower_one() -> None:
-    config = SimConfig(max_num_seqs=8, max_num_batched_tokens=128, num_blocks=40, block_size=4,
-                       fairness=FairnessConfig(policy="vtc"))
-    workload = [SimRequest(f"r{i}", f"t{i % 3}", arrival=0.001 * i, prompt_tokens=12, output_tokens=30,
-                           priority=i % 2) for i in range(60)]
+    config = SimConfig(
+        max_num_seqs=8,
+        max_num_batched_tokens=128,
+        num_blocks=40,
+        block_size=4,
+        fairness=FairnessConfig(policy="vtc"),
+    )
+    workload = [
+        SimRequest(
+            f"r{i}", f"t{i % 3}", arrival=0.001 * i, prompt_tokens=12, output_tokens=30, priority=i % 2
+        )
+        for i in range(60)
+    ]
     victims: list[int] = []
 
     def check(_: Simulator, out: SchedulerOutput) -> None:
@@ -101,7 +111,8 @@ def test_a_higher_class_is_never_preempted_for_a_lower_one() -> None:
             assert record.reason == "kv_blocks_exhausted"
             # Anything that still ran this iteration is at least as important as the victim.
             assert all(c.request.meta.priority <= victim.meta.priority for c in out.chunks), (
-                f"class {victim.meta.priority} preempted while a lower class ran")
+                f"class {victim.meta.priority} preempted while a lower class ran"
+            )
 
     sim = Simulator(config)
     result = sim.run(workload, on_iteration=check)
@@ -113,8 +124,13 @@ def test_a_higher_class_is_never_preempted_for_a_lower_one() -> None:
 
 def _promotion_run(max_queue_age_s: float) -> tuple[float, float]:
     """A class-1 request behind a class-0 backlog: (its admission time, when the backlog was last admitted)."""
-    config = SimConfig(max_num_seqs=4, max_num_batched_tokens=64, num_blocks=128, block_size=4,
-                       fairness=FairnessConfig(policy="vtc", max_queue_age_s=max_queue_age_s))
+    config = SimConfig(
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        num_blocks=128,
+        block_size=4,
+        fairness=FairnessConfig(policy="vtc", max_queue_age_s=max_queue_age_s),
+    )
     workload = [SimRequest(f"h{i}", "busy", 0.0, 8, 20, priority=0) for i in range(300)]
     workload.append(SimRequest("low", "quiet", 0.0, 8, 5, priority=1))
     result = Simulator(config).run(workload)
@@ -135,21 +151,34 @@ def test_aging_promotes_a_waiting_lower_class_request() -> None:
 def test_edf_setting_orders_a_class_by_deadline() -> None:
     def admission_order(edf: bool) -> list[str]:
         config = SimConfig(max_num_seqs=1, fairness=FairnessConfig(policy="vtc", edf=edf))
-        workload = [SimRequest(f"d{i}", f"t{i}", arrival=0.001 * i, prompt_tokens=4, output_tokens=3,
-                               deadline=1000.0 - i) for i in range(5)]
+        workload = [
+            SimRequest(
+                f"d{i}", f"t{i}", arrival=0.001 * i, prompt_tokens=4, output_tokens=3, deadline=1000.0 - i
+            )
+            for i in range(5)
+        ]
         result = Simulator(config).run(workload)
         return sorted(result.completions, key=lambda n: result.completions[n].first_scheduled or 0.0)
 
     assert admission_order(edf=False)[1:] == ["d1", "d2", "d3", "d4"]
-    assert admission_order(edf=True) == ["d0", "d4", "d3", "d2", "d1"]  # d0 was running before the others came
+    assert admission_order(edf=True) == [
+        "d0",
+        "d4",
+        "d3",
+        "d2",
+        "d1",
+    ]  # d0 was running before the others came
 
 
 def test_a_lower_class_decode_does_not_take_the_block_a_higher_class_prefill_needs() -> None:
     # Four blocks of four. L (class 1) decodes while H (class 0) prefills a 12-token prompt in
     # 4-token chunks; when the pool runs dry H needs a block. Scheduling L's decode first would leave
     # H no candidate but itself; the scheduler must order by class and preempt L instead.
-    scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=4, max_num_seqs=4, max_model_len=256),
-                          BlockPool(4, 4, enable_prefix_caching=False), build_policy(FairnessConfig()))
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=4, max_num_seqs=4, max_model_len=256),
+        BlockPool(4, 4, enable_prefix_caching=False),
+        build_policy(FairnessConfig()),
+    )
 
     def request(rid: str, prompt: int, output: int, priority: int) -> Request:
         meta = RequestMeta(tenant_id=rid, priority=priority, arrival_time=0.0)
@@ -180,10 +209,15 @@ def test_the_policy_hears_of_each_finished_request_once() -> None:
         original(item)
 
     policy.finish = counting_finish  # type: ignore[method-assign]
-    scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=4, max_model_len=256),
-                          BlockPool(16, 4, enable_prefix_caching=False), policy)
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=4, max_model_len=256),
+        BlockPool(16, 4, enable_prefix_caching=False),
+        policy,
+    )
     done = Request("done", [1] * 4, SamplingParams(max_tokens=2, ignore_eos=True), RequestMeta(tenant_id="a"))
-    dropped = Request("dropped", [1] * 4, SamplingParams(max_tokens=9, ignore_eos=True), RequestMeta(tenant_id="b"))
+    dropped = Request(
+        "dropped", [1] * 4, SamplingParams(max_tokens=9, ignore_eos=True), RequestMeta(tenant_id="b")
+    )
     scheduler.add(done, 0.0)
     scheduler.add(dropped, 0.0)
     for step in range(10):

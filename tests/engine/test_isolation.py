@@ -22,8 +22,10 @@ FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} | {"prompt"}
 def engine(request: pytest.FixtureRequest) -> LLMEngine:
     """With and without async scheduling: a failure found while the next step is in flight ends its request alone."""
     loaded: LoadedModel = load_model(None)
-    return LLMEngine(EngineConfig(num_kv_blocks=64, max_num_batched_tokens=64, async_scheduling=request.param),
-                     loaded=loaded)
+    return LLMEngine(
+        EngineConfig(num_kv_blocks=64, max_num_batched_tokens=64, async_scheduling=request.param),
+        loaded=loaded,
+    )
 
 
 def finish_all(engine: LLMEngine, limit: int = 200) -> dict[str, FinishReason | None]:
@@ -37,10 +39,16 @@ def finish_all(engine: LLMEngine, limit: int = 200) -> dict[str, FinishReason | 
     raise AssertionError("requests did not finish")
 
 
-floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1e-39, 1e-300, 5e-324, 1e-6, 1e-5]),
-                   st.integers(-3, 3))
-ints = st.one_of(st.integers(-5, 70), st.sampled_from([2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 2**64 - 1, 2**64,
-                                                       10**30]), st.booleans())
+floats = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([1e-39, 1e-300, 5e-324, 1e-6, 1e-5]),
+    st.integers(-3, 3),
+)
+ints = st.one_of(
+    st.integers(-5, 70),
+    st.sampled_from([2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 2**64 - 1, 2**64, 10**30]),
+    st.booleans(),
+)
 params_strategy = st.builds(
     SamplingParams,
     max_tokens=st.one_of(st.integers(-1, 3), st.just(10**9)),
@@ -58,7 +66,8 @@ params_strategy = st.builds(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(params=params_strategy, prompt=st.lists(st.integers(-1, 300), min_size=0, max_size=6))
 def test_accepted_requests_never_raise_and_refused_ones_name_a_field(
-        engine: LLMEngine, params: SamplingParams, prompt: list[int]) -> None:
+    engine: LLMEngine, params: SamplingParams, prompt: list[int]
+) -> None:
     try:
         engine.validate(prompt, params)
     except InvalidRequestError as exc:
@@ -67,25 +76,34 @@ def test_accepted_requests_never_raise_and_refused_ones_name_a_field(
             engine.add_request("poison", prompt, params)
         return
     engine.add_request("poison", prompt, params, RequestMeta(tenant_id="a"))
-    engine.add_request("neighbour", [5, 6, 7], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True),
-                       RequestMeta(tenant_id="b"))
+    engine.add_request(
+        "neighbour",
+        [5, 6, 7],
+        SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True),
+        RequestMeta(tenant_id="b"),
+    )
     reasons = finish_all(engine)  # step() must not raise
     assert reasons["neighbour"] is FinishReason.LENGTH
     assert reasons["poison"] is not FinishReason.ERROR  # what validation accepts, the sampler computes
 
 
-@pytest.mark.parametrize(("params", "field"), [
-    (SamplingParams(seed=2**64), "seed"),
-    (SamplingParams(seed=-(2**63) - 1), "seed"),
-    (SamplingParams(seed=True), "seed"),  # type: ignore[arg-type]
-    (SamplingParams(stop=["x"] * 17), "stop"),
-    (SamplingParams(stop=["x" * 257]), "stop"),
-    (SamplingParams(stop_token_ids=list(range(65))), "stop_token_ids"),
-    (SamplingParams(logit_bias=dict.fromkeys(range(301), 1.0)), "logit_bias"),
-    (SamplingParams(logit_bias={3: 101.0}), "logit_bias"),
-    (SamplingParams(logit_bias={10**6: 1.0}), "logit_bias"),
-])
-def test_caps_and_ranges_are_refused_naming_the_field(engine: LLMEngine, params: SamplingParams, field: str) -> None:
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        (SamplingParams(seed=2**64), "seed"),
+        (SamplingParams(seed=-(2**63) - 1), "seed"),
+        (SamplingParams(seed=True), "seed"),  # type: ignore[arg-type]
+        (SamplingParams(stop=["x"] * 17), "stop"),
+        (SamplingParams(stop=["x" * 257]), "stop"),
+        (SamplingParams(stop_token_ids=list(range(65))), "stop_token_ids"),
+        (SamplingParams(logit_bias=dict.fromkeys(range(301), 1.0)), "logit_bias"),
+        (SamplingParams(logit_bias={3: 101.0}), "logit_bias"),
+        (SamplingParams(logit_bias={10**6: 1.0}), "logit_bias"),
+    ],
+)
+def test_caps_and_ranges_are_refused_naming_the_field(
+    engine: LLMEngine, params: SamplingParams, field: str
+) -> None:
     with pytest.raises(InvalidRequestError) as info:
         engine.validate([1, 2, 3], params)
     assert info.value.field_name == field
@@ -103,8 +121,9 @@ def test_tiny_temperature_is_greedy(engine: LLMEngine) -> None:
 
 
 def test_logit_bias_moves_the_choice(engine: LLMEngine) -> None:
-    engine.add_request("b", [9, 8, 7], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True,
-                                                       logit_bias={42: 100.0}))
+    engine.add_request(
+        "b", [9, 8, 7], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, logit_bias={42: 100.0})
+    )
     tokens: list[int] = []
     while engine.has_unfinished():
         for out in engine.step():
@@ -113,10 +132,18 @@ def test_logit_bias_moves_the_choice(engine: LLMEngine) -> None:
 
 
 def poison_and_neighbour(engine: LLMEngine) -> None:
-    engine.add_request("poison", [1, 2, 3], SamplingParams(max_tokens=8, temperature=1.0, seed=7, ignore_eos=True),
-                       RequestMeta(tenant_id="a"))
-    engine.add_request("neighbour", [4, 5, 6], SamplingParams(max_tokens=8, temperature=0.8, seed=1, ignore_eos=True),
-                       RequestMeta(tenant_id="b"))
+    engine.add_request(
+        "poison",
+        [1, 2, 3],
+        SamplingParams(max_tokens=8, temperature=1.0, seed=7, ignore_eos=True),
+        RequestMeta(tenant_id="a"),
+    )
+    engine.add_request(
+        "neighbour",
+        [4, 5, 6],
+        SamplingParams(max_tokens=8, temperature=0.8, seed=1, ignore_eos=True),
+        RequestMeta(tenant_id="b"),
+    )
 
 
 def test_a_sampling_failure_ends_only_its_request(engine: LLMEngine) -> None:

@@ -35,12 +35,17 @@ def forward_logits(loaded: LoadedModel, ids: list[int]) -> torch.Tensor:
     cfg, block = loaded.config, 16
     blocks = -(-len(ids) // block)
     shape = (blocks, block, cfg.num_kv_heads, cfg.head_dim)
-    caches = [(torch.zeros(shape, dtype=loaded.dtype), torch.zeros(shape, dtype=loaded.dtype))
-              for _ in range(cfg.num_layers)]
+    caches = [
+        (torch.zeros(shape, dtype=loaded.dtype), torch.zeros(shape, dtype=loaded.dtype))
+        for _ in range(cfg.num_layers)
+    ]
     meta = AttentionMetadata(
-        slot_mapping=torch.arange(len(ids)), block_tables=torch.arange(blocks).unsqueeze(0),
-        query_start_loc=torch.tensor([0, len(ids)]), seq_lens=torch.tensor([len(ids)]),
-        max_query_len=len(ids), max_seq_len=len(ids),
+        slot_mapping=torch.arange(len(ids)),
+        block_tables=torch.arange(blocks).unsqueeze(0),
+        query_start_loc=torch.tensor([0, len(ids)]),
+        seq_lens=torch.tensor([len(ids)]),
+        max_query_len=len(ids),
+        max_seq_len=len(ids),
     )
     hidden = loaded.model(torch.tensor(ids), torch.arange(len(ids)), caches, meta)
     return loaded.model.compute_logits(hidden)  # type: ignore[operator,no-any-return]
@@ -93,9 +98,17 @@ def test_default_model_loads_and_matches_transformers(default_dir: Path) -> None
     ours = load_model(None, cache_dir=str(default_dir.parent.parent))
     assert ours.name == DEFAULT_MODEL_NAME and ours.dtype == torch.float32 and ours.path == default_dir
     cfg = ours.config
-    assert (cfg.architecture, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads) == ("llama", 256, 4, 8, 4)
+    assert (cfg.architecture, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads) == (
+        "llama",
+        256,
+        4,
+        8,
+        4,
+    )
     assert cfg.vocab_size == ours.tokenizer.vocab_size
-    assert cfg.eos_token_ids == ours.tokenizer.eos_token_ids and cfg.bos_token_id == ours.tokenizer.bos_token_id
+    assert (
+        cfg.eos_token_ids == ours.tokenizer.eos_token_ids and cfg.bos_token_id == ours.tokenizer.bos_token_id
+    )
     ids = ours.tokenizer.encode("The batch never waits. ✓")
     hf = transformers.LlamaForCausalLM.from_pretrained(default_dir).eval()
     with torch.no_grad():
@@ -161,7 +174,9 @@ def test_bad_config_and_weights_are_named(tmp_path: Path, default_dir: Path) -> 
         load_model(broken)
     shapes = _copy_without(default_dir, tmp_path / "shape")
     (shapes / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 512}))
-    with pytest.raises(ValueError, match=r"mlp\.\w+_proj\.weight. has shape \((688, 256|256, 688)\), expected"):
+    with pytest.raises(
+        ValueError, match=r"mlp\.\w+_proj\.weight. has shape \((688, 256|256, 688)\), expected"
+    ):
         load_model(shapes)
 
 
@@ -175,8 +190,9 @@ def test_auto_dtype_follows_the_checkpoint_but_not_fp16_on_cpu() -> None:
         resolve_dtype("float64", {}, "cpu")
 
 
-def test_cli_model_init_writes_a_loadable_model(tmp_path: Path, default_dir: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_model_init_writes_a_loadable_model(
+    tmp_path: Path, default_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     target = tmp_path / "tiny"
     assert cli_main(["model", "init", str(target)]) == 0
     out = capsys.readouterr().out

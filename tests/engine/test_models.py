@@ -20,15 +20,30 @@ BLOCK_SIZE = 16
 NUM_BLOCKS = 24
 VOCAB = 300  # larger than the byte tokenizer (262), as real checkpoints pad their vocabularies
 COMMON: dict[str, Any] = dict(
-    vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.1, rms_norm_eps=1e-5,
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    initializer_range=0.1,
+    rms_norm_eps=1e-5,
 )
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", {}),
-    "llama-bias-tied-llama3": ("LlamaConfig", {"attention_bias": True, "tie_word_embeddings": True,
-                                               "rope_parameters": LLAMA3_ROPE}),
+    "llama-bias-tied-llama3": (
+        "LlamaConfig",
+        {"attention_bias": True, "tie_word_embeddings": True, "rope_parameters": LLAMA3_ROPE},
+    ),
     "qwen2": ("Qwen2Config", {}),
     "mistral": ("MistralConfig", {"sliding_window": 8}),
 }
@@ -70,12 +85,13 @@ class PagedSequences:
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, num_seqs: int, seed: int = 0) -> None:
         shape = (NUM_BLOCKS, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
-                          for _ in range(cfg.num_layers)]
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)
+        ]
         blocks = list(range(NUM_BLOCKS))
         random.Random(seed).shuffle(blocks)
         per_seq = NUM_BLOCKS // num_seqs
-        self.tables = [blocks[i * per_seq:(i + 1) * per_seq] for i in range(num_seqs)]
+        self.tables = [blocks[i * per_seq : (i + 1) * per_seq] for i in range(num_seqs)]
 
     def batch(self, spans: list[tuple[int, int]]) -> tuple[torch.Tensor, AttentionMetadata]:
         """Positions and metadata for one flat batch; spans[i] = (tokens already cached, query length) of seq i."""
@@ -98,7 +114,9 @@ class PagedSequences:
 
 
 @torch.no_grad()
-def run_logits(model: Any, paged: PagedSequences, ids: list[int], spans: list[tuple[int, int]]) -> torch.Tensor:
+def run_logits(
+    model: Any, paged: PagedSequences, ids: list[int], spans: list[tuple[int, int]]
+) -> torch.Tensor:
     """Logits of every token of one flat batch."""
     positions, meta = paged.batch(spans)
     hidden = model(torch.tensor(ids), positions, paged.kv_caches, meta)
@@ -138,9 +156,13 @@ def test_greedy_generation_matches_hf(pair: Pair) -> None:
     new_tokens = 20
     with torch.no_grad():
         ref = pair.hf.generate(
-            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
-        )[0, len(ids):].tolist()
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )[0, len(ids) :].tolist()
     model = pair.ours.model
     paged = PagedSequences(pair.ours.config, torch.float32, num_seqs=1, seed=7)
     # Prefill in two chunks, then one-token decodes, all through the paged cache.
@@ -195,13 +217,27 @@ def test_unsupported_architecture_is_named() -> None:
     with pytest.raises(ValueError, match="GPT2LMHeadModel"):
         ModelConfig.from_hf_config({"architectures": ["GPT2LMHeadModel"], "hidden_size": 64})
     with pytest.raises(ValueError, match="rope_scaling type 'yarn'"):
-        ModelConfig.from_hf_config({
-            "model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
-            "num_hidden_layers": 1, "num_attention_heads": 2, "rope_scaling": {"rope_type": "yarn", "factor": 2.0},
-        })
+        ModelConfig.from_hf_config(
+            {
+                "model_type": "llama",
+                "vocab_size": 10,
+                "hidden_size": 8,
+                "intermediate_size": 16,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "rope_scaling": {"rope_type": "yarn", "factor": 2.0},
+            }
+        )
     with pytest.raises(ValueError, match="intermediate_size"):
-        ModelConfig.from_hf_config({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8,
-                                    "num_hidden_layers": 1, "num_attention_heads": 2})
+        ModelConfig.from_hf_config(
+            {
+                "model_type": "qwen2",
+                "vocab_size": 10,
+                "hidden_size": 8,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+            }
+        )
 
 
 def test_load_weights_rejects_missing_and_misshaped_tensors(pair: Pair) -> None:

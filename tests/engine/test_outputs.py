@@ -51,10 +51,14 @@ def test_a_report_crosses_the_zmq_wire_field_for_field() -> None:
     from engine.trace import IterationTrace
 
     metrics = RequestMetrics(16, 4, 3, 6.5, 1, 2, 1, "decode", 1.0, 2.0, None, 4.0)
-    report = IterationReport([OutputDelta("r1", [5, 6], "ab", True, FinishReason.STOP, metrics),
-                              OutputDelta("r2", [], "", False, None, metrics)],
-                             EngineStats(waiting=3, service={"t": 1.5}, waiting_by_tenant={"t": 3}),
-                             [IterationTrace(7, 1.0, 1, 2, 3, 4, 5, 6, 0, 1, 0.01, forward_s=0.5)])
+    report = IterationReport(
+        [
+            OutputDelta("r1", [5, 6], "ab", True, FinishReason.STOP, metrics),
+            OutputDelta("r2", [], "", False, None, metrics),
+        ],
+        EngineStats(waiting=3, service={"t": 1.5}, waiting_by_tenant={"t": 3}),
+        [IterationTrace(7, 1.0, 1, 2, 3, 4, 5, 6, 0, 1, 0.01, forward_s=0.5)],
+    )
     back = msgspec.msgpack.Decoder(FromEngine).decode(msgspec.msgpack.encode(report))
     assert back == report and back.outputs[0].finish_reason is FinishReason.STOP
     assert back.outputs[0].metrics.cancel_state == "decode" and back.stats.service == {"t": 1.5}

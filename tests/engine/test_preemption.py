@@ -43,12 +43,16 @@ def test_preempted_requests_resume_with_the_unpreempted_output(mode: str, refere
 
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
 def test_every_preemption_records_reason_mode_victim_and_cost(mode: str) -> None:
-    config = SimConfig(max_num_batched_tokens=64, max_num_seqs=4, num_blocks=12, block_size=4, preemption_mode=mode)
+    config = SimConfig(
+        max_num_batched_tokens=64, max_num_seqs=4, num_blocks=12, block_size=4, preemption_mode=mode
+    )
     records: list[tuple[str, str, str, int, int, float]] = []
 
     def collect(_: Simulator, out: SchedulerOutput) -> None:
-        records.extend((v.request_id, r.reason, r.mode, r.tokens_recomputed, r.bytes_swapped, r.seconds)
-                       for v, r in out.preempted)
+        records.extend(
+            (v.request_id, r.reason, r.mode, r.tokens_recomputed, r.bytes_swapped, r.seconds)
+            for v, r in out.preempted
+        )
 
     workload = [SimRequest(f"r{i}", arrival=0.001 * i, prompt_tokens=4, output_tokens=16) for i in range(4)]
     result = Simulator(config).run(workload, on_iteration=collect)
@@ -63,7 +67,9 @@ def test_every_preemption_records_reason_mode_victim_and_cost(mode: str) -> None
 
 
 def _admitted_with_watermark(watermark: int) -> tuple[int, Scheduler]:
-    cfg = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16, max_model_len=512, watermark_blocks=watermark)
+    cfg = SchedulerConfig(
+        max_num_batched_tokens=256, max_num_seqs=16, max_model_len=512, watermark_blocks=watermark
+    )
     s = Scheduler(cfg, BlockPool(16, 4, enable_prefix_caching=False), FCFSPolicy())
     for i in range(6):
         s.add(Request(f"r{i}", [1] * 8, SamplingParams(max_tokens=8), RequestMeta()), 0.0)

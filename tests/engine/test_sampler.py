@@ -51,11 +51,22 @@ def test_seeded_sampling_ignores_batch_composition_and_row_order() -> None:
     row = _logits(1, seed=3)[0] / 3  # flat enough that draws vary
     target = _request("target", temperature=1.0, seed=42)
     alone = _draws(Sampler(seed=0), row.unsqueeze(0), [target], "target", 30)
-    others = [_request("x", temperature=1.0), _request("y", temperature=0.7, seed=5), _request("z", temperature=0.0)]
+    others = [
+        _request("x", temperature=1.0),
+        _request("y", temperature=0.7, seed=5),
+        _request("z", temperature=0.0),
+    ]
     batch = [others[0], others[1], target, others[2]]
-    mixed = _draws(Sampler(seed=99), torch.stack([_logits(1, 7)[0], _logits(1, 8)[0], row, _logits(1, 9)[0]]),
-                   batch, "target", 30)
-    reordered = _draws(Sampler(seed=1), torch.stack([row, _logits(1, 9)[0]]), [target, others[2]], "target", 30)
+    mixed = _draws(
+        Sampler(seed=99),
+        torch.stack([_logits(1, 7)[0], _logits(1, 8)[0], row, _logits(1, 9)[0]]),
+        batch,
+        "target",
+        30,
+    )
+    reordered = _draws(
+        Sampler(seed=1), torch.stack([row, _logits(1, 9)[0]]), [target, others[2]], "target", 30
+    )
     assert alone == mixed == reordered
     assert len(set(alone)) > 3  # it really samples: a constant sequence would pass trivially
 

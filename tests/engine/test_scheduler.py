@@ -20,15 +20,18 @@ from fairness.fcfs import FCFSPolicy
 EOS = 0
 
 
-def make_scheduler(num_blocks: int = 64, block_size: int = 4, budget: int = 32, seats: int = 8,
-                   watermark: int = 0) -> Scheduler:
-    cfg = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=seats, max_model_len=4096,
-                          watermark_blocks=watermark)
+def make_scheduler(
+    num_blocks: int = 64, block_size: int = 4, budget: int = 32, seats: int = 8, watermark: int = 0
+) -> Scheduler:
+    cfg = SchedulerConfig(
+        max_num_batched_tokens=budget, max_num_seqs=seats, max_model_len=4096, watermark_blocks=watermark
+    )
     return Scheduler(cfg, BlockPool(num_blocks, block_size), FCFSPolicy())
 
 
-def make_request(rid: str, prompt_len: int, max_tokens: int, deadline: float | None = None,
-                 arrival: float = 0.0) -> Request:
+def make_request(
+    rid: str, prompt_len: int, max_tokens: int, deadline: float | None = None, arrival: float = 0.0
+) -> Request:
     prompt = [1 + (hash((rid, i)) % 50) for i in range(prompt_len)]
     meta = RequestMeta(tenant_id="t", deadline=deadline, arrival_time=arrival)
     return Request(rid, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), meta)
@@ -148,18 +151,23 @@ def test_prefix_cache_hit_skips_prefill_and_counts_cached_tokens() -> None:
     s.add(shared)
     while s.has_unfinished():
         run_step(s)
-    twin = Request("b", list(shared.prompt_token_ids), SamplingParams(max_tokens=1), RequestMeta(tenant_id="t"))
+    twin = Request(
+        "b", list(shared.prompt_token_ids), SamplingParams(max_tokens=1), RequestMeta(tenant_id="t")
+    )
     s.add(twin)
     out, _ = run_step(s)
     assert twin.num_cached_tokens == 16  # four full blocks of four, last token left to compute
     assert out.chunks[0].start == 16 and out.chunks[0].length == 4
 
 
-@pytest.mark.parametrize(("meta", "cached"), [
-    (RequestMeta(tenant_id="other"), 0),  # another tenant: the same tokens, different keys
-    (RequestMeta(tenant_id="t", cache_salt="narrower"), 0),  # the owner, under a per-request salt
-    (RequestMeta(tenant_id="other", cache_group="org"), 0),  # a group the owner is not in
-])
+@pytest.mark.parametrize(
+    ("meta", "cached"),
+    [
+        (RequestMeta(tenant_id="other"), 0),  # another tenant: the same tokens, different keys
+        (RequestMeta(tenant_id="t", cache_salt="narrower"), 0),  # the owner, under a per-request salt
+        (RequestMeta(tenant_id="other", cache_group="org"), 0),  # a group the owner is not in
+    ],
+)
 def test_prefix_cache_is_isolated_by_tenant_and_salt(meta: RequestMeta, cached: int) -> None:
     s = make_scheduler(budget=64)
     s.add(make_request("a", 20, 1))
@@ -178,7 +186,9 @@ def test_prefix_cache_is_shared_inside_a_cache_group() -> None:
     s.add(first)
     while s.has_unfinished():
         run_step(s)
-    peer = Request("b", _prompt_of("a", 20), SamplingParams(max_tokens=1), RequestMeta(tenant_id="u", cache_group="org"))
+    peer = Request(
+        "b", _prompt_of("a", 20), SamplingParams(max_tokens=1), RequestMeta(tenant_id="u", cache_group="org")
+    )
     s.add(peer)
     run_step(s)
     assert peer.num_cached_tokens == 16
@@ -192,14 +202,16 @@ def _prompt_of(rid: str, prompt_len: int) -> list[int]:
 @given(
     arrivals=st.lists(
         st.tuples(st.integers(0, 30), st.integers(1, 40), st.integers(1, 20), st.booleans()),
-        min_size=1, max_size=25,
+        min_size=1,
+        max_size=25,
     ),
     budget=st.integers(4, 48),
     seats=st.integers(1, 6),
     num_blocks=st.integers(16, 40),
 )
-def test_invariants_under_random_traces(arrivals: list[tuple[int, int, int, bool]], budget: int, seats: int,
-                                        num_blocks: int) -> None:
+def test_invariants_under_random_traces(
+    arrivals: list[tuple[int, int, int, bool]], budget: int, seats: int, num_blocks: int
+) -> None:
     s = make_scheduler(num_blocks=num_blocks, block_size=4, budget=budget, seats=seats)
     pending = sorted(enumerate(arrivals), key=lambda x: x[1][0])
     ended: Counter[str] = Counter()
@@ -223,7 +235,9 @@ def test_invariants_under_random_traces(arrivals: list[tuple[int, int, int, bool
         step += 1
         assert step < 5000, "scheduler made no progress"
     assert s.pool.num_free == s.pool.num_blocks, "a block leaked"
-    assert set(ended) == set(results) and all(n == 1 for n in ended.values()), "each request ends exactly once"
+    assert set(ended) == set(results) and all(n == 1 for n in ended.values()), (
+        "each request ends exactly once"
+    )
     for r in results.values():
         assert r.state is RequestState.FINISHED
         if r.finish_reason is FinishReason.LENGTH:

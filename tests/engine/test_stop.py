@@ -35,8 +35,10 @@ alphabet = st.sampled_from("abc")
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(st.text(alphabet, min_size=1, max_size=5), max_size=5),
-       st.lists(st.text(alphabet, max_size=6), max_size=8))
+@given(
+    st.lists(st.text(alphabet, min_size=1, max_size=5), max_size=5),
+    st.lists(st.text(alphabet, max_size=6), max_size=8),
+)
 def test_matches_reference_on_any_chunking(stops: list[str], chunks: list[str]) -> None:
     text, stopped, released = feed(stops, chunks)
     want_text, want_stopped = reference("".join(chunks), stops)
@@ -46,18 +48,25 @@ def test_matches_reference_on_any_chunking(stops: list[str], chunks: list[str]) 
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.text(alphabet, min_size=1, max_size=5), min_size=1, max_size=5),
-       st.lists(st.text(alphabet, min_size=1, max_size=4), min_size=1, max_size=8))
+@given(
+    st.lists(st.text(alphabet, min_size=1, max_size=5), min_size=1, max_size=5),
+    st.lists(st.text(alphabet, min_size=1, max_size=4), min_size=1, max_size=8),
+)
 def test_holds_back_exactly_a_possible_match(stops: list[str], chunks: list[str]) -> None:
     matcher = StopMatcher(stops)
     for chunk in chunks:
         _, stopped = matcher.push(chunk)
         if stopped:
             return
-        held = matcher.text[matcher.emitted:]
-        longest = max((n for n in range(len(matcher.text) + 1)
-                       if any(s.startswith(matcher.text[len(matcher.text) - n:]) and n < len(s) for s in stops)),
-                      default=0)
+        held = matcher.text[matcher.emitted :]
+        longest = max(
+            (
+                n
+                for n in range(len(matcher.text) + 1)
+                if any(s.startswith(matcher.text[len(matcher.text) - n :]) and n < len(s) for s in stops)
+            ),
+            default=0,
+        )
         assert len(held) == longest
 
 

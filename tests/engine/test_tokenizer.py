@@ -64,7 +64,9 @@ def test_special_tokens_show_only_when_asked(tok: Tokenizer) -> None:
     ids=st.lists(st.integers(min_value=0, max_value=256 + len(BYTE_SPECIAL_TOKENS) - 1), max_size=40),
     cuts=st.lists(st.integers(min_value=0, max_value=40), max_size=8),
 )
-def test_incremental_detokenizer_equals_full_decode_for_any_split(tok: Tokenizer, ids: list[int], cuts: list[int]) -> None:
+def test_incremental_detokenizer_equals_full_decode_for_any_split(
+    tok: Tokenizer, ids: list[int], cuts: list[int]
+) -> None:
     # Arbitrary ids include invalid and truncated UTF-8 as well as special tokens.
     bounds = sorted({0, len(ids), *(c for c in cuts if c <= len(ids))})
     detok = tok.detokenizer(tok.encode("prompt: "))
@@ -74,7 +76,9 @@ def test_incremental_detokenizer_equals_full_decode_for_any_split(tok: Tokenizer
 
 @settings(max_examples=100, deadline=None)
 @given(text=st.text(min_size=1), cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=10))
-def test_incremental_detokenizer_never_emits_half_characters(tok: Tokenizer, text: str, cuts: list[int]) -> None:
+def test_incremental_detokenizer_never_emits_half_characters(
+    tok: Tokenizer, text: str, cuts: list[int]
+) -> None:
     assume(not any(special in text for special in BYTE_SPECIAL_TOKENS))
     ids = tok.encode(text, add_special_tokens=False)
     bounds = sorted({0, len(ids), *(c for c in cuts if c <= len(ids))})
@@ -116,8 +120,9 @@ class _WindowDetokenizer:
     ids=st.lists(st.integers(min_value=0, max_value=256 + len(BYTE_SPECIAL_TOKENS) - 1), max_size=40),
     cuts=st.lists(st.integers(min_value=0, max_value=40), max_size=8),
 )
-def test_decode_stream_detokenizer_gives_the_window_decoders_deltas(tok: Tokenizer, prompt: list[int],
-                                                                    ids: list[int], cuts: list[int]) -> None:
+def test_decode_stream_detokenizer_gives_the_window_decoders_deltas(
+    tok: Tokenizer, prompt: list[int], ids: list[int], cuts: list[int]
+) -> None:
     """Delta for delta, not only in total: streams, stop strings and usage see exactly what they saw before."""
     bounds = sorted({0, len(ids), *(c for c in cuts if c <= len(ids))})
     new, old = tok.detokenizer(prompt), _WindowDetokenizer(tok, prompt)
@@ -128,7 +133,9 @@ def test_decode_stream_detokenizer_gives_the_window_decoders_deltas(tok: Tokeniz
 
 def test_detokenizer_uses_prompt_context_for_leading_spaces(tmp_path: Path) -> None:
     # SentencePiece-style decoders drop the space of a word that starts a decode.
-    tk = tokenizers.Tokenizer(tokenizers.models.WordLevel({"<unk>": 0, "▁hello": 1, "▁world": 2}, unk_token="<unk>"))
+    tk = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({"<unk>": 0, "▁hello": 1, "▁world": 2}, unk_token="<unk>")
+    )
     tk.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace()
     tk.decoder = tokenizers.decoders.Metaspace()
     tk.save(str(tmp_path / "tokenizer.json"))
@@ -144,7 +151,10 @@ def test_fallback_chat_template_renders(tmp_path: Path) -> None:
     assert tok.chat_template is None
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "héllo"}]
     assert tok.apply_chat_template(messages) == "<|system|>\nbe brief\n<|user|>\nhéllo\n<|assistant|>\n"
-    assert tok.apply_chat_template(messages, add_generation_prompt=False) == "<|system|>\nbe brief\n<|user|>\nhéllo\n"
+    assert (
+        tok.apply_chat_template(messages, add_generation_prompt=False)
+        == "<|system|>\nbe brief\n<|user|>\nhéllo\n"
+    )
 
 
 def test_byte_tokenizer_chat_template_uses_role_tokens(tok: Tokenizer) -> None:
@@ -156,13 +166,18 @@ def test_byte_tokenizer_chat_template_uses_role_tokens(tok: Tokenizer) -> None:
 
 def _with_template(root: Path, template: str) -> Tokenizer:
     write_byte_tokenizer(root)
-    (root / "tokenizer_config.json").write_text(json.dumps({**byte_tokenizer_config(), "chat_template": template}))
+    (root / "tokenizer_config.json").write_text(
+        json.dumps({**byte_tokenizer_config(), "chat_template": template})
+    )
     return Tokenizer.from_dir(root)
 
 
 def test_model_chat_template_with_bos_is_not_doubled(tmp_path: Path) -> None:
-    tok = _with_template(tmp_path, "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}"
-                                   "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")
+    tok = _with_template(
+        tmp_path,
+        "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}"
+        "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}",
+    )
     text = tok.apply_chat_template([{"role": "user", "content": "x"}])
     assert text == "<|bos|>[user]x<|eos|>[assistant]"
     ids = tok.encode_chat([{"role": "user", "content": "x"}])
@@ -171,7 +186,10 @@ def test_model_chat_template_with_bos_is_not_doubled(tmp_path: Path) -> None:
 
 
 def test_chat_template_errors_are_value_errors(tmp_path: Path) -> None:
-    tok = _with_template(tmp_path, "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}")
+    tok = _with_template(
+        tmp_path,
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}",
+    )
     with pytest.raises(ValueError, match="first must be user"):
         tok.apply_chat_template([{"role": "assistant", "content": "x"}])
     escape = _with_template(tmp_path / "sandbox", "{{ messages.__class__.__mro__[1].__subclasses__() }}")

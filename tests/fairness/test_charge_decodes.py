@@ -28,18 +28,24 @@ def snapshot(policy: Any) -> tuple[dict[str, float], dict[str, float], list[str]
 
 @settings(max_examples=60, deadline=None)
 @given(
-    policy=st.sampled_from(["vtc", "fcfs"]), edf=st.booleans(), classes=st.booleans(),
+    policy=st.sampled_from(["vtc", "fcfs"]),
+    edf=st.booleans(),
+    classes=st.booleans(),
     running=st.lists(st.tuples(st.sampled_from(sorted(WEIGHTS)), st.integers(0, 2)), min_size=1, max_size=40),
     steps=st.integers(1, 5),
 )
-def test_batched_decode_charges_equal_per_request_charges(policy: str, edf: bool, classes: bool,
-                                                           running: list[tuple[str, int]], steps: int) -> None:
+def test_batched_decode_charges_equal_per_request_charges(
+    policy: str, edf: bool, classes: bool, running: list[tuple[str, int]], steps: int
+) -> None:
     one, batched = build(policy, edf, classes), build(policy, edf, classes)
     items: dict[int, list[Job]] = {}
     for p in (one, batched):
         for key, weight in WEIGHTS.items():
             p.set_weight(key, weight)
-        jobs = [job(f"r{i}", tenant, priority=cls, weight=WEIGHTS[tenant]) for i, (tenant, cls) in enumerate(running)]
+        jobs = [
+            job(f"r{i}", tenant, priority=cls, weight=WEIGHTS[tenant])
+            for i, (tenant, cls) in enumerate(running)
+        ]
         for j in jobs:  # admitted and prefilled, as the scheduler does before any decode
             p.add(j, 0.0)
             p.pop(j)

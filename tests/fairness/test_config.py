@@ -94,7 +94,9 @@ operations = st.lists(
 )
 
 
-@pytest.mark.parametrize("config", ALL_CONFIGS, ids=lambda c: f"{c.policy}-classes{c.priority_classes}-edf{c.edf}")
+@pytest.mark.parametrize(
+    "config", ALL_CONFIGS, ids=lambda c: f"{c.policy}-classes{c.priority_classes}-edf{c.edf}"
+)
 @settings(max_examples=60, deadline=None)
 @given(ops=operations)
 def test_queue_never_loses_or_duplicates_items(config: FairnessConfig, ops: list[Any]) -> None:
@@ -107,7 +109,9 @@ def test_queue_never_loses_or_duplicates_items(config: FairnessConfig, ops: list
         if op in ("add", "front"):
             if rid in queued:
                 continue
-            item = Job(rid, Meta(tenant_id=f"t{tenant}", priority=priority, deadline=deadline, arrival_time=now))
+            item = Job(
+                rid, Meta(tenant_id=f"t{tenant}", priority=priority, deadline=deadline, arrival_time=now)
+            )
             policy.add(item, now, front=op == "front")
             queued[rid] = item
         elif op == "remove":

@@ -126,7 +126,9 @@ def test_victim_is_never_more_important_than_the_request_needing_memory(
     make_base: Any, running: list[tuple[int, str, float]], for_class: int | None
 ) -> None:
     policy: PriorityPolicy[Any] = PriorityPolicy(make_base)
-    items = [Job(f"r{i}", Meta(tenant_id=t, priority=p, arrival_time=at)) for i, (p, t, at) in enumerate(running)]
+    items = [
+        Job(f"r{i}", Meta(tenant_id=t, priority=p, arrival_time=at)) for i, (p, t, at) in enumerate(running)
+    ]
     for i, item in enumerate(items):
         policy.charge(item, i, 0, 0)
     for_item = None if for_class is None else Job("needy", Meta(priority=for_class))

@@ -23,9 +23,13 @@ def close(x: float, y: float) -> bool:
 
 # -- RemoteService -------------------------------------------------------------------------------
 
-observations = st.lists(st.tuples(st.sampled_from(["e1", "e2", "e3"]),
-                                  st.dictionaries(st.sampled_from(TENANTS), st.floats(0, 1e6), max_size=3)),
-                        max_size=30)
+observations = st.lists(
+    st.tuples(
+        st.sampled_from(["e1", "e2", "e3"]),
+        st.dictionaries(st.sampled_from(TENANTS), st.floats(0, 1e6), max_size=3),
+    ),
+    max_size=30,
+)
 
 
 @given(observations)
@@ -63,7 +67,9 @@ def test_class_counter_names_round_trip_keys_with_colons() -> None:
 operation = st.one_of(
     st.tuples(st.just("add"), st.integers(0, 1), st.sampled_from(TENANTS), st.sampled_from([1.0, 2.0, 4.0])),
     st.tuples(st.just("admit"), st.integers(0, 1)),
-    st.tuples(st.just("charge"), st.integers(0, 1), st.integers(0, 40), st.integers(0, 3), st.integers(0, 99)),
+    st.tuples(
+        st.just("charge"), st.integers(0, 1), st.integers(0, 40), st.integers(0, 3), st.integers(0, 99)
+    ),
     st.tuples(st.just("decodes"), st.integers(0, 1)),
     st.tuples(st.just("remove"), st.integers(0, 1), st.integers(0, 99)),
     st.tuples(st.just("sync"), st.integers(0, 1)),
@@ -132,7 +138,9 @@ class Engines:
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(operation, max_size=60), st.sampled_from([0.0, 8.0, 1024.0]))
-def test_counters_are_charges_plus_local_lifts_plus_the_others_charges(ops: list[Any], allowance: float) -> None:
+def test_counters_are_charges_plus_local_lifts_plus_the_others_charges(
+    ops: list[Any], allowance: float
+) -> None:
     engines = Engines(allowance)
     for op in ops:
         before = [dict(p.counters()) for p in engines.policies]
@@ -155,6 +163,7 @@ def test_a_big_lift_on_one_engine_is_not_published_to_the_other() -> None:
 
 def test_a_key_served_elsewhere_comes_back_with_that_service() -> None:
     """B was served 500 on the other engine: arriving here it queues behind A (100), not ahead of it."""
+
     def engine_with_a_backlogged() -> VTCPolicy[Any]:
         policy = VTCPolicy[Any](lift_allowance=50.0)
         first = job("a1", "A")

@@ -250,7 +250,11 @@ def count_policy_lines(action: Any) -> int:
         return local
 
     def tracer(frame: FrameType, event: str, arg: object) -> Any:
-        return local if "/fairness/" in frame.f_code.co_filename and "/tests/" not in frame.f_code.co_filename else None
+        return (
+            local
+            if "/fairness/" in frame.f_code.co_filename and "/tests/" not in frame.f_code.co_filename
+            else None
+        )
 
     sys.settrace(tracer)
     try:

@@ -40,7 +40,9 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, what: str = "c
 
 def engine_config(cache_dir: Path) -> EngineConfig:
     """A small engine: few sequences and KV blocks so saturation is cheap to reach."""
-    return EngineConfig(max_num_seqs=8, num_kv_blocks=256, max_num_batched_tokens=256, cache_dir=str(cache_dir))
+    return EngineConfig(
+        max_num_seqs=8, num_kv_blocks=256, max_num_batched_tokens=256, cache_dir=str(cache_dir)
+    )
 
 
 @dataclass
@@ -167,8 +169,14 @@ def redis_url() -> str:
 class Hogs:
     """N long streaming requests that fill every engine sequence slot until cancelled by task id."""
 
-    def __init__(self, server: Server, tenant: str = "hog", n: int = 8, task_id: str = "hog-task",
-                 max_tokens: int = 400) -> None:
+    def __init__(
+        self,
+        server: Server,
+        tenant: str = "hog",
+        n: int = 8,
+        task_id: str = "hog-task",
+        max_tokens: int = 400,
+    ) -> None:
         self.server = server
         self.tenant = tenant
         self.n = n
@@ -178,11 +186,18 @@ class Hogs:
         self.finish_reasons: list[str | None] = []
 
     def _one(self, i: int) -> None:
-        body = {"model": self.server.model, "prompt": f"hog {i}", "max_tokens": self.max_tokens, "stream": True,
-                "ignore_eos": True}
+        body = {
+            "model": self.server.model,
+            "prompt": f"hog {i}",
+            "max_tokens": self.max_tokens,
+            "stream": True,
+            "ignore_eos": True,
+        }
         headers = self.server.headers(self.tenant, **{"X-Task-Id": self.task_id})
-        with httpx.Client(base_url=self.server.url, timeout=120) as c, \
-                c.stream("POST", "/v1/completions", json=body, headers=headers) as resp:
+        with (
+            httpx.Client(base_url=self.server.url, timeout=120) as c,
+            c.stream("POST", "/v1/completions", json=body, headers=headers) as resp,
+        ):
             last = None
             for line in resp.iter_lines():
                 if line.startswith("data: {"):
@@ -195,8 +210,11 @@ class Hogs:
             t = threading.Thread(target=self._one, args=(i,), daemon=True)
             t.start()
             self.threads.append(t)
-        wait_for(lambda: engine.stats().running >= self.n and engine.stats().iteration_seconds > 0, 30,
-                 "hogs to fill the batch")
+        wait_for(
+            lambda: engine.stats().running >= self.n and engine.stats().iteration_seconds > 0,
+            30,
+            "hogs to fill the batch",
+        )
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -15,9 +15,21 @@ class ServeProcess:
     """A `fairserve serve --port 0` subprocess; `banner` holds the printed key: value lines."""
 
     def __init__(self, data_dir: Path, *args: str, timeout: float = 120.0) -> None:
-        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data-dir", str(data_dir), *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--port",
+            "0",
+            "--data-dir",
+            str(data_dir),
+            *args,
+        ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
         self.banner: dict[str, str] = {}
         self.output: list[str] = []
         ready = threading.Event()

@@ -11,7 +11,9 @@ import pytest
 from tests.gateway.conftest import Server
 
 
-def _assert_error(resp: httpx.Response, status: int, code: str | None = None, param: str | None = None) -> dict:
+def _assert_error(
+    resp: httpx.Response, status: int, code: str | None = None, param: str | None = None
+) -> dict:
     assert resp.status_code == status, resp.text
     assert resp.headers["content-type"].startswith("application/json")
     err = resp.json()["error"]
@@ -28,8 +30,11 @@ def _assert_error(resp: httpx.Response, status: int, code: str | None = None, pa
 def test_missing_and_wrong_key_are_401(server: Server, client: httpx.Client) -> None:
     body = {"model": server.model, "prompt": "hi", "max_tokens": 1}
     _assert_error(client.post("/v1/completions", json=body), 401, "invalid_api_key")
-    _assert_error(client.post("/v1/completions", json=body, headers={"Authorization": "Bearer fsk_nope"}), 401,
-                  "invalid_api_key")
+    _assert_error(
+        client.post("/v1/completions", json=body, headers={"Authorization": "Bearer fsk_nope"}),
+        401,
+        "invalid_api_key",
+    )
     _assert_error(client.get("/v1/models", headers={"Authorization": "Basic abc"}), 401, "invalid_api_key")
 
 
@@ -72,8 +77,11 @@ def test_bad_completion_bodies_are_400_naming_the_field(
     ],
 )
 def test_bad_chat_messages_are_400(server: Server, client: httpx.Client, messages: list, param: str) -> None:
-    resp = client.post("/v1/chat/completions", json={"model": server.model, "messages": messages},
-                       headers=server.headers("alice"))
+    resp = client.post(
+        "/v1/chat/completions",
+        json={"model": server.model, "messages": messages},
+        headers=server.headers("alice"),
+    )
     _assert_error(resp, 400, "invalid_value", param)
 
 
@@ -86,8 +94,9 @@ def test_malformed_json_and_non_object(server: Server, client: httpx.Client) -> 
 
 def test_oversized_body_is_413(server: Server, client: httpx.Client) -> None:
     big = {"model": server.model, "prompt": "a" * (server.state.settings.max_body_bytes + 10)}
-    _assert_error(client.post("/v1/completions", json=big, headers=server.headers("alice")), 413,
-                  "request_too_large")
+    _assert_error(
+        client.post("/v1/completions", json=big, headers=server.headers("alice")), 413, "request_too_large"
+    )
 
 
 def test_unknown_route_and_method(client: httpx.Client) -> None:
@@ -104,9 +113,18 @@ def test_request_id_is_echoed_or_generated(server: Server, client: httpx.Client)
 
 
 def test_identity_headers_reach_the_ledger(server: Server, client: httpx.Client) -> None:
-    h = server.headers("alice", **{"X-Request-Id": "ident-1", "X-Task-Id": "task-ident", "X-Workflow-Run-Id": "wf-9",
-                                   "X-Attempt": "3"})
-    resp = client.post("/v1/completions", json={"model": server.model, "prompt": "hi", "max_tokens": 2}, headers=h)
+    h = server.headers(
+        "alice",
+        **{
+            "X-Request-Id": "ident-1",
+            "X-Task-Id": "task-ident",
+            "X-Workflow-Run-Id": "wf-9",
+            "X-Attempt": "3",
+        },
+    )
+    resp = client.post(
+        "/v1/completions", json={"model": server.model, "prompt": "hi", "max_tokens": 2}, headers=h
+    )
     assert resp.status_code == 200, resp.text
     assert resp.json()["id"] == "ident-1" == resp.headers["x-request-id"]
     rows = server.usage_rows("request_id = :r", r="ident-1")
@@ -117,11 +135,21 @@ def test_identity_headers_reach_the_ledger(server: Server, client: httpx.Client)
     assert row["status"] == "completed" and row["completion_tokens"] == 2
     # Reusing the id would lose the second request's ledger row: refused, found both in this process's
     # recent ids and (after the flush above) in SQL.
-    again = client.post("/v1/completions", json={"model": server.model, "prompt": "hi", "max_tokens": 2}, headers=h)
+    again = client.post(
+        "/v1/completions", json={"model": server.model, "prompt": "hi", "max_tokens": 2}, headers=h
+    )
     _assert_error(again, 409, "duplicate_request_id", "X-Request-Id")
     assert len(server.usage_rows("request_id = :r", r="ident-1")) == 1
-    _assert_error(client.post("/v1/completions", json={"model": server.model, "prompt": "hi"},
-                              headers=server.headers("alice", **{"X-Attempt": "-1"})), 400, "invalid_header", "X-Attempt")
+    _assert_error(
+        client.post(
+            "/v1/completions",
+            json={"model": server.model, "prompt": "hi"},
+            headers=server.headers("alice", **{"X-Attempt": "-1"}),
+        ),
+        400,
+        "invalid_header",
+        "X-Attempt",
+    )
 
 
 def test_openai_client_non_streaming_and_streaming(server: Server) -> None:
@@ -129,19 +157,31 @@ def test_openai_client_non_streaming_and_streaming(server: Server) -> None:
     assert [m.id for m in oa.models.list().data] == [server.model]
     comp = oa.completions.create(model=server.model, prompt="Hello", max_tokens=4, temperature=0)
     assert comp.choices[0].finish_reason in ("stop", "length")
-    assert comp.usage is not None and comp.usage.completion_tokens == len(comp.choices[0].text.encode()) or True
+    assert (
+        comp.usage is not None and comp.usage.completion_tokens == len(comp.choices[0].text.encode()) or True
+    )
     assert comp.usage is not None and 1 <= comp.usage.completion_tokens <= 4
-    chat = oa.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    chat = oa.chat.completions.create(
+        model=server.model, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
     assert chat.choices[0].message.role == "assistant"
     assert chat.usage is not None and chat.usage.prompt_tokens > 0
-    chunks = list(oa.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "hi"}],
-                                             max_tokens=5, temperature=0, stream=True,
-                                             stream_options={"include_usage": True}))
+    chunks = list(
+        oa.chat.completions.create(
+            model=server.model,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=5,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].usage is not None and chunks[-1].choices == []
     assert chunks[-1].usage.completion_tokens == 5 or chunks[-2].choices[0].finish_reason == "stop"
-    greedy = oa.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "hi"}],
-                                        max_tokens=5, temperature=0)
+    greedy = oa.chat.completions.create(
+        model=server.model, messages=[{"role": "user", "content": "hi"}], max_tokens=5, temperature=0
+    )
     assert greedy.choices[0].message.content == text  # streaming and non-streaming agree under greedy
     stream = list(oa.completions.create(model=server.model, prompt="Hello", max_tokens=3, stream=True))
     assert stream[-1].choices[0].finish_reason in ("stop", "length")
@@ -159,8 +199,14 @@ def test_raw_sse_ends_with_done(server: Server, client: httpx.Client) -> None:
 
 
 def test_continuous_usage_stats_puts_usage_in_every_chunk(server: Server, client: httpx.Client) -> None:
-    body = {"model": server.model, "prompt": "count", "max_tokens": 6, "ignore_eos": True, "stream": True,
-            "stream_options": {"continuous_usage_stats": True}}
+    body = {
+        "model": server.model,
+        "prompt": "count",
+        "max_tokens": 6,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"continuous_usage_stats": True},
+    }
     with client.stream("POST", "/v1/completions", json=body, headers=server.headers("alice")) as resp:
         events = [line for line in resp.iter_lines() if line]
     assert events[-1] == "data: [DONE]"
@@ -169,23 +215,41 @@ def test_continuous_usage_stats_puts_usage_in_every_chunk(server: Server, client
     done = [p["usage"]["completion_tokens"] for p in payloads]
     assert done == sorted(done) and done[-1] == 6
     assert {p["usage"]["prompt_tokens"] for p in payloads} == {payloads[0]["usage"]["prompt_tokens"]} != {0}
-    assert all(p["usage"]["total_tokens"] == p["usage"]["prompt_tokens"] + p["usage"]["completion_tokens"]
-               for p in payloads)
+    assert all(
+        p["usage"]["total_tokens"] == p["usage"]["prompt_tokens"] + p["usage"]["completion_tokens"]
+        for p in payloads
+    )
 
 
 def test_ops_routes(server: Server, client: httpx.Client) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
-    assert ready.status_code == 200 and ready.json()["checks"] == {"engine": True, "database": True, "admitting": True}
+    assert ready.status_code == 200 and ready.json()["checks"] == {
+        "engine": True,
+        "database": True,
+        "admitting": True,
+    }
     assert ready.json()["degraded"] == [] and ready.json()["dependencies"] == {}  # no Redis configured
-    client.post("/v1/completions", json={"model": server.model, "prompt": "m", "max_tokens": 1},
-                headers=server.headers("bob"))
+    client.post(
+        "/v1/completions",
+        json={"model": server.model, "prompt": "m", "max_tokens": 1},
+        headers=server.headers("bob"),
+    )
     text = client.get("/metrics", headers={"Authorization": f"Bearer {server.state.metrics_token}"}).text
-    for name in ("fairserve_ttft_seconds_bucket", "fairserve_e2e_seconds_count", "fairserve_queue_seconds_count",
-                 "fairserve_requests_total", "fairserve_tokens_total", "fairserve_charged_service_total",
-                 "fairserve_kv_blocks_total", "fairserve_batch_size", "fairserve_waiting_requests",
-                 "fairserve_preemptions_total", "fairserve_iteration_seconds",
-                 'fairserve_quota_backend_unavailable_total{op="reserve",outcome="allowed"} 0.0'):
+    for name in (
+        "fairserve_ttft_seconds_bucket",
+        "fairserve_e2e_seconds_count",
+        "fairserve_queue_seconds_count",
+        "fairserve_requests_total",
+        "fairserve_tokens_total",
+        "fairserve_charged_service_total",
+        "fairserve_kv_blocks_total",
+        "fairserve_batch_size",
+        "fairserve_waiting_requests",
+        "fairserve_preemptions_total",
+        "fairserve_iteration_seconds",
+        'fairserve_quota_backend_unavailable_total{op="reserve",outcome="allowed"} 0.0',
+    ):
         assert name in text, name
     assert 'fairserve_requests_total{status="completed",tenant="bob"}' in text
 
@@ -234,7 +298,9 @@ def test_server_timing_reports_the_engine_share(server: Server, client: httpx.Cl
     assert whole.status_code == 200, whole.text
     name, dur = whole.headers["server-timing"].split(";")
     assert name == "engine" and 0 < float(dur.removeprefix("dur=")) < whole.elapsed.total_seconds() * 1e3
-    with client.stream("POST", "/v1/completions", json={**body, "stream": True}, headers=server.headers("alice")) as s:
+    with client.stream(
+        "POST", "/v1/completions", json={**body, "stream": True}, headers=server.headers("alice")
+    ) as s:
         name, dur = s.headers["server-timing"].split(";")
         assert name == "engine-first" and float(dur.removeprefix("dur=")) > 0
         assert [line for line in s.iter_lines() if line][-1] == "data: [DONE]"

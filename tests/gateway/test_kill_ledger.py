@@ -41,8 +41,12 @@ class Load:
     def _one(self, client: httpx.Client, rng: random.Random) -> None:
         rid = f"kill-{uuid.uuid4().hex}"
         stream = rng.random() < 0.4
-        body = {"model": self.model, "prompt": "count " * rng.randint(1, 30), "max_tokens": rng.randint(1, 24),
-                "stream": stream}
+        body = {
+            "model": self.model,
+            "prompt": "count " * rng.randint(1, 30),
+            "max_tokens": rng.randint(1, 24),
+            "stream": stream,
+        }
         headers = {"Authorization": f"Bearer {self.key}", "X-Request-Id": rid}
         if stream:
             with client.stream("POST", "/v1/completions", json=body, headers=headers) as resp:
@@ -75,7 +79,10 @@ def _billed(db_url: str, ids: set[str]) -> set[str]:
     db = Database(db_url)
     try:
         with db.engine.connect() as conn:
-            found = {r[0] for r in conn.execute(text("SELECT request_id FROM usage WHERE request_id LIKE 'kill-%'"))}
+            found = {
+                r[0]
+                for r in conn.execute(text("SELECT request_id FROM usage WHERE request_id LIKE 'kill-%'"))
+            }
     finally:
         db.dispose()
     return found & ids
@@ -88,8 +95,9 @@ def _kill(pid: int) -> None:
 
 @pytest.mark.parametrize("victim", ["gateway", "engine", "both"])
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_kill_9_loses_no_answered_request(tmp_path: Path, backend: str, victim: str,
-                                          request: pytest.FixtureRequest) -> None:
+def test_kill_9_loses_no_answered_request(
+    tmp_path: Path, backend: str, victim: str, request: pytest.FixtureRequest
+) -> None:
     db_url = request.getfixturevalue("pg_url") if backend == "postgresql" else default_db_url(tmp_path)
     serve = ServeProcess(tmp_path, "--db", db_url, "--max-num-seqs", "8")
     workers = engine_workers(serve.proc.pid)
@@ -124,9 +132,13 @@ def test_kill_9_loses_no_answered_request(tmp_path: Path, backend: str, victim: 
     again = ServeProcess(tmp_path, "--db", db_url, "--max-num-seqs", "8")
     try:
         missing = answered - _billed(db_url, answered)
-        print(f"kill -9 of {victim} on {backend}: {len(answered)} answered, {len(missing)} missing from the ledger")
+        print(
+            f"kill -9 of {victim} on {backend}: {len(answered)} answered, {len(missing)} missing from the ledger"
+        )
         assert len(answered) >= ANSWERED_BEFORE_KILL
-        assert missing == set(), f"{len(missing)} of {len(answered)} answered requests missing from the ledger"
+        assert missing == set(), (
+            f"{len(missing)} of {len(answered)} answered requests missing from the ledger"
+        )
     finally:
         again.stop()
 

@@ -46,8 +46,9 @@ def _seed(data_dir: Path) -> dict[str, str]:
 def _serve(tmp: Path, redis: RedisServer, *args: str) -> tuple[ServeProcess, dict[str, str]]:
     keys = _seed(tmp)
     # A 1 s deadline rather than the default 0.25 s: on a loaded 2-core machine a healthy call must not trip it.
-    proc = ServeProcess(tmp, "--redis", redis.url, "--redis-timeout", "1", "--no-engine-process", "--max-num-seqs",
-                        "8", *args)
+    proc = ServeProcess(
+        tmp, "--redis", redis.url, "--redis-timeout", "1", "--no-engine-process", "--max-num-seqs", "8", *args
+    )
     keys["metrics_token"] = proc.banner["metrics_token"]
     return proc, keys
 
@@ -56,8 +57,11 @@ def _post(c: httpx.Client, key: str, idem: str | None = None) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"}
     if idem is not None:
         headers["Idempotency-Key"] = idem
-    return c.post("/v1/completions", json={"model": "fairserve-tiny", "prompt": "faults", "max_tokens": 2},
-                  headers=headers)
+    return c.post(
+        "/v1/completions",
+        json={"model": "fairserve-tiny", "prompt": "faults", "max_tokens": 2},
+        headers=headers,
+    )
 
 
 def _metric(c: httpx.Client, name: str, labels: str, token: str) -> float:
@@ -84,7 +88,9 @@ def _model_name(c: httpx.Client, key: str) -> str:
     return str(c.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"][0]["id"])
 
 
-def test_killed_and_frozen_redis_degrade_without_500_fail_open(tmp_path: Path, redis_server: RedisServer) -> None:
+def test_killed_and_frozen_redis_degrade_without_500_fail_open(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
     proc, keys = _serve(tmp_path / "open", redis_server)
     try:
         with httpx.Client(base_url=proc.url, timeout=60) as c:
@@ -106,17 +112,23 @@ def test_killed_and_frozen_redis_degrade_without_500_fail_open(tmp_path: Path, r
                 stale = uuid.uuid4().hex
                 first = _post(c, keys["free"], idem=stale)
                 assert first.status_code == 503 and first.json()["error"]["code"] == "idempotency_unavailable"
-                _check_degraded(c, keys, ("TimeoutError", "ConnectionError"))  # a connect timing out is either
+                _check_degraded(
+                    c, keys, ("TimeoutError", "ConnectionError")
+                )  # a connect timing out is either
             finally:
                 redis_server.thaw()
             _recovered(c, redis_server, keys["metered"])
             # The record that timed-out claim left behind is released: a retry runs, it does not attach to
             # an owner that never existed and wait out the 15-minute lease.
             with httpx.Client(base_url=proc.url, timeout=30) as quick:
-                retried = wait_for(lambda: _fresh_run(quick, keys["free"], stale), 30, "the stale claim released")
+                retried = wait_for(
+                    lambda: _fresh_run(quick, keys["free"], stale), 30, "the stale claim released"
+                )
             assert "idempotent-replayed" not in retried.headers
             _stream_through_a_freeze(c, redis_server, keys["free"], keys["metrics_token"])
-            trips = _metric(c, "fairserve_backend_circuit_trips_total", 'backend="redis"', keys["metrics_token"])
+            trips = _metric(
+                c, "fairserve_backend_circuit_trips_total", 'backend="redis"', keys["metrics_token"]
+            )
             assert trips == 3, (trips, "".join(proc.output)[-4000:])  # killed, frozen, frozen mid-stream
             assert _metric(c, "fairserve_backend_circuit_open", 'backend="redis"', keys["metrics_token"]) == 0
         assert "Traceback" not in "".join(proc.output), "".join(proc.output)[-4000:]
@@ -124,12 +136,19 @@ def test_killed_and_frozen_redis_degrade_without_500_fail_open(tmp_path: Path, r
         proc.stop()
 
 
-def _stream_through_a_freeze(c: httpx.Client, redis_server: RedisServer, key: str, metrics_token: str) -> None:
+def _stream_through_a_freeze(
+    c: httpx.Client, redis_server: RedisServer, key: str, metrics_token: str
+) -> None:
     """A keyed stream whose Redis freezes mid-way is answered in full; its record, which could not be finished
     then, is finished once Redis is back, so a retry replays it instead of attaching to nobody or running twice."""
     wait_for(lambda: _quiet(redis_server), 30, "the last keyed request's record to be finished")
-    body = {"model": "fairserve-tiny", "prompt": "through the freeze", "max_tokens": 200, "ignore_eos": True,
-            "stream": True}
+    body = {
+        "model": "fairserve-tiny",
+        "prompt": "through the freeze",
+        "max_tokens": 200,
+        "ignore_eos": True,
+        "stream": True,
+    }
     headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": uuid.uuid4().hex}
     lines: list[str] = []
     try:
@@ -140,8 +159,14 @@ def _stream_through_a_freeze(c: httpx.Client, redis_server: RedisServer, key: st
                     if len(lines) == 2:
                         redis_server.freeze()
         assert resp.status_code == 200 and lines[-1] == "data: [DONE]"
-        wait_for(lambda: _metric(c, "fairserve_idempotency_backend_unavailable_total", 'op="finish"', metrics_token) >= 1, 30,
-                 "the finish to fail against the frozen Redis")
+        wait_for(
+            lambda: (
+                _metric(c, "fairserve_idempotency_backend_unavailable_total", 'op="finish"', metrics_token)
+                >= 1
+            ),
+            30,
+            "the finish to fail against the frozen Redis",
+        )
     finally:
         redis_server.thaw()
     wait_for(lambda: _degraded(c) == [], 90, "the breaker to close after Redis came back")
@@ -164,7 +189,9 @@ def _quiet(server: RedisServer) -> bool:
     next Redis call after a freeze is the one the test sends."""
     client = redis.Redis.from_url(server.url)
     try:
-        records = [client.get(k) for k in client.scan_iter(match="fairserve:idem:*") if not k.endswith(b":events")]
+        records = [
+            client.get(k) for k in client.scan_iter(match="fairserve:idem:*") if not k.endswith(b":events")
+        ]
         return all(json.loads(r)["state"] == "finished" for r in records if r is not None)
     finally:
         client.close()
@@ -183,7 +210,12 @@ def _fresh_run(c: httpx.Client, key: str, idem: str) -> httpx.Response | None:
 
 def _check_degraded(c: httpx.Client, keys: dict[str, str], errors: tuple[str, ...]) -> None:
     """While Redis is away: plain requests served (quota failing open, said and counted), keyed ones 503."""
-    before = _metric(c, "fairserve_quota_backend_unavailable_total", 'op="reserve",outcome="allowed"', keys["metrics_token"])
+    before = _metric(
+        c,
+        "fairserve_quota_backend_unavailable_total",
+        'op="reserve",outcome="allowed"',
+        keys["metrics_token"],
+    )
     plain = [_post(c, keys["metered"]) for _ in range(8)] + [_post(c, keys["free"]) for _ in range(4)]
     assert [r.status_code for r in plain] == [200] * 12, [r.text for r in plain if r.status_code != 200]
     assert all(r.headers["x-quota-status"].startswith("unenforced") for r in plain[:8])
@@ -192,8 +224,19 @@ def _check_degraded(c: httpx.Client, keys: dict[str, str], errors: tuple[str, ..
     assert keyed.status_code == 503, keyed.text
     assert keyed.json()["error"]["code"] == "idempotency_unavailable"
     assert keyed.json()["error"]["param"] == "Idempotency-Key" and int(keyed.headers["retry-after"]) >= 1
-    assert _metric(c, "fairserve_quota_backend_unavailable_total", 'op="reserve",outcome="allowed"', keys["metrics_token"]) >= before + 8
-    assert _metric(c, "fairserve_idempotency_backend_unavailable_total", 'op="claim"', keys["metrics_token"]) >= 1
+    assert (
+        _metric(
+            c,
+            "fairserve_quota_backend_unavailable_total",
+            'op="reserve",outcome="allowed"',
+            keys["metrics_token"],
+        )
+        >= before + 8
+    )
+    assert (
+        _metric(c, "fairserve_idempotency_backend_unavailable_total", 'op="claim"', keys["metrics_token"])
+        >= 1
+    )
     assert _metric(c, "fairserve_backend_circuit_open", 'backend="redis"', keys["metrics_token"]) == 1
     ready = c.get("/readyz").json()
     assert ready["ready"] is True and ready["degraded"] == ["redis"]
@@ -214,7 +257,15 @@ def test_quota_fails_closed_when_set(tmp_path: Path, redis_server: RedisServer) 
                 assert all(r.json()["error"]["code"] == "quota_unavailable" for r in refused)
                 assert all(int(r.headers["retry-after"]) >= 1 for r in refused)
                 assert _post(c, keys["free"]).status_code == 200  # a tenant without quota needs no Redis
-                assert _metric(c, "fairserve_quota_backend_unavailable_total", 'op="reserve",outcome="denied"', keys["metrics_token"]) == 3
+                assert (
+                    _metric(
+                        c,
+                        "fairserve_quota_backend_unavailable_total",
+                        'op="reserve",outcome="denied"',
+                        keys["metrics_token"],
+                    )
+                    == 3
+                )
                 assert c.get("/readyz").json()["dependencies"]["redis"]["quota_on_failure"] == "closed"
             finally:
                 redis_server.thaw()

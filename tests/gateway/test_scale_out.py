@@ -74,8 +74,11 @@ class Cluster:
 
     def engine_rows(self, gateway: ServeProcess) -> dict[str, dict[str, Any]]:
         """/admin/api/engines of a gateway, by engine address."""
-        resp = httpx.get(f"{gateway.url}/admin/api/engines", timeout=10,
-                         headers={"Authorization": f"Bearer {gateway.banner['admin_token']}"})
+        resp = httpx.get(
+            f"{gateway.url}/admin/api/engines",
+            timeout=10,
+            headers={"Authorization": f"Bearer {gateway.banner['admin_token']}"},
+        )
         assert resp.status_code == 200, resp.text
         return {row["key"]: row for row in resp.json()["engines"]}
 
@@ -85,8 +88,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> Iterator[C
     require("127.0.0.1", 6379, "Redis")
     tmp = tmp_path_factory.mktemp("scale-out")
     prefix = f"test:scale-out:{uuid.uuid4().hex}"
-    engine_args = ("--num-kv-blocks", "512", "--max-num-seqs", str(MAX_SEQS), "--max-num-batched-tokens", "64",
-                   "--redis", REDIS_URL, "--counter-sync-prefix", prefix, "--counter-sync-interval-s", "0.02")
+    engine_args = (
+        "--num-kv-blocks",
+        "512",
+        "--max-num-seqs",
+        str(MAX_SEQS),
+        "--max-num-batched-tokens",
+        "64",
+        "--redis",
+        REDIS_URL,
+        "--counter-sync-prefix",
+        prefix,
+        "--counter-sync-interval-s",
+        "0.02",
+    )
     engines: list[EngineProcess] = []
     gateways: list[ServeProcess] = []
     c = Cluster(tmp, pg_url, engine_args, engines, gateways)
@@ -95,10 +110,25 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> Iterator[C
             engines.append(EngineProcess(tmp / f"engine{i}", *engine_args))
         attach = [arg for e in engines for arg in ("--engine", e.address)]
         for i in range(2):
-            gateways.append(ServeProcess(tmp / f"gateway{i}", "--db", pg_url, "--redis", REDIS_URL,
-                                         "--redis-timeout", "2", "--affinity-weight", AFFINITY_WEIGHT, *attach))
-        c.model = httpx.get(f"{gateways[0].url}/v1/models", timeout=10,
-                            headers=gateways[0].headers(gateways[0].banner["api_key"])).json()["data"][0]["id"]
+            gateways.append(
+                ServeProcess(
+                    tmp / f"gateway{i}",
+                    "--db",
+                    pg_url,
+                    "--redis",
+                    REDIS_URL,
+                    "--redis-timeout",
+                    "2",
+                    "--affinity-weight",
+                    AFFINITY_WEIGHT,
+                    *attach,
+                )
+            )
+        c.model = httpx.get(
+            f"{gateways[0].url}/v1/models",
+            timeout=10,
+            headers=gateways[0].headers(gateways[0].banner["api_key"]),
+        ).json()["data"][0]["id"]
         yield c
     finally:
         for g in gateways:
@@ -119,8 +149,15 @@ class ClosedLoop:
     (answered or not), so a stuck stream shows up even when it is cut off by the client timeout.
     """
 
-    def __init__(self, url: str, key: str, model: str, prompt: Callable[[random.Random], str], clients: int = CLIENTS,
-                 stream_share: float = 0.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        key: str,
+        model: str,
+        prompt: Callable[[random.Random], str],
+        clients: int = CLIENTS,
+        stream_share: float = 0.0,
+    ) -> None:
         self.url, self.key, self.model, self.prompt, self.stream_share = url, key, model, prompt, stream_share
         self.answered: dict[str, float] = {}
         self.failed = 0
@@ -134,16 +171,26 @@ class ClosedLoop:
     def _one(self, client: httpx.Client, rng: random.Random) -> bool:
         rid = f"scale-{uuid.uuid4().hex}"
         stream = rng.random() < self.stream_share
-        body = {"model": self.model, "prompt": self.prompt(rng), "max_tokens": MAX_TOKENS, "ignore_eos": True,
-                "stream": stream}
+        body = {
+            "model": self.model,
+            "prompt": self.prompt(rng),
+            "max_tokens": MAX_TOKENS,
+            "ignore_eos": True,
+            "stream": stream,
+        }
         headers = {"Authorization": f"Bearer {self.key}", "X-Request-Id": rid}
         if stream:
             with client.stream("POST", "/v1/completions", json=body, headers=headers) as resp:
                 lines = [line for line in resp.iter_lines() if line]
-            complete = resp.status_code == 200 and lines[-1:] == ["data: [DONE]"] and '"error"' not in lines[-2]
+            complete = (
+                resp.status_code == 200 and lines[-1:] == ["data: [DONE]"] and '"error"' not in lines[-2]
+            )
         else:
             resp = client.post("/v1/completions", json=body, headers=headers)
-            complete = resp.status_code == 200 and json.loads(resp.content)["usage"]["completion_tokens"] == MAX_TOKENS
+            complete = (
+                resp.status_code == 200
+                and json.loads(resp.content)["usage"]["completion_tokens"] == MAX_TOKENS
+            )
         if complete:
             with self.lock:
                 self.answered[rid] = time.monotonic()
@@ -184,7 +231,9 @@ def charged(db_url: str, ids: set[str]) -> tuple[float, int]:
     db = Database(db_url)
     try:
         with db.engine.connect() as conn:
-            rows = conn.execute(text("SELECT request_id, charged_service FROM usage WHERE request_id LIKE 'scale-%'"))
+            rows = conn.execute(
+                text("SELECT request_id, charged_service FROM usage WHERE request_id LIKE 'scale-%'")
+            )
             found = [(rid, service) for rid, service in rows if rid in ids]
     finally:
         db.dispose()
@@ -196,14 +245,19 @@ def tenant_rows(db_url: str, tenant_id: str) -> set[str]:
     db = Database(db_url)
     try:
         with db.engine.connect() as conn:
-            return {r[0] for r in conn.execute(text("SELECT request_id FROM usage WHERE tenant_id = :t"),
-                                               {"t": tenant_id})}
+            return {
+                r[0]
+                for r in conn.execute(
+                    text("SELECT request_id FROM usage WHERE tenant_id = :t"), {"t": tenant_id}
+                )
+            }
     finally:
         db.dispose()
 
 
 def ledger_service(db_url: str, ids: set[str]) -> float:
     """The charged service of `ids`, once the gateways' ledgers have written every one of them."""
+
     def complete() -> float | None:
         service, found = charged(db_url, ids)
         return service if found == len(ids) else None
@@ -234,17 +288,23 @@ def served_ratio(c: Cluster, a: ClosedLoop, b: ClosedLoop, spread: tuple[bool, b
         b.finish()
     in_a, in_b = a.between(t0, t1), b.between(t0, t1)
     service_a, service_b = ledger_service(c.db_url, in_a), ledger_service(c.db_url, in_b)
-    print(f"\n  window {t1 - t0:.1f}s: A {len(in_a)} requests, {service_a:.0f} service; "
-          f"B {len(in_b)} requests, {service_b:.0f} service; A:B = {service_a / service_b:.3f}")
+    print(
+        f"\n  window {t1 - t0:.1f}s: A {len(in_a)} requests, {service_a:.0f} service; "
+        f"B {len(in_b)} requests, {service_b:.0f} service; A:B = {service_a / service_b:.3f}"
+    )
     return service_a / service_b
 
 
 def short_prompt(rng: random.Random) -> str:
     """A prompt whose first block is its own (a random head), so prefix affinity never pulls it anywhere."""
-    return f"{rng.getrandbits(64):016x} " + " ".join(rng.choice(("count", "to", "ten", "and", "back")) for _ in range(rng.randint(4, 12)))
+    return f"{rng.getrandbits(64):016x} " + " ".join(
+        rng.choice(("count", "to", "ten", "and", "back")) for _ in range(rng.randint(4, 12))
+    )
 
 
-LONG_PREFIX = "the shared system prompt of tenant a says " * 16  # 673 tokens: well past affinity_blocks x block_size
+LONG_PREFIX = (
+    "the shared system prompt of tenant a says " * 16
+)  # 673 tokens: well past affinity_blocks x block_size
 
 
 def test_weights_4_to_1_hold_across_two_gateways_with_skewed_ingress(cluster: Cluster) -> None:
@@ -284,18 +344,27 @@ def test_a_retry_on_the_other_gateway_attaches_to_the_running_request(cluster: C
     g1, g2 = cluster.gateways
     idem = uuid.uuid4().hex
     rid = f"scale-idem-{idem[:8]}"
-    body = {"model": cluster.model, "prompt": "count to a thousand", "max_tokens": 200, "ignore_eos": True,
-            "stream": True}
+    body = {
+        "model": cluster.model,
+        "prompt": "count to a thousand",
+        "max_tokens": 200,
+        "ignore_eos": True,
+        "stream": True,
+    }
     headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": idem}
     owner: list[str] = []
-    with httpx.Client(timeout=CALL_DEADLINE_S * 2) as client, \
-            client.stream("POST", f"{g1.url}/v1/completions", json=body,
-                          headers={**headers, "X-Request-Id": rid}) as resp:
+    with (
+        httpx.Client(timeout=CALL_DEADLINE_S * 2) as client,
+        client.stream(
+            "POST", f"{g1.url}/v1/completions", json=body, headers={**headers, "X-Request-Id": rid}
+        ) as resp,
+    ):
         assert resp.status_code == 200
         lines = (line for line in resp.iter_lines() if line)
         owner.append(next(lines))  # it is generating on an engine now
-        with client.stream("POST", f"{g2.url}/v1/completions", json=body,
-                           headers={**headers, "X-Request-Id": f"{rid}-retry"}) as retry:
+        with client.stream(
+            "POST", f"{g2.url}/v1/completions", json=body, headers={**headers, "X-Request-Id": f"{rid}-retry"}
+        ) as retry:
             retry_lines = (line for line in retry.iter_lines() if line)
             follower = [next(retry_lines)]
             # Attached, not replayed: the run is still live on gateway 1 (nothing else runs in the cluster now).
@@ -311,42 +380,65 @@ def test_a_retry_on_the_other_gateway_attaches_to_the_running_request(cluster: C
     # A barrier, not a sleep: gateway 2 writes its ledger in order, so once a later request of this tenant
     # through it is billed, a second run of the retry would be billed too.
     sentinel = f"scale-sentinel-{idem[:8]}"
-    done = httpx.post(f"{g2.url}/v1/completions", timeout=CALL_DEADLINE_S,
-                      json={**body, "stream": False, "max_tokens": 1},
-                      headers={"Authorization": f"Bearer {key}", "X-Request-Id": sentinel})
+    done = httpx.post(
+        f"{g2.url}/v1/completions",
+        timeout=CALL_DEADLINE_S,
+        json={**body, "stream": False, "max_tokens": 1},
+        headers={"Authorization": f"Bearer {key}", "X-Request-Id": sentinel},
+    )
     assert done.status_code == 200, done.text
     wait_for(lambda: tenant_rows(cluster.db_url, tenant_id) >= {rid, sentinel}, 30, "the ledger rows")
-    assert tenant_rows(cluster.db_url, tenant_id) == {rid, sentinel}, "the retry ran on an engine a second time"
+    assert tenant_rows(cluster.db_url, tenant_id) == {rid, sentinel}, (
+        "the retry ran on an engine a second time"
+    )
 
 
 def test_kill_9_of_one_engine_under_load_through_both_gateways(cluster: Cluster) -> None:
     """No stuck call, nothing answered missing from the ledger, the survivor serves on, the dead one rejoins."""
     (key_a, _), (key_b, _) = cluster.tenant(1.0), cluster.tenant(1.0)
     g1, g2 = cluster.gateways
-    loads = [ClosedLoop(g.url, k, cluster.model, short_prompt, clients=6, stream_share=0.5)
-             for g, k in ((g1, key_a), (g2, key_b))]
+    loads = [
+        ClosedLoop(g.url, k, cluster.model, short_prompt, clients=6, stream_share=0.5)
+        for g, k in ((g1, key_a), (g2, key_b))
+    ]
     victim = cluster.engines[0]
     try:
         wait_for(lambda: all(load.count() >= 10 for load in loads), 120, "answers before the kill")
-        wait_for(lambda: all(cluster.engine_rows(g)[victim.address]["in_flight"] > 0 for g in cluster.gateways),
-                 30, "requests of both gateways on the victim")
+        wait_for(
+            lambda: all(cluster.engine_rows(g)[victim.address]["in_flight"] > 0 for g in cluster.gateways),
+            30,
+            "requests of both gateways on the victim",
+        )
         victim.kill()
         cluster.stopped.append(victim)
         killed_at = time.monotonic()
-        wait_for(lambda: all(not cluster.engine_rows(g)[victim.address]["alive"] for g in cluster.gateways),
-                 5, "both gateways to drop the dead engine")
+        wait_for(
+            lambda: all(not cluster.engine_rows(g)[victim.address]["alive"] for g in cluster.gateways),
+            5,
+            "both gateways to drop the dead engine",
+        )
         dropped_after = time.monotonic() - killed_at
         survivor_took = time.monotonic()
         wait_for(lambda: all(load.count(survivor_took) >= 10 for load in loads), 60, "the survivor's answers")
-        failed_by_kill = sum(load.failed for load in loads)  # the victim's in-flight requests (503, error event)
+        failed_by_kill = sum(
+            load.failed for load in loads
+        )  # the victim's in-flight requests (503, error event)
 
         restarted = EngineProcess(cluster.tmp / "engine0", *cluster.engine_args, port=victim.port)
         cluster.engines[0] = restarted
-        wait_for(lambda: all(cluster.engine_rows(g)[victim.address]["alive"] for g in cluster.gateways),
-                 30, "both gateways to see the engine back")
+        wait_for(
+            lambda: all(cluster.engine_rows(g)[victim.address]["alive"] for g in cluster.gateways),
+            30,
+            "both gateways to see the engine back",
+        )
         routed = {g.url: cluster.engine_rows(g)[victim.address]["routed"] for g in cluster.gateways}
-        wait_for(lambda: all(cluster.engine_rows(g)[victim.address]["routed"] > routed[g.url] + 3
-                             for g in cluster.gateways), 60, "requests routed to the restarted engine")
+        wait_for(
+            lambda: all(
+                cluster.engine_rows(g)[victim.address]["routed"] > routed[g.url] + 3 for g in cluster.gateways
+            ),
+            60,
+            "requests routed to the restarted engine",
+        )
     finally:
         for load in loads:
             load.finish()
@@ -355,6 +447,8 @@ def test_kill_9_of_one_engine_under_load_through_both_gateways(cluster: Cluster)
     slowest = max(load.slowest for load in loads)
     failed = sum(load.failed for load in loads)
     assert failed == failed_by_kill, f"{failed - failed_by_kill} requests failed after the survivor took over"
-    print(f"\n  kill -9 drill: dropped from rotation in {dropped_after:.2f}s; {len(answered)} answered, "
-          f"all in the ledger; {failed} failed (in flight on the victim); slowest call {slowest:.1f}s")
+    print(
+        f"\n  kill -9 drill: dropped from rotation in {dropped_after:.2f}s; {len(answered)} answered, "
+        f"all in the ledger; {failed} failed (in flight on the victim); slowest call {slowest:.1f}s"
+    )
     assert slowest < CALL_DEADLINE_S, f"a call took {slowest:.1f}s"

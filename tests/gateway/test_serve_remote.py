@@ -28,16 +28,21 @@ ENGINE_ARGS = ("--num-kv-blocks", "512", "--max-num-batched-tokens", "64")
 
 
 def chat(model: str, max_tokens: int, stream: bool = False) -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": "count to a thousand"}],
-            "max_tokens": max_tokens, "stream": stream}
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "count to a thousand"}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
 
 
 def ledger_status(data_dir: Path, request_id: str) -> tuple[str, str | None] | None:
     db = Database(default_db_url(data_dir))
     try:
         with db.engine.connect() as conn:
-            row = conn.execute(text("SELECT status, finish_reason FROM usage WHERE request_id = :r"),
-                               {"r": request_id}).first()
+            row = conn.execute(
+                text("SELECT status, finish_reason FROM usage WHERE request_id = :r"), {"r": request_id}
+            ).first()
     finally:
         db.dispose()
     return None if row is None else (row[0], row[1])
@@ -59,20 +64,37 @@ def test_serve_attached_to_an_engine_process_survives_its_kill_and_restart(tmp_p
 
             # A non-stream request and a stream in flight when the engine dies.
             held: dict[str, httpx.Response] = {}
-            plain = threading.Thread(target=lambda: held.setdefault("r", client.post(
-                "/v1/chat/completions", json=chat(model, 2000), headers={"X-Request-Id": "remote-plain"})))
+            plain = threading.Thread(
+                target=lambda: held.setdefault(
+                    "r",
+                    client.post(
+                        "/v1/chat/completions",
+                        json=chat(model, 2000),
+                        headers={"X-Request-Id": "remote-plain"},
+                    ),
+                )
+            )
             events: list[str] = []
-            with client.stream("POST", "/v1/chat/completions", json=chat(model, 2000, stream=True),
-                               headers={"X-Request-Id": "remote-stream"}) as resp:
+            with client.stream(
+                "POST",
+                "/v1/chat/completions",
+                json=chat(model, 2000, stream=True),
+                headers={"X-Request-Id": "remote-stream"},
+            ) as resp:
                 lines = resp.iter_lines()
                 events.append(next(line for line in lines if line.startswith("data:")))
                 plain.start()
                 admin = {"Authorization": f"Bearer {serve.banner['admin_token']}"}
-                wait_for(lambda: client.get("/admin/api/live", headers=admin).json()["engine"]["running"] == 2,
-                         10, "both requests to run on the engine")
+                wait_for(
+                    lambda: client.get("/admin/api/live", headers=admin).json()["engine"]["running"] == 2,
+                    10,
+                    "both requests to run on the engine",
+                )
                 engine.kill()
                 killed_at = time.monotonic()
-                wait_for(lambda: client.get("/readyz").status_code == 503, 5, "/readyz to report the engine down")
+                wait_for(
+                    lambda: client.get("/readyz").status_code == 503, 5, "/readyz to report the engine down"
+                )
                 down_after = time.monotonic() - killed_at
                 events += [line for line in lines if line.startswith("data:")]
             plain.join(30)
@@ -84,12 +106,17 @@ def test_serve_attached_to_an_engine_process_survives_its_kill_and_restart(tmp_p
             refused = client.post("/v1/chat/completions", json=chat(model, 4))
             assert refused.status_code == 503 and "Retry-After" in refused.headers
             for rid in ("remote-stream", "remote-plain"):
-                row = wait_for(functools.partial(ledger_status, tmp_path / "gateway", rid), 10,
-                               f"the ledger row of {rid}")
+                row = wait_for(
+                    functools.partial(ledger_status, tmp_path / "gateway", rid),
+                    10,
+                    f"the ledger row of {rid}",
+                )
                 assert row == ("error", "error"), (rid, row)
 
             restarted = EngineProcess(tmp_path / "engine", *ENGINE_ARGS, port=engine.port)
-            wait_for(lambda: client.get("/readyz").status_code == 200, 10, "the gateway to rejoin the new engine")
+            wait_for(
+                lambda: client.get("/readyz").status_code == 200, 10, "the gateway to rejoin the new engine"
+            )
             again = client.post("/v1/chat/completions", json=chat(model, 5))
             assert again.status_code == 200 and again.json()["usage"]["completion_tokens"] == 5, again.text
     finally:
@@ -110,14 +137,30 @@ def test_serve_reaches_a_keyed_engine_only_with_its_cluster_key(tmp_path: Path) 
         assert any(line.startswith(f"cluster_key: created {key_file}") for line in engine.output)
         assert key_file.stat().st_mode & 0o077 == 0
         serve = ServeProcess(tmp_path / "gateway", "--engine", engine.address, "--cluster-key", str(key_file))
-        with httpx.Client(base_url=serve.url, timeout=30, headers=serve.headers(serve.banner["api_key"])) as client:
+        with httpx.Client(
+            base_url=serve.url, timeout=30, headers=serve.headers(serve.banner["api_key"])
+        ) as client:
             model = client.get("/v1/models").json()["data"][0]["id"]
             done = client.post("/v1/chat/completions", json=chat(model, 4))
             assert done.status_code == 200, done.text
             assert done.json()["usage"]["completion_tokens"] == 4
-        refused = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data-dir",
-                                  str(tmp_path / "unkeyed"), "--engine", engine.address],
-                                 capture_output=True, text=True, timeout=120)
+        refused = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "serve",
+                "--port",
+                "0",
+                "--data-dir",
+                str(tmp_path / "unkeyed"),
+                "--engine",
+                engine.address,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert refused.returncode != 0
         assert "same --cluster-key" in refused.stdout + refused.stderr
     finally:

@@ -36,9 +36,19 @@ def test_serve_help_lists_every_knob_of_the_tree() -> None:
     for knob in leaves:
         assert knob.flags[0] in text, knob.path
         assert knob.env in text, knob.path
-    for flag in ("--device", "--dtype", "--max-num-batched-tokens", "--block-size", "--max-model-len",
-                 "--attention-backend", "--enable-prefix-caching", "--preemption-mode",
-                 "--kv-cache-memory-fraction", "--policy", "--config"):
+    for flag in (
+        "--device",
+        "--dtype",
+        "--max-num-batched-tokens",
+        "--block-size",
+        "--max-model-len",
+        "--attention-backend",
+        "--enable-prefix-caching",
+        "--preemption-mode",
+        "--kv-cache-memory-fraction",
+        "--policy",
+        "--config",
+    ):
         assert flag in text
 
 
@@ -46,8 +56,10 @@ def test_flag_over_env_over_file_over_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = tmp_path / "fairserve.toml"
-    config.write_text('port = 9100\nmax_queued_requests = 7\n[engine]\nmax_num_seqs = 3\nblock_size = 32\n'
-                      '[engine.fairness]\npolicy = "fcfs"\nw_out = 4.0\n')
+    config.write_text(
+        "port = 9100\nmax_queued_requests = 7\n[engine]\nmax_num_seqs = 3\nblock_size = 32\n"
+        '[engine.fairness]\npolicy = "fcfs"\nw_out = 4.0\n'
+    )
     monkeypatch.setenv("FAIRSERVE_ENGINE__MAX_NUM_SEQS", "5")
     monkeypatch.setenv("FAIRSERVE_ENGINE__FAIRNESS__W_OUT", "3.0")
     monkeypatch.setenv("FAIRSERVE_PORT", "9200")

@@ -34,21 +34,33 @@ def test_engine_death_fails_in_flight_requests_and_readiness(tmp_path: Path) -> 
 
         def plain() -> None:
             with httpx.Client(base_url=srv.url, timeout=60) as c:
-                results["plain"] = c.post("/v1/completions", json=body, headers=srv.headers("t", **{"X-Request-Id": "dead-1"}))
+                results["plain"] = c.post(
+                    "/v1/completions", json=body, headers=srv.headers("t", **{"X-Request-Id": "dead-1"})
+                )
 
         def stream() -> None:
-            with httpx.Client(base_url=srv.url, timeout=60) as c, c.stream(
-                "POST", "/v1/completions", json={**body, "stream": True},
-                headers=srv.headers("t", **{"X-Request-Id": "dead-2"}),
-            ) as resp:
+            with (
+                httpx.Client(base_url=srv.url, timeout=60) as c,
+                c.stream(
+                    "POST",
+                    "/v1/completions",
+                    json={**body, "stream": True},
+                    headers=srv.headers("t", **{"X-Request-Id": "dead-2"}),
+                ) as resp,
+            ):
                 results["stream"] = [line for line in resp.iter_lines() if line]
 
         threads = [threading.Thread(target=plain), threading.Thread(target=stream)]
         for t in threads:
             t.start()
         eids = [srv.engine_id("t", "dead-1"), srv.engine_id("t", "dead-2")]
-        wait_for(lambda: engine.live_request(eids[0]) and engine.live_request(eids[1])
-                 and engine.stats().running == 2, 20, "both running")
+        wait_for(
+            lambda: (
+                engine.live_request(eids[0]) and engine.live_request(eids[1]) and engine.stats().running == 2
+            ),
+            20,
+            "both running",
+        )
         crash.set()
         for t in threads:
             t.join(10)
@@ -66,7 +78,10 @@ def test_engine_death_fails_in_flight_requests_and_readiness(tmp_path: Path) -> 
             assert after.status_code == 503 and after.json()["error"]["code"] == "engine_unavailable"
             assert "retry-after" in after.headers
         rows = srv.usage_rows("request_id IN ('dead-1', 'dead-2')")
-        assert sorted((r["request_id"], r["status"]) for r in rows) == [("dead-1", "error"), ("dead-2", "error")]
+        assert sorted((r["request_id"], r["status"]) for r in rows) == [
+            ("dead-1", "error"),
+            ("dead-2", "error"),
+        ]
     finally:
         srv.stop()
         engine.shutdown()

@@ -12,7 +12,12 @@ import kernels.triton_attention as triton_attention
 
 # Lengths straddle the 16-token cache block, and a batched-token budget of 24 forces chunked
 # prefill, so iterations mix decodes with prefill chunks that attend to earlier chunks.
-PROMPTS = ["The batch never waits.", "a", "fair share of the accelerator for every tenant, in tokens", "xyz" * 9]
+PROMPTS = [
+    "The batch never waits.",
+    "a",
+    "fair share of the accelerator for every tenant, in tokens",
+    "xyz" * 9,
+]
 
 
 def _generate(backend: str, device: torch.device) -> list[list[int]]:
@@ -31,7 +36,9 @@ def _generate(backend: str, device: torch.device) -> list[list[int]]:
     return [list(out.token_ids) for out in outputs]
 
 
-def test_triton_backend_matches_reference_greedy_tokens(device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_triton_backend_matches_reference_greedy_tokens(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
     shapes: list[tuple[int, int]] = []
     kernel = triton_attention.paged_attention
 
@@ -44,6 +51,8 @@ def test_triton_backend_matches_reference_greedy_tokens(device: torch.device, mo
     assert not shapes, "the torch backend must not call the Triton kernel"
     got = _generate("triton", device)
     assert shapes, "the Triton backend never launched the Triton kernel"
-    assert any(1 < seqs < tokens for tokens, seqs in shapes), "no iteration batched several sequences with a prefill chunk"
+    assert any(1 < seqs < tokens for tokens, seqs in shapes), (
+        "no iteration batched several sequences with a prefill chunk"
+    )
     assert all(len(tokens) == 6 for tokens in expected)
     assert got == expected

@@ -49,12 +49,36 @@ def test_splits_are_bounded_powers_of_two(programs: int, max_seq_len: int, sm_co
 
 
 def test_launch_config_tiles_fit_gqa_group() -> None:
-    decode = launch_config(num_tokens=64, num_seqs=64, num_kv_heads=8, group=4, head_dim=128, max_query_len=1,
-                           max_seq_len=4096, sm_count=132)
-    prefill = launch_config(num_tokens=600, num_seqs=2, num_kv_heads=8, group=4, head_dim=128, max_query_len=512,
-                            max_seq_len=4096, sm_count=132)
-    wide = launch_config(num_tokens=8, num_seqs=8, num_kv_heads=1, group=32, head_dim=64, max_query_len=1,
-                         max_seq_len=64, sm_count=132)
+    decode = launch_config(
+        num_tokens=64,
+        num_seqs=64,
+        num_kv_heads=8,
+        group=4,
+        head_dim=128,
+        max_query_len=1,
+        max_seq_len=4096,
+        sm_count=132,
+    )
+    prefill = launch_config(
+        num_tokens=600,
+        num_seqs=2,
+        num_kv_heads=8,
+        group=4,
+        head_dim=128,
+        max_query_len=512,
+        max_seq_len=4096,
+        sm_count=132,
+    )
+    wide = launch_config(
+        num_tokens=8,
+        num_seqs=8,
+        num_kv_heads=1,
+        group=32,
+        head_dim=64,
+        max_query_len=1,
+        max_seq_len=64,
+        sm_count=132,
+    )
     assert decode.block_m >= 16 and decode.block_q * 4 <= decode.block_m
     assert prefill.block_q > decode.block_q
     assert wide.block_m >= 32 and wide.block_q == wide.block_m // 32
@@ -62,8 +86,16 @@ def test_launch_config_tiles_fit_gqa_group() -> None:
 
 
 def test_tuning_overrides_are_checked() -> None:
-    base = {"num_tokens": 4, "num_seqs": 4, "num_kv_heads": 2, "group": 2, "head_dim": 64, "max_query_len": 1,
-            "max_seq_len": 64, "sm_count": 132}
+    base = {
+        "num_tokens": 4,
+        "num_seqs": 4,
+        "num_kv_heads": 2,
+        "group": 2,
+        "head_dim": 64,
+        "max_query_len": 1,
+        "max_seq_len": 64,
+        "sm_count": 132,
+    }
     assert launch_config(**base, num_splits=4, tile_n=16).num_splits == 4  # type: ignore[arg-type]
     with pytest.raises(KernelInputError, match="tile_n"):
         launch_config(**base, tile_n=48)  # type: ignore[arg-type]

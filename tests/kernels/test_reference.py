@@ -11,8 +11,15 @@ import torch
 from kernels.reference import paged_attention_ref, store_kv_ref
 
 
-def naive(query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], spans: list[int], scale: float,
-          window: int | None, soft_cap: float | None) -> torch.Tensor:
+def naive(
+    query: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    spans: list[int],
+    scale: float,
+    window: int | None,
+    soft_cap: float | None,
+) -> torch.Tensor:
     """One query at a time, one key at a time: the definition, with nothing batched or paged."""
     out = torch.zeros_like(query, dtype=torch.float64)
     row = 0
@@ -38,10 +45,13 @@ def naive(query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tens
     return out
 
 
-@pytest.mark.parametrize(("window", "soft_cap", "heads", "kv_heads"),
-                         [(None, None, 4, 2), (5, None, 4, 4), (None, 20.0, 6, 2), (7, 30.0, 2, 1)])
-def test_reference_matches_naive_definition(window: int | None, soft_cap: float | None, heads: int,
-                                            kv_heads: int) -> None:
+@pytest.mark.parametrize(
+    ("window", "soft_cap", "heads", "kv_heads"),
+    [(None, None, 4, 2), (5, None, 4, 4), (None, 20.0, 6, 2), (7, 30.0, 2, 1)],
+)
+def test_reference_matches_naive_definition(
+    window: int | None, soft_cap: float | None, heads: int, kv_heads: int
+) -> None:
     rng = random.Random(0)
     torch.manual_seed(0)
     block_size, head_dim, num_blocks = 4, 8, 40
@@ -67,9 +77,17 @@ def test_reference_matches_naive_definition(window: int | None, soft_cap: float 
     for _, span in seqs:
         starts.append(starts[-1] + span)
     query = torch.cat(queries)
-    scale = head_dim ** -0.5
-    got = paged_attention_ref(query, k_cache, v_cache, block_tables, torch.tensor(starts, dtype=torch.int32),
-                              torch.tensor([length for length, _ in seqs], dtype=torch.int32), scale,
-                              sliding_window=window, soft_cap=soft_cap)
+    scale = head_dim**-0.5
+    got = paged_attention_ref(
+        query,
+        k_cache,
+        v_cache,
+        block_tables,
+        torch.tensor(starts, dtype=torch.int32),
+        torch.tensor([length for length, _ in seqs], dtype=torch.int32),
+        scale,
+        sliding_window=window,
+        soft_cap=soft_cap,
+    )
     want = naive(query, keys, values, [span for _, span in seqs], scale, window, soft_cap)
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)

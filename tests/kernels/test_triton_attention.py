@@ -23,11 +23,23 @@ DECODES = [(1, 60), (1, 1), (1, 17), (1, 128)]
 
 
 def _run(
-    batch: PagedBatch, dtype: torch.dtype, *, sliding_window: int | None = None, soft_cap: float | None = None,
+    batch: PagedBatch,
+    dtype: torch.dtype,
+    *,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
     **kwargs: Any,
 ) -> None:
     scale = batch.query.shape[-1] ** -0.5
-    args = (batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens, scale)
+    args = (
+        batch.query,
+        batch.k_cache,
+        batch.v_cache,
+        batch.block_tables,
+        batch.query_start_loc,
+        batch.seq_lens,
+        scale,
+    )
     expected = paged_attention_ref(*args, sliding_window=sliding_window, soft_cap=soft_cap)
     got = paged_attention(*args, sliding_window=sliding_window, soft_cap=soft_cap, **kwargs)
     assert got.shape == batch.query.shape and got.dtype == dtype
@@ -55,21 +67,40 @@ def _dtypes(device: torch.device) -> list[torch.dtype]:
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_matches_reference(
-    device: torch.device, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
-    spans: list[tuple[int, int]], dtype: torch.dtype,
+    device: torch.device,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    spans: list[tuple[int, int]],
+    dtype: torch.dtype,
 ) -> None:
     batch = make_batch(
-        spans, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
-        dtype=dtype, device=device,
+        spans,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=dtype,
+        device=device,
     )
     _run(batch, dtype)
 
 
 @pytest.mark.parametrize("num_splits", [2, 4, 8])
 @pytest.mark.parametrize("spans", [DECODES, MIXED], ids=["decode", "mixed"])
-def test_split_k_matches_reference(device: torch.device, num_splits: int, spans: list[tuple[int, int]]) -> None:
+def test_split_k_matches_reference(
+    device: torch.device, num_splits: int, spans: list[tuple[int, int]]
+) -> None:
     batch = make_batch(
-        spans, num_heads=8, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float16, device=device, seed=1
+        spans,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.float16,
+        device=device,
+        seed=1,
     )
     _run(batch, torch.float16, num_splits=num_splits)
 
@@ -77,8 +108,14 @@ def test_split_k_matches_reference(device: torch.device, num_splits: int, spans:
 @pytest.mark.parametrize(("window", "num_splits"), [(1, None), (8, None), (20, 4), (500, None)])
 def test_sliding_window(device: torch.device, window: int, num_splits: int | None) -> None:
     batch = make_batch(
-        MIXED + LONG_CHUNK, num_heads=8, num_kv_heads=4, head_dim=64, block_size=16, dtype=torch.float32,
-        device=device, seed=2,
+        MIXED + LONG_CHUNK,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.float32,
+        device=device,
+        seed=2,
     )
     _run(batch, torch.float32, sliding_window=window, num_splits=num_splits)
 
@@ -86,23 +123,47 @@ def test_sliding_window(device: torch.device, window: int, num_splits: int | Non
 @pytest.mark.parametrize("num_splits", [None, 2])
 def test_soft_cap(device: torch.device, num_splits: int | None) -> None:
     batch = make_batch(
-        MIXED, num_heads=4, num_kv_heads=2, head_dim=64, block_size=32, dtype=torch.float16, device=device, seed=3
+        MIXED,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=32,
+        dtype=torch.float16,
+        device=device,
+        seed=3,
     )
     batch.query.mul_(4)  # push raw scores well past the cap so the cap matters
     _run(batch, torch.float16, soft_cap=5.0, num_splits=num_splits)
 
 
 def test_soft_cap_changes_the_result(device: torch.device) -> None:
-    batch = make_batch([(3, 20)], num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32, device=device)
+    batch = make_batch(
+        [(3, 20)], num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32, device=device
+    )
     batch.query.mul_(4)
-    args = (batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens, 0.125)
+    args = (
+        batch.query,
+        batch.k_cache,
+        batch.v_cache,
+        batch.block_tables,
+        batch.query_start_loc,
+        batch.seq_lens,
+        0.125,
+    )
     assert not torch.allclose(paged_attention(*args, soft_cap=2.0), paged_attention(*args), atol=1e-2)
 
 
 @pytest.mark.parametrize("tile_n", [16, 32, 128])
 def test_tile_size_independent_of_block_size(device: torch.device, tile_n: int) -> None:
     batch = make_batch(
-        MIXED, num_heads=4, num_kv_heads=1, head_dim=64, block_size=32, dtype=torch.float32, device=device, seed=4
+        MIXED,
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=64,
+        block_size=32,
+        dtype=torch.float32,
+        device=device,
+        seed=4,
     )
     _run(batch, torch.float32, tile_n=tile_n)
 
@@ -110,7 +171,14 @@ def test_tile_size_independent_of_block_size(device: torch.device, tile_n: int) 
 @pytest.mark.parametrize("spans", [DECODES, MIXED], ids=["decode", "mixed"])
 def test_host_lengths_pick_the_same_answer(device: torch.device, spans: list[tuple[int, int]]) -> None:
     batch = make_batch(
-        spans, num_heads=8, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float16, device=device, seed=5
+        spans,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.float16,
+        device=device,
+        seed=5,
     )
     _run(batch, torch.float16, max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len)
 
@@ -118,7 +186,14 @@ def test_host_lengths_pick_the_same_answer(device: torch.device, spans: list[tup
 def test_strided_query_and_padding_rows(device: torch.device) -> None:
     """Queries as a view into a fused QKV projection, with trailing padding tokens beyond the last span."""
     batch = make_batch(
-        MIXED, num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32, device=device, seed=6
+        MIXED,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.float32,
+        device=device,
+        seed=6,
     )
     rows, heads, dim = batch.query.shape
     fused = torch.zeros(rows + 3, (heads + 4) * dim, device=device)
@@ -133,7 +208,13 @@ def test_bf16_on_gpu(device: torch.device) -> None:
         pytest.skip("the Triton interpreter has no bf16; checked on CUDA")
     for spans, splits in ((MIXED, None), (LONG_CHUNK, None), (DECODES, 4)):
         batch = make_batch(
-            spans, num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16, device=device
+            spans,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            block_size=16,
+            dtype=torch.bfloat16,
+            device=device,
         )
         _run(batch, torch.bfloat16, num_splits=splits)
 
@@ -141,23 +222,37 @@ def test_bf16_on_gpu(device: torch.device) -> None:
 def test_gpu_head_dims_block_sizes_dtypes(device: torch.device) -> None:
     """Every head dim the engine uses, per dtype, cycling block sizes and GQA ratios (compiled kernels on CUDA)."""
     if device.type != "cuda":
-        pytest.skip("the interpreter covers these shapes in the tests above; this grid is for compiled kernels")
+        pytest.skip(
+            "the interpreter covers these shapes in the tests above; this grid is for compiled kernels"
+        )
     combos = ((16, 8), (32, 2), (64, 1))  # (block_size, num_kv_heads): GQA 1, 4 and MQA
     for i, dtype in enumerate(_dtypes(device)):
         block_size, num_kv_heads = combos[i % len(combos)]
         for head_dim in (64, 80, 96, 128):
             batch = make_batch(
-                MIXED + LONG_CHUNK, num_heads=8, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                block_size=block_size, dtype=dtype, device=device,
+                MIXED + LONG_CHUNK,
+                num_heads=8,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                block_size=block_size,
+                dtype=dtype,
+                device=device,
             )
             _run(batch, dtype)
 
 
 def _args(device: torch.device) -> dict[str, object]:
-    batch = make_batch([(2, 5)], num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32, device=device)
+    batch = make_batch(
+        [(2, 5)], num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32, device=device
+    )
     return {
-        "query": batch.query, "k_cache": batch.k_cache, "v_cache": batch.v_cache, "block_tables": batch.block_tables,
-        "query_start_loc": batch.query_start_loc, "seq_lens": batch.seq_lens, "scale": 0.125,
+        "query": batch.query,
+        "k_cache": batch.k_cache,
+        "v_cache": batch.v_cache,
+        "block_tables": batch.block_tables,
+        "query_start_loc": batch.query_start_loc,
+        "seq_lens": batch.seq_lens,
+        "scale": 0.125,
     }
 
 
@@ -169,7 +264,10 @@ def _args(device: torch.device) -> dict[str, object]:
         (lambda a: a.update(query=a["query"].int()), "query must be one of"),
         (lambda a: a.update(query=a["query"][:, :3]), "multiple of num_kv_heads"),
         (lambda a: a.update(query=a["query"][..., :32]), "head_dim"),
-        (lambda a: a.update(query=a["query"].transpose(1, 2).contiguous().transpose(1, 2)), "contiguous in its last"),
+        (
+            lambda a: a.update(query=a["query"].transpose(1, 2).contiguous().transpose(1, 2)),
+            "contiguous in its last",
+        ),
         (lambda a: a.update(v_cache=a["v_cache"][:, :8]), "must match"),
         (lambda a: a.update(seq_lens=a["seq_lens"].float()), "seq_lens must be one of"),
         (lambda a: a.update(query_start_loc=a["query_start_loc"][:1]), "num_seqs + 1"),

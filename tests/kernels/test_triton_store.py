@@ -24,7 +24,9 @@ def _slots(num_tokens: int, num_blocks: int, block_size: int, gen: torch.Generat
     ("src_dtype", "cache_dtype"),
     [(torch.float32, torch.float32), (torch.float16, torch.float16), (torch.float32, torch.float16)],
 )
-def test_matches_reference(device: torch.device, block_size: int, src_dtype: torch.dtype, cache_dtype: torch.dtype) -> None:
+def test_matches_reference(
+    device: torch.device, block_size: int, src_dtype: torch.dtype, cache_dtype: torch.dtype
+) -> None:
     gen = torch.Generator().manual_seed(block_size)
     num_kv_heads, head_dim, num_tokens = 3, 80, 13
     num_blocks = max(4, 2 * num_tokens // block_size)
@@ -60,12 +62,17 @@ def test_strided_key_value_from_fused_projection(device: torch.device) -> None:
     expected_k = torch.zeros(3, block_size, num_kv_heads, head_dim)
     expected_v = torch.zeros_like(expected_k)
     store_kv_ref(key, value, expected_k, expected_v, slots)
-    k_cache, v_cache = expected_k.new_zeros(expected_k.shape, device=device), expected_v.new_zeros(expected_v.shape, device=device)
+    k_cache, v_cache = (
+        expected_k.new_zeros(expected_k.shape, device=device),
+        expected_v.new_zeros(expected_v.shape, device=device),
+    )
     fused_dev = fused.to(device)
     store_kv(
         fused_dev[:, : num_kv_heads * head_dim].view(num_tokens, num_kv_heads, head_dim),
         fused_dev[:, num_kv_heads * head_dim :].view(num_tokens, num_kv_heads, head_dim),
-        k_cache, v_cache, slots.to(device),
+        k_cache,
+        v_cache,
+        slots.to(device),
     )
     assert torch.equal(k_cache.cpu(), expected_k) and torch.equal(v_cache.cpu(), expected_v)
 
@@ -88,7 +95,10 @@ def test_empty_batch_is_a_no_op(device: torch.device) -> None:
         (lambda a: a.update(slot_mapping=a["slot_mapping"].float()), "slot_mapping must be one of"),
         (lambda a: a.update(key=a["key"].int()), "key must be one of"),
         (lambda a: a.update(k_cache=a["k_cache"].transpose(2, 3)), "k_cache must be contiguous in its last"),
-        (lambda a: a.update(key=a["key"].transpose(1, 2).contiguous().transpose(1, 2)), "contiguous in its last"),
+        (
+            lambda a: a.update(key=a["key"].transpose(1, 2).contiguous().transpose(1, 2)),
+            "contiguous in its last",
+        ),
     ],
 )
 def test_bad_input_is_refused_before_launch(device: torch.device, change, message: str) -> None:  # type: ignore[no-untyped-def]

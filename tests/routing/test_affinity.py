@@ -13,7 +13,9 @@ def pool_keys(tokens: list[int], meta: RequestMeta) -> list[bytes]:
     """The keys a BlockPool commits for these tokens under the request's root."""
     pool = BlockPool(64, BLOCK)
     assert pool.allocate("r", len(tokens))
-    pool.commit_full_blocks("r", tokens, len(tokens), prefix_root(meta.tenant_id, meta.cache_group, meta.cache_salt))
+    pool.commit_full_blocks(
+        "r", tokens, len(tokens), prefix_root(meta.tenant_id, meta.cache_group, meta.cache_salt)
+    )
     return pool.tables["r"].hashes
 
 
@@ -22,7 +24,9 @@ def test_digests_are_the_keys_the_engine_caches_blocks_under() -> None:
     meta = RequestMeta(tenant_id="a")
     assert prefix_digests(tokens, meta, BLOCK, 8) == pool_keys(tokens, meta)
     assert prefix_digests(tokens, meta, BLOCK, 2) == pool_keys(tokens, meta)[:2]
-    assert len(prefix_digests(list(range(8)), meta, BLOCK, 8)) == 1  # 8 tokens: one block, the last token left over
+    assert (
+        len(prefix_digests(list(range(8)), meta, BLOCK, 8)) == 1
+    )  # 8 tokens: one block, the last token left over
     assert prefix_digests([1, 2], meta, BLOCK, 8) == []
 
 

@@ -13,7 +13,8 @@ from routing import RoutingSettings
 
 
 def test_routing_weights_come_from_flags_env_and_the_config_file(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = tmp_path / "fairserve.toml"
     config.write_text("[routing]\nkv_weight = 0.25\naffinity_blocks = 4\n")
     monkeypatch.setenv("FAIRSERVE_ROUTING__QUEUE_WEIGHT", "2.0")
@@ -24,7 +25,9 @@ def test_routing_weights_come_from_flags_env_and_the_config_file(
     assert rows["routing.kv_weight"] == ("0.25", f"file {config}")
     assert rows["routing.running_weight"] == ("0.5", "default")
     settings = GatewaySettings.load({"routing": {"affinity_weight": 1.5}}, config)
-    assert settings.routing == RoutingSettings(affinity_weight=1.5, queue_weight=2.0, kv_weight=0.25, affinity_blocks=4)
+    assert settings.routing == RoutingSettings(
+        affinity_weight=1.5, queue_weight=2.0, kv_weight=0.25, affinity_blocks=4
+    )
 
 
 def test_a_bad_weight_is_refused_naming_it(capsys: pytest.CaptureFixture[str]) -> None:

@@ -67,7 +67,9 @@ async def drain(stream: OutputStream) -> RequestOutput:
     return last
 
 
-async def complete(router: EngineRouter, prompt: list[int], tenant: str, rid: str) -> tuple[str, RequestOutput]:
+async def complete(
+    router: EngineRouter, prompt: list[int], tenant: str, rid: str
+) -> tuple[str, RequestOutput]:
     """Run one request to its end: the engine it was routed to, and its last output."""
     stream = router.submit(prompt, greedy(2), RequestMeta(tenant_id=tenant), rid)
     key = router.engine_of(rid)
@@ -86,7 +88,8 @@ def test_the_router_is_an_engine_client(engines: dict[str, AsyncEngine]) -> None
 
 
 def test_affinity_keeps_a_tenants_prefix_on_its_engine_and_never_pulls_another_tenant(
-        engines: dict[str, AsyncEngine]) -> None:
+    engines: dict[str, AsyncEngine],
+) -> None:
     router = EngineRouter(engines)
 
     async def scenario() -> None:
@@ -116,7 +119,9 @@ def test_a_burst_spreads_before_any_engine_reports_it(engines: dict[str, AsyncEn
         interval = sys.getswitchinterval()
         sys.setswitchinterval(5.0)
         try:
-            streams = [router.submit(PREFIX, greedy(3), RequestMeta(tenant_id=f"t{i}"), f"r{i}") for i in range(8)]
+            streams = [
+                router.submit(PREFIX, greedy(3), RequestMeta(tenant_id=f"t{i}"), f"r{i}") for i in range(8)
+            ]
         finally:
             sys.setswitchinterval(interval)
         assert Counter(router.engine_of(f"r{i}") for i in range(8)) == {"e0": 4, "e1": 4}
@@ -131,12 +136,15 @@ def test_a_burst_spreads_before_any_engine_reports_it(engines: dict[str, AsyncEn
 
 @pytest.mark.parametrize(("affinity_weight", "spreads"), [(0.5, True), (100.0, False)])
 def test_load_outweighs_a_tenants_affinity_unless_told_otherwise(
-        engines: dict[str, AsyncEngine], affinity_weight: float, spreads: bool) -> None:
+    engines: dict[str, AsyncEngine], affinity_weight: float, spreads: bool
+) -> None:
     """One tenant, one shared prefix, a burst: the default weight lets its queue spill to the idle engine."""
     router = EngineRouter(engines, RoutingSettings(affinity_weight=affinity_weight))
 
     async def scenario() -> None:
-        streams = [router.submit(PREFIX + [i + 1], greedy(3), RequestMeta(tenant_id="a"), f"a{i}") for i in range(8)]
+        streams = [
+            router.submit(PREFIX + [i + 1], greedy(3), RequestMeta(tenant_id="a"), f"a{i}") for i in range(8)
+        ]
         placed = Counter(router.engine_of(f"a{i}") for i in range(8))
         for stream in streams:
             await drain(stream)
@@ -148,7 +156,9 @@ def test_load_outweighs_a_tenants_affinity_unless_told_otherwise(
     asyncio.run(asyncio.wait_for(scenario(), 60))
 
 
-def test_a_dead_engine_is_skipped_at_once_and_none_alive_is_engine_dead(engines: dict[str, AsyncEngine]) -> None:
+def test_a_dead_engine_is_skipped_at_once_and_none_alive_is_engine_dead(
+    engines: dict[str, AsyncEngine],
+) -> None:
     router = EngineRouter(engines)
     engines["e0"].shutdown()
 
@@ -182,8 +192,10 @@ def test_abort_live_request_and_task_cancel_reach_the_serving_engine(engines: di
         assert done.finish_reason is FinishReason.LENGTH and len(done.token_ids) == 40  # x untouched
         assert router.live_request("y") is None and not router.abort("y")
         # A task's requests on both engines are cancelled by one call.
-        streams = [router.submit([1, 2], greedy(400), RequestMeta(tenant_id=f"t{i}", task_id="U"), f"u{i}")
-                   for i in range(2)]
+        streams = [
+            router.submit([1, 2], greedy(400), RequestMeta(tenant_id=f"t{i}", task_id="U"), f"u{i}")
+            for i in range(2)
+        ]
         assert sorted(router.cancel_task("U")) == ["u0", "u1"]
         assert [(await drain(s)).finish_reason for s in streams] == [FinishReason.CANCELLED] * 2
 
@@ -191,12 +203,17 @@ def test_abort_live_request_and_task_cancel_reach_the_serving_engine(engines: di
 
 
 def test_removing_an_engine_lets_its_requests_finish_and_shutting_it_fails_them_cleanly(
-        engines: dict[str, AsyncEngine]) -> None:
+    engines: dict[str, AsyncEngine],
+) -> None:
     router = EngineRouter(engines)
 
     async def scenario() -> None:
-        streams = {f"r{i}": router.submit([1, 2, 3], greedy(30 + 370 * (i % 2)), RequestMeta(tenant_id=f"t{i}"),
-                                          f"r{i}") for i in range(4)}
+        streams = {
+            f"r{i}": router.submit(
+                [1, 2, 3], greedy(30 + 370 * (i % 2)), RequestMeta(tenant_id=f"t{i}"), f"r{i}"
+            )
+            for i in range(4)
+        }
         on_e0 = sorted(rid for rid in streams if router.engine_of(rid) == "e0")
         assert len(on_e0) == 2
         assert router.remove_engine("e0") is engines["e0"] and router.keys() == ["e1"]
@@ -225,7 +242,8 @@ def test_removing_an_engine_lets_its_requests_finish_and_shutting_it_fails_them_
 
 
 def test_weights_reach_engines_added_later_and_a_foreign_model_is_refused(
-        loaded: LoadedModel, engines: dict[str, AsyncEngine]) -> None:
+    loaded: LoadedModel, engines: dict[str, AsyncEngine]
+) -> None:
     router = EngineRouter({"e0": engines["e0"]})
     router.set_tenant_weight("heavy", 3.0, 2)
     router.add_engine("e1", engines["e1"])
@@ -254,7 +272,8 @@ def test_a_lone_engine_shows_as_one_load(engines: dict[str, AsyncEngine]) -> Non
 
 
 def test_an_engine_that_returns_gets_the_weights_it_missed_and_no_stale_affinity(
-        engines: dict[str, AsyncEngine]) -> None:
+    engines: dict[str, AsyncEngine],
+) -> None:
     router = EngineRouter(engines)
 
     async def scenario() -> None:

@@ -12,11 +12,27 @@ SEATS = 8
 KV = 64
 
 
-def engine(waiting: int = 0, running: int = 0, kv: int = 0, affinity: float = 0.0, healthy: bool = True,
-           waiting_tokens: int = 0, in_flight: int = 0) -> Candidate:
-    return Candidate(healthy=healthy, waiting=waiting, waiting_tokens=waiting_tokens, running=running,
-                     kv_blocks_used=kv, kv_blocks_total=KV, max_num_seqs=SEATS, kv_capacity_tokens=KV * 16,
-                     affinity=affinity, in_flight=in_flight)
+def engine(
+    waiting: int = 0,
+    running: int = 0,
+    kv: int = 0,
+    affinity: float = 0.0,
+    healthy: bool = True,
+    waiting_tokens: int = 0,
+    in_flight: int = 0,
+) -> Candidate:
+    return Candidate(
+        healthy=healthy,
+        waiting=waiting,
+        waiting_tokens=waiting_tokens,
+        running=running,
+        kv_blocks_used=kv,
+        kv_blocks_total=KV,
+        max_num_seqs=SEATS,
+        kv_capacity_tokens=KV * 16,
+        affinity=affinity,
+        in_flight=in_flight,
+    )
 
 
 def test_no_healthy_engine_means_no_choice() -> None:
@@ -42,13 +58,20 @@ def test_load_outweighs_affinity_once_the_queue_is_deep_enough() -> None:
     assert choose([engine(), engine(waiting=SEATS // 2 - 1, affinity=1.0)], w) == 1
     assert choose([engine(), engine(waiting=SEATS // 2 + 1, affinity=1.0)], w) == 0
     # A heavier affinity weight moves that point, as the setting says.
-    assert choose([engine(), engine(waiting=SEATS // 2 + 1, affinity=1.0)], RoutingSettings(affinity_weight=2.0)) == 1
+    assert (
+        choose([engine(), engine(waiting=SEATS // 2 + 1, affinity=1.0)], RoutingSettings(affinity_weight=2.0))
+        == 1
+    )
 
 
 def test_each_load_term_counts_with_its_weight() -> None:
     only = {"queue_weight": 0.0, "waiting_token_weight": 0.0, "running_weight": 0.0, "kv_weight": 0.0}
-    for name, busy in (("queue_weight", engine(waiting=4)), ("waiting_token_weight", engine(waiting_tokens=512)),
-                       ("running_weight", engine(running=4)), ("kv_weight", engine(kv=32))):
+    for name, busy in (
+        ("queue_weight", engine(waiting=4)),
+        ("waiting_token_weight", engine(waiting_tokens=512)),
+        ("running_weight", engine(running=4)),
+        ("kv_weight", engine(kv=32)),
+    ):
         w = RoutingSettings.model_validate({**only, name: 1.0})
         assert load(busy, w) == 0.5, name
         assert choose([busy, engine()], w) == 1, name
@@ -56,15 +79,31 @@ def test_each_load_term_counts_with_its_weight() -> None:
 
 
 def test_ties_go_to_the_engine_with_fewer_of_our_requests() -> None:
-    assert rank([engine(in_flight=3), engine(in_flight=1), engine(in_flight=2)], RoutingSettings()) == [1, 2, 0]
+    assert rank([engine(in_flight=3), engine(in_flight=1), engine(in_flight=2)], RoutingSettings()) == [
+        1,
+        2,
+        0,
+    ]
 
 
 candidates = st.builds(
-    engine, waiting=st.integers(0, 200), running=st.integers(0, SEATS), kv=st.integers(0, KV),
-    affinity=st.floats(0, 1), healthy=st.booleans(), waiting_tokens=st.integers(0, 10_000),
-    in_flight=st.integers(0, 50))
-weights = st.builds(RoutingSettings, affinity_weight=st.floats(0, 5), queue_weight=st.floats(0, 5),
-                    waiting_token_weight=st.floats(0, 5), running_weight=st.floats(0, 5), kv_weight=st.floats(0, 5))
+    engine,
+    waiting=st.integers(0, 200),
+    running=st.integers(0, SEATS),
+    kv=st.integers(0, KV),
+    affinity=st.floats(0, 1),
+    healthy=st.booleans(),
+    waiting_tokens=st.integers(0, 10_000),
+    in_flight=st.integers(0, 50),
+)
+weights = st.builds(
+    RoutingSettings,
+    affinity_weight=st.floats(0, 5),
+    queue_weight=st.floats(0, 5),
+    waiting_token_weight=st.floats(0, 5),
+    running_weight=st.floats(0, 5),
+    kv_weight=st.floats(0, 5),
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -82,7 +121,9 @@ def test_the_choice_is_healthy_and_the_best_scored(engines: list[Candidate], w: 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(candidates, min_size=1, max_size=8), weights)
-def test_without_affinity_weight_the_choice_is_the_least_loaded(engines: list[Candidate], w: RoutingSettings) -> None:
+def test_without_affinity_weight_the_choice_is_the_least_loaded(
+    engines: list[Candidate], w: RoutingSettings
+) -> None:
     w = w.model_copy(update={"affinity_weight": 0.0})
     chosen = choose(engines, w)
     healthy = [c for c in engines if c.healthy]

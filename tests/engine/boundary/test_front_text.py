@@ -47,14 +47,18 @@ def front(loaded: LoadedModel) -> Iterator[AsyncEngine]:
     eng.shutdown()
 
 
-async def collect(engine: AsyncEngine, ids: list[int], params: SamplingParams, request_id: str) -> list[RequestOutput]:
+async def collect(
+    engine: AsyncEngine, ids: list[int], params: SamplingParams, request_id: str
+) -> list[RequestOutput]:
     return [out async for out in engine.generate(ids, params, RequestMeta(tenant_id=request_id), request_id)]
 
 
 def run_all(engine: AsyncEngine, prompts: Sequence[str], params: SamplingParams) -> list[list[RequestOutput]]:
     async def scenario() -> list[list[RequestOutput]]:
-        return await asyncio.gather(*(collect(engine, engine.tokenizer.encode(p), params, f"r{i}")
-                                      for i, p in enumerate(prompts)))
+        return await asyncio.gather(
+            *(collect(engine, engine.tokenizer.encode(p), params, f"r{i}") for i, p in enumerate(prompts))
+        )
+
     return asyncio.run(scenario())
 
 
@@ -62,8 +66,11 @@ def test_the_loop_leaves_text_to_the_front_only_without_stop_strings(loaded: Loa
     engine = LLMEngine(engine_config(), loaded=loaded)
     engine.front_detokenizes = True
     engine.add_request("plain", "Fair share", SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
-    engine.add_request("stops", "Fair share", SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True,
-                                                            stop=["\u0000never"]))
+    engine.add_request(
+        "stops",
+        "Fair share",
+        SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, stop=["\u0000never"]),
+    )
     text: dict[str, str] = {"plain": "", "stops": ""}
     tokens: dict[str, int] = {"plain": 0, "stops": 0}
     while engine.has_unfinished():
@@ -75,10 +82,13 @@ def test_the_loop_leaves_text_to_the_front_only_without_stop_strings(loaded: Loa
 
 
 @pytest.mark.parametrize("stream_outputs", [True, False])
-def test_front_text_equals_the_engines_own_with_split_utf8(front: AsyncEngine, reference: LLM,
-                                                            stream_outputs: bool) -> None:
+def test_front_text_equals_the_engines_own_with_split_utf8(
+    front: AsyncEngine, reference: LLM, stream_outputs: bool
+) -> None:
     """Hot sampling emits bytes that are not UTF-8 on their own; held back, released and replaced as before."""
-    params = SamplingParams(max_tokens=40, temperature=3.0, seed=7, ignore_eos=True, stream_outputs=stream_outputs)
+    params = SamplingParams(
+        max_tokens=40, temperature=3.0, seed=7, ignore_eos=True, stream_outputs=stream_outputs
+    )
     want = reference.generate(PROMPTS, params)
     assert any("\ufffd" in w.text or any(ord(c) > 127 for c in w.text) for w in want)  # the case is exercised
     for w, outs in zip(want, run_all(front, PROMPTS, params), strict=True):
@@ -87,8 +97,9 @@ def test_front_text_equals_the_engines_own_with_split_utf8(front: AsyncEngine, r
         assert "".join(o.delta_text for o in outs) == w.text
 
 
-def test_stop_strings_end_in_the_same_iteration_with_the_same_tokens_charged(front: AsyncEngine, reference: LLM,
-                                                                          loaded: LoadedModel) -> None:
+def test_stop_strings_end_in_the_same_iteration_with_the_same_tokens_charged(
+    front: AsyncEngine, reference: LLM, loaded: LoadedModel
+) -> None:
     base = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
     probe = reference.generate(["Fair share"], base)[0].text
     stop = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, stop=[probe[10:12]])
@@ -100,7 +111,11 @@ def test_stop_strings_end_in_the_same_iteration_with_the_same_tokens_charged(fro
     assert want is not None and want.finish_reason is FinishReason.STOP and len(want.token_ids) < 30
     [outs] = run_all(front, ["Fair share"], stop)
     last = outs[-1]
-    assert (last.text, list(last.token_ids), last.finish_reason) == (want.text, want.token_ids, want.finish_reason)
+    assert (last.text, list(last.token_ids), last.finish_reason) == (
+        want.text,
+        want.token_ids,
+        want.finish_reason,
+    )
     # Charged exactly the tokens up to the match, as the engine that stopped it in the same iteration did.
     assert last.metrics.completion_tokens == want.metrics.completion_tokens
     assert last.metrics.charged_service == want.metrics.charged_service
@@ -141,7 +156,11 @@ def test_a_detokenizer_failure_ends_that_request_alone(front: AsyncEngine, refer
             assert last.finished and last.finish_reason is FinishReason.ERROR
             assert last.text == "" and len(last.token_ids) == last.metrics.completion_tokens
         else:
-            assert (last.text, list(last.token_ids), last.finish_reason) == (w.text, w.token_ids, w.finish_reason)
+            assert (last.text, list(last.token_ids), last.finish_reason) == (
+                w.text,
+                w.token_ids,
+                w.finish_reason,
+            )
     engine = front.engine
     deadline = time.monotonic() + 30
     while engine.has_unfinished() and time.monotonic() < deadline:  # poll: the loop retires the abort

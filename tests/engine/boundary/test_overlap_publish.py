@@ -16,10 +16,18 @@ GREEDY = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
 
 def scenario(overlap: bool) -> tuple[list[list[RequestOutput]], int]:
     """Chunked prefill (16-token budget), preemption (too few KV blocks for all six), one cancellation."""
-    engine = ProcessEngine(EngineConfig(num_kv_blocks=24, block_size=16, max_num_batched_tokens=16, max_num_seqs=6,
-                                        overlap_publish=overlap))
+    engine = ProcessEngine(
+        EngineConfig(
+            num_kv_blocks=24,
+            block_size=16,
+            max_num_batched_tokens=16,
+            max_num_seqs=6,
+            overlap_publish=overlap,
+        )
+    )
     engine.start()
     try:
+
         async def one(i: int) -> list[RequestOutput]:
             outs = []
             async for out in engine.generate(PROMPTS[i], GREEDY, RequestMeta(tenant_id=f"t{i % 3}"), f"r{i}"):
@@ -48,7 +56,11 @@ def test_overlapped_publishing_streams_the_same_tokens_and_text() -> None:
             n = min(len(a.token_ids), len(b.token_ids))
             assert list(a.token_ids)[:n] == list(b.token_ids)[:n]
             continue
-        assert (list(b.token_ids), b.text, b.finish_reason) == (list(a.token_ids), a.text, FinishReason.LENGTH)
+        assert (list(b.token_ids), b.text, b.finish_reason) == (
+            list(a.token_ids),
+            a.text,
+            FinishReason.LENGTH,
+        )
         assert "".join(o.delta_text for o in got) == b.text
 
 

@@ -82,7 +82,7 @@ def test_take_ready_never_waits_and_keeps_a_half_written_frame(pipe: tuple[PipeR
     assert reader.take_ready() == []  # nothing there: returns at once
     os.write(pipe[1].fd, frame[: len(frame) // 2])
     assert reader.take_ready() == []
-    os.write(pipe[1].fd, frame[len(frame) // 2:] + frame)
+    os.write(pipe[1].fd, frame[len(frame) // 2 :] + frame)
     assert reader.take_ready() == [{"outputs": list(range(5000))}] * 2
 
 

@@ -43,7 +43,11 @@ def started(cfg: EngineConfig) -> tuple[ProcessEngine, int]:
     before = {p.pid for p in multiprocessing.active_children()}
     engine = ProcessEngine(cfg)
     engine.start()
-    new = [p.pid for p in multiprocessing.active_children() if p.pid not in before and p.name == "fairserve-engine"]
+    new = [
+        p.pid
+        for p in multiprocessing.active_children()
+        if p.pid not in before and p.name == "fairserve-engine"
+    ]
     assert len(new) == 1 and new[0] is not None and new[0] != os.getpid()
     return engine, new[0]
 
@@ -64,8 +68,9 @@ def reference() -> LLM:
     return LLM(None, num_kv_blocks=96, max_num_batched_tokens=64)
 
 
-async def collect(engine: ProcessEngine, ids: list[int], params: SamplingParams, request_id: str,
-                  **meta: object) -> list[RequestOutput]:
+async def collect(
+    engine: ProcessEngine, ids: list[int], params: SamplingParams, request_id: str, **meta: object
+) -> list[RequestOutput]:
     return [out async for out in engine.generate(ids, params, RequestMeta(**meta), request_id)]  # type: ignore[arg-type]
 
 
@@ -73,8 +78,12 @@ def test_streams_the_same_greedy_tokens_as_llm(engine: ProcessEngine, reference:
     expected = reference.generate(PROMPTS, GREEDY)
 
     async def scenario() -> list[list[RequestOutput]]:
-        return await asyncio.gather(*(collect(engine, engine.tokenizer.encode(p), GREEDY, f"parity-{i}",
-                                              tenant_id=f"t{i}") for i, p in enumerate(PROMPTS)))
+        return await asyncio.gather(
+            *(
+                collect(engine, engine.tokenizer.encode(p), GREEDY, f"parity-{i}", tenant_id=f"t{i}")
+                for i, p in enumerate(PROMPTS)
+            )
+        )
 
     streams = asyncio.run(scenario())
     for want, outs in zip(expected, streams, strict=True):
@@ -94,22 +103,31 @@ def test_stop_strings_and_whole_responses_match_llm(engine: ProcessEngine, refer
     """Only deltas cross the pipe; the totals the front rebuilds must equal the engine's own."""
     base = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     probe = reference.generate(["Fair share"], base)[0].text
-    stop = SamplingParams(**{**base.__dict__, "stop": [probe[len(probe) // 2:len(probe) // 2 + 2]]})
+    stop = SamplingParams(**{**base.__dict__, "stop": [probe[len(probe) // 2 : len(probe) // 2 + 2]]})
     want = reference.generate(["Fair share"], stop)[0]
     assert want.finish_reason is FinishReason.STOP and len(want.text) < len(probe)
     ids = engine.tokenizer.encode("Fair share")
 
     async def scenario() -> tuple[list[RequestOutput], list[RequestOutput]]:
         whole = SamplingParams(**{**stop.__dict__, "stream_outputs": False})
-        return (await collect(engine, ids, stop, "stop-streamed"), await collect(engine, ids, whole, "stop-whole"))
+        return (
+            await collect(engine, ids, stop, "stop-streamed"),
+            await collect(engine, ids, whole, "stop-whole"),
+        )
 
     streamed, whole = asyncio.run(scenario())
     assert len(whole) == 2 and len(streamed) > 2
     for outs in (streamed, whole):
         last = outs[-1]
-        assert (last.text, last.token_ids, last.finish_reason) == (want.text, want.token_ids, want.finish_reason)
+        assert (last.text, last.token_ids, last.finish_reason) == (
+            want.text,
+            want.token_ids,
+            want.finish_reason,
+        )
         assert last.prompt_token_ids == ids and all(o.prompt_token_ids == ids for o in outs)
-        assert [len(o.token_ids) for o in outs] == list(itertools.accumulate(len(o.new_token_ids) for o in outs))
+        assert [len(o.token_ids) for o in outs] == list(
+            itertools.accumulate(len(o.new_token_ids) for o in outs)
+        )
 
 
 def test_streams_arrive_whole_under_uvloop(engine: ProcessEngine) -> None:
@@ -119,8 +137,9 @@ def test_streams_arrive_whole_under_uvloop(engine: ProcessEngine) -> None:
     prompts = [[(7 * i + j) % 200 + 3 for j in range(80)] for i in range(8)]
 
     async def scenario() -> list[list[RequestOutput]]:
-        return await asyncio.gather(*(collect(engine, ids, params, f"uv-{i}", tenant_id=f"t{i % 3}")
-                                      for i, ids in enumerate(prompts)))
+        return await asyncio.gather(
+            *(collect(engine, ids, params, f"uv-{i}", tenant_id=f"t{i % 3}") for i, ids in enumerate(prompts))
+        )
 
     streams = uvloop.run(asyncio.wait_for(scenario(), timeout=120))
     assert engine.is_alive
@@ -129,8 +148,9 @@ def test_streams_arrive_whole_under_uvloop(engine: ProcessEngine) -> None:
         assert [t for o in outs for t in o.new_token_ids] == outs[-1].token_ids
 
 
-def test_sinks_take_what_streams_yield_and_a_raising_sink_costs_nobody_else(engine: ProcessEngine,
-                                                                            reference: LLM) -> None:
+def test_sinks_take_what_streams_yield_and_a_raising_sink_costs_nobody_else(
+    engine: ProcessEngine, reference: LLM
+) -> None:
     """The gateway feeds its runs through `submit(sink=...)`: each output arrives in order on the loop,
     the stream ends itself at the finished one, and a sink that raises loses nothing for the others."""
     want = reference.generate(PROMPTS[:2], GREEDY)
@@ -141,8 +161,9 @@ def test_sinks_take_what_streams_yield_and_a_raising_sink_costs_nobody_else(engi
         bad: list[RequestOutput | BaseException] = []
         ends = [loop.create_future(), loop.create_future()]
 
-        def take(into: list[RequestOutput | BaseException], end: asyncio.Future[None],
-                 broken: bool) -> Callable[[RequestOutput | BaseException], None]:
+        def take(
+            into: list[RequestOutput | BaseException], end: asyncio.Future[None], broken: bool
+        ) -> Callable[[RequestOutput | BaseException], None]:
             def sink(item: RequestOutput | BaseException) -> None:
                 assert asyncio.get_running_loop() is loop
                 into.append(item)
@@ -150,6 +171,7 @@ def test_sinks_take_what_streams_yield_and_a_raising_sink_costs_nobody_else(engi
                     end.set_result(None)
                 if broken:
                     raise RuntimeError("a consumer's bug")
+
             return sink
 
         ids = [engine.tokenizer.encode(p) for p in PROMPTS[:2]]
@@ -163,7 +185,9 @@ def test_sinks_take_what_streams_yield_and_a_raising_sink_costs_nobody_else(engi
         assert all(isinstance(o, RequestOutput) for o in outs)
         last = outs[-1]
         assert isinstance(last, RequestOutput) and last.finished and last.text == expected.text
-        assert [t for o in outs if isinstance(o, RequestOutput) for t in o.new_token_ids] == expected.token_ids
+        assert [
+            t for o in outs if isinstance(o, RequestOutput) for t in o.new_token_ids
+        ] == expected.token_ids
     assert engine.live_request("sink-good") is None and engine.live_request("sink-bad") is None
 
 
@@ -206,7 +230,11 @@ def test_abort_and_cancel_task_end_streams_as_cancelled(engine: ProcessEngine) -
     ],
 )
 def test_validation_raises_synchronously_like_the_engine(
-    engine: ProcessEngine, reference: LLM, prompt: list[int], params: SamplingParams, error: type[Exception],
+    engine: ProcessEngine,
+    reference: LLM,
+    prompt: list[int],
+    params: SamplingParams,
+    error: type[Exception],
     field: str,
 ) -> None:
     with pytest.raises(error) as want:
@@ -225,7 +253,9 @@ def test_validation_raises_synchronously_like_the_engine(
 
 def test_duplicate_live_id_is_refused(engine: ProcessEngine) -> None:
     async def scenario() -> None:
-        stream = engine.generate([5, 6], SamplingParams(max_tokens=400, ignore_eos=True), RequestMeta(), "dup")
+        stream = engine.generate(
+            [5, 6], SamplingParams(max_tokens=400, ignore_eos=True), RequestMeta(), "dup"
+        )
         await anext(stream)
         with pytest.raises(DuplicateRequestError):
             await anext(engine.generate([5, 6], GREEDY, RequestMeta(), "dup"))
@@ -240,8 +270,11 @@ def test_duplicate_live_id_is_refused(engine: ProcessEngine) -> None:
 def test_killed_worker_fails_in_flight_streams(transport: str) -> None:
     engine, pid = started(config(transport=transport))
     try:
+
         async def scenario() -> None:
-            stream = engine.generate([1, 2, 3], SamplingParams(max_tokens=1500, ignore_eos=True), RequestMeta(), "k")
+            stream = engine.generate(
+                [1, 2, 3], SamplingParams(max_tokens=1500, ignore_eos=True), RequestMeta(), "k"
+            )
             await anext(stream)
             os.kill(pid, signal.SIGKILL)
             with pytest.raises(EngineDeadError, match="died"):
@@ -268,7 +301,9 @@ def test_restart_replaces_a_dead_worker_and_leaves_a_live_one_alone(transport: s
         assert engine._proc is not None and engine._proc.pid == pid
 
         async def dies() -> None:
-            stream = engine.generate([1, 2, 3], SamplingParams(max_tokens=1500, ignore_eos=True), RequestMeta(), "d")
+            stream = engine.generate(
+                [1, 2, 3], SamplingParams(max_tokens=1500, ignore_eos=True), RequestMeta(), "d"
+            )
             await anext(stream)
             os.kill(pid, signal.SIGKILL)
             with pytest.raises(EngineDeadError):
@@ -320,8 +355,11 @@ def test_a_failed_pipe_under_a_live_worker_fails_streams_and_kills_the_worker(tr
             real.close()
 
     try:
+
         async def scenario() -> None:
-            stream = engine.generate([1, 2, 3], SamplingParams(max_tokens=1500, ignore_eos=True), RequestMeta(), "p")
+            stream = engine.generate(
+                [1, 2, 3], SamplingParams(max_tokens=1500, ignore_eos=True), RequestMeta(), "p"
+            )
             await anext(stream)
             engine._channel = BrokenPipeEnd()  # type: ignore[assignment]
             with pytest.raises(EngineDeadError, match="pipe"):
@@ -339,7 +377,9 @@ def test_shutdown_cancels_in_flight_requests(transport: str) -> None:
     engine, pid = started(config(transport=transport))
 
     async def scenario() -> RequestOutput:
-        stream = engine.generate([4, 5, 6], SamplingParams(max_tokens=1500, ignore_eos=True), RequestMeta(), "s")
+        stream = engine.generate(
+            [4, 5, 6], SamplingParams(max_tokens=1500, ignore_eos=True), RequestMeta(), "s"
+        )
         await anext(stream)
         await asyncio.to_thread(engine.shutdown, 30.0)
         return [out async for out in stream][-1]

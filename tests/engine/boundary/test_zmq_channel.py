@@ -38,8 +38,10 @@ def channel() -> Iterator[ZmqFrontChannel]:
 
 def test_messages_arrive_in_order_both_ways_and_the_goodbye_reads_as_eof(channel: ZmqFrontChannel) -> None:
     inbox, outbox = channel.worker_link().open()
-    sent = [Submit(f"r{i}", list(range(i % 50)), Params(max_tokens=i + 1), RequestMeta(tenant_id=f"t{i}"))
-            for i in range(300)]
+    sent = [
+        Submit(f"r{i}", list(range(i % 50)), Params(max_tokens=i + 1), RequestMeta(tenant_id=f"t{i}"))
+        for i in range(300)
+    ]
     for msg in sent:
         channel.send(msg)
     got = [inbox.get(timeout=5) for _ in sent]

@@ -19,10 +19,21 @@ class EngineProcess:
     """A `fairserve engine` subprocess; `banner` holds its printed key: value lines."""
 
     def __init__(self, data_dir: Path, *args: str, port: int = 0, timeout: float = 120.0) -> None:
-        cmd = [sys.executable, "-m", "gateway.cli", "engine", "--listen", f"tcp://127.0.0.1:{port}",
-               "--data-dir", str(data_dir), *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "engine",
+            "--listen",
+            f"tcp://127.0.0.1:{port}",
+            "--data-dir",
+            str(data_dir),
+            *args,
+        ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
         self.banner: dict[str, str] = {}
         self.output: list[str] = []
         ready = threading.Event()

@@ -57,6 +57,7 @@ def generate(engine: RemoteEngine, prompt: str, request_id: str) -> list[Request
     async def run() -> list[RequestOutput]:
         ids = engine.tokenizer.encode(prompt)
         return [o async for o in engine.generate(ids, GREEDY, RequestMeta(tenant_id="t"), request_id)]
+
     return asyncio.run(run())
 
 
@@ -74,7 +75,8 @@ def test_a_gateway_with_the_key_is_served_the_same_tokens(keyed_engine: EngineSe
 
 @pytest.mark.parametrize("which", ["no key", "another key"])
 def test_a_gateway_without_the_key_is_refused_in_the_handshake(
-        keyed_engine: EngineServer, key_dir: Path, which: str) -> None:
+    keyed_engine: EngineServer, key_dir: Path, which: str
+) -> None:
     key = None if which == "no key" else ClusterKey.load(key_dir / "theirs")
     engine = RemoteEngine(keyed_engine.address, cluster_key=key)
     engine.start_timeout_s = 120.0  # the refusal must come from the handshake, long before this
@@ -88,8 +90,12 @@ def test_a_gateway_without_the_key_is_refused_in_the_handshake(
 def handshake_outcome(sock: zmq.Socket[Any], address: str, frame: bytes) -> zmq.Event:
     """Connect `sock` to `address`, queue `frame`, and return the first handshake outcome (success or any
     failure)."""
-    mon = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                                  | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+    mon = sock.get_monitor_socket(
+        zmq.EVENT_HANDSHAKE_SUCCEEDED
+        | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    )
     try:
         sock.connect(address)
         sock.send(frame, zmq.NOBLOCK)  # queued on the connection, sent only if the handshake succeeds
@@ -102,7 +108,8 @@ def handshake_outcome(sock: zmq.Socket[Any], address: str, frame: bytes) -> zmq.
 
 @pytest.mark.parametrize("peer", ["bare", "engine key only", "gateway key"])
 def test_a_peer_without_the_gateway_key_never_reaches_the_engine(
-        keyed_engine: EngineServer, key_dir: Path, peer: str, caplog: pytest.LogCaptureFixture) -> None:
+    keyed_engine: EngineServer, key_dir: Path, peer: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """A peer that skips RemoteEngine, its Submit for another tenant queued: a bare socket fails CURVE, one
     that somehow learnt the engine's public key is refused by the ZAP allow-list (and logged), and the
     same socket with the gateway key gets through, so the check tells them apart."""
@@ -112,18 +119,23 @@ def test_a_peer_without_the_gateway_key_never_reaches_the_engine(
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     if peer != "bare":
-        public, secret = zmq.curve_keypair() if peer == "engine key only" else (key.gateway_public,
-                                                                                 key.gateway_secret)
+        public, secret = (
+            zmq.curve_keypair() if peer == "engine key only" else (key.gateway_public, key.gateway_secret)
+        )
         sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = key.engine_public, public, secret
     try:
-        submit = msgspec.msgpack.encode(Submit("intruder", [1, 2, 3], GREEDY, RequestMeta(tenant_id="victim")))
+        submit = msgspec.msgpack.encode(
+            Submit("intruder", [1, 2, 3], GREEDY, RequestMeta(tenant_id="victim"))
+        )
         event = handshake_outcome(sock, keyed_engine.address, submit)
     finally:
         sock.close(linger=0)
         ctx.term()
     assert (event == zmq.EVENT_HANDSHAKE_SUCCEEDED) == (peer == "gateway key"), event
     if peer == "engine key only":
-        assert any("refused a peer" in r.getMessage() and public.decode() in r.getMessage() for r in caplog.records)
+        assert any(
+            "refused a peer" in r.getMessage() and public.decode() in r.getMessage() for r in caplog.records
+        )
 
 
 def test_the_key_file_is_created_private_once_and_never_shown(tmp_path: Path) -> None:
@@ -139,12 +151,17 @@ def test_the_key_file_is_created_private_once_and_never_shown(tmp_path: Path) ->
     assert create_key_file(tmp_path / "other") and ClusterKey.load(tmp_path / "other") != key
 
 
-@pytest.mark.parametrize(("content", "reason"), [
-    ("short", "40 Z85 characters"),
-    ("~" * 40, "Z85"),
-    (None, "cannot read"),
-])
-def test_a_bad_key_file_is_refused_naming_the_setting(tmp_path: Path, content: str | None, reason: str) -> None:
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("short", "40 Z85 characters"),
+        ("~" * 40, "Z85"),
+        (None, "cannot read"),
+    ],
+)
+def test_a_bad_key_file_is_refused_naming_the_setting(
+    tmp_path: Path, content: str | None, reason: str
+) -> None:
     path = tmp_path / "key"
     if content is not None:
         path.write_text(content)
@@ -158,7 +175,21 @@ def test_a_bad_key_file_is_refused_naming_the_setting(tmp_path: Path, content: s
 def test_the_engine_command_refuses_a_bad_key_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad"
     bad.write_text("not a key")
-    run = subprocess.run([sys.executable, "-m", "gateway.cli", "engine", "--listen", "tcp://127.0.0.1:0",
-                          "--data-dir", str(tmp_path / "data"), "--cluster-key", str(bad)],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "engine",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--cluster-key",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2 and "cluster_key_file" in run.stderr and "40 Z85" in run.stderr

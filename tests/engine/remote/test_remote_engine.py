@@ -60,8 +60,9 @@ async def until(condition: Callable[[], Any], timeout: float, what: str) -> None
         await asyncio.sleep(0.01)
 
 
-async def collect(engine: RemoteEngine, prompt: str, params: SamplingParams, request_id: str,
-                  tenant: str = "t") -> list[RequestOutput]:
+async def collect(
+    engine: RemoteEngine, prompt: str, params: SamplingParams, request_id: str, tenant: str = "t"
+) -> list[RequestOutput]:
     ids = engine.tokenizer.encode(prompt)
     return [out async for out in engine.generate(ids, params, RequestMeta(tenant_id=tenant), request_id)]
 
@@ -81,8 +82,9 @@ def test_streams_the_same_greedy_tokens_as_llm(served: EngineProcess) -> None:
         engine.start()
         try:
             assert engine.engine_id == served.engine_id and engine.is_alive
-            return await asyncio.gather(*(collect(engine, p, GREEDY, f"parity-{i}", f"t{i}")
-                                          for i, p in enumerate(PROMPTS)))
+            return await asyncio.gather(
+                *(collect(engine, p, GREEDY, f"parity-{i}", f"t{i}") for i, p in enumerate(PROMPTS))
+            )
         finally:
             engine.shutdown()
 
@@ -136,9 +138,13 @@ def test_a_silent_gateways_requests_are_aborted(served: EngineProcess) -> None:
         watcher = RemoteEngine(served.address)
         watcher.start()
         try:
-            await until(lambda: watcher.stats().running_by_tenant.get("ghost"), 10, "the silent request to run")
+            await until(
+                lambda: watcher.stats().running_by_tenant.get("ghost"), 10, "the silent request to run"
+            )
             # The engine's --gateway-timeout is 1 s; the silent gateway never pings.
-            await until(lambda: not watcher.stats().running_by_tenant.get("ghost"), 5, "the engine to abort it")
+            await until(
+                lambda: not watcher.stats().running_by_tenant.get("ghost"), 5, "the engine to abort it"
+            )
         finally:
             watcher.shutdown()
 
@@ -165,7 +171,9 @@ def test_engine_killed_fails_in_flight_and_a_restart_rejoins(tmp_path: Path) -> 
         engine.start()
         later: list[EngineProcess] = []
         try:
-            stream = engine.submit(engine.tokenizer.encode("doomed"), LONG, RequestMeta(tenant_id="t"), "doomed")
+            stream = engine.submit(
+                engine.tokenizer.encode("doomed"), LONG, RequestMeta(tenant_id="t"), "doomed"
+            )
             await anext(stream)
             first.kill()
             killed_at = time.monotonic()
@@ -186,8 +194,11 @@ def test_engine_killed_fails_in_flight_and_a_restart_rejoins(tmp_path: Path) -> 
             await until(lambda: not engine.is_alive, 5, "the gateway to notice the second kill")
             other = tmp_path / "another-model"
             shutil.copytree(default_model_dir(str(tmp_path / "models")), other)
-            later.append(await asyncio.to_thread(EngineProcess, tmp_path, *ENGINE_ARGS, "--model", str(other),
-                                                 port=first.port))
+            later.append(
+                await asyncio.to_thread(
+                    EngineProcess, tmp_path, *ENGINE_ARGS, "--model", str(other), port=first.port
+                )
+            )
             await until(lambda: "another-model" in (engine._error or ""), 10, "the other model to be refused")
             assert not engine.is_alive and engine.engine_id == second.engine_id
             with pytest.raises(EngineDeadError, match="another-model"):
@@ -203,7 +214,9 @@ def test_engine_killed_fails_in_flight_and_a_restart_rejoins(tmp_path: Path) -> 
         first.kill()
 
 
-def test_a_frozen_engine_is_failed_over_and_then_told_to_drop_what_the_gateway_gave_up(tmp_path: Path) -> None:
+def test_a_frozen_engine_is_failed_over_and_then_told_to_drop_what_the_gateway_gave_up(
+    tmp_path: Path,
+) -> None:
     """SIGSTOP past the heartbeat: the gateway fails the request; when the same engine answers again the
     gateway rejoins it and aborts that request there (the engine's own gateway timeout, 30 s, is not it)."""
     proc = EngineProcess(tmp_path, *ENGINE_ARGS, "--gateway-timeout", "30")
@@ -212,7 +225,9 @@ def test_a_frozen_engine_is_failed_over_and_then_told_to_drop_what_the_gateway_g
         engine = RemoteEngine(proc.address)
         engine.start()
         try:
-            stream = engine.submit(engine.tokenizer.encode("frozen"), LONG, RequestMeta(tenant_id="frozen"), "frozen")
+            stream = engine.submit(
+                engine.tokenizer.encode("frozen"), LONG, RequestMeta(tenant_id="frozen"), "frozen"
+            )
             await anext(stream)
             os.kill(proc.proc.pid, signal.SIGSTOP)
             try:
@@ -254,7 +269,9 @@ def test_sigterm_drains_live_requests_then_exits(tmp_path: Path) -> None:
         engine.start()
         try:
             params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-            stream = engine.submit(engine.tokenizer.encode("finish me"), params, RequestMeta(tenant_id="t"), "live")
+            stream = engine.submit(
+                engine.tokenizer.encode("finish me"), params, RequestMeta(tenant_id="t"), "live"
+            )
             outs = [await anext(stream)]
             proc.terminate()
             deadline = time.monotonic() + 10

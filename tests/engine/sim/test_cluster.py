@@ -18,8 +18,11 @@ from gateway.cli import main
 @cache
 def skewed(engines: int, staleness_s: float | None) -> dict[str, Any]:
     """100 Zipf tenants (weights 1, 2, 4) entering unevenly through 4 routers, 3x overloaded."""
-    return cluster_scenario(ClusterConfig(engines=engines, routers=4, tenants=100, staleness_s=staleness_s,
-                                          duration_s=9.0, warmup_s=4.0))
+    return cluster_scenario(
+        ClusterConfig(
+            engines=engines, routers=4, tenants=100, staleness_s=staleness_s, duration_s=9.0, warmup_s=4.0
+        )
+    )
 
 
 def test_dynamo_skew_is_one_to_one_per_engine_and_four_to_one_with_shared_counters() -> None:
@@ -85,8 +88,27 @@ def test_pick_engine_prefers_affinity_unless_behind_and_never_an_unhealthy_engin
 
 
 def test_cli_cluster_prints_json_and_rejects_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["sim", "--scenario", "cluster", "--engines", "2", "--tenants", "20", "--duration", "3",
-                 "--warmup", "1", "--staleness-ms", "none", "--json"]) == 0
+    assert (
+        main(
+            [
+                "sim",
+                "--scenario",
+                "cluster",
+                "--engines",
+                "2",
+                "--tenants",
+                "20",
+                "--duration",
+                "3",
+                "--warmup",
+                "1",
+                "--staleness-ms",
+                "none",
+                "--json",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["engines"] == 2 and report["sharing"] is False and report["tokens_per_s"] > 0
     assert main(["sim", "--scenario", "cluster", "--routers", "0"]) == 2

@@ -71,8 +71,12 @@ def test_clock_follows_the_cost_model() -> None:
 
 def test_idle_gap_jumps_the_clock_to_the_next_arrival() -> None:
     sim = Simulator(SimConfig(cost=CostModel(a=1.0, b=0.0, c=0.0)))
-    result = sim.run([SimRequest("early", arrival=0.0, output_tokens=2), SimRequest("late", arrival=100.0,
-                                                                                    output_tokens=2)])
+    result = sim.run(
+        [
+            SimRequest("early", arrival=0.0, output_tokens=2),
+            SimRequest("late", arrival=100.0, output_tokens=2),
+        ]
+    )
     assert result.completions["early"].finished == 2.0
     assert result.completions["late"].finished == 102.0
     assert result.iterations == 4
@@ -80,10 +84,18 @@ def test_idle_gap_jumps_the_clock_to_the_next_arrival() -> None:
 
 def test_swap_preemption_uses_the_bounded_host_buffer_then_falls_back_to_recompute() -> None:
     def run(swap_blocks: int) -> Simulator:
-        config = SimConfig(max_num_batched_tokens=64, max_num_seqs=4, num_blocks=12, block_size=4,
-                           preemption_mode="swap", swap_space_blocks=swap_blocks)
+        config = SimConfig(
+            max_num_batched_tokens=64,
+            max_num_seqs=4,
+            num_blocks=12,
+            block_size=4,
+            preemption_mode="swap",
+            swap_space_blocks=swap_blocks,
+        )
         sim = Simulator(config)
-        result = sim.run([SimRequest(f"r{i}", arrival=i * 0.001, prompt_tokens=4, output_tokens=16) for i in range(4)])
+        result = sim.run(
+            [SimRequest(f"r{i}", arrival=i * 0.001, prompt_tokens=4, output_tokens=16) for i in range(4)]
+        )
         assert len(result.completions) == 4
         assert all(c.output_tokens == 16 for c in result.completions.values())
         assert result.preemptions > 0
@@ -114,4 +126,5 @@ def test_bad_configuration_and_workload_are_refused() -> None:
         Simulator().run([SimRequest("a", output_tokens=0)])
     with pytest.raises(SimulationError, match="stalled"):
         Simulator(SimConfig(num_blocks=2, block_size=4, max_idle_iterations=5)).run(
-            [SimRequest("big", prompt_tokens=40)])
+            [SimRequest("big", prompt_tokens=40)]
+        )

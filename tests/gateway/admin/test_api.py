@@ -16,20 +16,31 @@ from gateway.admin.live import ServiceHistory, ServiceSample, share_point
 from tests.gateway.conftest import Server, wait_for
 
 ALL_ENDPOINTS = [
-    ("GET", "/admin/api/engine"), ("GET", "/admin/api/engines"), ("GET", "/admin/api/live"), ("GET", "/admin/api/live/stream"),
-    ("GET", "/admin/api/tenants"), ("POST", "/admin/api/tenants"), ("GET", "/admin/api/tenants/alice"),
-    ("PATCH", "/admin/api/tenants/alice"), ("POST", "/admin/api/tenants/alice/disable"),
-    ("POST", "/admin/api/tenants/alice/enable"), ("GET", "/admin/api/tenants/alice/keys"),
-    ("POST", "/admin/api/tenants/alice/keys"), ("GET", "/admin/api/keys"), ("POST", "/admin/api/keys/x/revoke"),
-    ("GET", "/admin/api/usage"), ("GET", "/admin/api/audit"),
+    ("GET", "/admin/api/engine"),
+    ("GET", "/admin/api/engines"),
+    ("GET", "/admin/api/live"),
+    ("GET", "/admin/api/live/stream"),
+    ("GET", "/admin/api/tenants"),
+    ("POST", "/admin/api/tenants"),
+    ("GET", "/admin/api/tenants/alice"),
+    ("PATCH", "/admin/api/tenants/alice"),
+    ("POST", "/admin/api/tenants/alice/disable"),
+    ("POST", "/admin/api/tenants/alice/enable"),
+    ("GET", "/admin/api/tenants/alice/keys"),
+    ("POST", "/admin/api/tenants/alice/keys"),
+    ("GET", "/admin/api/keys"),
+    ("POST", "/admin/api/keys/x/revoke"),
+    ("GET", "/admin/api/usage"),
+    ("GET", "/admin/api/audit"),
 ]
 
 
 @pytest.fixture()
 def admin(server: Server) -> Iterator[httpx.Client]:
     """A client that sends the admin token."""
-    with httpx.Client(base_url=server.url, timeout=60.0,
-                      headers={"Authorization": f"Bearer {server.state.admin_token}"}) as c:
+    with httpx.Client(
+        base_url=server.url, timeout=60.0, headers={"Authorization": f"Bearer {server.state.admin_token}"}
+    ) as c:
         yield c
 
 
@@ -61,8 +72,9 @@ def _new_key(admin: httpx.Client, tenant: str, name: str = "k") -> tuple[str, di
 
 def _complete(server: Server, secret: str, max_tokens: int = 6) -> httpx.Response:
     body = {"model": server.model, "prompt": "fair share", "max_tokens": max_tokens, "ignore_eos": True}
-    return httpx.post(f"{server.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {secret}"},
-                      timeout=60)
+    return httpx.post(
+        f"{server.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {secret}"}, timeout=60
+    )
 
 
 # -- auth -------------------------------------------------------------------------------------------
@@ -74,7 +86,9 @@ def test_every_endpoint_needs_the_admin_token(server: Server, method: str, path:
         _error(c.request(method, path, json={}), 401, "invalid_admin_token")
         tenant_key = {"Authorization": f"Bearer {server.keys['alice']}"}
         _error(c.request(method, path, json={}, headers=tenant_key), 403, "forbidden")
-        _error(c.request(method, path, json={}, headers={"Authorization": "Bearer fsa-wrong"}), 403, "forbidden")
+        _error(
+            c.request(method, path, json={}, headers={"Authorization": "Bearer fsa-wrong"}), 403, "forbidden"
+        )
 
 
 def test_dashboard_page_and_assets_are_local_and_token_free(server: Server) -> None:
@@ -108,7 +122,12 @@ def test_engines_endpoint_lists_a_lone_engine_as_one_entry(server: Server, admin
 
 def test_create_list_get_tenant(admin: httpx.Client) -> None:
     t = _new_tenant(admin, weight=2.5, priority_class=0, tokens_per_minute=1000, max_queued_requests=3)
-    assert (t["weight"], t["priority_class"], t["tokens_per_minute"], t["max_queued_requests"]) == (2.5, 0, 1000, 3)
+    assert (t["weight"], t["priority_class"], t["tokens_per_minute"], t["max_queued_requests"]) == (
+        2.5,
+        0,
+        1000,
+        3,
+    )
     listed = {row["name"]: row for row in admin.get("/admin/api/tenants").json()["tenants"]}
     assert listed[t["name"]]["id"] == t["id"] and listed[t["name"]]["active_keys"] == 0
     assert admin.get(f"/admin/api/tenants/{t['name']}").json()["id"] == t["id"]
@@ -130,9 +149,12 @@ def test_create_list_get_tenant(admin: httpx.Client) -> None:
         ({"colour": "red"}, "colour", "unknown field"),
     ],
 )
-def test_bad_tenant_fields_are_400_naming_the_field(admin: httpx.Client, body: dict[str, Any], param: str,
-                                                    needle: str) -> None:
-    msg = _error(admin.post("/admin/api/tenants", json={"name": _name("bad"), **body}), 400, "invalid_value", param)
+def test_bad_tenant_fields_are_400_naming_the_field(
+    admin: httpx.Client, body: dict[str, Any], param: str, needle: str
+) -> None:
+    msg = _error(
+        admin.post("/admin/api/tenants", json={"name": _name("bad"), **body}), 400, "invalid_value", param
+    )
     assert needle in msg
     existing = _new_tenant(admin)
     msg = _error(admin.patch(f"/admin/api/tenants/{existing['id']}", json=body), 400, "invalid_value", param)
@@ -142,23 +164,29 @@ def test_bad_tenant_fields_are_400_naming_the_field(admin: httpx.Client, body: d
 
 def test_tenant_request_errors(admin: httpx.Client) -> None:
     t = _new_tenant(admin)
-    assert "already exists" in _error(admin.post("/admin/api/tenants", json={"name": t["name"]}), 409, "tenant_exists")
+    assert "already exists" in _error(
+        admin.post("/admin/api/tenants", json={"name": t["name"]}), 409, "tenant_exists"
+    )
     other = _new_tenant(admin)
     _error(admin.patch(f"/admin/api/tenants/{other['id']}", json={"name": t["name"]}), 409, "tenant_exists")
     _error(admin.post("/admin/api/tenants", json={"weight": 2}), 400, "invalid_value", "name")
     _error(admin.post("/admin/api/tenants", content=b"{not json"), 400, "invalid_json")
     _error(admin.post("/admin/api/tenants", json=[1, 2]), 400, "invalid_json")
     _error(admin.patch(f"/admin/api/tenants/{t['id']}", json={}), 400, "invalid_value")
-    for method, path, body in [("GET", "/admin/api/tenants/nobody", None),
-                               ("PATCH", "/admin/api/tenants/nobody", {"weight": 2}),
-                               ("POST", "/admin/api/tenants/nobody/disable", None),
-                               ("GET", "/admin/api/tenants/nobody/keys", None),
-                               ("POST", "/admin/api/tenants/nobody/keys", {"name": "k"})]:
+    for method, path, body in [
+        ("GET", "/admin/api/tenants/nobody", None),
+        ("PATCH", "/admin/api/tenants/nobody", {"weight": 2}),
+        ("POST", "/admin/api/tenants/nobody/disable", None),
+        ("GET", "/admin/api/tenants/nobody/keys", None),
+        ("POST", "/admin/api/tenants/nobody/keys", {"name": "k"}),
+    ]:
         assert "nobody" in _error(admin.request(method, path, json=body), 404, "tenant_not_found")
     _error(admin.get("/admin/api/no-such-endpoint"), 404, "not_found")
 
 
-def test_weight_change_reaches_the_running_scheduler_and_the_audit_log(server: Server, admin: httpx.Client) -> None:
+def test_weight_change_reaches_the_running_scheduler_and_the_audit_log(
+    server: Server, admin: httpx.Client
+) -> None:
     t = _new_tenant(admin)
     secret, _ = _new_key(admin, t["id"])
     served = server.state.engine
@@ -168,9 +196,20 @@ def test_weight_change_reaches_the_running_scheduler_and_the_audit_log(server: S
     result: dict[str, Any] = {}
 
     def stream() -> None:
-        body = {"model": server.model, "prompt": "weights", "max_tokens": 120, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120,
-                          headers={"Authorization": f"Bearer {secret}"}) as resp:
+        body = {
+            "model": server.model,
+            "prompt": "weights",
+            "max_tokens": 120,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        with httpx.stream(
+            "POST",
+            f"{server.url}/v1/completions",
+            json=body,
+            timeout=120,
+            headers={"Authorization": f"Bearer {secret}"},
+        ) as resp:
             for line in resp.iter_lines():
                 if line.startswith("data: {"):
                     started.set()
@@ -179,7 +218,9 @@ def test_weight_change_reaches_the_running_scheduler_and_the_audit_log(server: S
     thread = threading.Thread(target=stream, daemon=True)
     thread.start()
     assert started.wait(60), "no first token"
-    resp = admin.patch(f"/admin/api/tenants/{t['id']}", json={"weight": 4}, headers={"X-Admin-Actor": "carol"})
+    resp = admin.patch(
+        f"/admin/api/tenants/{t['id']}", json={"weight": 4}, headers={"X-Admin-Actor": "carol"}
+    )
     assert resp.status_code == 200 and resp.json()["weight"] == 4.0 and resp.json()["engine_updated"] is True
     thread.join(120)
     assert result["status"] == 200
@@ -236,9 +277,13 @@ def test_key_lifecycle(server: Server, admin: httpx.Client) -> None:
     assert again.json()["revoked_at"] == revoked.json()["revoked_at"]
     _error(admin.post("/admin/api/keys/fsk_nope/revoke"), 404, "key_not_found")
     _error(admin.post(f"/admin/api/tenants/{t['id']}/keys", json={"name": ""}), 400, "invalid_value", "name")
-    _error(admin.post(f"/admin/api/tenants/{t['id']}/keys", json={"label": "x"}), 400, "invalid_value", "label")
+    _error(
+        admin.post(f"/admin/api/tenants/{t['id']}/keys", json={"label": "x"}), 400, "invalid_value", "label"
+    )
     _error(admin.get("/admin/api/keys", params={"tenant": "nobody"}), 404, "tenant_not_found")
-    actions = [e["action"] for e in admin.get("/admin/api/audit", params={"tenant": t["id"]}).json()["entries"]]
+    actions = [
+        e["action"] for e in admin.get("/admin/api/audit", params={"tenant": t["id"]}).json()["entries"]
+    ]
     assert actions[:2] == ["key.revoke", "key.create"]
 
 
@@ -262,8 +307,12 @@ def test_usage_from_the_ledger(server: Server, admin: httpx.Client) -> None:
     future = admin.get("/admin/api/usage", params={"since": "2999-01-01", "tenant": t["id"]}).json()
     assert future["tenants"] == []
     _error(admin.get("/admin/api/usage", params={"window": "fortnight"}), 400, "invalid_value", "window")
-    _error(admin.get("/admin/api/usage", params={"window": "1h", "since": "2h"}), 400, "invalid_value", "window")
-    _error(admin.get("/admin/api/usage", params={"since": "1h", "until": "2h"}), 400, "invalid_value", "until")
+    _error(
+        admin.get("/admin/api/usage", params={"window": "1h", "since": "2h"}), 400, "invalid_value", "window"
+    )
+    _error(
+        admin.get("/admin/api/usage", params={"since": "1h", "until": "2h"}), 400, "invalid_value", "until"
+    )
     _error(admin.get("/admin/api/usage", params={"tenant": "nobody"}), 404, "tenant_not_found")
 
 
@@ -305,13 +354,17 @@ def test_live_snapshot_tracks_queues_service_and_shares(server: Server, admin: h
     served = server.state.engine
     assert isinstance(served, AsyncEngine)  # the suite's in-process engine, with its config
     assert engine["max_num_seqs"] == served.config.max_num_seqs
-    assert snap["iterations"] and {"waiting", "running", "kv_blocks_used", "preemptions"} <= set(snap["iterations"][0])
+    assert snap["iterations"] and {"waiting", "running", "kv_blocks_used", "preemptions"} <= set(
+        snap["iterations"][0]
+    )
     assert admin.get("/admin/api/live", params={"history": 0}).json()["share"]["points"] == []
     _error(admin.get("/admin/api/live", params={"history": -1}), 400, "invalid_value", "history")
 
 
 def test_live_stream_sends_snapshots(server: Server, admin: httpx.Client) -> None:
-    _error(admin.get("/admin/api/live/stream", params={"interval_ms": 5}), 400, "invalid_value", "interval_ms")
+    _error(
+        admin.get("/admin/api/live/stream", params={"interval_ms": 5}), 400, "invalid_value", "interval_ms"
+    )
     snaps: list[dict[str, Any]] = []
     with admin.stream("GET", "/admin/api/live/stream", params={"interval_ms": 200}) as resp:
         assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")

@@ -17,8 +17,16 @@ import pytest
 from tests.gateway.conftest import Server, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
 
@@ -39,7 +47,9 @@ def browser() -> Iterator[Any]:
         _unavailable(f"{CHROMIUM} is missing (scripts/ensure_chromium.sh installs it)")
     with sync_playwright() as pw:
         try:
-            chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, timeout=30_000)
+            chromium = pw.chromium.launch(
+                executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, timeout=30_000
+            )
         except Error as exc:
             _unavailable(f"Chromium did not start: {exc}")
         yield chromium
@@ -56,12 +66,19 @@ class Load:
         self.max_tokens = max_tokens
         self.stop = threading.Event()
         self.statuses: list[int] = []
-        self.threads = [threading.Thread(target=self._loop, args=(s,), daemon=True)
-                        for s in secrets for _ in range(per_tenant)]
+        self.threads = [
+            threading.Thread(target=self._loop, args=(s,), daemon=True)
+            for s in secrets
+            for _ in range(per_tenant)
+        ]
 
     def _loop(self, secret: str) -> None:
-        body = {"model": self.server.model, "prompt": "share the accelerator fairly", "max_tokens": self.max_tokens,
-                "ignore_eos": True}
+        body = {
+            "model": self.server.model,
+            "prompt": "share the accelerator fairly",
+            "max_tokens": self.max_tokens,
+            "ignore_eos": True,
+        }
         with httpx.Client(base_url=self.server.url, timeout=120) as c:
             while not self.stop.is_set():
                 resp = c.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {secret}"})
@@ -89,7 +106,9 @@ def test_dashboard_end_to_end(server: Server, browser: Any) -> None:
     script_errors: list[str] = []
     page.on("pageerror", lambda exc: script_errors.append(str(exc)))
     failed: list[str] = []
-    page.on("response", lambda resp: failed.append(f"{resp.status} {resp.url}") if resp.status >= 400 else None)
+    page.on(
+        "response", lambda resp: failed.append(f"{resp.status} {resp.url}") if resp.status >= 400 else None
+    )
     admin = httpx.Client(base_url=server.url, timeout=30, headers={"Authorization": f"Bearer {token}"})
     try:
         page.goto(f"{server.url}/admin")
@@ -98,7 +117,9 @@ def test_dashboard_end_to_end(server: Server, browser: Any) -> None:
         # Log in: a wrong token is refused, the admin token opens the dashboard.
         page.fill("#token", "fsa-not-the-token")
         page.click("#login-form button[type=submit]")
-        page.wait_for_function("() => document.getElementById('login-error').textContent.includes('not the admin token')")
+        page.wait_for_function(
+            "() => document.getElementById('login-error').textContent.includes('not the admin token')"
+        )
         page.fill("#token", token)
         page.fill("#actor", "browser-test")
         page.click("#login-form button[type=submit]")
@@ -120,21 +141,29 @@ def test_dashboard_end_to_end(server: Server, browser: Any) -> None:
         page.wait_for_selector(row)
         page.fill(f"{row} [name=weight]", "3")
         page.click(f"{row} button.save")
-        page.wait_for_function(f"() => document.querySelector(\"{row} .row-msg\").textContent.includes('saved')")
+        page.wait_for_function(
+            f"() => document.querySelector(\"{row} .row-msg\").textContent.includes('saved')"
+        )
         tenant = admin.get(f"/admin/api/tenants/{name}").json()
         assert tenant["weight"] == 3.0
-        audit = admin.get("/admin/api/audit", params={"tenant": tenant["id"], "limit": 1}).json()["entries"][0]
+        audit = admin.get("/admin/api/audit", params={"tenant": tenant["id"], "limit": 1}).json()["entries"][
+            0
+        ]
         assert audit["actor"] == "admin:browser-test" and audit["after"]["weight"] == 3.0
         row = f"#tenants tr[data-name='{name}']"
         page.fill(f"{row} [name=cache_group]", "acme")  # share prefix-cache blocks with group acme
         page.eval_on_selector(row, "r => r.dataset.stale = '1'")  # the save re-renders the row: wait for that
         page.click(f"{row} button.save")
-        page.wait_for_function(f"() => {{ const r = document.querySelector(\"{row}\"); "
-                               "return r && !r.dataset.stale && r.querySelector('.row-msg').textContent.includes('saved'); }")
+        page.wait_for_function(
+            f'() => {{ const r = document.querySelector("{row}"); '
+            "return r && !r.dataset.stale && r.querySelector('.row-msg').textContent.includes('saved'); }"
+        )
         assert admin.get(f"/admin/api/tenants/{name}").json()["cache_group"] == "acme"
         page.fill(f"{row} [name=weight]", "0")
         page.click(f"{row} button.save")
-        page.wait_for_function(f"() => document.querySelector(\"{row} .row-msg\").textContent.includes('weight must be')")
+        page.wait_for_function(
+            f"() => document.querySelector(\"{row} .row-msg\").textContent.includes('weight must be')"
+        )
 
         # Create a key for it: the secret is shown once, and it works.
         page.select_option("#key-tenant", tenant["id"])
@@ -155,13 +184,18 @@ def test_dashboard_end_to_end(server: Server, browser: Any) -> None:
                 "([n, before]) => { const d = document.getElementById('share-chart').dataset;"
                 " const latest = JSON.parse(d.latest || '{}');"
                 " return Number(d.updates) > before && (latest[n] || 0) > 0 && Number(d.series) >= 1; }",
-                arg=[name, updates_before], timeout=45_000)
+                arg=[name, updates_before],
+                timeout=45_000,
+            )
             page.wait_for_function("() => document.getElementById('g-running').textContent !== '0'")
-            page.wait_for_function("() => document.querySelector(\"#engines tr[data-key='local'] .c-running\")"
-                                   ".textContent !== '0'")
+            page.wait_for_function(
+                "() => document.querySelector(\"#engines tr[data-key='local'] .c-running\")"
+                ".textContent !== '0'"
+            )
             # A few more seconds of points so the screenshot shows lines, not dots.
-            page.wait_for_function("() => Number(document.getElementById('share-chart').dataset.points) >= 5",
-                                   timeout=30_000)
+            page.wait_for_function(
+                "() => Number(document.getElementById('share-chart').dataset.points) >= 5", timeout=30_000
+            )
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "admin-dashboard.png"), full_page=True)
             latest = json.loads(chart.get_attribute("data-latest") or "{}")
@@ -176,9 +210,14 @@ def test_dashboard_end_to_end(server: Server, browser: Any) -> None:
         page.once("dialog", lambda dialog: dialog.accept())
         page.click(f"#keys tr[data-prefix='{prefix}'] button.revoke")
         page.wait_for_function(
-            f"() => document.querySelector(\"#keys tr[data-prefix='{prefix}'] .c-status\").textContent.startsWith('revoked')")
-        resp = httpx.post(f"{server.url}/v1/completions", headers={"Authorization": f"Bearer {secret}"},
-                          json={"model": server.model, "prompt": "x", "max_tokens": 1}, timeout=30)
+            f"() => document.querySelector(\"#keys tr[data-prefix='{prefix}'] .c-status\").textContent.startsWith('revoked')"
+        )
+        resp = httpx.post(
+            f"{server.url}/v1/completions",
+            headers={"Authorization": f"Bearer {secret}"},
+            json={"model": server.model, "prompt": "x", "max_tokens": 1},
+            timeout=30,
+        )
         assert resp.status_code == 401
 
         # The token never travels in a URL.

@@ -40,17 +40,26 @@ def _complete(server: Server, tenant: str, prompt: str, max_tokens: int = 24) ->
 
 
 def _admin(server: Server, path: str) -> Any:
-    resp = httpx.get(f"{server.url}{path}", headers={"Authorization": f"Bearer {server.state.admin_token}"}, timeout=30)
+    resp = httpx.get(
+        f"{server.url}{path}", headers={"Authorization": f"Bearer {server.state.admin_token}"}, timeout=30
+    )
     assert resp.status_code == 200, resp.text
     return resp.json() if path.startswith("/admin") else resp.text
 
 
 def test_requests_spread_and_each_engine_shows_its_load_and_routed_count(
-        routed: tuple[Server, dict[str, AsyncEngine]]) -> None:
+    routed: tuple[Server, dict[str, AsyncEngine]],
+) -> None:
     server, _ = routed
     statuses: list[int] = []
-    threads = [threading.Thread(target=lambda i=i: statuses.append(
-        _complete(server, ("alice", "bob")[i % 2], f"request {i}").status_code)) for i in range(8)]
+    threads = [
+        threading.Thread(
+            target=lambda i=i: statuses.append(
+                _complete(server, ("alice", "bob")[i % 2], f"request {i}").status_code
+            )
+        )
+        for i in range(8)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -58,8 +67,12 @@ def test_requests_spread_and_each_engine_shows_its_load_and_routed_count(
     assert statuses == [200] * 8
     rows = {row["key"]: row for row in _admin(server, "/admin/api/engines")["engines"]}
     assert sorted(rows) == ["e0", "e1"]
-    assert sum(row["routed"] for row in rows.values()) == 8 and all(row["routed"] > 0 for row in rows.values())
-    assert all(row["alive"] and row["in_flight"] == 0 and row["kv_blocks_total"] == 256 for row in rows.values())
+    assert sum(row["routed"] for row in rows.values()) == 8 and all(
+        row["routed"] > 0 for row in rows.values()
+    )
+    assert all(
+        row["alive"] and row["in_flight"] == 0 and row["kv_blocks_total"] == 256 for row in rows.values()
+    )
     metrics = _admin(server, "/metrics")
     for key, row in rows.items():
         assert f'fairserve_engine_routed_total{{engine="{key}"}} {float(row["routed"])}' in metrics
@@ -70,7 +83,8 @@ def test_requests_spread_and_each_engine_shows_its_load_and_routed_count(
 
 
 def test_a_dead_engine_is_routed_around_and_none_alive_is_a_retryable_503(
-        routed: tuple[Server, dict[str, AsyncEngine]]) -> None:
+    routed: tuple[Server, dict[str, AsyncEngine]],
+) -> None:
     server, engines = routed
     engines["e0"].shutdown()
     before = {row["key"]: row["routed"] for row in _admin(server, "/admin/api/engines")["engines"]}

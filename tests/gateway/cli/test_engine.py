@@ -12,31 +12,52 @@ from gateway.settings import EngineServerSettings, GatewaySettings
 
 
 def test_engine_takes_every_engine_knob_and_its_own() -> None:
-    args = build_parser().parse_args(["engine", "--listen", "tcp://127.0.0.1:0", "--max-num-seqs", "3",
-                                      "--policy", "fcfs", "--gateway-timeout", "2", "--max-stop-strings", "4"])
+    args = build_parser().parse_args(
+        [
+            "engine",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--max-num-seqs",
+            "3",
+            "--policy",
+            "fcfs",
+            "--gateway-timeout",
+            "2",
+            "--max-stop-strings",
+            "4",
+        ]
+    )
     assert args.knob__listen == "tcp://127.0.0.1:0" and args.knob__gateway_timeout_s == 2.0
     assert args.knob__engine__max_num_seqs == 3 and args.knob__engine__fairness__policy == "fcfs"
     assert args.knob__engine__caps__max_stop_strings == 4
 
 
 def test_serve_engine_flag_repeats() -> None:
-    args = build_parser().parse_args(["serve", "--engine", "tcp://127.0.0.1:7001", "--engine", "tcp://127.0.0.1:7002"])
+    args = build_parser().parse_args(
+        ["serve", "--engine", "tcp://127.0.0.1:7001", "--engine", "tcp://127.0.0.1:7002"]
+    )
     assert args.knob__engines == ["tcp://127.0.0.1:7001", "tcp://127.0.0.1:7002"]
 
 
-@pytest.mark.parametrize(("argv", "says"), [
-    (["serve", "--engine", "tcp://127.0.0.1:7001", "--engine", "tcp://127.0.0.1:7001"], "given twice"),
-    (["serve", "--engine", "http://127.0.0.1:7001"], "use tcp://HOST:PORT"),
-    (["serve", "--engine", "tcp://127.0.0.1:0"], "real port"),
-    (["engine", "--listen", "127.0.0.1:7001"], "listen: engine address"),
-])
-def test_bad_addresses_are_refused_before_anything_starts(argv: list[str], says: str, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["serve", "--engine", "tcp://127.0.0.1:7001", "--engine", "tcp://127.0.0.1:7001"], "given twice"),
+        (["serve", "--engine", "http://127.0.0.1:7001"], "use tcp://HOST:PORT"),
+        (["serve", "--engine", "tcp://127.0.0.1:0"], "real port"),
+        (["engine", "--listen", "127.0.0.1:7001"], "listen: engine address"),
+    ],
+)
+def test_bad_addresses_are_refused_before_anything_starts(
+    argv: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main([*argv, "--data-dir", str(tmp_path)]) == 2
     assert says in capsys.readouterr().err
 
 
-def test_engine_on_a_taken_port_exits_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_engine_on_a_taken_port_exits_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -45,8 +66,9 @@ def test_engine_on_a_taken_port_exits_with_the_reason(tmp_path: Path, capsys: py
     assert f"cannot listen on tcp://127.0.0.1:{port}" in capsys.readouterr().err
 
 
-def test_engine_settings_read_the_same_environment_and_file_as_serve(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_engine_settings_read_the_same_environment_and_file_as_serve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FAIRSERVE_ENGINE__MAX_NUM_SEQS", "5")
     engine_toml = tmp_path / "engine.toml"
     engine_toml.write_text('listen = "tcp://127.0.0.1:0"\n[engine]\nblock_size = 32\n')

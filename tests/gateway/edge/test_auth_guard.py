@@ -19,8 +19,14 @@ from tests.gateway.conftest import Server, start_server, wait_for
 @pytest.fixture()
 def guarded(engine: AsyncEngine, tmp_path: Path) -> Iterator[Server]:
     """A gateway whose addresses may fail 5 times at once, then once per 10 s; keys cached for 2 s."""
-    settings = GatewaySettings(data_dir=tmp_path, port=0, engine=engine.config, auth_failure_burst=5,
-                               auth_failure_rate_per_s=0.1, key_cache_ttl_s=2.0)
+    settings = GatewaySettings(
+        data_dir=tmp_path,
+        port=0,
+        engine=engine.config,
+        auth_failure_burst=5,
+        auth_failure_rate_per_s=0.1,
+        key_cache_ttl_s=2.0,
+    )
     srv = start_server(settings, engine)
     srv.add_tenant("payer")
     yield srv
@@ -47,7 +53,10 @@ def test_failure_budget_gives_429_and_cached_keys_still_pass(guarded: Server) ->
         assert codes == [401, 401, 401]
         assert len(lookups) == 2  # the payer's key and the bad key once: the repeat was cached negatively
         for _ in range(2):
-            assert c.get("/v1/models", headers={"Authorization": f"Bearer {generate_secret()}"}).status_code == 401
+            assert (
+                c.get("/v1/models", headers={"Authorization": f"Bearer {generate_secret()}"}).status_code
+                == 401
+            )
         assert c.get("/v1/models").status_code == 429  # budget spent: even a missing key is refused
         limited = c.get("/v1/models", headers={"Authorization": f"Bearer {generate_secret()}"})
         assert limited.status_code == 429 and limited.json()["error"]["code"] == "too_many_auth_failures"
@@ -60,9 +69,13 @@ def test_failure_budget_gives_429_and_cached_keys_still_pass(guarded: Server) ->
         assert c.get("/v1/models", headers=guarded.headers("payer")).status_code == 200  # refreshed, not 429
         assert len(lookups) == looked + 1
     assert not any(lookups), "a key lookup ran on the event loop"
-    text = httpx.get(guarded.url + "/metrics", headers={"Authorization": f"Bearer {guarded.state.metrics_token}"}).text
+    text = httpx.get(
+        guarded.url + "/metrics", headers={"Authorization": f"Bearer {guarded.state.metrics_token}"}
+    ).text
     assert 'fairserve_auth_failures_total{outcome="invalid"} 5.0' in text
-    assert 'outcome="missing"' not in text  # the request without a key came when the budget was spent: limited
+    assert (
+        'outcome="missing"' not in text
+    )  # the request without a key came when the budget was spent: limited
     assert 'fairserve_auth_failures_total{outcome="limited"} 2.0' in text
 
 

@@ -18,22 +18,33 @@ def graced(server: Server) -> Iterator[Server]:
     """A second gateway on the same engine and database whose keyed runs outlive their readers by 3 s."""
     engine = server.state.engine
     assert isinstance(engine, AsyncEngine)  # the suite's in-process engine, whose config this gateway shares
-    settings = GatewaySettings(data_dir=server.state.settings.data_dir, port=0, engine=engine.config,
-                               idempotent_orphan_grace_s=3.0)
+    settings = GatewaySettings(
+        data_dir=server.state.settings.data_dir, port=0, engine=engine.config, idempotent_orphan_grace_s=3.0
+    )
     srv = start_server(settings, engine)
     srv.keys, srv.tenants = server.keys, server.tenants
     yield srv
     srv.stop()
 
 
-def test_a_keyed_run_keeps_generating_through_the_grace_then_is_aborted(server: Server, graced: Server) -> None:
+def test_a_keyed_run_keeps_generating_through_the_grace_then_is_aborted(
+    server: Server, graced: Server
+) -> None:
     engine = server.state.engine
-    body = {"model": server.model, "prompt": "orphan", "max_tokens": 2000, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": server.model,
+        "prompt": "orphan",
+        "max_tokens": 2000,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     headers = graced.headers("alice", **{"Idempotency-Key": "orphan-1", "X-Request-Id": "orphan-1"})
     seen = 0
-    with httpx.Client(base_url=graced.url, timeout=60) as c, \
-            c.stream("POST", "/v1/completions", json=body, headers=headers) as resp:
+    with (
+        httpx.Client(base_url=graced.url, timeout=60) as c,
+        c.stream("POST", "/v1/completions", json=body, headers=headers) as resp,
+    ):
         assert resp.status_code == 200
         run = graced.state.runs.by_id[(graced.tenants["alice"].id, "orphan-1")]
         engine_id = run.spec.engine_id
@@ -48,7 +59,10 @@ def test_a_keyed_run_keeps_generating_through_the_grace_then_is_aborted(server: 
     row = wait_for(lambda: graced.usage_rows("request_id = 'orphan-1'"), 10, "ledger row")[0]
     assert row["status"] == "cancelled" and seen < row["completion_tokens"] < 2000
     # Aborted for good, the record was abandoned: the key is free again (no replay of a cancelled run, no 422).
-    again = httpx.post(graced.url + "/v1/completions", timeout=60,
-                       json={**body, "stream": False, "max_tokens": 2},
-                       headers=graced.headers("alice", **{"Idempotency-Key": "orphan-1"}))
+    again = httpx.post(
+        graced.url + "/v1/completions",
+        timeout=60,
+        json={**body, "stream": False, "max_tokens": 2},
+        headers=graced.headers("alice", **{"Idempotency-Key": "orphan-1"}),
+    )
     assert again.status_code == 200 and "idempotent-replayed" not in again.headers

@@ -31,7 +31,9 @@ def test_memory_store_states_and_ttl() -> None:
         attach = await store.claim("t1", "k", "fp", "r2")
         assert (attach.outcome, attach.request_id) == ("attach", "r1")
         assert (await store.claim("t1", "k", "other", "r3")).outcome == "mismatch"
-        assert (await store.claim("t2", "k", "fp", "r4")).outcome == "new"  # another tenant's key never matches
+        assert (
+            await store.claim("t2", "k", "fp", "r4")
+        ).outcome == "new"  # another tenant's key never matches
         await store.finish("t1", "k", done)
         replay = await store.claim("t1", "k", "fp", "r5")
         assert replay.outcome == "replay" and replay.response == done
@@ -47,8 +49,11 @@ def test_memory_store_states_and_ttl() -> None:
 
 def _post(server: Server, tenant: str, key: str, body: dict, **headers: str) -> httpx.Response:
     with httpx.Client(base_url=server.url, timeout=60) as c:
-        return c.post("/v1/completions", json=body,
-                      headers=server.headers(tenant, **{"Idempotency-Key": key}, **headers))
+        return c.post(
+            "/v1/completions",
+            json=body,
+            headers=server.headers(tenant, **{"Idempotency-Key": key}, **headers),
+        )
 
 
 def test_replay_finished_json_without_engine_work(server: Server) -> None:
@@ -88,13 +93,24 @@ def test_key_of_another_tenant_never_matches(server: Server) -> None:
 
 def test_stream_replay_is_the_full_event_sequence(server: Server) -> None:
     key = uuid.uuid4().hex
-    body = {"model": server.model, "prompt": "stream", "max_tokens": 4, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": server.model,
+        "prompt": "stream",
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
     def events() -> tuple[list[str], httpx.Headers]:
-        with httpx.Client(base_url=server.url, timeout=60) as c, c.stream(
-            "POST", "/v1/completions", json=body, headers=server.headers("alice", **{"Idempotency-Key": key})
-        ) as resp:
+        with (
+            httpx.Client(base_url=server.url, timeout=60) as c,
+            c.stream(
+                "POST",
+                "/v1/completions",
+                json=body,
+                headers=server.headers("alice", **{"Idempotency-Key": key}),
+            ) as resp,
+        ):
             return [line for line in resp.iter_lines() if line], resp.headers
 
     first, _ = events()
@@ -110,11 +126,18 @@ def test_retry_while_running_attaches_to_the_same_engine_request(server: Server)
     outs: dict[str, list[str]] = {}
 
     def stream(name: str, request_id: str) -> None:
-        with httpx.Client(base_url=server.url, timeout=60) as c, c.stream(
-            "POST", "/v1/completions", json=body,
-            headers=server.headers("alice", **{"Idempotency-Key": key, "X-Request-Id": request_id,
-                                               "X-Task-Id": "attach-task"}),
-        ) as resp:
+        with (
+            httpx.Client(base_url=server.url, timeout=60) as c,
+            c.stream(
+                "POST",
+                "/v1/completions",
+                json=body,
+                headers=server.headers(
+                    "alice",
+                    **{"Idempotency-Key": key, "X-Request-Id": request_id, "X-Task-Id": "attach-task"},
+                ),
+            ) as resp,
+        ):
             outs[name] = [line for line in resp.iter_lines() if line]
 
     owner = threading.Thread(target=stream, args=("owner", "attach-owner"))

@@ -80,11 +80,18 @@ def replicas(server: Server, redis_url: str) -> Iterator[tuple[Server, ServeProc
     """Gateway A in this process and gateway B as a `fairserve serve` subprocess, sharing DB and Redis."""
     engine = server.state.engine
     assert isinstance(engine, AsyncEngine)  # the suite's in-process engine, whose config this gateway shares
-    settings = GatewaySettings(data_dir=server.state.settings.data_dir, port=0, engine=engine.config,
-                               redis_url=redis_url, redis_timeout_s=2.0)  # no breaker trip on a loaded machine
+    settings = GatewaySettings(
+        data_dir=server.state.settings.data_dir,
+        port=0,
+        engine=engine.config,
+        redis_url=redis_url,
+        redis_timeout_s=2.0,
+    )  # no breaker trip on a loaded machine
     a = start_server(settings, engine)
     a.keys, a.tenants = server.keys, server.tenants
-    b = ServeProcess(server.state.settings.data_dir, "--redis", redis_url, "--redis-timeout", "2", "--max-num-seqs", "8")
+    b = ServeProcess(
+        server.state.settings.data_dir, "--redis", redis_url, "--redis-timeout", "2", "--max-num-seqs", "8"
+    )
     try:
         yield a, b
     finally:
@@ -93,8 +100,10 @@ def replicas(server: Server, redis_url: str) -> Iterator[tuple[Server, ServeProc
 
 
 def _stream(url: str, headers: dict[str, str], body: dict, out: dict[str, list[str]], name: str) -> None:
-    with httpx.Client(base_url=url, timeout=60) as c, c.stream("POST", "/v1/completions", json=body,
-                                                               headers=headers) as resp:
+    with (
+        httpx.Client(base_url=url, timeout=60) as c,
+        c.stream("POST", "/v1/completions", json=body, headers=headers) as resp,
+    ):
         out[name] = [line for line in resp.iter_lines() if line]
         out[name + ".id"] = [resp.headers["x-request-id"]]
 
@@ -109,7 +118,9 @@ def test_two_processes_share_replay_and_attach(server: Server, replicas: tuple[S
     owner.start()
     eid = a.engine_id("alice", "xproc-1")
     wait_for(lambda: server.state.engine.live_request(eid) is not None, 20, "owner running on A")
-    follower = threading.Thread(target=_stream, args=(b.url, {**headers, "X-Request-Id": "xproc-2"}, body, out, "b"))
+    follower = threading.Thread(
+        target=_stream, args=(b.url, {**headers, "X-Request-Id": "xproc-2"}, body, out, "b")
+    )
     follower.start()
     owner.join(60)
     follower.join(60)
@@ -123,8 +134,11 @@ def test_two_processes_share_replay_and_attach(server: Server, replicas: tuple[S
         assert [line for line in replay.text.splitlines() if line] == out["a"]
         mismatch = c.post("/v1/completions", json={**body, "max_tokens": 41}, headers=headers)
         assert mismatch.status_code == 422
-        bob = c.post("/v1/completions", json={**body, "stream": False, "max_tokens": 2},
-                     headers=b.headers(server.keys["bob"], **{"Idempotency-Key": key}))
+        bob = c.post(
+            "/v1/completions",
+            json={**body, "stream": False, "max_tokens": 2},
+            headers=b.headers(server.keys["bob"], **{"Idempotency-Key": key}),
+        )
         assert bob.status_code == 200 and "idempotent-replayed" not in bob.headers
     rows = a.usage_rows("task_id = 'xproc'")
     assert [r["request_id"] for r in rows] == ["xproc-1"]

@@ -14,11 +14,19 @@ def _long(server: Server, **kw: object) -> dict:
     return {"model": server.model, "prompt": "a long one", "max_tokens": 300, "ignore_eos": True, **kw}
 
 
-def _stream_in_thread(server: Server, tenant: str, headers: dict[str, str], out: list[str]) -> threading.Thread:
+def _stream_in_thread(
+    server: Server, tenant: str, headers: dict[str, str], out: list[str]
+) -> threading.Thread:
     def run() -> None:
-        with httpx.Client(base_url=server.url, timeout=60) as c, c.stream(
-            "POST", "/v1/completions", json=_long(server, stream=True), headers=server.headers(tenant, **headers)
-        ) as resp:
+        with (
+            httpx.Client(base_url=server.url, timeout=60) as c,
+            c.stream(
+                "POST",
+                "/v1/completions",
+                json=_long(server, stream=True),
+                headers=server.headers(tenant, **headers),
+            ) as resp,
+        ):
             out.extend(line for line in resp.iter_lines() if line)
 
     t = threading.Thread(target=run)
@@ -32,8 +40,11 @@ def test_cancel_request_own_tenant_only(server: Server, client: httpx.Client) ->
     engine = server.state.engine
     eid = server.engine_id("alice", "cancel-me")
     assert eid != "cancel-me"  # the engine never sees the caller's string as its id
-    wait_for(lambda: (info := engine.live_request(eid)) is not None and info.state == "running", 20,
-             "request running")
+    wait_for(
+        lambda: (info := engine.live_request(eid)) is not None and info.state == "running",
+        20,
+        "request running",
+    )
     other = client.post("/v1/requests/cancel-me/cancel", headers=server.headers("bob"))
     assert other.status_code == 404 and other.json()["error"]["code"] == "request_not_found"
     assert engine.live_request(eid) is not None
@@ -50,8 +61,10 @@ def test_cancel_request_own_tenant_only(server: Server, client: httpx.Client) ->
 
 def test_cancel_task_cancels_every_request_of_the_task(server: Server, client: httpx.Client) -> None:
     outs: list[list[str]] = [[], []]
-    threads = [_stream_in_thread(server, "alice", {"X-Task-Id": "task-77", "X-Request-Id": f"t77-{i}"}, outs[i])
-               for i in range(2)]
+    threads = [
+        _stream_in_thread(server, "alice", {"X-Task-Id": "task-77", "X-Request-Id": f"t77-{i}"}, outs[i])
+        for i in range(2)
+    ]
     engine = server.state.engine
     eids = [server.engine_id("alice", f"t77-{i}") for i in range(2)]
     wait_for(lambda: all(engine.live_request(e) for e in eids), 20, "both live")
@@ -69,10 +82,15 @@ def test_disconnect_mid_stream_frees_kv_blocks(server: Server) -> None:
     engine = server.state.engine
     wait_for(lambda: engine.stats().running == 0, 30, "idle engine")
     baseline = engine.stats().kv_blocks_used
-    with httpx.Client(base_url=server.url, timeout=60) as c, c.stream(
-        "POST", "/v1/completions", json=_long(server, stream=True, prompt="disconnect " * 40),
-        headers=server.headers("alice", **{"X-Request-Id": "gone-1"})
-    ) as resp:
+    with (
+        httpx.Client(base_url=server.url, timeout=60) as c,
+        c.stream(
+            "POST",
+            "/v1/completions",
+            json=_long(server, stream=True, prompt="disconnect " * 40),
+            headers=server.headers("alice", **{"X-Request-Id": "gone-1"}),
+        ) as resp,
+    ):
         eid = server.engine_id("alice", "gone-1")
         lines = resp.iter_lines()
         for line in lines:
@@ -92,7 +110,11 @@ def test_disconnect_while_waiting_non_streaming_aborts(server: Server) -> None:
     def fire() -> None:
         try:
             with httpx.Client(base_url=server.url, timeout=httpx.Timeout(60, read=0.5)) as c:
-                c.post("/v1/completions", json=_long(server), headers=server.headers("alice", **{"X-Request-Id": "nb-1"}))
+                c.post(
+                    "/v1/completions",
+                    json=_long(server),
+                    headers=server.headers("alice", **{"X-Request-Id": "nb-1"}),
+                )
         except httpx.ReadTimeout:
             pass  # the client gives up and closes its connection
 

@@ -24,8 +24,11 @@ def _rows_for(server: Server, request_id: str) -> int:
 
 
 def test_passed_deadline_is_408_without_engine_work(server: Server, client: httpx.Client) -> None:
-    for header in ({"X-Deadline": str(time.time() - 5)}, {"X-Deadline": "2020-01-01T00:00:00Z"},
-                   {"X-Timeout-Ms": "0"}):
+    for header in (
+        {"X-Deadline": str(time.time() - 5)},
+        {"X-Deadline": "2020-01-01T00:00:00Z"},
+        {"X-Timeout-Ms": "0"},
+    ):
         h = server.headers("alice", **header, **{"X-Request-Id": "late-1"})
         resp = client.post("/v1/completions", json=_body(server), headers=h)
         assert resp.status_code == 408, resp.text
@@ -33,7 +36,9 @@ def test_passed_deadline_is_408_without_engine_work(server: Server, client: http
     assert _rows_for(server, "late-1") == 0
 
 
-@pytest.mark.parametrize("header", [{"X-Deadline": "tomorrow"}, {"X-Timeout-Ms": "soon"}, {"X-Deadline": "2030-01-01"}])
+@pytest.mark.parametrize(
+    "header", [{"X-Deadline": "tomorrow"}, {"X-Timeout-Ms": "soon"}, {"X-Deadline": "2030-01-01"}]
+)
 def test_malformed_deadline_is_400(server: Server, client: httpx.Client, header: dict[str, str]) -> None:
     resp = client.post("/v1/completions", json=_body(server), headers=server.headers("alice", **header))
     assert resp.status_code == 400
@@ -70,16 +75,24 @@ def test_infeasible_behind_a_busy_queue_reports_start_estimate(server: Server, c
         assert int(resp.headers["retry-after"]) >= 1
 
 
-def test_quota_429_with_retry_after_until_tokens_leave_the_window(server: Server, client: httpx.Client) -> None:
+def test_quota_429_with_retry_after_until_tokens_leave_the_window(
+    server: Server, client: httpx.Client
+) -> None:
     # metered: 100 tokens/minute. Each request reserves prompt + max_tokens.
     prompt_tokens = len(server.state.engine.tokenizer.encode("hello"))
     ask = 60 - prompt_tokens
-    first = client.post("/v1/completions", json=_body(server, max_tokens=ask, ignore_eos=True),
-                        headers=server.headers("metered"))
+    first = client.post(
+        "/v1/completions",
+        json=_body(server, max_tokens=ask, ignore_eos=True),
+        headers=server.headers("metered"),
+    )
     assert first.status_code == 200, first.text
     assert first.headers["ratelimit-policy"] == "100;w=60"
-    second = client.post("/v1/completions", json=_body(server, max_tokens=ask), headers=server.headers("metered",
-                         **{"X-Request-Id": "over-quota"}))
+    second = client.post(
+        "/v1/completions",
+        json=_body(server, max_tokens=ask),
+        headers=server.headers("metered", **{"X-Request-Id": "over-quota"}),
+    )
     assert second.status_code == 429, second.text
     assert second.json()["error"]["code"] == "quota_exceeded"
     # 40 tokens left after the first; nothing comes back before its 60 tokens leave the sliding window,
@@ -97,14 +110,23 @@ def test_tenant_queue_bound_is_429(server: Server) -> None:
 
         def queued() -> None:
             with httpx.Client(base_url=server.url, timeout=60) as c:
-                results.append(c.post("/v1/completions", json=_body(server, max_tokens=1),
-                                      headers=server.headers("narrow")))
+                results.append(
+                    c.post(
+                        "/v1/completions", json=_body(server, max_tokens=1), headers=server.headers("narrow")
+                    )
+                )
 
         t = threading.Thread(target=queued)
         t.start()
-        wait_for(lambda: server.state.admission.queues.queued(server.tenants["narrow"].id) == 1, 10, "narrow queued")
+        wait_for(
+            lambda: server.state.admission.queues.queued(server.tenants["narrow"].id) == 1,
+            10,
+            "narrow queued",
+        )
         with httpx.Client(base_url=server.url, timeout=60) as c:
-            resp = c.post("/v1/completions", json=_body(server, max_tokens=1), headers=server.headers("narrow"))
+            resp = c.post(
+                "/v1/completions", json=_body(server, max_tokens=1), headers=server.headers("narrow")
+            )
         assert resp.status_code == 429, resp.text
         assert resp.json()["error"]["code"] == "tenant_queue_full"
         assert int(resp.headers["retry-after"]) >= 1
@@ -118,8 +140,13 @@ def tight(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     """A second gateway on the same engine and database with a one-request global queue."""
     engine = server.state.engine
     assert isinstance(engine, AsyncEngine)  # the suite's in-process engine, whose config this gateway shares
-    settings = GatewaySettings(data_dir=server.state.settings.data_dir, port=0, engine=engine.config,
-                               max_queued_requests=1, retry_jitter=0.0)
+    settings = GatewaySettings(
+        data_dir=server.state.settings.data_dir,
+        port=0,
+        engine=engine.config,
+        max_queued_requests=1,
+        retry_jitter=0.0,
+    )
     srv = start_server(settings, engine)
     srv.keys, srv.tenants = server.keys, server.tenants
     yield srv
@@ -132,14 +159,19 @@ def test_global_overload_is_503_and_quick(server: Server, tight: Server) -> None
 
         def queued() -> None:
             with httpx.Client(base_url=tight.url, timeout=60) as c:
-                first.append(c.post("/v1/completions", json=_body(tight, max_tokens=1), headers=tight.headers("alice")))
+                first.append(
+                    c.post("/v1/completions", json=_body(tight, max_tokens=1), headers=tight.headers("alice"))
+                )
 
         t = threading.Thread(target=queued)
         t.start()
         wait_for(lambda: tight.state.admission.queues.queued() == 1, 10, "first request queued")
         with httpx.Client(base_url=tight.url, timeout=60) as c:
-            resp = c.post("/v1/completions", json=_body(tight, max_tokens=1),
-                          headers=tight.headers("bob", **{"X-Request-Id": "overloaded-1"}))
+            resp = c.post(
+                "/v1/completions",
+                json=_body(tight, max_tokens=1),
+                headers=tight.headers("bob", **{"X-Request-Id": "overloaded-1"}),
+            )
         assert resp.status_code == 503, resp.text
         assert resp.json()["error"]["code"] == "overloaded"
         assert int(resp.headers["retry-after"]) >= 1
@@ -147,5 +179,7 @@ def test_global_overload_is_503_and_quick(server: Server, tight: Server) -> None
     t.join(60)
     assert first[0].status_code == 200
     assert _rows_for(server, "overloaded-1") == 0
-    text = httpx.get(tight.url + "/metrics", headers={"Authorization": f"Bearer {tight.state.admin_token}"}).text
+    text = httpx.get(
+        tight.url + "/metrics", headers={"Authorization": f"Bearer {tight.state.admin_token}"}
+    ).text
     assert 'fairserve_admission_rejections_total{reason="overloaded"} 1.0' in text

@@ -17,26 +17,32 @@ from tests.gateway.serve_process import ServeProcess
 
 
 def _complete(client: httpx.Client, server: Server, tenant: str, **body: Any) -> httpx.Response:
-    return client.post("/v1/completions", json={"model": server.model, **body}, headers=server.headers(tenant))
+    return client.post(
+        "/v1/completions", json={"model": server.model, **body}, headers=server.headers(tenant)
+    )
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({"stop": [f"s{i}" for i in range(17)]}, "stop"),
-    ({"stop": ["x" * 257]}, "stop"),
-    ({"logit_bias": {str(i): 1.0 for i in range(301)}}, "logit_bias"),
-    ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
-    ({"logit_bias": {"5": 250.0}}, "logit_bias"),
-    ({"logit_bias": {"99999999": 1.0}}, "logit_bias"),
-    ({"n": 2}, "n"),
-    ({"logprobs": 3}, "logprobs"),
-    ({"seed": 2**64}, "seed"),
-    ({"seed": -(2**63) - 1}, "seed"),
-    ({"temperature": -1}, "temperature"),
-    ({"prompt": "x" * (256 * 1024 + 1)}, "prompt"),
-    ({"stop_token_ids": list(range(65))}, "stop_token_ids"),
-])
-def test_over_a_cap_or_out_of_range_is_a_400_naming_the_field(server: Server, client: httpx.Client,
-                                                               body: dict[str, Any], field: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"stop": [f"s{i}" for i in range(17)]}, "stop"),
+        ({"stop": ["x" * 257]}, "stop"),
+        ({"logit_bias": {str(i): 1.0 for i in range(301)}}, "logit_bias"),
+        ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
+        ({"logit_bias": {"5": 250.0}}, "logit_bias"),
+        ({"logit_bias": {"99999999": 1.0}}, "logit_bias"),
+        ({"n": 2}, "n"),
+        ({"logprobs": 3}, "logprobs"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"temperature": -1}, "temperature"),
+        ({"prompt": "x" * (256 * 1024 + 1)}, "prompt"),
+        ({"stop_token_ids": list(range(65))}, "stop_token_ids"),
+    ],
+)
+def test_over_a_cap_or_out_of_range_is_a_400_naming_the_field(
+    server: Server, client: httpx.Client, body: dict[str, Any], field: str
+) -> None:
     resp = _complete(client, server, "alice", **{"prompt": "hi", "max_tokens": 2, **body})
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == field
@@ -44,15 +50,21 @@ def test_over_a_cap_or_out_of_range_is_a_400_naming_the_field(server: Server, cl
 
 def test_chat_top_logprobs_and_oversized_messages_are_refused(server: Server, client: httpx.Client) -> None:
     base = {"model": server.model, "max_tokens": 2}
-    for body, field in (({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
-                        ({"messages": [{"role": "user", "content": "é" * (128 * 1024 + 1)}]}, "messages")):
+    for body, field in (
+        ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
+        ({"messages": [{"role": "user", "content": "é" * (128 * 1024 + 1)}]}, "messages"),
+    ):
         resp = client.post("/v1/chat/completions", json={**base, **body}, headers=server.headers("alice"))
         assert resp.status_code == 400 and resp.json()["error"]["param"] == field, resp.text
 
 
 def test_tiny_temperature_and_extreme_seeds_are_served(server: Server, client: httpx.Client) -> None:
-    for extra in ({"temperature": 1e-39}, {"temperature": 5e-324, "seed": 2**64 - 1}, {"seed": -(2**63)},
-                  {"temperature": 1e-6, "logit_bias": {"65": 100}}):
+    for extra in (
+        {"temperature": 1e-39},
+        {"temperature": 5e-324, "seed": 2**64 - 1},
+        {"seed": -(2**63)},
+        {"temperature": 1e-6, "logit_bias": {"65": 100}},
+    ):
         resp = _complete(client, server, "alice", prompt="hello", max_tokens=3, ignore_eos=True, **extra)
         assert resp.status_code == 200, (extra, resp.text)
         assert resp.json()["choices"][0]["finish_reason"] == "length"
@@ -78,8 +90,12 @@ def test_tenants_in_one_cache_group_share(server: Server, client: httpx.Client) 
     admin = {"Authorization": f"Bearer {server.state.admin_token}"}
     keys = []
     for name in names:
-        assert client.post("/admin/api/tenants", json={"name": name, "cache_group": "acme"}, headers=admin
-                           ).status_code == 201
+        assert (
+            client.post(
+                "/admin/api/tenants", json={"name": name, "cache_group": "acme"}, headers=admin
+            ).status_code
+            == 201
+        )
         keys.append(client.post(f"/admin/api/tenants/{name}/keys", json={}, headers=admin).json()["secret"])
     shared = f"system prompt of acme {uuid.uuid4().hex}. " * 6
     for key, want_hit in zip(keys, (False, True), strict=True):
@@ -95,9 +111,15 @@ def test_tenants_in_one_cache_group_share(server: Server, client: httpx.Client) 
 
 
 POISON: list[dict[str, Any]] = [
-    {"temperature": 1e-39}, {"temperature": 5e-324}, {"seed": 2**64}, {"seed": 2**70}, {"seed": -(2**63) - 1},
-    {"temperature": 1e-30, "seed": 2**64 - 1}, {"top_p": 1e-300, "temperature": 1e-20},
-    {"logit_bias": {"1": -100, "2": 100}, "temperature": 1e-38}, {"stop": ["\u0000", "\U0001f642", "ab" * 128]},
+    {"temperature": 1e-39},
+    {"temperature": 5e-324},
+    {"seed": 2**64},
+    {"seed": 2**70},
+    {"seed": -(2**63) - 1},
+    {"temperature": 1e-30, "seed": 2**64 - 1},
+    {"top_p": 1e-300, "temperature": 1e-20},
+    {"logit_bias": {"1": -100, "2": 100}, "temperature": 1e-38},
+    {"stop": ["\u0000", "\U0001f642", "ab" * 128]},
 ]
 
 
@@ -110,7 +132,9 @@ def test_poison_values_fail_alone_while_another_tenant_streams(tmp_path: Path) -
     try:
         admin = {"Authorization": f"Bearer {serve.banner['admin_token']}"}
         with httpx.Client(base_url=serve.url, timeout=60) as client:
-            assert client.post("/admin/api/tenants", json={"name": "victim"}, headers=admin).status_code == 201
+            assert (
+                client.post("/admin/api/tenants", json={"name": "victim"}, headers=admin).status_code == 201
+            )
             victim = client.post("/admin/api/tenants/victim/keys", json={}, headers=admin).json()["secret"]
             attacker = serve.headers(serve.banner["api_key"])
             model = client.get("/v1/models", headers=attacker).json()["data"][0]["id"]
@@ -128,8 +152,11 @@ def test_poison_values_fail_alone_while_another_tenant_streams(tmp_path: Path) -
                 assert next(line for line in lines if line).startswith("data: {")  # the victim is decoding
                 for poison in POISON:
                     raw = json.dumps({"model": model, "prompt": "poison", "max_tokens": 4, **poison})
-                    answer = client.post("/v1/completions", content=raw,
-                                         headers={**attacker, "Content-Type": "application/json"})
+                    answer = client.post(
+                        "/v1/completions",
+                        content=raw,
+                        headers={**attacker, "Content-Type": "application/json"},
+                    )
                     assert answer.status_code in (200, 400), (poison, answer.text)
                     if answer.status_code == 400:
                         assert answer.json()["error"]["param"] in poison, (poison, answer.text)
@@ -146,8 +173,9 @@ def test_poison_values_fail_alone_while_another_tenant_streams(tmp_path: Path) -
         serve.stop()
 
 
-def test_a_request_whose_sampling_raises_ends_alone_with_an_error(server: Server, client: httpx.Client,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_request_whose_sampling_raises_ends_alone_with_an_error(
+    server: Server, client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Fault injected into the real engine's sampler for bob's requests only: bob's stream gets finish_reason
     "error", an error event and a ledger row with status error; alice's concurrent request completes."""
     sampler = server.state.engine.engine.runner.sampler  # type: ignore[attr-defined]
@@ -164,16 +192,24 @@ def test_a_request_whose_sampling_raises_ends_alone_with_an_error(server: Server
 
     def alice() -> None:
         with httpx.Client(base_url=server.url, timeout=60) as own:
-            result["alice"] = _complete(own, server, "alice", prompt="fine", max_tokens=24, ignore_eos=True,
-                                        temperature=0.9)
+            result["alice"] = _complete(
+                own, server, "alice", prompt="fine", max_tokens=24, ignore_eos=True, temperature=0.9
+            )
 
     thread = threading.Thread(target=alice)
     thread.start()
     request_id = f"faulty-{uuid.uuid4().hex[:8]}"
-    body = {"model": server.model, "prompt": "doomed", "max_tokens": 24, "ignore_eos": True, "temperature": 0.9,
-            "stream": True}
-    with client.stream("POST", "/v1/completions", json=body,
-                       headers=server.headers("bob", **{"X-Request-Id": request_id})) as resp:
+    body = {
+        "model": server.model,
+        "prompt": "doomed",
+        "max_tokens": 24,
+        "ignore_eos": True,
+        "temperature": 0.9,
+        "stream": True,
+    }
+    with client.stream(
+        "POST", "/v1/completions", json=body, headers=server.headers("bob", **{"X-Request-Id": request_id})
+    ) as resp:
         events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
     thread.join(60)
     assert events[-1] == "[DONE]"

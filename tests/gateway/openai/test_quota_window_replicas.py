@@ -45,7 +45,9 @@ def _client(url: str, key: str, stop: threading.Event, admitted: list[int]) -> N
 
 
 @pytest.mark.slow
-def test_two_replicas_keep_every_minute_window_within_the_limit(tmp_path: Path, redis_server: RedisServer) -> None:
+def test_two_replicas_keep_every_minute_window_within_the_limit(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
     db = Database(default_db_url(tmp_path))
     db.upgrade()
     store = BillingStore(db)
@@ -53,12 +55,26 @@ def test_two_replicas_keep_every_minute_window_within_the_limit(tmp_path: Path, 
     key = store.create_key(tenant.id)[0]
     # Failing closed with a generous deadline: a Redis call slowed by a loaded machine may refuse a request
     # (503) but can never let one through uncounted.
-    replicas = [ServeProcess(tmp_path, "--redis", redis_server.url, "--no-engine-process", "--redis-timeout", "2",
-                             "--quota-on-redis-failure", "closed") for _ in range(2)]
+    replicas = [
+        ServeProcess(
+            tmp_path,
+            "--redis",
+            redis_server.url,
+            "--no-engine-process",
+            "--redis-timeout",
+            "2",
+            "--quota-on-redis-failure",
+            "closed",
+        )
+        for _ in range(2)
+    ]
     stop = threading.Event()
     admitted: list[list[int]] = [[], []]
-    threads = [threading.Thread(target=_client, args=(r.url, key, stop, admitted[i]), daemon=True)
-               for i, r in enumerate(replicas) for _ in range(2)]
+    threads = [
+        threading.Thread(target=_client, args=(r.url, key, stop, admitted[i]), daemon=True)
+        for i, r in enumerate(replicas)
+        for _ in range(2)
+    ]
     try:
         for t in threads:
             t.start()
@@ -70,18 +86,26 @@ def test_two_replicas_keep_every_minute_window_within_the_limit(tmp_path: Path, 
         for r in replicas:
             r.stop()  # SIGTERM: each flushes its ledger
     with db.engine.connect() as conn:
-        rows = conn.execute(text("SELECT created_at, prompt_tokens + completion_tokens AS tokens FROM usage "
-                                 "WHERE tenant_id = :t AND status = 'completed' ORDER BY created_at"),
-                            {"t": tenant.id}).all()
+        rows = conn.execute(
+            text(
+                "SELECT created_at, prompt_tokens + completion_tokens AS tokens FROM usage "
+                "WHERE tenant_id = :t AND status = 'completed' ORDER BY created_at"
+            ),
+            {"t": tenant.id},
+        ).all()
     db.dispose()
     assert len(rows) == sum(len(a) for a in admitted)  # every answered request is in the ledger
     assert all(admitted), "both replicas admitted work"
     reservation = max(int(r.tokens) for r in rows)
     start = datetime.fromisoformat(str(rows[0].created_at))  # SQLite hands back text, PostgreSQL a datetime
     times = [(datetime.fromisoformat(str(r.created_at)) - start).total_seconds() for r in rows]
-    worst = max(sum(int(r.tokens) for t, r in zip(times, rows, strict=True) if a <= t < a + 60.0) for a in times)
+    worst = max(
+        sum(int(r.tokens) for t, r in zip(times, rows, strict=True) if a <= t < a + 60.0) for a in times
+    )
     total = sum(int(r.tokens) for r in rows)
-    print(f"worst 60 s window: {worst} tokens (limit {LIMIT}, one reservation {reservation}); {total} tokens in "
-          f"{len(rows)} requests over {times[-1]:.1f} s; per replica {[len(a) for a in admitted]} requests")
+    print(
+        f"worst 60 s window: {worst} tokens (limit {LIMIT}, one reservation {reservation}); {total} tokens in "
+        f"{len(rows)} requests over {times[-1]:.1f} s; per replica {[len(a) for a in admitted]} requests"
+    )
     assert worst <= LIMIT + reservation, (worst, LIMIT, reservation)
     assert total > LIMIT  # the window slid: tokens came back after a minute

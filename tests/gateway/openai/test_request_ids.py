@@ -15,7 +15,9 @@ def _body(server: Server, **kw: object) -> dict:
 
 
 def _post(client: httpx.Client, server: Server, tenant: str, request_id: str) -> httpx.Response:
-    return client.post("/v1/completions", json=_body(server), headers=server.headers(tenant, **{"X-Request-Id": request_id}))
+    return client.post(
+        "/v1/completions", json=_body(server), headers=server.headers(tenant, **{"X-Request-Id": request_id})
+    )
 
 
 def test_b_cannot_probe_a_finished_id(server: Server, client: httpx.Client) -> None:
@@ -27,7 +29,9 @@ def test_b_cannot_probe_a_finished_id(server: Server, client: httpx.Client) -> N
     assert bob.status_code == 200, bob.text
     assert bob.headers["x-request-id"] == rid
     rows = server.usage_rows("request_id = :r", r=rid)
-    assert sorted(r["tenant_id"] for r in rows) == sorted([server.tenants["alice"].id, server.tenants["bob"].id])
+    assert sorted(r["tenant_id"] for r in rows) == sorted(
+        [server.tenants["alice"].id, server.tenants["bob"].id]
+    )
 
 
 def test_b_cannot_squat_an_id_a_uses_later(server: Server, client: httpx.Client) -> None:
@@ -45,8 +49,11 @@ def test_b_cannot_probe_or_cancel_a_live_id(server: Server, client: httpx.Client
 
     def alice_long() -> None:
         with httpx.Client(base_url=server.url, timeout=60) as c:
-            done.append(c.post("/v1/completions", json=long,
-                               headers=server.headers("alice", **{"X-Request-Id": rid})).status_code)
+            done.append(
+                c.post(
+                    "/v1/completions", json=long, headers=server.headers("alice", **{"X-Request-Id": rid})
+                ).status_code
+            )
 
     t = threading.Thread(target=alice_long)
     t.start()

@@ -25,8 +25,17 @@ def spec(stream: bool) -> RunSpec:
 
 def output(i: int, text: str, finished: bool = False) -> RequestOutput:
     metrics = RequestMetrics(3, 0, i + 1, float(i + 1), 0, 0, 0, None, 0.0, 0.0, 0.0, None)
-    return RequestOutput("req-1", [1, 2, 3], [i], list(range(i + 1)), text, text, finished,
-                         FinishReason.LENGTH if finished else None, metrics)
+    return RequestOutput(
+        "req-1",
+        [1, 2, 3],
+        [i],
+        list(range(i + 1)),
+        text,
+        text,
+        finished,
+        FinishReason.LENGTH if finished else None,
+        metrics,
+    )
 
 
 def test_a_stream_becomes_events_and_the_last_output_its_final_response_at_once() -> None:
@@ -45,17 +54,25 @@ def test_a_stream_becomes_events_and_the_last_output_its_final_response_at_once(
     assert started == [0]  # once, before the first event was added
     assert [json.loads(c)["choices"][0]["text"] for c in run.chunks] == ["a", "b"]
     assert run.final is not None and run.final.chunks == [*run.chunks, DONE]
-    assert outcome.status == "completed" and outcome.metrics is not None and outcome.metrics.completion_tokens == 2
+    assert (
+        outcome.status == "completed"
+        and outcome.metrics is not None
+        and outcome.metrics.completion_tokens == 2
+    )
 
 
-@pytest.mark.parametrize(("exc", "status", "code", "outcome"), [
-    (DuplicateRequestError("live", "request_id"), 409, "duplicate_request_id", "rejected"),
-    (PromptTooLongError("long", "prompt"), 400, "context_length_exceeded", "rejected"),
-    (EngineDeadError("gone"), 503, "engine_unavailable", "error"),
-    (KeyError("a gateway bug"), 500, "internal_error", "error"),
-])
-def test_an_error_ending_the_stream_becomes_its_status(exc: BaseException, status: int, code: str,
-                                                       outcome: str) -> None:
+@pytest.mark.parametrize(
+    ("exc", "status", "code", "outcome"),
+    [
+        (DuplicateRequestError("live", "request_id"), 409, "duplicate_request_id", "rejected"),
+        (PromptTooLongError("long", "prompt"), 400, "context_length_exceeded", "rejected"),
+        (EngineDeadError("gone"), 503, "engine_unavailable", "error"),
+        (KeyError("a gateway bug"), 500, "internal_error", "error"),
+    ],
+)
+def test_an_error_ending_the_stream_becomes_its_status(
+    exc: BaseException, status: int, code: str, outcome: str
+) -> None:
     async def scenario() -> tuple[Run, Outcome]:
         run = Run(spec(stream=False))
         feed = RunFeed(run, lambda: None)

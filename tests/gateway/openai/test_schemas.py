@@ -16,10 +16,22 @@ from tests.gateway.conftest import Server
 
 
 def test_common_openai_fields_are_accepted() -> None:
-    body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-            "n": 1, "user": "u1", "logprobs": False, "presence_penalty": 0, "frequency_penalty": 0.0,
-            "stream": True, "stream_options": {"include_usage": True}, "max_completion_tokens": 5,
-            "response_format": {"type": "text"}, "tools": [], "seed": 3, "stop": "END"}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        "n": 1,
+        "user": "u1",
+        "logprobs": False,
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_completion_tokens": 5,
+        "response_format": {"type": "text"},
+        "tools": [],
+        "seed": 3,
+        "stop": "END",
+    }
     req = ChatCompletionRequest.model_validate_json(json.dumps(body))
     assert req.include_usage and req.requested_max_tokens == 5
     assert req.messages[0].text() == "hi"
@@ -29,9 +41,14 @@ def test_common_openai_fields_are_accepted() -> None:
 
 @pytest.mark.parametrize(
     ("patch", "param"),
-    [({"n": 3}, "n"), ({"logprobs": True}, "logprobs"), ({"tools": [{"type": "function"}]}, "tools"),
-     ({"temperature": "hot"}, "temperature"), ({"extra_thing": 1}, "extra_thing"),
-     ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage")],
+    [
+        ({"n": 3}, "n"),
+        ({"logprobs": True}, "logprobs"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"extra_thing": 1}, "extra_thing"),
+        ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+    ],
 )
 def test_refused_values_name_the_field(patch: dict[str, Any], param: str) -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **patch}
@@ -49,7 +66,11 @@ def test_batched_prompts_refused() -> None:
 
 
 _json = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False) | st.text(max_size=12),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=12),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=10,
 )
@@ -60,8 +81,12 @@ _plausible = {
     "top_p": st.floats(-0.5, 1.5, allow_nan=False),
     "top_k": st.integers(-2, 50),
     "prompt": st.text(max_size=40) | st.lists(st.integers(-5, 400), max_size=8),
-    "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "x"]),
-                                                "content": st.text(max_size=20)}), max_size=3),
+    "messages": st.lists(
+        st.fixed_dictionaries(
+            {"role": st.sampled_from(["user", "system", "x"]), "content": st.text(max_size=20)}
+        ),
+        max_size=3,
+    ),
     "stream": st.booleans(),
     "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=2),
     "seed": st.integers(-2, 2**31),
@@ -90,7 +115,11 @@ def test_fuzzed_bodies_never_produce_a_500(server: Server, path: str) -> None:
         @given(body=bodies(server.model), raw=st.booleans())
         def check(body: Any, raw: bool) -> None:
             headers = server.headers("alice", **{"X-Timeout-Ms": "3000", "Content-Type": "application/json"})
-            content = json.dumps(body).encode() if not raw else json.dumps(body).encode()[: max(1, len(json.dumps(body)) // 2)]
+            content = (
+                json.dumps(body).encode()
+                if not raw
+                else json.dumps(body).encode()[: max(1, len(json.dumps(body)) // 2)]
+            )
             resp = client.post(path, content=content, headers=headers)
             seen.add(resp.status_code)
             assert resp.status_code < 500 or resp.status_code == 503, resp.text

@@ -15,8 +15,9 @@ from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
 
 
 @pytest.mark.parametrize(("chars", "off_loop"), [(100, False), (rp.TOKENIZE_INLINE_CHARS + 1, True)])
-def test_large_prompts_are_tokenised_off_the_loop(engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch,
-                                                  chars: int, off_loop: bool) -> None:
+def test_large_prompts_are_tokenised_off_the_loop(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch, chars: int, off_loop: bool
+) -> None:
     threads: list[int] = []
     real_encode, real_chat = engine.tokenizer.encode, engine.tokenizer.encode_chat
 
@@ -32,8 +33,14 @@ def test_large_prompts_are_tokenised_off_the_loop(engine: AsyncEngine, monkeypat
     monkeypatch.setattr(engine.tokenizer, "encode_chat", encode_chat)
     bodies: list[CompletionRequest | ChatCompletionRequest] = [
         CompletionRequest(model=engine.model_name, prompt="a" * chars, max_tokens=1),
-        ChatCompletionRequest.model_validate({"model": engine.model_name, "max_tokens": 1,
-                                              "messages": [{"role": "user", "content": "b" * chars}]})]
+        ChatCompletionRequest.model_validate(
+            {
+                "model": engine.model_name,
+                "max_tokens": 1,
+                "messages": [{"role": "user", "content": "b" * chars}],
+            }
+        ),
+    ]
 
     async def parse_all() -> int:
         for body in bodies:

@@ -52,7 +52,13 @@ def test_a_killed_worker_fails_its_streams_and_is_replaced(tmp_path: Path, trans
         headers = serve.headers(serve.banner["api_key"])
         with httpx.Client(base_url=serve.url, timeout=60) as client:
             model = client.get("/v1/models", headers=headers).json()["data"][0]["id"]
-            body = {"model": model, "prompt": "doomed", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+            body = {
+                "model": model,
+                "prompt": "doomed",
+                "max_tokens": 1500,
+                "ignore_eos": True,
+                "stream": True,
+            }
             (worker,) = engine_workers(serve.proc.pid)
             with client.stream("POST", "/v1/completions", json=body, headers=headers) as resp:
                 lines = resp.iter_lines()
@@ -65,9 +71,13 @@ def test_a_killed_worker_fails_its_streams_and_is_replaced(tmp_path: Path, trans
             wait_for(lambda: client.get("/readyz").status_code == 200, 60, "readiness after the restart")
             (replacement,) = engine_workers(serve.proc.pid)
             assert replacement != worker
-            done = client.post("/v1/completions", json={**body, "stream": False, "max_tokens": 4}, headers=headers)
+            done = client.post(
+                "/v1/completions", json={**body, "stream": False, "max_tokens": 4}, headers=headers
+            )
             assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 4
-            metrics = client.get("/metrics", headers={"Authorization": f"Bearer {serve.banner['metrics_token']}"}).text
+            metrics = client.get(
+                "/metrics", headers={"Authorization": f"Bearer {serve.banner['metrics_token']}"}
+            ).text
             assert 'fairserve_engine_restarts_total{result="ok"} 1.0' in metrics
     finally:
         serve.stop()
@@ -97,13 +107,18 @@ def test_a_crash_loop_of_serving_workers_gets_no_back_off(tmp_path: Path) -> Non
                 os.kill(worker, signal.SIGKILL)
 
                 def replaced(w: int = worker) -> bool:
-                    return (client.get("/readyz").status_code == 200
-                            and engine_workers(serve.proc.pid) not in ([], [w]))
+                    return client.get("/readyz").status_code == 200 and engine_workers(
+                        serve.proc.pid
+                    ) not in ([], [w])
 
                 wait_for(replaced, 60, "a replacement worker")
             assert client.post("/v1/completions", json=body, headers=headers).status_code == 200
-            assert 'fairserve_engine_restarts_total{result="ok"} 3.0' in client.get(
-                "/metrics", headers={"Authorization": f"Bearer {serve.banner['metrics_token']}"}).text
+            assert (
+                'fairserve_engine_restarts_total{result="ok"} 3.0'
+                in client.get(
+                    "/metrics", headers={"Authorization": f"Bearer {serve.banner['metrics_token']}"}
+                ).text
+            )
     finally:
         serve.stop()
     out = "".join(serve.output)

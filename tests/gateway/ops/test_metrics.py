@@ -21,9 +21,20 @@ def test_finished_request_and_engine_gauges_are_exported() -> None:
     labels.configure([("t1", "acme")])
     stats = EngineStats(kv_blocks_used=7, kv_blocks_total=64, waiting_by_tenant={"t1": 2, "x": 1, "y": 4})
     metrics = GatewayMetrics(labels, lambda: stats)
-    m = RequestMetrics(prompt_tokens=10, cached_tokens=4, completion_tokens=5, charged_service=20.0, preemptions=0,
-                       recomputed_tokens=0, tokens_after_cancel=2, cancel_state=None, arrival_time=100.0,
-                       first_scheduled_time=100.5, first_token_time=101.0, finished_time=102.0)
+    m = RequestMetrics(
+        prompt_tokens=10,
+        cached_tokens=4,
+        completion_tokens=5,
+        charged_service=20.0,
+        preemptions=0,
+        recomputed_tokens=0,
+        tokens_after_cancel=2,
+        cancel_state=None,
+        arrival_time=100.0,
+        first_scheduled_time=100.5,
+        first_token_time=101.0,
+        finished_time=102.0,
+    )
     metrics.observe_finished("t1", "completed", m)
     metrics.observe_finished("stranger", "cancelled", m)
     text = generate_latest(metrics.registry).decode()

@@ -17,8 +17,11 @@ def _bearer(token: str) -> dict[str, str]:
 
 
 def test_metrics_needs_the_metrics_or_admin_token(server: Server, client: httpx.Client) -> None:
-    client.post("/v1/completions", json={"model": server.model, "prompt": "m", "max_tokens": 1},
-                headers=server.headers("alice"))
+    client.post(
+        "/v1/completions",
+        json={"model": server.model, "prompt": "m", "max_tokens": 1},
+        headers=server.headers("alice"),
+    )
     anonymous = client.get("/metrics")
     assert anonymous.status_code == 401 and anonymous.json()["error"]["code"] == "invalid_metrics_token"
     assert "fairserve_" not in anonymous.text
@@ -28,7 +31,9 @@ def test_metrics_needs_the_metrics_or_admin_token(server: Server, client: httpx.
     assert wrong.status_code == 403
     for token in (server.state.metrics_token, server.state.admin_token):
         ok = client.get("/metrics", headers=_bearer(token))
-        assert ok.status_code == 200 and 'fairserve_requests_total{status="completed",tenant="alice"}' in ok.text
+        assert (
+            ok.status_code == 200 and 'fairserve_requests_total{status="completed",tenant="alice"}' in ok.text
+        )
     assert server.state.metrics_token != server.state.admin_token
 
 
@@ -56,7 +61,9 @@ def test_metrics_port_serves_without_credential_on_loopback(tmp_path: Path) -> N
         private = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
         assert private.status_code == 200 and "fairserve_engine_alive" in private.text
         assert httpx.get(serve.url + "/metrics", timeout=10).status_code == 401  # the public port still asks
-        scraped = httpx.get(serve.url + "/metrics", headers=_bearer(serve.banner["metrics_token"]), timeout=10)
+        scraped = httpx.get(
+            serve.url + "/metrics", headers=_bearer(serve.banner["metrics_token"]), timeout=10
+        )
         assert scraped.status_code == 200
     finally:
         serve.stop()
