@@ -56,6 +56,12 @@ LEGEND_JS = """() => [...document.querySelectorAll('#share-legend .legend-item')
 SERIES_TITLES_JS = """() => Object.fromEntries([...document.querySelectorAll('#share-chart g[data-tenant]')]
   .map((g) => [g.dataset.tenant, g.querySelector('title').textContent]))"""
 
+# The page's own module (same URL, same instance): how it names a fairness key for people.
+DESCRIBE_JS = """async (keys) => {
+  const { identities } = await import('/admin/static/util.js');
+  return keys.map((k) => identities.describe(k));
+}"""
+
 
 @pytest.fixture
 def page(server: Server, browser: Any) -> Iterator[Any]:
@@ -99,6 +105,9 @@ def test_chart_names_tenants_and_every_table_fits_its_card(server: Server, page:
         )
         legend = {item["title"]: item["text"] for item in page.evaluate(LEGEND_JS)}
         titles = page.evaluate(SERIES_TITLES_JS)
+        # Fairness keys that are not tenants (the api_key and user domains) read by tenant name too.
+        key = server.state.store.list_keys(names[0])[0]
+        others = page.evaluate(DESCRIBE_JS, [f"{ids[names[0]]}/alice", key.id])
         # A saved row carries its longest message ("saved · scheduler updated") beside its buttons.
         row = f"#tenants tr[data-name='{names[1]}']"
         page.fill(f"{row} [name=weight]", "1.5")
@@ -119,6 +128,10 @@ def test_chart_names_tenants_and_every_table_fits_its_card(server: Server, page:
     for name, tenant_id in ids.items():
         assert legend[f"tenant id {tenant_id}"].startswith(f"{name}: "), legend
         assert titles[tenant_id].startswith(f"{name} (tenant id {tenant_id})"), titles
+    assert others == [
+        {"name": f"{names[0]} / alice", "id": f"user {ids[names[0]]}/alice"},
+        {"name": f"{names[0]} · key {key.prefix}…", "id": f"API key id {key.id}"},
+    ]
     # No series is labelled by a bare id prefix when the tenant has a name.
     assert not [t for t in legend.values() if re.match(r"[0-9a-f]{8}…", t)], legend
 
