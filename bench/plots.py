@@ -108,6 +108,31 @@ def charge_weights(engine: dict[str, Any] | str) -> tuple[float, float, bool]:
     return default.w_in, default.w_out, True
 
 
+def _tenant_bars(ax: Any, run: dict[str, Any], w_in: float, w_out: float) -> None:
+    """One workload's panel: offered and charged service shares per tenant, and the weight share mark."""
+    ts = run["tenants"]
+    offered = {
+        n: w_in * t["offered_prompt_tokens"] + w_out * t["offered_output_tokens"] for n, t in ts.items()
+    }
+    offered_total = sum(offered.values()) or 1.0
+    wsum = sum(t["weight"] for t in ts.values()) or 1.0
+    xs = list(range(len(ts)))
+    ax.bar([x - 0.2 for x in xs], [offered[n] / offered_total for n in ts], 0.4, color="tab:orange")
+    ax.bar([x + 0.2 for x in xs], [t["service_share"] or 0.0 for t in ts.values()], 0.4, color="tab:blue")
+    labels = []
+    for x, (name, t) in zip(xs, ts.items(), strict=True):
+        frac = t["backlogged_fraction"]
+        bound = frac is not None and frac >= BACKLOGGED
+        style = (
+            {"linestyles": "solid", "linewidth": 2.2} if bound else {"linestyles": "dotted", "linewidth": 1.2}
+        )
+        ax.hlines(t["weight"] / wsum, x - 0.45, x + 0.45, colors="black", **style)
+        labels.append(f"{name}\nbacklogged {'n/a' if frac is None else f'{frac:.0%}'}")
+    ax.set_xticks(xs, labels, fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_title(run["workload"])
+
+
 def tenants(runs: list[dict[str, Any]], path: Path, engine: dict[str, Any] | str) -> Path:
     """Per tenant: its share of the offered service beside its share of the charged service, in one unit.
 
@@ -116,58 +141,21 @@ def tenants(runs: list[dict[str, Any]], path: Path, engine: dict[str, Any] | str
     target only while the tenant is backlogged (has requests waiting); a solid mark says it was, most of the run.
     """
     w_in, w_out, assumed = charge_weights(engine)
-    fig, axes = plt.subplots(1, len(runs), figsize=(3.4 * len(runs), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(runs), figsize=(max(3.8 * len(runs), 10.0), 4.6), squeeze=False)
     for ax, run in zip(axes[0], runs, strict=True):
-        ts = run["tenants"]
-        offered = {
-            n: w_in * t["offered_prompt_tokens"] + w_out * t["offered_output_tokens"] for n, t in ts.items()
-        }
-        offered_total = sum(offered.values()) or 1.0
-        wsum = sum(t["weight"] for t in ts.values()) or 1.0
-        xs = list(range(len(ts)))
-        ax.bar([x - 0.2 for x in xs], [offered[n] / offered_total for n in ts], 0.4, color="tab:orange")
-        ax.bar([x + 0.2 for x in xs], [t["service_share"] or 0.0 for t in ts.values()], 0.4, color="tab:blue")
-        labels = []
-        for x, (name, t) in zip(xs, ts.items(), strict=True):
-            frac = t["backlogged_fraction"]
-            bound = frac is not None and frac >= BACKLOGGED
-            ax.hlines(
-                t["weight"] / wsum,
-                x - 0.45,
-                x + 0.45,
-                colors="black",
-                linestyles="solid" if bound else "dotted",
-                linewidth=2.2 if bound else 1.2,
-            )
-            labels.append(f"{name}\nbacklogged {'n/a' if frac is None else f'{frac:.0%}'}")
-        ax.set_xticks(xs, labels, fontsize=8)
-        ax.set_ylim(0, 1)
-        ax.set_title(run["workload"])
+        _tenant_bars(ax, run, w_in, w_out)
     axes[0, 0].set_ylabel("share of the workload's service (0-1)")
+    target = f"weight share: the target (backlogged >= {BACKLOGGED:.0%} of samples)"
     handles = [
         Patch(color="tab:orange", label="offered: planned tokens at the charge weights"),
         Patch(color="tab:blue", label="charged by the server (cached prompt tokens at w_cached)"),
-        Line2D(
-            [],
-            [],
-            color="black",
-            linewidth=2.2,
-            label=f"weight share: the target (backlogged >= {BACKLOGGED:.0%} of samples)",
-        ),
-        Line2D(
-            [],
-            [],
-            color="black",
-            linewidth=1.2,
-            linestyle="dotted",
-            label="weight share, not binding (rarely backlogged)",
-        ),
+        Line2D([], [], color="black", linewidth=2.2, label=target),
+        Line2D([], [], color="black", linewidth=1.2, linestyle="dotted", label="weight share, not binding"),
     ]
     fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8, frameon=False)
-    unit = f"service = {w_in:g} x prompt + {w_out:g} x output tokens" + (
-        " (default weights assumed)" if assumed else ""
-    )
-    fig.suptitle(f"Per tenant: share of offered vs charged service, both in {unit}")
+    unit = f"service = {w_in:g} x prompt + {w_out:g} x output tokens"
+    assumed_note = " (default weights assumed)" if assumed else ""
+    fig.suptitle(f"Per tenant: share of offered vs charged service\nboth in {unit}{assumed_note}")
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
