@@ -76,7 +76,7 @@ async def _paying(served: Served, rate: float, seconds: float) -> list[float]:
     models = await pool.request("GET", "/v1/models")
     if models.status != 200:
         raise RuntimeError(f"GET /v1/models: {models.status} {models.body!r}")
-    model = models.json()["data"][0]["id"]  # type: ignore[index]
+    model = models.json()["data"][0]["id"]
     body = {"model": model, "prompt": "The batch never waits.", "max_tokens": 1}
     latencies: list[float] = []
 

@@ -18,7 +18,7 @@ from bench.loadgen import LoadResult, Outcome, Target, run_open_loop
 from bench.report import percentiles
 from bench.server import LocalServer
 from bench.workloads import SLO, LengthDist, PlannedRequest, Workload
-from engine import AsyncEngine, EngineConfig, RequestMeta, SamplingParams
+from engine import AsyncEngine, EngineConfig, ProcessEngine, RequestMeta, SamplingParams
 
 PROBE = Workload(
     "probe",
@@ -62,7 +62,7 @@ def _ms(v: Any) -> float | None:
     return None if v is None else float(v) * 1e3
 
 
-async def _inproc(engine: AsyncEngine, plan: list[PlannedRequest]) -> list[Outcome]:
+async def _inproc(engine: AsyncEngine | ProcessEngine, plan: list[PlannedRequest]) -> list[Outcome]:
     """The same plan sent straight to AsyncEngine.generate, tokenising like the gateway does."""
     t0 = time.perf_counter()
 

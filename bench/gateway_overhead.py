@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import uvloop
@@ -105,9 +105,11 @@ def warmup(rate: float) -> int:
     return max(50, int(rate * 2))
 
 
-def engine_config(cache_dir: str, max_num_seqs: int, transport: str = "zmq") -> EngineConfig:
+def engine_config(
+    cache_dir: str, max_num_seqs: int, transport: Literal["zmq", "pipe"] = "zmq"
+) -> EngineConfig:
     """The engine configuration both sides use."""
-    return EngineConfig(cache_dir=cache_dir, max_num_seqs=max_num_seqs, transport=transport)  # type: ignore[arg-type]
+    return EngineConfig(cache_dir=cache_dir, max_num_seqs=max_num_seqs, transport=transport)
 
 
 async def in_process(
@@ -323,7 +325,7 @@ async def measure_mode(args: argparse.Namespace, tmp: str, process: bool) -> dic
     paired_s: list[float] = []
     poster = Poster(served, args.client)
     try:
-        model = (await poster.pool.request("GET", "/v1/models")).json()["data"][0]["id"]  # type: ignore[index]
+        model = (await poster.pool.request("GET", "/v1/models")).json()["data"][0]["id"]
         report["gateway_nonstream"] = (
             await through_gateway(poster, served, model, args.rate, n, 1, False, paired_n)
         ).summary()

@@ -38,7 +38,7 @@ def write_model(path: Path) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     try:
-        from engine.loader import write_byte_tokenizer  # type: ignore[attr-defined]
+        from engine.tokenizer import write_byte_tokenizer
     except ImportError:
         from engine.tokenizer import write_byte_tokenizer
     config = LlamaConfig(

@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 
@@ -25,8 +26,8 @@ class Reply:
     body: bytes
     marked_at: float | None = None
 
-    def json(self) -> object:
-        """The body parsed as JSON."""
+    def json(self) -> Any:
+        """The body parsed as JSON (any JSON value, as `json.loads` gives it)."""
         return json.loads(self.body)
 
 

@@ -109,7 +109,7 @@ def run(rounds: int, victim_tokens: int) -> dict[str, Any]:
     engine = ProcessEngine(config)
     engine.start()
     with tempfile.TemporaryDirectory() as data:
-        server = start_local_server(config, Path(data), [("victim", 1.0), ("neighbour", 1.0)], engine=engine)  # type: ignore[arg-type]
+        server = start_local_server(config, Path(data), [("victim", 1.0), ("neighbour", 1.0)], engine=engine)
         try:
             heavy = heavy_parameters(config.caps, engine.tokenizer.vocab_size)
             one(server, "plain", 8, heavy)  # warm-up: first-request costs are nobody's condition

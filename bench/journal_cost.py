@@ -81,7 +81,7 @@ def record_us(db: Database, tmp: Path, journal: bool, rows: int, run: str) -> fl
 async def _requests(served: Served, rate: float, n: int) -> int:
     pool = Http1Pool(served.url, served.headers)
     models = await pool.request("GET", "/v1/models")
-    body = {"model": models.json()["data"][0]["id"], "prompt": "The batch never waits.", "max_tokens": 1}  # type: ignore[index]
+    body = {"model": models.json()["data"][0]["id"], "prompt": "The batch never waits.", "max_tokens": 1}
     ok = 0
 
     async def one() -> None:

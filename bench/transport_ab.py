@@ -38,7 +38,9 @@ from engine.remote.curve import ClusterKey
 
 async def transport_round(args: argparse.Namespace, tmp: str, transport: str, index: int) -> dict[str, float]:
     """One measurement of a transport: the process engine called directly, then through `fairserve serve`."""
-    cfg = engine_config(str(Path(tmp) / "models"), args.max_num_seqs, transport)
+    cfg = engine_config(
+        str(Path(tmp) / "models"), args.max_num_seqs, "pipe" if transport == "pipe" else "zmq"
+    )
     direct = await in_process(cfg, True, args.rate, int(args.rate * args.duration), args.stream_tokens)
     return await served_round(
         args,
@@ -62,7 +64,7 @@ async def served_round(
     poster = Poster(served, args.client)
     paired: list[float] = []
     try:
-        model = (await poster.pool.request("GET", "/v1/models")).json()["data"][0]["id"]  # type: ignore[index]
+        model = (await poster.pool.request("GET", "/v1/models")).json()["data"][0]["id"]
         gateway = await through_gateway(poster, served, model, args.rate, n, args.stream_tokens, True, paired)
     finally:
         await poster.close()

@@ -17,6 +17,7 @@ import json
 import pickle
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.boundary.front import OutputRoute
@@ -87,11 +88,11 @@ def deltas(streams: list[_Running], metrics: RequestMetrics) -> list[OutputDelta
     return [OutputDelta(r.request_id, r.output_token_ids[-1:], " tok", False, None, metrics) for r in streams]
 
 
-def _best(fn: object, repeat: int) -> float:
+def _best(fn: Callable[[], object], repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
         t = time.perf_counter()
-        fn()  # type: ignore[operator]
+        fn()
         best = min(best, time.perf_counter() - t)
     return best * 1e6
 

@@ -23,6 +23,7 @@ import uvloop
 
 from bench.diagnostics.jitter import pct
 from engine import EngineConfig, ProcessEngine, RequestMeta, SamplingParams
+from engine.boundary.front import OutputStream
 
 PROMPT = "The batch never waits."
 
@@ -34,8 +35,8 @@ async def _timed_submits(engine: ProcessEngine, rate: float, n: int, tag: str) -
     out: list[float] = []
     readers: list[asyncio.Task[None]] = []
 
-    async def drain(stream: object) -> None:
-        async for _ in stream:  # type: ignore[attr-defined]
+    async def drain(stream: OutputStream) -> None:
+        async for _ in stream:
             pass
 
     start = time.perf_counter()

@@ -14,7 +14,7 @@ def test_whole_and_chunked_responses_over_reused_connections(live_server: LiveSe
         pool = Http1Pool(live_server.url, {"Authorization": f"Bearer {live_server.api_key}"})
         await pool.prewarm(2)
         models = await pool.request("GET", "/v1/models")
-        model = models.json()["data"][0]["id"]  # type: ignore[index]
+        model = models.json()["data"][0]["id"]
         body = {"model": model, "prompt": "hello", "max_tokens": 3, "ignore_eos": True}
         whole = await pool.request("POST", "/v1/completions", body)
         assert whole.status == 200 and whole.headers["x-request-id"]

@@ -10,6 +10,7 @@ import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -175,7 +176,7 @@ def _stream_through_a_freeze(
     assert [line for line in replay.text.splitlines() if line] == lines
 
 
-def _replayed(c: httpx.Client, body: dict, headers: dict[str, str]) -> httpx.Response | None:
+def _replayed(c: httpx.Client, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response | None:
     try:
         resp = c.post("/v1/completions", json=body, headers=headers)
     except httpx.TimeoutException:  # attached to the record left in flight: not finished yet
