@@ -190,7 +190,7 @@ def write_default_model(path: str | Path) -> None:
 
 def write_seeded_llama(path: str | Path, hf_config: dict[str, Any]) -> None:
     """Write a seeded random Llama of any geometry with the byte tokenizer (the default model's recipe;
-    bench/host_overhead.py uses it for a model small enough that the forward does not hide the host)."""
+    experiments/host_overhead.py uses it for a model small enough that the forward does not hide the host)."""
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     write_byte_tokenizer(root / "tokenizer.json")
