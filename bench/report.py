@@ -247,7 +247,7 @@ def consistency_problems(section: dict[str, Any]) -> list[str]:
         problems.append("rejections by reason do not sum")
     for name, p in section["latency_s"].items():
         vals = [p["p50"], p["p95"], p["p99"]]
-        if p["n"] and not (vals[0] <= vals[1] <= vals[2]):  # type: ignore[operator]
+        if p["n"] and not (vals[0] <= vals[1] <= vals[2]):
             problems.append(f"{name} percentiles out of order")
     a = section["achieved"]
     if (

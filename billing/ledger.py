@@ -21,7 +21,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError
-from tenacity import RetryCallState, wait_random_exponential
+from tenacity import RetryCallState, Retrying, wait_random_exponential
 
 from billing.db import Database
 from billing.journal import Journal
@@ -128,8 +128,9 @@ class Ledger:
 
     def _journal(self, line: str) -> None:
         """Append to the journal; a failing disk must not cost the row its place in the buffer."""
+        assert self.journal is not None  # record() makes a line only when there is a journal
         try:
-            self.journal.append(line.encode())  # type: ignore[union-attr]
+            self.journal.append(line.encode())
         except OSError as exc:
             self.metrics.journal_errors.inc()
             now = time.monotonic()
@@ -279,7 +280,7 @@ class Ledger:
 
     def _sleep_backoff(self) -> None:
         self._failures += 1
-        attempt = RetryCallState(None, None, (), {})  # type: ignore[arg-type]
+        attempt = RetryCallState(Retrying(), None, (), {})
         attempt.attempt_number = self._failures
         delay = max(0.01, self._wait(attempt))
         self.spill.sync()

@@ -40,7 +40,7 @@ class EngineActor:
         ray.get(self._register())
         threading.Thread(target=self._reregister, name="engine-reregister", daemon=True).start()
 
-    def _register(self) -> ray.ObjectRef:
+    def _register(self) -> ray.ObjectRef[None]:
         entry = EngineEntry(self.name, self.server.address, self.server.engine_id, self.node_ip, os.getpid())
         return self._registry.register_engine.remote(entry, self._handle)
 

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from functools import partial
 from time import perf_counter  # bound here: tests replace this module's `time` with a fake clock
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -47,6 +47,7 @@ from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.stop import StopMatcher
 from engine.tokenizer import Detokenizer
 from engine.trace import IterationTrace, TraceWriter
+from fairness.shared import SharedCounters
 
 _EWMA = 0.2
 
@@ -241,7 +242,9 @@ class LLMEngine:
     def _iterate(self) -> list[Emitted]:
         """Run one iteration; what each request has new to report."""
         if self.counter_sync is not None:
-            self.counter_sync.exchange(self.policy)  # type: ignore[arg-type]
+            self.counter_sync.exchange(
+                cast(SharedCounters, self.policy)
+            )  # config checked that it shares counters
         if self.overlap is not None:
             return self.overlap.iterate()
         t0 = time.time()

@@ -52,7 +52,7 @@ class Sampler:
         tokens = on_device.cpu()
         if plain:
             self.last_sampled = on_device
-            return tokens.tolist()  # type: ignore[no-any-return]
+            return tokens.tolist()
         logits = logits.float().cpu()
         out = [int(t) for t in tokens.tolist()]
         for row, request in enumerate(requests):

@@ -25,7 +25,7 @@ class IterationTrace:
     cached_tokens: int = 0
     waiting_for_blocks: int = 0
     # Where the iteration's time went (perf_counter seconds), so host overhead can be read off a real
-    # deployment as well as off bench/host_overhead.py. Everything but `forward_s` is host work the
+    # deployment as well as off experiments/host_overhead.py. Everything but `forward_s` is host work the
     # accelerator waits through unless it overlaps a forward.
     schedule_s: float = 0.0  # Scheduler.schedule: retire, expire, decode/prefill chunks, admission, charging
     prepare_s: float = 0.0  # ModelRunner.prepare: token ids, positions, slot mapping, block tables

@@ -51,7 +51,8 @@ class Knob:
         """The flag names, the field's own `flags` (short, human names) first, then the leaf name."""
         derived = _QUALIFIED.get(self.path, "--" + self.path[-1].replace("_", "-"))
         extra = self.field.json_schema_extra
-        named = [str(flag) for flag in extra.get("flags", [])] if isinstance(extra, dict) else []  # type: ignore[union-attr]
+        flags = extra.get("flags", []) if isinstance(extra, dict) else []
+        named = [str(flag) for flag in flags] if isinstance(flags, list) else []
         return [*named, derived]
 
     @property

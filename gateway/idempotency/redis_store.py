@@ -27,7 +27,7 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import redis
@@ -196,7 +196,7 @@ class RedisIdempotencyStore:
         pipe.delete(rkey + ":events")
         await pipe.execute()
 
-    async def follow(self, tenant_id: str, key: str, poll_s: float = 0.02) -> AsyncIterator[Followed]:
+    async def follow(self, tenant_id: str, key: str, poll_s: float = 0.02) -> AsyncGenerator[Followed, None]:
         """Poll the owner's events and record until it finishes or abandons (or Redis goes away)."""
         rkey = redis_key(tenant_id, key)
         sent = 0
@@ -221,7 +221,7 @@ class RedisIdempotencyStore:
             await asyncio.sleep(poll_s)
 
     def _events_from(self, rkey: str, offset: int) -> Callable[[], Awaitable[list[bytes]]]:
-        return lambda: self._redis.lrange(rkey + ":events", offset, -1)  # type: ignore[no-any-return]
+        return lambda: self._redis.lrange(rkey + ":events", offset, -1)
 
     async def close(self) -> None:
         """Stop the clean-up and close the link if this store opened it (a shared one is closed by its owner)."""

@@ -92,7 +92,7 @@ def test_accepted_requests_never_raise_and_refused_ones_name_a_field(
     [
         (SamplingParams(seed=2**64), "seed"),
         (SamplingParams(seed=-(2**63) - 1), "seed"),
-        (SamplingParams(seed=True), "seed"),  # type: ignore[arg-type]
+        (SamplingParams(seed=True), "seed"),
         (SamplingParams(stop=["x"] * 17), "stop"),
         (SamplingParams(stop=["x" * 257]), "stop"),
         (SamplingParams(stop_token_ids=list(range(65))), "stop_token_ids"),

@@ -120,7 +120,8 @@ def run_logits(
     """Logits of every token of one flat batch."""
     positions, meta = paged.batch(spans)
     hidden = model(torch.tensor(ids), positions, paged.kv_caches, meta)
-    return model.compute_logits(hidden)
+    logits: torch.Tensor = model.compute_logits(hidden)
+    return logits
 
 
 def prompt_ids(n: int, seed: int) -> list[int]:

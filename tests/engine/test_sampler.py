@@ -37,7 +37,7 @@ def test_top_k_one_and_tiny_top_p_equal_greedy() -> None:
     logits = _logits(16, seed=2)
     want = [int(torch.argmax(row)) for row in logits]
     for limit in ({"top_k": 1}, {"top_p": 1e-6}):
-        requests = [_request(f"r{i}", temperature=1.5, seed=i, **limit) for i in range(16)]  # type: ignore[arg-type]
+        requests = [_request(f"r{i}", temperature=1.5, seed=i, **limit) for i in range(16)]
         assert Sampler().sample(logits, requests) == want, limit
 
 

@@ -40,13 +40,13 @@ def test_aging_promotes_an_item_to_the_next_class_after_max_queue_age() -> None:
     policy.add(job("old-batch", priority=1), 0.0)
     policy.add(job("b", priority=0), 5.0)
     assert policy.peek(9.9).request_id == "b"  # type: ignore[union-attr]
-    policy.pop(policy.peek(9.9))  # type: ignore[arg-type]
+    policy.pop(policy.peek(9.9))
     policy.add(job("c", priority=0), 9.9)
     assert policy.peek(9.95).request_id == "c"  # type: ignore[union-attr]  # not yet 10 s old
     policy.add(job("d", priority=0), 9.97)
-    policy.pop(policy.peek(9.97))  # type: ignore[arg-type]
+    policy.pop(policy.peek(9.97))
     assert policy.peek(10.0).request_id == "d"  # type: ignore[union-attr]  # promoted now, queued behind d
-    policy.pop(policy.peek(10.0))  # type: ignore[arg-type]
+    policy.pop(policy.peek(10.0))
     policy.add(job("e", priority=0), 10.1)
     assert drain(policy, now=10.2) == ["old-batch", "e"]  # without aging, e would go first
 
@@ -70,7 +70,7 @@ def test_charges_of_a_promoted_item_land_in_the_class_it_was_admitted_in() -> No
     policy.add(job("anchor", "other", priority=0), 0.0)
     late = job("late", "batchy", priority=1)
     policy.add(late, 0.0)
-    policy.pop(policy.peek(10.0))  # type: ignore[arg-type]  # late is promoted to class 0 here
+    policy.pop(policy.peek(10.0))  # late is promoted to class 0 here
     assert policy.peek(10.0) is late
     policy.pop(late)
     policy.charge(late, 40, 0, 0)
@@ -88,7 +88,7 @@ def test_preempted_promoted_item_returns_to_its_admitted_class() -> None:
     policy.add(job("top", priority=0), 0.0)
     low = job("low", priority=3)
     policy.add(low, 0.0)
-    policy.pop(policy.peek(2.0))  # type: ignore[arg-type]
+    policy.pop(policy.peek(2.0))
     assert policy.peek(2.0) is low
     policy.pop(low)
     policy.add(job("new-top", priority=0), 2.5)

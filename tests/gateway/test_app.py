@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 import openai
@@ -13,7 +14,7 @@ from tests.gateway.conftest import Server
 
 def _assert_error(
     resp: httpx.Response, status: int, code: str | None = None, param: str | None = None
-) -> dict:
+) -> dict[str, Any]:
     assert resp.status_code == status, resp.text
     assert resp.headers["content-type"].startswith("application/json")
     err = resp.json()["error"]
@@ -58,7 +59,7 @@ def test_missing_and_wrong_key_are_401(server: Server, client: httpx.Client) -> 
     ],
 )
 def test_bad_completion_bodies_are_400_naming_the_field(
-    server: Server, client: httpx.Client, body: dict, param: str, code: str
+    server: Server, client: httpx.Client, body: dict[str, Any], param: str, code: str
 ) -> None:
     if body.get("model") == "M":
         body = {**body, "model": server.model}
@@ -76,7 +77,9 @@ def test_bad_completion_bodies_are_400_naming_the_field(
         ([{"role": "user"}], "messages.0.content"),
     ],
 )
-def test_bad_chat_messages_are_400(server: Server, client: httpx.Client, messages: list, param: str) -> None:
+def test_bad_chat_messages_are_400(
+    server: Server, client: httpx.Client, messages: list[Any], param: str
+) -> None:
     resp = client.post(
         "/v1/chat/completions",
         json={"model": server.model, "messages": messages},

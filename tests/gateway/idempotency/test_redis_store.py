@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -99,7 +100,9 @@ def replicas(server: Server, redis_url: str) -> Iterator[tuple[Server, ServeProc
         a.stop()
 
 
-def _stream(url: str, headers: dict[str, str], body: dict, out: dict[str, list[str]], name: str) -> None:
+def _stream(
+    url: str, headers: dict[str, str], body: dict[str, Any], out: dict[str, list[str]], name: str
+) -> None:
     with (
         httpx.Client(base_url=url, timeout=60) as c,
         c.stream("POST", "/v1/completions", json=body, headers=headers) as resp,
