@@ -34,6 +34,7 @@ from pathlib import Path
 from bench.gateway_overhead import Poster, Served, engine_config, in_process, pct, through_gateway
 from engine.remote.client import RemoteEngine
 from engine.remote.curve import ClusterKey
+from gateway.settings import GatewaySettings
 
 
 async def transport_round(args: argparse.Namespace, tmp: str, transport: str, index: int) -> dict[str, float]:
@@ -90,7 +91,11 @@ async def remote_round(args: argparse.Namespace, tmp: str, arm: str, index: int)
     keyed = ("--cluster-key", str(key_file)) if arm == "curve" else ()
     engine = EngineServerProcess(str(Path(tmp) / "models"), "--max-num-seqs", str(args.max_num_seqs), *keyed)
     try:
-        client = RemoteEngine(engine.address, cluster_key=ClusterKey.load(key_file) if keyed else None)
+        client = RemoteEngine(
+            engine.address,
+            GatewaySettings().engine_heartbeat_timeout_s,
+            cluster_key=ClusterKey.load(key_file) if keyed else None,
+        )
         direct = await in_process(
             engine_config("", args.max_num_seqs),
             True,

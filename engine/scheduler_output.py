@@ -10,13 +10,13 @@ from engine.request import Preemption, Request
 
 @dataclass
 class SchedulerConfig:
-    """The budgets one iteration must respect."""
+    """The budgets one iteration must respect; their defaults live in the settings tree (EngineConfig)."""
 
-    max_num_batched_tokens: int = 512
-    max_num_seqs: int = 64
-    max_model_len: int = 2048
-    watermark_blocks: int = 0
-    preemption_mode: str = "recompute"
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    watermark_blocks: int
+    preemption_mode: str
     # Static request-level batching (the essay's "photograph"): admit only when the batch is empty.
     request_batching: bool = False
 

@@ -61,8 +61,8 @@ class EngineServer:
         self,
         config: EngineConfig,
         listen: str,
-        gateway_timeout_s: float = 3.0,
-        grace_period_s: float = 10.0,
+        gateway_timeout_s: float,
+        grace_period_s: float,
         cluster_key: ClusterKey | None = None,
     ) -> None:
         self.config = config

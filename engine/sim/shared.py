@@ -43,8 +43,8 @@ class SharedVTC(VTCPolicy[Request]):
 
     def __init__(
         self,
-        cost: TokenCost | None = None,
-        lift_allowance: float = 1024.0,
+        cost: TokenCost,
+        lift_allowance: float,
         busy_elsewhere: Callable[[str], bool] | None = None,
     ) -> None:
         super().__init__(cost, lift_allowance=lift_allowance)

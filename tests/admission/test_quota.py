@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from admission.quota import MemoryQuota, QuotaLimits, make_quota
 from admission.quota_redis import RedisQuota
+from admission.redis_link import connect
+from tests.defaults import REDIS_TIMEOUT_S
 
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 REDIS_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/0"
@@ -240,7 +242,8 @@ def test_redis_down_fails_open_or_closed_without_raising(
     registry = CollectorRegistry()
 
     async def scenario() -> None:
-        quota = make_quota(f"redis://127.0.0.1:{port}/0", fail_open=fail_open, registry=registry)
+        link = connect(f"redis://127.0.0.1:{port}/0", REDIS_TIMEOUT_S, registry=registry)
+        quota = make_quota(link, fail_open=fail_open, registry=registry)
         assert isinstance(quota, RedisQuota)
         decision = await quota.reserve("t", 10, QuotaLimits(tokens_per_minute=100))
         assert decision.allowed is fail_open and decision.reason == "backend_unavailable"
@@ -251,6 +254,7 @@ def test_redis_down_fails_open_or_closed_without_raising(
         assert again.allowed is fail_open and again.reason == "backend_unavailable"
         await quota.settle("t", "some-reservation", 5, QuotaLimits(tokens_per_minute=100))
         await quota.close()
+        await link.close()
 
     asyncio.run(scenario())
     outcome = "allowed" if fail_open else "denied"

@@ -26,7 +26,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
-    return load_model(None)
+    return load_model(None, dtype="auto", device="cpu")
 
 
 @dataclass
