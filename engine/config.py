@@ -88,12 +88,6 @@ class EngineConfig(BaseModel):
         default="zmq", description="how the gateway and the process engine's worker exchange messages"
     )
     caps: RequestCaps = Field(default_factory=RequestCaps)
-    # Off by default until measured to help: see docs/engine.md ("Overlap").
-    overlap_publish: bool = Field(
-        default=False,
-        description="encode and send each step's report on a worker thread, overlapping the next step",
-    )
-
     # Async scheduling (engine/overlap.py). auto: on for CUDA, where the forward runs on the device and
     # the host work beside it is free; off on CPU, where the forward needs the same cores and the GIL
     # (measured: docs/engine.md, "Overlap").
