@@ -88,7 +88,7 @@ class EngineConfig(BaseModel):
         default="zmq", description="how the gateway and the process engine's worker exchange messages"
     )
     caps: RequestCaps = Field(default_factory=RequestCaps)
-    # Async scheduling (engine/overlap.py). auto: on for CUDA, where the forward runs on the device and
+    # Async scheduling (engine/async_scheduler.py, engine/overlap.py). auto: on for CUDA, where the forward runs on the device and
     # the host work beside it is free; off on CPU, where the forward needs the same cores and the GIL
     # (measured: docs/engine.md, "Overlap").
     async_scheduling: Literal["auto", "on", "off"] = Field(

@@ -1,10 +1,13 @@
 """GatewaySettings: the one typed settings tree of a gateway process (pydantic-settings).
 
-Every knob is one field with its default and description, here, in `engine.EngineConfig` or in
-`fairness.FairnessConfig`. From that field alone it gets its `fairserve serve` flag
-(gateway/settings_flags.py), its `FAIRSERVE_*` environment variable (nested with `__`, e.g.
-`FAIRSERVE_ENGINE__MAX_NUM_SEQS`) and its key in an optional TOML file (`--config`; tables `[engine]`
-`[engine.fairness]` and `[routing]`). Precedence: flag, then environment, then file, then the default.
+Every knob is one field with its default and description, here or in a node of the tree
+(`engine.EngineConfig`, `fairness.FairnessConfig`, `routing.RoutingSettings`, `billing.LedgerConfig`;
+`fairserve ray`'s `ClusterConfig` in gateway/cluster_settings.py), and nowhere else: the layers below
+take it as a required argument (tests/gateway/test_one_default.py). From that field alone it gets its
+flag (gateway/settings_flags.py), its `FAIRSERVE_*` environment variable (nested with `__`, e.g.
+`FAIRSERVE_ENGINE__MAX_NUM_SEQS`) and its key in an optional TOML file (`--config`; tables `[engine]`,
+`[engine.fairness]`, `[ledger]` and `[routing]`). Precedence: flag, then environment, then file, then
+the default.
 """
 
 from __future__ import annotations
