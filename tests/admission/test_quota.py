@@ -70,7 +70,7 @@ def test_memory_threads_admit_exactly_the_quota() -> None:
     start = threading.Event()
     results: list[int] = []
     threads = [
-        threading.Thread(target=lambda: results.append(_hammer(quota, "t", start, 3.0))) for _ in range(8)
+        threading.Thread(target=lambda: results.append(_hammer(quota, "t", start, 60.0))) for _ in range(8)
     ]
     for t in threads:
         t.start()
@@ -100,7 +100,9 @@ def _redis_worker(namespace: str, ready, start, out) -> None:  # type: ignore[no
     quota = RedisQuota(REDIS_URL, namespace=namespace, registry=CollectorRegistry(), timeout_s=5.0)
     ready.put(True)  # spawned interpreters start seconds apart on a loaded machine: race only once all are up
     start.wait()
-    out.put(asyncio.run(_redis_hammer(quota, "tenant-a", 5.0)))
+    # Each process stops once the quota is spent (200 refusals in a row); the bound only catches a hang, so a
+    # loaded machine that needs longer to spend it does not end the race early.
+    out.put(asyncio.run(_redis_hammer(quota, "tenant-a", 90.0)))
 
 
 def test_redis_eight_processes_admit_exactly_the_quota() -> None:
@@ -114,7 +116,7 @@ def test_redis_eight_processes_admit_exactly_the_quota() -> None:
     for _ in procs:
         ready.get(timeout=120)
     start.set()
-    totals = [out.get(timeout=60) for _ in procs]
+    totals = [out.get(timeout=120) for _ in procs]
     for p in procs:
         p.join(timeout=30)
     assert all(t > 0 for t in totals), totals  # every process really competed
