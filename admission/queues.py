@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 class QueueBounds:
     """Global bounds on queued work, and the per-tenant request bound used when a tenant sets none."""
 
-    max_queued_requests: int = 256
-    max_queued_tokens: int = 131072
-    default_tenant_queued_requests: int = 64
+    max_queued_requests: int
+    max_queued_tokens: int
+    default_tenant_queued_requests: int
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad bound."""

@@ -77,13 +77,7 @@ class EngineConfig(BaseModel):
         default="forkserver", description="how the process engine starts its worker"
     )
     caps: RequestCaps = Field(default_factory=RequestCaps)
-    # Off by default until measured to help: see docs/engine.md ("Overlap").
-    overlap_publish: bool = Field(
-        default=False,
-        description="encode and send each step's report on a worker thread, overlapping the next step",
-    )
-
-    # Async scheduling (engine/overlap.py). auto: on for CUDA, where the forward runs on the device and
+    # Async scheduling (engine/async_scheduler.py, engine/overlap.py). auto: on for CUDA, where the forward runs on the device and
     # the host work beside it is free; off on CPU, where the forward needs the same cores and the GIL
     # (measured: docs/engine.md, "Overlap").
     async_scheduling: Literal["auto", "on", "off"] = Field(

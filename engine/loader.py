@@ -59,7 +59,7 @@ class LoadedModel:
 
 
 def load_model(
-    path: str | Path | None, dtype: str = "auto", device: str = "cpu", cache_dir: str | None = None
+    path: str | Path | None, *, dtype: str, device: str, cache_dir: str | None = None
 ) -> LoadedModel:
     """Load the model directory at path (None: the embedded default, built on first use)."""
     root = default_model_dir(cache_dir) if path is None else Path(path)

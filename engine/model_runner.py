@@ -75,7 +75,7 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         backend: str,
-        seed: int = 0,
+        seed: int,
     ) -> None:
         self.model = model
         self.block_size = block_size

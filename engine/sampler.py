@@ -20,7 +20,7 @@ FAILED_TOKEN = 0  # placeholder for a row whose sampling raised; its request is 
 class Sampler:
     """Samples one token per row of logits."""
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int) -> None:
         self._global = torch.Generator().manual_seed(seed)
         self._per_request: dict[str, torch.Generator] = {}
         self._bias: dict[

@@ -33,10 +33,10 @@ class IterationTrace:
     sample_s: float = 0.0  # Sampler.sample and the copy of the sampled ids to the host
     update_s: float = 0.0  # Scheduler.update: append tokens, token-level stops, block hashes
     outputs_s: float = 0.0  # detokenization, stop strings and the per-request outputs
-    # Async scheduling (EngineConfig.async_scheduling, engine/overlap.py): schedule_s and prepare_s are then the
-    # next step's, built while this one's forward ran; overlapped_s is how much of that the forward hid,
-    # wait_s how long the host then waited for this step's samples, discarded_tokens the next step's tokens
-    # thrown away because this step ended their requests.
+    # Async scheduling (EngineConfig.async_scheduling, engine/async_scheduler.py): schedule_s and prepare_s
+    # are then the next step's, built while this one's forward ran; overlapped_s is how much of that the
+    # forward hid, wait_s how long the host then waited for this step's samples, discarded_tokens this
+    # step's tokens thrown away because the step before ended their requests.
     overlapped_s: float = 0.0
     wait_s: float = 0.0
     discarded_tokens: int = 0

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fairness import FairnessConfig, FCFSPolicy, VTCPolicy, make_policy
+from fairness import FairnessConfig, make_policy
 
 
 @dataclass
@@ -75,8 +75,8 @@ class ScanVTC:
 
 
 POLICIES: dict[str, Callable[[], Any]] = {
-    "fcfs": FCFSPolicy,
-    "vtc": VTCPolicy,
+    "fcfs": lambda: make_policy(FairnessConfig(policy="fcfs", priority_classes=False)),
+    "vtc": lambda: make_policy(FairnessConfig(policy="vtc", priority_classes=False)),
     "vtc+classes+edf": lambda: make_policy(FairnessConfig(policy="vtc", edf=True, max_queue_age_s=1e9)),
     "scan-vtc (peer)": ScanVTC,
 }

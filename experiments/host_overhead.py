@@ -33,12 +33,11 @@ import torch
 
 from engine.boundary.front import OutputRoute
 from engine.boundary.messages import IterationReport
-from engine.boundary.process_engine import ProcessEngine
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loader import default_model_config, write_seeded_llama
 from engine.outputs import text_in_loop
-from engine.request import RequestMeta, SamplingParams
+from engine.request import SamplingParams
 from engine.tokenizer import BYTE_SPECIAL_TOKENS
 
 _ENCODE = msgspec.msgpack.Encoder().encode
@@ -248,54 +247,6 @@ def async_markdown(rows: dict[int, dict[str, list[Row]]]) -> str:
     return "\n".join(lines)
 
 
-def process_steps_per_s(model_dir: Path, batch: int, overlap: bool, seconds: float) -> float:
-    """Decode steps per second of a real ProcessEngine worker holding `batch` streams, with or without
-    `overlap_publish`: the loop's whole cost, its report to the front included, as a deployment runs it."""
-    total = 2048  # the model's context
-    config = EngineConfig(
-        model=str(model_dir),
-        max_num_seqs=batch,
-        max_num_batched_tokens=max(batch, 2048),
-        num_kv_blocks=batch * (total // 16),
-        overlap_publish=overlap,
-    )
-    engine = ProcessEngine(config)
-    engine.start()
-
-    async def run() -> float:
-        rng = random.Random(0)
-        params = SamplingParams(max_tokens=total - PROMPT_TOKENS, temperature=0.0, ignore_eos=True)
-        streams = [
-            engine.submit(
-                [rng.randrange(32, 127) for _ in range(PROMPT_TOKENS)],
-                params,
-                RequestMeta(),
-                f"p{i}",
-                sink=lambda _: None,
-            )
-            for i in range(batch)
-        ]
-        deadline = time.monotonic() + 120
-        while engine.stats().running < batch or engine.stats().waiting:  # poll: admitted and prefilled
-            if time.monotonic() > deadline:
-                raise RuntimeError("the worker never reached decode steady state")
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)  # the prefills' last reports drain
-        start, t0 = engine.stats().iterations, time.perf_counter()
-        await asyncio.sleep(seconds)
-        steps, t1 = engine.stats().iterations - start, time.perf_counter()
-        if engine.stats().running != batch:
-            raise RuntimeError("streams ended inside the window: shorten --overlap-seconds")
-        for stream in streams:
-            stream.close()
-        return steps / (t1 - t0)
-
-    try:
-        return asyncio.run(run())
-    finally:
-        engine.shutdown()
-
-
 def markdown(rows: list[Row]) -> str:
     """The table for docs/engine.md and the README."""
     head = (
@@ -332,16 +283,6 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)"
     )
     parser.add_argument(
-        "--overlap",
-        type=int,
-        default=0,
-        metavar="BATCH",
-        help="also compare ProcessEngine decode steps/s with and without overlap_publish at BATCH",
-    )
-    parser.add_argument(
-        "--overlap-seconds", type=float, default=3.0, help="measured window of each --overlap run"
-    )
-    parser.add_argument(
         "--async-ab",
         action="store_true",
         help="also compare step time with EngineConfig.async_scheduling off and on, rounds alternated",
@@ -359,22 +300,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.async_ab
             else {}
         )
-        overlap: dict[str, list[float]] = {"off": [], "on": []}
-        for _ in range(args.rounds if args.overlap else 0):  # alternated, A/B
-            for mode in ("off", "on"):
-                overlap[mode].append(
-                    process_steps_per_s(model_dir, args.overlap, mode == "on", args.overlap_seconds)
-                )
     print(
         "host microseconds per request per step (mean over a round, best round); forward and step: ms per step"
     )
     print(markdown(rows))
-    if args.overlap:
-        off, on = max(overlap["off"]), max(overlap["on"])
-        print(
-            f"\nProcessEngine at batch {args.overlap}, decode steps/s (best of {args.rounds}, alternated): "
-            f"overlap_publish off {off:.1f}, on {on:.1f}, on/off {on / off:.3f}"
-        )
     if ab:
         print(
             f"\nasync scheduling off / on, in-process LLMEngine, {args.rounds} alternated rounds of {args.steps} steps"
@@ -383,8 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         raw_ab = {b: {m: [r.__dict__ for r in rs] for m, rs in by.items()} for b, by in ab.items()}
         Path(args.json).write_text(
-            json.dumps({"rows": [r.__dict__ for r in rows], "overlap": overlap, "async_ab": raw_ab}, indent=2)
-            + "\n"
+            json.dumps({"rows": [r.__dict__ for r in rows], "async_ab": raw_ab}, indent=2) + "\n"
         )
     return 0
 

@@ -25,6 +25,7 @@ from sqlalchemy import text
 from admission.quota import MemoryQuota, QuotaLimits, QuotaStore
 from admission.quota_redis import RedisQuota
 from billing import Database, Ledger, LedgerConfig, UsageRecord
+from gateway.settings import GatewaySettings
 
 
 def _row(run: str, i: int, now: datetime) -> UsageRecord:
@@ -187,7 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         results["quota"].append(
             bench_quota(
                 lambda: RedisQuota(
-                    url, namespace=f"bench-{uuid.uuid4().hex[:8]}", registry=CollectorRegistry()
+                    url,
+                    namespace=f"bench-{uuid.uuid4().hex[:8]}",
+                    registry=CollectorRegistry(),
+                    timeout_s=GatewaySettings().redis_timeout_s,
                 ),
                 args.quota_seconds,
             )

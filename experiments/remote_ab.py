@@ -29,6 +29,7 @@ from pathlib import Path
 from engine.remote.client import RemoteEngine
 from engine.remote.curve import ClusterKey
 from experiments.gateway_overhead import Poster, Served, engine_config, in_process, pct, through_gateway
+from gateway.settings import GatewaySettings
 
 
 async def local_round(args: argparse.Namespace, tmp: str, index: int) -> dict[str, float]:
@@ -74,7 +75,11 @@ async def remote_round(args: argparse.Namespace, tmp: str, arm: str, index: int)
     keyed = ("--cluster-key", str(key_file)) if arm == "curve" else ()
     engine = EngineServerProcess(str(Path(tmp) / "models"), "--max-num-seqs", str(args.max_num_seqs), *keyed)
     try:
-        client = RemoteEngine(engine.address, cluster_key=ClusterKey.load(key_file) if keyed else None)
+        client = RemoteEngine(
+            engine.address,
+            GatewaySettings().engine_heartbeat_timeout_s,
+            cluster_key=ClusterKey.load(key_file) if keyed else None,
+        )
         direct = await in_process(
             engine_config("", args.max_num_seqs),
             True,

@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=200)
     parser.add_argument("--number", type=int, default=2000)
     args = parser.parse_args()
-    loaded = load_model(None)
+    loaded = load_model(None, dtype="auto", device="cpu")
     cfg = EngineConfig(max_num_seqs=4, num_kv_blocks=128)
     prompt = list(range(1, args.prompt_tokens + 1))
     meta = RequestMeta(tenant_id="a")

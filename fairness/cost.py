@@ -13,9 +13,9 @@ from fairness.errors import InvalidChargeError, InvalidWeightError
 class TokenCost:
     """Linear token cost `w_in·prefill + w_out·decode + w_cached·cached` (Sheng et al. use w_in=1, w_out=2)."""
 
-    w_in: float = 1.0
-    w_out: float = 2.0
-    w_cached: float = 0.0
+    w_in: float
+    w_out: float
+    w_cached: float
 
     def __post_init__(self) -> None:
         for name in ("w_in", "w_out", "w_cached"):

@@ -31,9 +31,7 @@ _MAX_PROMOTED_TRACKED = 100_000
 class PriorityPolicy(Generic[T]):
     """One base policy per class (made by `make_base`), strict priority between classes, aging promotion."""
 
-    def __init__(
-        self, make_base: Callable[[], SchedulingPolicy[T]], max_queue_age_s: float = math.inf
-    ) -> None:
+    def __init__(self, make_base: Callable[[], SchedulingPolicy[T]], max_queue_age_s: float) -> None:
         if not isinstance(max_queue_age_s, (int, float)) or not max_queue_age_s > 0:
             raise FairnessError(f"max_queue_age_s must be > 0 (inf disables aging), got {max_queue_age_s!r}")
         self.make_base = make_base

@@ -29,7 +29,6 @@ from engine.boundary.messages import (
     WorkerFailed,
     WorkerReady,
 )
-from engine.boundary.publisher import BackgroundPublisher
 from engine.boundary.zmq_channel import ZmqWorkerLink
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -195,19 +194,13 @@ def _serve(config: EngineConfig, inbox: Inbox, outbox: Outbox, entered_at: float
             build_seconds=time.time() - entered_at,
         )
     )
-    publisher = BackgroundPublisher(tell) if config.overlap_publish else None
     try:
-        EngineLoop(engine, inbox, publisher or tell).run()
-        if publisher is not None:
-            publisher.close()
+        EngineLoop(engine, inbox, tell).run()
     except (BrokenPipeError, ConnectionResetError):
         pass  # the parent is gone: nobody is left to tell
     except BaseException as exc:  # the loop must never die silently
         log.exception("engine loop died")
         with contextlib.suppress(OSError):  # the parent may be gone too
-            if publisher is not None:
-                with contextlib.suppress(Exception):
-                    publisher.close()  # what the loop published first still goes first
             tell(WorkerFailed(f"engine loop died: {exc!r}"))
     finally:
         engine.close()

@@ -103,7 +103,7 @@ class _Record:
 class MemoryIdempotencyStore:
     """Single-process store; followers in the same process read the run directly, so follow is trivial."""
 
-    def __init__(self, ttl_s: float = 86400.0, clock: Any = time.monotonic) -> None:
+    def __init__(self, ttl_s: float, clock: Any = time.monotonic) -> None:
         self.ttl_s = ttl_s
         self._clock = clock
         self._records: dict[tuple[str, str], _Record] = {}

@@ -34,7 +34,7 @@ import redis
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from admission.breaker import BackendUnavailable
-from admission.redis_link import RedisLink, connect
+from admission.redis_link import RedisLink, own_link
 from gateway.idempotency.records import INFLIGHT_LEASE_S, Claim, Followed, StoredResponse
 from gateway.idempotency.repair import RecordRepair, response_json
 
@@ -75,10 +75,14 @@ class RedisIdempotencyStore:
     """Idempotency records in Redis, shared by every gateway process using the same URL."""
 
     def __init__(
-        self, link: RedisLink | str, ttl_s: float = 86400.0, registry: CollectorRegistry | None = None
+        self,
+        link: RedisLink | str,
+        ttl_s: float,
+        registry: CollectorRegistry | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         self.ttl_s = ttl_s
-        self.link = connect(link) if isinstance(link, str) else link
+        self.link = own_link(link, timeout_s)
         self._owns_link = isinstance(link, str)
         self._redis: Any = self.link.client
         self._unavailable = _unavailable_counter(registry)

@@ -34,7 +34,7 @@ def test_frozen_redis_opens_the_breaker_and_the_probe_closes_it(redis_server: Re
             with pytest.raises(BackendUnavailable) as timed_out:
                 await breaker.call(lambda: link.client.get("k"))
             assert timed_out.value.__cause__ is not None  # it reached the socket and waited out the deadline
-            assert breaker.is_open and breaker.retry_after_s() > 0
+            assert breaker.is_open
             for _ in range(50):  # open: every call fails at once, none reaches the socket
                 with pytest.raises(BackendUnavailable) as fast:
                     await breaker.call(lambda: link.client.get("k"))

@@ -4,11 +4,12 @@ import threading
 
 import pytest
 
-from admission.queues import AdmissionQueues, QueueBounds, QueueFull, QueueSlot
+from admission.queues import AdmissionQueues, QueueFull, QueueSlot
+from tests.defaults import queue_bounds
 
 
 def test_tenant_bound_then_release_frees_a_slot() -> None:
-    q = AdmissionQueues(QueueBounds(max_queued_requests=10, default_tenant_queued_requests=2))
+    q = AdmissionQueues(queue_bounds(max_queued_requests=10, default_tenant_queued_requests=2))
     a1 = q.try_enter("a", 5, None)
     a2 = q.try_enter("a", 5, None)
     assert isinstance(a1, QueueSlot) and isinstance(a2, QueueSlot)
@@ -22,13 +23,13 @@ def test_tenant_bound_then_release_frees_a_slot() -> None:
 
 
 def test_explicit_tenant_bound_overrides_default() -> None:
-    q = AdmissionQueues(QueueBounds(default_tenant_queued_requests=1))
+    q = AdmissionQueues(queue_bounds(default_tenant_queued_requests=1))
     assert isinstance(q.try_enter("a", 1, 3), QueueSlot)
     assert isinstance(q.try_enter("a", 1, 3), QueueSlot)
 
 
 def test_global_token_bound() -> None:
-    q = AdmissionQueues(QueueBounds(max_queued_requests=10, max_queued_tokens=100))
+    q = AdmissionQueues(queue_bounds(max_queued_requests=10, max_queued_tokens=100))
     big = q.try_enter("a", 150, None)  # alone, a large request may enter
     assert isinstance(big, QueueSlot)
     full = q.try_enter("b", 1, None)
@@ -39,11 +40,11 @@ def test_global_token_bound() -> None:
 
 def test_bounds_validated() -> None:
     with pytest.raises(ValueError, match="max_queued_tokens"):
-        AdmissionQueues(QueueBounds(max_queued_tokens=0))
+        AdmissionQueues(queue_bounds(max_queued_tokens=0))
 
 
 def test_concurrent_entries_never_exceed_bound() -> None:
-    q = AdmissionQueues(QueueBounds(max_queued_requests=50, default_tenant_queued_requests=1000))
+    q = AdmissionQueues(queue_bounds(max_queued_requests=50, default_tenant_queued_requests=1000))
     taken: list[QueueSlot] = []
     lock = threading.Lock()
 

@@ -33,7 +33,7 @@ QUEUED = 6  # requests each tenant keeps waiting on each of its engines (4 seats
 
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
-    return load_model(None)
+    return load_model(None, dtype="auto", device="cpu")
 
 
 @pytest.fixture()

@@ -29,7 +29,7 @@ from engine.loader import LoadedModel, load_model
 
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
-    return load_model(None)
+    return load_model(None, dtype="auto", device="cpu")
 
 
 def make_engine(loaded: LoadedModel, **kw: object) -> LLMEngine:

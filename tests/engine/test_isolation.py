@@ -21,7 +21,7 @@ FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} | {"prompt"}
 @pytest.fixture(scope="module", params=["off", "on"])
 def engine(request: pytest.FixtureRequest) -> LLMEngine:
     """With and without async scheduling: a failure found while the next step is in flight ends its request alone."""
-    loaded: LoadedModel = load_model(None)
+    loaded: LoadedModel = load_model(None, dtype="auto", device="cpu")
     return LLMEngine(
         EngineConfig(num_kv_blocks=64, max_num_batched_tokens=64, async_scheduling=request.param),
         loaded=loaded,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -26,70 +27,50 @@ def test_steady_decode_steps_carry_every_phase_in_their_trace(tiny: Path) -> Non
     finally:
         probe.close()
     assert all(t.decode_tokens == 8 and t.prefill_tokens == 0 for t in traces)
-    for t in traces:  # every phase ran and was timed, the forward too
-        assert t.forward_s > 0 and all(getattr(t, f"{p}_s") > 0 for p in PHASES)
-    assert row.batch == 8 and row.steps == 4 and row.forward_ms > 0 and row.front > 0
+    # Each step's trace is the step just scheduled, and carries a figure for every phase (how large is
+    # the benchmark's business, not the test's).
+    assert [t.iteration for t in traces] == list(range(traces[0].iteration, traces[0].iteration + 4))
+    assert probe.engine.scheduler.iteration == traces[-1].iteration
+    for t in traces:
+        assert all(math.isfinite(getattr(t, f"{p}_s")) for p in (*PHASES, "forward"))
+        assert t.wait_s == t.overlapped_s == 0.0  # nothing runs beside the host without async scheduling
+    assert row.batch == 8 and row.steps == 4
+    assert all(math.isfinite(getattr(row, field)) for field in (*PHASES, "front", "publish", "host"))
 
 
 def test_main_prints_one_row_per_batch_size_and_writes_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "rows.json"
-    assert (
-        main(
-            [
-                "--batches",
-                "4,8",
-                "--steps",
-                "2",
-                "--rounds",
-                "1",
-                "--warmup",
-                "1",
-                "--overlap",
-                "4",
-                "--overlap-seconds",
-                "0.3",
-                "--async-ab",
-                "--json",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    argv = ["--batches", "4,8", "--steps", "2", "--rounds", "1", "--warmup", "1", "--async-ab", "--json"] + [
+        str(out)
+    ]
+    assert main(argv) == 0
     table = capsys.readouterr().out
-    assert (
-        "| 4 |" in table
-        and "| 8 |" in table
-        and "overlap_publish off" in table
-        and "async scheduling off / on" in table
-    )
+    assert "| 4 |" in table and "| 8 |" in table and "async scheduling off / on" in table
     figures = json.loads(out.read_text())
-    assert [r["batch"] for r in figures["rows"]] == [4, 8] and all(r["host"] > 0 for r in figures["rows"])
-    assert all(
-        len(figures["overlap"][mode]) == 1 and figures["overlap"][mode][0] > 0 for mode in ("off", "on")
-    )
-    for batch in (
-        "4",
-        "8",
-    ):  # one round each way; only the overlapped engine hides host work and waits for samples
-        off, on = figures["async_ab"][batch]["off"][0], figures["async_ab"][batch]["on"][0]
-        assert off["step_ms"] > 0 and on["step_ms"] > 0 and off["overlapped"] == off["wait_ms"] == 0
-        assert on["overlapped"] > 0 and on["wait_ms"] > 0
+    assert [r["batch"] for r in figures["rows"]] == [4, 8]
+    assert all(set(PHASES) <= set(r) for r in figures["rows"])
+    for batch in ("4", "8"):  # one round each way; only the overlapped engine has a forward beside the host
+        off, on = figures["async_ab"][batch]["off"], figures["async_ab"][batch]["on"]
+        assert len(off) == len(on) == 1 and off[0]["steps"] == on[0]["steps"] == 2
+        assert off[0]["overlapped"] == off[0]["wait_ms"] == 0
 
 
-def test_an_overlapped_probe_reports_the_host_work_its_forward_hid(tiny: Path) -> None:
+def test_an_overlapped_probe_schedules_each_step_while_the_one_before_runs(tiny: Path) -> None:
     probe = Probe(tiny, 8, 6, stop=[], overlap=True)
+    engine = probe.engine
     try:
-        row = probe.round(4)
-        traces = list(probe.engine.traces)[-4:]
+        in_flight, behind = [], []
+        for _ in range(4):
+            probe.round(1)
+            in_flight.append(engine.executor.in_flight)
+            # The trace is of the step that landed: the one before the step just scheduled and now running.
+            behind.append(engine.scheduler.iteration - engine.traces[-1].iteration)
+        traces = list(engine.traces)[-4:]
     finally:
         probe.close()
     assert all(
         t.decode_tokens == 8 and t.discarded_tokens == 0 for t in traces
     )  # nothing ends: nothing discarded
-    # The next step was scheduled (and its inputs prepared) while this one's forward ran.
-    assert all(
-        t.schedule_s > 0 and t.prepare_s > 0 and t.forward_s > 0 and t.overlapped_s > 0 for t in traces
-    )
-    assert row.overlapped > 0 and row.wait_ms > 0
+    assert in_flight == [True] * 4 and behind == [1] * 4

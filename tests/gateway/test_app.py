@@ -300,7 +300,8 @@ def test_server_timing_reports_the_engine_share(server: Server, client: httpx.Cl
     whole = client.post("/v1/completions", json=body, headers=server.headers("alice"))
     assert whole.status_code == 200, whole.text
     name, dur = whole.headers["server-timing"].split(";")
-    assert name == "engine" and 0 < float(dur.removeprefix("dur=")) < whole.elapsed.total_seconds() * 1e3
+    # The engine's share is a part of the whole (how large a part is a benchmark's business).
+    assert name == "engine" and 0 <= float(dur.removeprefix("dur=")) <= whole.elapsed.total_seconds() * 1e3
     with client.stream(
         "POST", "/v1/completions", json={**body, "stream": True}, headers=server.headers("alice")
     ) as s:
