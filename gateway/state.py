@@ -133,16 +133,46 @@ def gateway_engine(settings: GatewaySettings) -> EngineClient:
     return EngineRouter(dict(zip(settings.engines, remotes, strict=True)), settings.routing)
 
 
-def build_state(settings: GatewaySettings, engine: EngineClient | None) -> GatewayState:
-    """Open the database (migrated), ledger, stores, and the engine unless one is given."""
+def start_gateway_engine(settings: GatewaySettings) -> EngineClient:
+    """`gateway_engine`, started; EngineStartError when it cannot be, with nothing of it left running."""
+    engine = gateway_engine(settings)  # several attached engines are started (or released) in there
+    try:
+        engine.start()
+    except BaseException:
+        engine.shutdown(timeout_s=1.0)
+        raise
+    return engine
+
+
+def build_state(
+    settings: GatewaySettings, engine: EngineClient | None, owns_engine: bool | None = None
+) -> GatewayState:
+    """Open the database (migrated), ledger, stores, and the engine unless one is given.
+
+    `owns_engine` (default: whether the engine is built here) says whether closing the state stops it.
+    Should anything after the engine fail, an owned engine is stopped before the error leaves: a gateway
+    that refuses to start leaves no worker process behind.
+    """
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     db = Database(settings.db_url or default_db_url(settings.data_dir))
     db.upgrade()
     store = BillingStore(db)
-    owns_engine = engine is None
+    owns = engine is None if owns_engine is None else owns_engine
     if engine is None:
-        engine = gateway_engine(settings)
-        engine.start()
+        engine = start_gateway_engine(settings)
+    try:
+        return _state_around(settings, db, store, engine, owns)
+    except BaseException:
+        if owns:
+            engine.shutdown(timeout_s=5.0)
+        db.dispose()
+        raise
+
+
+def _state_around(
+    settings: GatewaySettings, db: Database, store: BillingStore, engine: EngineClient, owns_engine: bool
+) -> GatewayState:
+    """The stores, admission and metrics around a started engine."""
     labels = TenantLabels(settings.metrics_tenants)
     metrics = GatewayMetrics(labels, engine.stats, partial(engine_loads, engine))
     ledger = Ledger(db, LedgerConfig(data_dir=str(settings.data_dir)), registry=metrics.registry)
