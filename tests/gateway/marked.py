@@ -27,19 +27,33 @@ def run_marked(*args: str, timeout: float = 120.0) -> tuple[subprocess.Completed
     return done, mark
 
 
-def leftovers(mark: str) -> list[str]:
-    """Command lines of the live processes carrying `mark` in their environment."""
+def marked_pids(mark: str) -> dict[int, str]:
+    """The live processes carrying `mark` in their environment: pid -> command line."""
     needle = f"{MARK}={mark}".encode()
-    found = []
+    found = {}
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
         try:
             if needle in (proc / "environ").read_bytes().split(b"\0"):
-                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+                found[int(proc.name)] = cmdline.decode(errors="replace")
         except OSError:  # gone meanwhile, or not ours to read
             continue
     return found
+
+
+def leftovers(mark: str) -> list[str]:
+    """Command lines of the live processes carrying `mark` in their environment."""
+    return list(marked_pids(mark).values())
+
+
+def wait_no_leftover_pids(mark: str, timeout_s: float = 10.0) -> list[int]:
+    """As `wait_no_leftovers`, the pids still alive at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while (left := marked_pids(mark)) and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling a condition, bounded by the deadline
+    return list(left)
 
 
 def wait_no_leftovers(mark: str, timeout_s: float = 10.0) -> list[str]:
