@@ -47,6 +47,7 @@ from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.stop import StopMatcher
 from engine.tokenizer import Detokenizer
 from engine.trace import IterationTrace, TraceWriter
+from engine.tracing import make_engine_tracer
 
 _EWMA = 0.2
 
@@ -129,6 +130,7 @@ class LLMEngine:
         ] = {}  # request -> (tokens, start, end) of its last iteration
         self._failures = RequestFailures()  # detokenisation and stop checks; the sampler keeps its own
         self.failed_requests = 0  # requests ended alone by an exception of their own, since start
+        self.tracer = make_engine_tracer(config.otlp_endpoint)  # None unless traces are configured
         # Async scheduling (engine/overlap.py): step N+1 is scheduled while step N's forward runs.
         self.overlap = OverlapStepper(self) if config.overlaps() else None
         # One fair share across engines: other engines' service reaches the policy's counters at step starts.
@@ -273,6 +275,8 @@ class LLMEngine:
 
     def note_ran(self, out: SchedulerOutput, t0: float, t1: float) -> None:
         """The step scheduled at `t0` ran until `t1`: what a cancel signal inside that window finds computed."""
+        if self.tracer is not None:
+            self.tracer.note_chunks(out, t0, t1)
         for c in out.chunks:
             self._last_step[c.request.request_id] = (c.length, t0, t1)
             if c.request.cancel_time is not None and c.request.cancel_time < t0:
@@ -303,6 +307,8 @@ class LLMEngine:
             outputs.append((request, stream, new_ids, delta))
             if request.is_finished:
                 self._forget(request.request_id)
+                if self.tracer is not None:
+                    self.tracer.finished(request)
         return outputs
 
     def _new_text(self, request: Request, stream: _Stream) -> str:
@@ -463,3 +469,5 @@ class LLMEngine:
             self.counter_sync.close()
         if self._trace_writer:
             self._trace_writer.close()
+        if self.tracer is not None:
+            self.tracer.shutdown()

@@ -26,6 +26,7 @@ from gateway.edge.key_events import KeyEvents
 from gateway.idempotency.records import IdempotencyStore, make_idempotency_store
 from gateway.openai.runs import RunRegistry
 from gateway.ops.metrics import GatewayMetrics, TenantLabels
+from gateway.ops.tracing import GatewayTracing, make_gateway_tracing
 from gateway.settings import GatewaySettings
 from routing import EngineRouter, engine_loads
 
@@ -61,6 +62,7 @@ class GatewayState:
     engine_failed: bool = False
     metrics_server: Any = None  # the unauthenticated --metrics-port listener (prometheus_client), if any
     key_events: KeyEvents | None = None  # Redis pub/sub invalidation of the key cache (with --redis)
+    tracing: GatewayTracing | None = None  # OpenTelemetry spans (gateway/ops/tracing.py); None: off
     _tenants_at: float = 0.0
     edge: EdgeAdmission = field(init=False)  # admission and quota behind one call (admission/edge.py)
 
@@ -201,6 +203,7 @@ def _state_around(
         metrics_token=ensure_metrics_token(settings.data_dir),
         auth_budget=FailureBudget(settings.auth_failure_burst, settings.auth_failure_rate_per_s),
         redis=link,
+        tracing=make_gateway_tracing(settings.engine),
     )
     state.refresh_tenant_labels(force=True)
     if settings.redis_url is not None:
@@ -223,6 +226,8 @@ async def close_state(state: GatewayState) -> None:
         state.metrics_server.server_close()
     if state.owns_engine:
         state.engine.shutdown(timeout_s=state.settings.grace_period_s)
+    if state.tracing is not None:
+        state.tracing.shutdown()
     state.ledger.close(timeout_s=10.0)
     await state.idempotency.close()
     await state.quota.close()
