@@ -14,7 +14,8 @@ measured one after the other in the same run and reported side by side.
 
 instead compares the process engine's two transports (EngineConfig.transport: ZeroMQ and the framed
 pipe), alternating them round by round in one session, and reports each figure's zmq / pipe ratio;
-`--remote-ab 4` likewise compares the local process engine with a `fairserve engine` reached over TCP.
+`--remote-ab 4` likewise compares the local process engine with a `fairserve engine` reached over TCP,
+and `--trace-ab 4` tracing on (OTLP, ratio 1.0) against off (bench/trace_ab.py).
 
 Two overhead figures: *unpaired* is the literal comparison (gateway percentiles minus in-process
 percentiles of separate runs), noisy because the engine's own latency varies between runs; *paired*
@@ -354,6 +355,10 @@ async def measure_mode(args: argparse.Namespace, tmp: str, process: bool) -> dic
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
+    if args.trace_ab:
+        from bench.trace_ab import trace_ab  # deferred: it builds on this module
+
+        return await trace_ab(args)
     if args.transport_ab or args.remote_ab or args.curve_ab:
         from bench.transport_ab import curve_ab, remote_ab, transport_ab  # deferred: it builds on this module
 
@@ -458,10 +463,17 @@ def main() -> None:
         metavar="ROUNDS",
         help="instead: alternate a `fairserve engine` with --cluster-key (CurveZMQ) and one without",
     )
+    p.add_argument(
+        "--trace-ab",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="instead: alternate tracing on (OTLP to a local sink, ratio 1.0) and off (bench/trace_ab.py)",
+    )
     args = p.parse_args()
     report = uvloop.run(main_async(args))  # the loop uvicorn uses too: the client's own cost stays small
     print(json.dumps(_rounded(report), indent=2))
-    if not args.transport_ab and not args.remote_ab and not args.curve_ab:
+    if not args.transport_ab and not args.remote_ab and not args.curve_ab and not args.trace_ab:
         print(side_by_side(report))
 
 

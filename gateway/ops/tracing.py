@@ -44,11 +44,14 @@ class GatewayTracing:
         """The server span of one generation request, the child of the caller's span if it sent one."""
         from opentelemetry.trace import SpanKind
 
+        path = request.url.path
+        # No traceparent header (the common case without a traced caller): nothing to extract.
+        caller = self.propagator.extract(request.headers) if "traceparent" in request.headers else None
         span = self.tracer.start_span(
-            f"{request.method} {request.url.path}",
-            context=self.propagator.extract(request.headers),
+            f"{request.method} {path}",
+            context=caller,
             kind=SpanKind.SERVER,
-            attributes={"http.request.method": request.method, "url.path": request.url.path},
+            attributes={"http.request.method": request.method, "url.path": path},
         )
         return RequestTrace(self, span)
 
@@ -65,18 +68,21 @@ class RequestTrace:
         self.span = span
 
     def traceparent(self) -> str | None:
-        """The span's W3C traceparent for the engine, when it is sampled (else the engine traces nothing)."""
-        from opentelemetry.trace import set_span_in_context
+        """The span's W3C traceparent for the engine, when it is sampled (else the engine traces nothing).
 
-        if not self.span.get_span_context().trace_flags.sampled:
+        Formatted here (version 00, the W3C Trace Context layout) rather than through the propagator's
+        inject, which builds a context and a carrier per request for the same string."""
+        ctx = self.span.get_span_context()
+        if not ctx.trace_flags.sampled:
             return None
-        carrier: dict[str, str] = {}
-        self.tracing.propagator.inject(carrier, context=set_span_in_context(self.span))
-        return carrier.get("traceparent")
+        return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
     def admission(self, started_ns: int, verdict: Admission | Rejection) -> None:
         """The admission decision, a child span from `started_ns` to now."""
         from opentelemetry.trace import set_span_in_context
+
+        if not self.span.is_recording():  # sampled out: its children would be dropped too
+            return
 
         attributes: dict[str, Any]
         if isinstance(verdict, Rejection):

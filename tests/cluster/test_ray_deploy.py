@@ -20,6 +20,7 @@ from sqlalchemy import text
 
 from billing import Database
 from cluster import deploy
+from cluster.config import ClusterConfig
 from cluster.registry import EngineEntry
 from tests.cluster.conftest import Cluster, RayUp
 from tests.cluster.load import Load
@@ -108,7 +109,7 @@ def test_two_engines_one_gateway_serve_openai(deployment: Deployment) -> None:
 def test_reservations_fit_the_cluster_with_room_to_scale(deployment: Deployment) -> None:
     """`ray up` without --num-cpus or --engine-cpus sized each actor to the local cluster: fractions that
     take at most half of its CPUs (cluster/fit.py), so 2 engines and a gateway fit on 2 cores."""
-    _settings, _secrets, kept = ray.get(ray.get_actor("fairserve-registry").deployment.remote())
+    kept: ClusterConfig = ray.get(ray.get_actor("fairserve-registry").deployment.remote())[2]
     total = ray.cluster_resources()["CPU"]
     assert 0 < kept.engine_cpus < 1 and 0 < kept.gateway_cpus < 1, kept
     assert ENGINES * kept.engine_cpus + kept.gateway_cpus <= total / 2, (kept, total)
@@ -121,8 +122,8 @@ class _Probe:
 
 def test_an_actor_ray_cannot_place_is_reported_while_up_waits(deployment: Deployment) -> None:
     """What `ray up` says while it waits: the actors Ray has not started, in Ray's own words."""
-    probe = ray.remote(_Probe).options(name="fairserve-probe", num_cpus=0, resources={"fairserve-absent": 1})
-    handle = probe.remote()
+    probe = ray.remote(_Probe).options(name="fairserve-probe", num_cpus=0, resources={"fairserve-absent": 1})  # type: ignore[attr-defined]  # ray.remote of a class is an ActorClass
+    handle: Any = probe.remote()
     said: list[str] = []
     try:
         wait_for(
