@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from cluster import deploy
 from cluster.config import ClusterConfig
+from cluster.fit import DoesNotFit
 from engine.remote.curve import ClusterKey, create_key_file
 from gateway.cli.serve import prepare_deployment
 from gateway.edge.auth import ADMIN_TOKEN_FILE, METRICS_TOKEN_FILE
@@ -81,9 +82,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     except (ValidationError, ValueError) as exc:
         print(f"fairserve ray up: invalid settings:\n{settings_error_text(exc)}", file=sys.stderr)
         return 2
-    secrets, banner = _secrets(settings)
-    # Each gateway replica finds the key where install_secrets (cluster/gateway_actor.py) writes it.
-    settings = settings.model_copy(update={"cluster_key_file": settings.data_dir / CLUSTER_KEY_FILE})
+    try:  # a local cluster's CPUs are known before it starts (seconds): a request too big fails first
+        if not cfg.address:
+            deploy.fit(settings, cfg, cfg.engines, cfg.gateways, deploy.local_capacity(cfg))
+    except DoesNotFit as exc:
+        print(f"fairserve ray up: {exc}", file=sys.stderr)
+        return 1
     started = deploy.connect(cfg)
     if started and cfg.engine_host is None:
         cfg = cfg.model_copy(update={"engine_host": "127.0.0.1"})  # one machine: engines stay on loopback
@@ -94,17 +98,33 @@ def cmd_up(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    try:  # before anything is created: what cannot be placed is said now, not waited on for ever
+        cfg = deploy.fit(settings, cfg, cfg.engines, cfg.gateways)
+    except DoesNotFit as exc:
+        print(f"fairserve ray up: {exc}", file=sys.stderr)
+        if started:
+            ray.shutdown()
+        return 1
+    secrets, banner = _secrets(settings)
+    # Each gateway replica finds the key where install_secrets (cluster/gateway_actor.py) writes it.
+    settings = settings.model_copy(update={"cluster_key_file": settings.data_dir / CLUSTER_KEY_FILE})
     reg = deploy.registry(cfg)
     ray.get(reg.keep_deployment.remote(settings, secrets, cfg))
     deploy.start_engines(settings, cfg, cfg.engines, _cluster_key(secrets))
     gateways = deploy.start_gateways(settings, cfg, secrets, cfg.gateways)
-    url = ray.get(gateways[0].url.remote(), timeout=cfg.ready_timeout_s)
+    url = deploy.first_url(gateways[0], cfg.ready_timeout_s, _say)
     _wait_answering(url, cfg.ready_timeout_s)
     lines = [f"url: {url}", f"admin: {url}/admin", *(f"{k}: {v}" for k, v in banner.items())]
+    if started:  # `ray status/scale/down --address` (and drivers of your own) reach this cluster here
+        lines.insert(0, f"ray: {ray.get_runtime_context().gcs_address}")
     print("\n".join(lines), flush=True)
     if started:
         _serve_until_signal(cfg)
     return 0
+
+
+def _say(line: str) -> None:
+    print(f"fairserve ray up: {line}", file=sys.stderr, flush=True)
 
 
 def _serve_until_signal(cfg: ClusterConfig) -> None:
@@ -147,6 +167,13 @@ def cmd_scale(args: argparse.Namespace) -> int:
         return 1
     settings, secrets, kept_cfg = kept
     cfg = kept_cfg.model_copy(update={"drain_timeout_s": cfg.drain_timeout_s})
+    more_engines = max(0, getattr(args, "ray__engines", 0) - len(deploy.engine_names()))
+    more_gateways = max(0, getattr(args, "ray__gateways", 0) - len(deploy.gateway_names()))
+    try:
+        deploy.fit(settings, cfg, more_engines, more_gateways)  # the kept reservations, checked
+    except DoesNotFit as exc:
+        print(f"fairserve ray scale: {exc}", file=sys.stderr)
+        return 1
     started = time.monotonic()
     drained = 0
     if hasattr(args, "ray__engines"):

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
+from ray._private.authentication import authentication_token_setup as token_setup
 
 from cluster.config import ClusterConfig
 from cluster.engine_actor import EngineActor
+from cluster.fit import MIN_SHARE, Capacity, check_gpus, size
 from cluster.gateway_actor import GatewayActor
 from cluster.registry import REGISTRY_NAME, Registry
 from engine.config import EngineConfig
@@ -26,6 +28,7 @@ from gateway.settings import GatewaySettings
 ENGINE_PREFIX = "fairserve-engine-"
 GATEWAY_PREFIX = "fairserve-gateway-"
 STOP_TIMEOUT_S = 30.0
+PENDING_REPORT_S = 10.0  # `ray up` says what it is still waiting for this often
 
 
 def connect(cfg: ClusterConfig) -> bool:
@@ -34,6 +37,9 @@ def connect(cfg: ClusterConfig) -> bool:
         return False
     quiet: dict[str, Any] = {"log_to_driver": False, "namespace": cfg.namespace}
     if cfg.address:
+        # A local cluster Ray starts requires its token (~/.ray/auth_token) by default, but a driver joining
+        # one presents it only in token mode: turn that on when the token is there and no mode is set.
+        token_setup.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
         ray.init(address=cfg.address, **quiet)
         return False
     ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, **quiet)
@@ -70,12 +76,43 @@ def _free_names(prefix: str, taken: list[str], n: int) -> list[str]:
     return [f"{prefix}{next(free)}" for _ in range(n)]
 
 
+def capacity() -> Capacity:
+    """The connected cluster's CPUs and GPUs, free and in all."""
+    free, total = ray.available_resources(), ray.cluster_resources()
+    return Capacity(float(free.get("CPU", 0.0)), float(total.get("CPU", 0.0)), float(free.get("GPU", 0.0)))
+
+
+def local_capacity(cfg: ClusterConfig) -> Capacity:
+    """What the local cluster `connect` would start has, known before it starts (`--num-cpus`, else the CPUs
+    Ray would count: this process's affinity and cgroup limit)."""
+    cpus = float(cfg.num_cpus or ray._private.utils.get_num_cpus())
+    return Capacity(cpus, cpus, gpus_free=float("inf"))  # GPUs are checked once the cluster is up
+
+
+def fit(
+    settings: GatewaySettings,
+    cfg: ClusterConfig,
+    engines: int,
+    gateways: int,
+    free: Capacity | None = None,
+) -> ClusterConfig:
+    """`cfg` with the reservations of `engines` and `gateways` more actors sized to the cluster (`free`,
+    default: the connected one's; cluster/fit.py); DoesNotFit, naming the numbers, when they cannot all be
+    placed."""
+    free = free or capacity()
+    if engines and settings.engine.device.startswith("cuda"):
+        check_gpus(engines, free)
+    sized = size(cfg, engines, gateways, free)
+    return cfg.model_copy(update={"engine_cpus": sized.engine_cpus, "gateway_cpus": sized.gateway_cpus})
+
+
 def engine_resources(config: EngineConfig, cfg: ClusterConfig) -> dict[str, float]:
     """One GPU per engine on CUDA (Ray then sets CUDA_VISIBLE_DEVICES, so the engine sees it as cuda:0),
-    `engine_cpus` otherwise."""
+    and `engine_cpus` (sized by `fit`)."""
+    cpus = MIN_SHARE if cfg.engine_cpus is None else cfg.engine_cpus
     if config.device.startswith("cuda"):
-        return {"num_gpus": 1, "num_cpus": 1}
-    return {"num_cpus": cfg.engine_cpus}
+        return {"num_gpus": 1, "num_cpus": cpus}
+    return {"num_cpus": cpus}
 
 
 def start_engines(
@@ -112,7 +149,7 @@ def start_gateways(
             lifetime="detached",
             max_restarts=cfg.max_restarts,
             max_task_retries=0,
-            num_cpus=cfg.gateway_cpus,
+            num_cpus=MIN_SHARE if cfg.gateway_cpus is None else cfg.gateway_cpus,
         )
         actors.append(options.remote(name, own, secrets, cfg.poll_interval_s))
     return actors
@@ -125,6 +162,43 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, what: str, every
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
         time.sleep(every_s)  # polling a condition, bounded by the deadline
+
+
+def first_url(
+    gateway: Any, timeout_s: float, say: Callable[[str], None], every_s: float = PENDING_REPORT_S
+) -> str:
+    """The first gateway's URL once it listens; every `every_s` meanwhile, `say` which actors Ray has not
+    started yet and the cluster's free CPUs (a placement that never comes is visible, not silent)."""
+    ref = gateway.url.remote()
+    began = time.monotonic()
+    while True:
+        waited = time.monotonic() - began
+        if waited >= timeout_s:
+            raise TimeoutError(f"the first gateway did not start within {timeout_s:.0f}s")
+        ready, _ = ray.wait([ref], timeout=min(every_s, timeout_s - waited))
+        if ready:
+            return str(ray.get(ref))
+        waited = time.monotonic() - began
+        pending = ", ".join(f"{name} ({state})" for name, state in pending_actors()) or "none"
+        free = capacity()
+        say(
+            f"waiting {waited:.0f}s for the first gateway; actors Ray has not started: {pending}; "
+            f"CPUs free {free.cpus_free:g} of {free.cpus_total:g}"
+        )
+
+
+def pending_actors(prefix: str = "fairserve-") -> list[tuple[str, str]]:
+    """(name, Ray state) of this namespace's named actors with `prefix` that are not alive yet (or again).
+
+    Ray's actor table (`ray._private.state`, read from the GCS): the public state API needs the dashboard,
+    which a local cluster here runs without."""
+    ours = {n for n in ray.util.list_named_actors(all_namespaces=False) if n.startswith(prefix)}
+    table = ray._private.state.actors()  # actor id -> info
+    return sorted(
+        (info["Name"], info["State"])
+        for info in table.values()
+        if info["Name"] in ours and info["State"] not in ("ALIVE", "DEAD")
+    )
 
 
 def drain_engines(names: list[str], cfg: ClusterConfig) -> int:

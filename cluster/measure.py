@@ -1,6 +1,7 @@
 """`python -m cluster.measure`: the figures of docs/deploy.md, from real processes on this machine.
 
-1. `fairserve ray up` (a local cluster, 1 engine, 1 gateway) to its first answered request;
+1. `fairserve ray up --engines 2` (as a user types it: a local cluster sized by Ray, 2 engines, 1 gateway)
+   to its first answered request;
 2. the gateway overhead through the Ray deployment against `fairserve serve` alone, as a ratio of median
    latencies of short requests (max_tokens=1), rounds alternating between the two in one run;
 3. SIGKILL of the engine actor's process to its re-registration, and to the first request it answers.
@@ -22,7 +23,8 @@ from pathlib import Path
 import httpx
 import ray
 
-from cluster.deploy import wait_until
+from cluster.config import ClusterConfig
+from cluster.deploy import connect, wait_until
 from cluster.registry import EngineEntry
 
 
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     data = Path(tempfile.mkdtemp(prefix="fairserve-measure-"))
     common = ["--port", "0", "--max-num-seqs", "8", "--num-kv-blocks", "256"]
     started = time.monotonic()
-    up = Banner("ray", "up", "--engines", "1", "--num-cpus", "4", "--data-dir", str(data / "ray"), *common)
+    up = Banner("ray", "up", "--engines", "2", "--data-dir", str(data / "ray"), *common)
     ray_client = httpx.Client(
         base_url=up.lines["url"], timeout=60, headers={"Authorization": f"Bearer {up.lines['api_key']}"}
     )
@@ -114,14 +116,14 @@ def main(argv: list[str] | None = None) -> None:
             f"{statistics.median(ratios):.2f} (rounds {min(ratios):.2f}-{max(ratios):.2f})",
             flush=True,
         )
-        _restart(ray_client, model)
+        _restart(ray_client, model, up.lines["ray"])
     finally:
         serve.stop()
         up.stop()
 
 
-def _restart(client: httpx.Client, model: str) -> None:
-    ray.init(address="auto", namespace="fairserve", log_to_driver=False)
+def _restart(client: httpx.Client, model: str, address: str) -> None:
+    connect(ClusterConfig(address=address))
     registry = ray.get_actor("fairserve-registry")
     before: EngineEntry = ray.get(registry.engines.remote())[0]
     killed = time.monotonic()

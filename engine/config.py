@@ -105,6 +105,19 @@ class EngineConfig(BaseModel):
         pattern=r"^[^\s]+$",
         description="Redis key prefix of the shared counters: engines with the same prefix share one fair share",
     )
+    # OpenTelemetry traces (engine/tracing.py, gateway/ops/tracing.py): gateway and engine export their own
+    # spans to the same collector, so both read these (`serve` and `fairserve engine` alike).
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="OTLP/HTTP collector for traces (http://HOST:4318, or its /v1/traces URL); default: "
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT; none set: tracing off",
+    )
+    trace_sample_ratio: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="share of requests the gateway traces (a caller's sampled traceparent is always followed)",
+    )
 
     @field_validator("block_size")
     @classmethod

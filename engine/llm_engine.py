@@ -52,6 +52,7 @@ from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.stop import StopMatcher
 from engine.tokenizer import Detokenizer
 from engine.trace import IterationTrace, TraceWriter
+from engine.tracing import make_engine_tracer
 from fairness.shared import SharedCounters
 
 _EWMA = 0.2
@@ -138,6 +139,7 @@ class LLMEngine:
         self._failures = RequestFailures()  # detokenisation and stop checks; the sampler keeps its own
         self.failed_requests = 0  # requests ended alone by an exception of their own, since start
         self.executor = (OverlapExecutor if overlaps else InlineExecutor)(self.runner, self.pool)
+        self.tracer = make_engine_tracer(config.otlp_endpoint)  # None unless traces are configured
         # One fair share across engines: other engines' service reaches the policy's counters at step starts.
         self.counter_sync: CounterSync | None = None
         if config.redis_url is not None:
@@ -278,6 +280,8 @@ class LLMEngine:
 
     def note_ran(self, out: SchedulerOutput, t0: float, t1: float) -> None:
         """The step scheduled at `t0` ran until `t1`: what a cancel signal inside that window finds computed."""
+        if self.tracer is not None:
+            self.tracer.note_chunks(out, t0, t1)
         for c in out.chunks:
             self._last_step[c.request.request_id] = (c.length, t0, t1)
             if c.request.cancel_time is not None and c.request.cancel_time < t0:
@@ -308,6 +312,8 @@ class LLMEngine:
             outputs.append((request, stream, new_ids, delta))
             if request.is_finished:
                 self._forget(request.request_id)
+                if self.tracer is not None:
+                    self.tracer.finished(request)
         return outputs
 
     def _new_text(self, request: Request, stream: _Stream) -> str:
@@ -462,3 +468,5 @@ class LLMEngine:
             self.counter_sync.close()
         if self._trace_writer:
             self._trace_writer.close()
+        if self.tracer is not None:
+            self.tracer.shutdown()

@@ -151,6 +151,9 @@ class RequestMeta:
     weight: float = 1.0
     deadline: float | None = None
     arrival_time: float = field(default_factory=time.time)
+    traceparent: str | None = (
+        None  # W3C trace context of the gateway's span: the engine's spans descend from it
+    )
 
 
 @dataclass

@@ -13,7 +13,8 @@ measured one after the other in the same run and reported side by side.
     .venv/bin/python -m experiments.gateway_overhead --rate 100 --duration 3 --remote-ab 4
 
 instead compares the local process engine with a `fairserve engine` reached over TCP, alternating them
-round by round in one session (experiments/remote_ab.py; `--curve-ab` for the cluster key).
+round by round in one session (experiments/remote_ab.py; `--curve-ab` for the cluster key), and
+`--trace-ab 4` tracing on (OTLP, ratio 1.0) against off (experiments/trace_ab.py).
 
 Two overhead figures: *unpaired* is the literal comparison (gateway percentiles minus in-process
 percentiles of separate runs), noisy because the engine's own latency varies between runs; *paired*
@@ -353,6 +354,10 @@ async def measure_mode(args: argparse.Namespace, tmp: str, process: bool) -> dic
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
+    if args.trace_ab:
+        from experiments.trace_ab import trace_ab  # deferred: it builds on this module
+
+        return await trace_ab(args)
     if args.remote_ab or args.curve_ab:
         from experiments.remote_ab import curve_ab, remote_ab  # deferred: it builds on this module
 
@@ -448,10 +453,17 @@ def main() -> None:
         metavar="ROUNDS",
         help="instead: alternate a `fairserve engine` with --cluster-key (CurveZMQ) and one without",
     )
+    p.add_argument(
+        "--trace-ab",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="instead: alternate tracing on (OTLP to a local sink, ratio 1.0) and off (experiments/trace_ab.py)",
+    )
     args = p.parse_args()
     report = uvloop.run(main_async(args))  # the loop uvicorn uses too: the client's own cost stays small
     print(json.dumps(_rounded(report), indent=2))
-    if not args.remote_ab and not args.curve_ab:
+    if not args.remote_ab and not args.curve_ab and not args.trace_ab:
         print(side_by_side(report))
 
 

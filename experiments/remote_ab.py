@@ -121,7 +121,7 @@ async def alternate(
             for arm in arms if i % 2 == 0 else arms[::-1]:
                 rounds[arm].append(await one(args, tmp, arm, i))
     medians = {t: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for t, rs in rounds.items()}
-    ratio = {k: medians[a][k] / medians[b][k] for k in medians[a]}
+    ratio = {k: medians[a][k] / medians[b][k] for k in medians[a] if medians[b][k]}  # a count of 0: no ratio
     return {
         "rate": args.rate,
         "requests_per_round": int(args.rate * args.duration),

@@ -56,12 +56,15 @@ async def drain(state: GatewayState, grace_s: float) -> None:
         await state.runs.wait_idle(time.monotonic() + 5.0)
 
 
-def create_app(settings: GatewaySettings, engine: EngineClient | None = None) -> Starlette:
-    """Build the gateway app; with `engine=None` it loads and starts its own engine at startup."""
+def create_app(
+    settings: GatewaySettings, engine: EngineClient | None = None, owns_engine: bool | None = None
+) -> Starlette:
+    """Build the gateway app; with `engine=None` it loads and starts its own engine at startup. A given
+    engine is stopped with the app when `owns_engine` (`serve` starts it first, to fail fast)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state = await asyncio.to_thread(build_state, settings, engine)
+        state = await asyncio.to_thread(build_state, settings, engine, owns_engine)
         app.state.gateway = state
         if isinstance(state.engine, RemoteEngine | EngineRouter):  # heartbeats run on this loop from now
             state.engine.bind(asyncio.get_running_loop())

@@ -30,10 +30,17 @@ class ClusterConfig(BaseSettings):
     )
     engines: int = Field(default=1, ge=0, le=1024, description="engine actors (one GPU each on CUDA)")
     gateways: int = Field(default=1, ge=1, le=256, description="gateway actors (uvicorn replicas)")
-    engine_cpus: float = Field(
-        default=1.0, gt=0, description="CPUs Ray reserves per engine actor on a CPU device"
+    engine_cpus: float | None = Field(
+        default=None,
+        gt=0,
+        description="CPUs Ray reserves per engine actor (default auto: a share of the free CPUs, at most 1; "
+        "cluster/fit.py)",
     )
-    gateway_cpus: float = Field(default=1.0, ge=0, description="CPUs Ray reserves per gateway actor")
+    gateway_cpus: float | None = Field(
+        default=None,
+        ge=0,
+        description="CPUs Ray reserves per gateway actor (default auto, as --engine-cpus)",
+    )
     max_restarts: int = Field(
         default=-1, ge=-1, description="times Ray restarts a dead engine or gateway actor (-1: always)"
     )

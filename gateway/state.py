@@ -26,6 +26,7 @@ from gateway.edge.key_events import KeyEvents
 from gateway.idempotency.records import IdempotencyStore, make_idempotency_store
 from gateway.openai.runs import RunRegistry
 from gateway.ops.metrics import GatewayMetrics, TenantLabels
+from gateway.ops.tracing import GatewayTracing, make_gateway_tracing
 from gateway.settings import GatewaySettings
 from routing import EngineRouter, engine_loads
 
@@ -61,6 +62,7 @@ class GatewayState:
     engine_failed: bool = False
     metrics_server: Any = None  # the unauthenticated --metrics-port listener (prometheus_client), if any
     key_events: KeyEvents | None = None  # Redis pub/sub invalidation of the key cache (with --redis)
+    tracing: GatewayTracing | None = None  # OpenTelemetry spans (gateway/ops/tracing.py); None: off
     _tenants_at: float = 0.0
     edge: EdgeAdmission = field(init=False)  # admission and quota behind one call (admission/edge.py)
 
@@ -133,16 +135,46 @@ def gateway_engine(settings: GatewaySettings) -> EngineClient:
     return EngineRouter(dict(zip(settings.engines, remotes, strict=True)), settings.routing)
 
 
-def build_state(settings: GatewaySettings, engine: EngineClient | None) -> GatewayState:
-    """Open the database (migrated), ledger, stores, and the engine unless one is given."""
+def start_gateway_engine(settings: GatewaySettings) -> EngineClient:
+    """`gateway_engine`, started; EngineStartError when it cannot be, with nothing of it left running."""
+    engine = gateway_engine(settings)  # several attached engines are started (or released) in there
+    try:
+        engine.start()
+    except BaseException:
+        engine.shutdown(timeout_s=1.0)
+        raise
+    return engine
+
+
+def build_state(
+    settings: GatewaySettings, engine: EngineClient | None, owns_engine: bool | None = None
+) -> GatewayState:
+    """Open the database (migrated), ledger, stores, and the engine unless one is given.
+
+    `owns_engine` (default: whether the engine is built here) says whether closing the state stops it.
+    Should anything after the engine fail, an owned engine is stopped before the error leaves: a gateway
+    that refuses to start leaves no worker process behind.
+    """
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     db = Database(settings.db_url or default_db_url(settings.data_dir))
     db.upgrade()
     store = BillingStore(db)
-    owns_engine = engine is None
+    owns = engine is None if owns_engine is None else owns_engine
     if engine is None:
-        engine = gateway_engine(settings)
-        engine.start()
+        engine = start_gateway_engine(settings)
+    try:
+        return _state_around(settings, db, store, engine, owns)
+    except BaseException:
+        if owns:
+            engine.shutdown(timeout_s=5.0)
+        db.dispose()
+        raise
+
+
+def _state_around(
+    settings: GatewaySettings, db: Database, store: BillingStore, engine: EngineClient, owns_engine: bool
+) -> GatewayState:
+    """The stores, admission and metrics around a started engine."""
     labels = TenantLabels(settings.metrics_tenants)
     metrics = GatewayMetrics(labels, engine.stats, partial(engine_loads, engine))
     ledger = Ledger(db, settings.ledger, registry=metrics.registry)
@@ -171,6 +203,7 @@ def build_state(settings: GatewaySettings, engine: EngineClient | None) -> Gatew
         metrics_token=ensure_metrics_token(settings.data_dir),
         auth_budget=FailureBudget(settings.auth_failure_burst, settings.auth_failure_rate_per_s),
         redis=link,
+        tracing=make_gateway_tracing(settings.engine),
     )
     state.refresh_tenant_labels(force=True)
     if settings.redis_url is not None:
@@ -193,6 +226,8 @@ async def close_state(state: GatewayState) -> None:
         state.metrics_server.server_close()
     if state.owns_engine:
         state.engine.shutdown(timeout_s=state.settings.grace_period_s)
+    if state.tracing is not None:
+        state.tracing.shutdown()
     state.ledger.close(timeout_s=10.0)
     await state.idempotency.close()
     await state.quota.close()

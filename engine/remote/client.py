@@ -49,6 +49,10 @@ class RemoteEngine(EngineFront):
     """Asyncio front of an engine server reached over TCP; the same surface as ProcessEngine."""
 
     start_timeout_s = 60.0
+    # Nothing accepting a TCP connection this long: no engine there (or no route to it). A refused port is
+    # retried every 50-500 ms, so a live engine connects well within it; an engine that accepts but is slow
+    # to announce still gets `start_timeout_s`.
+    reach_timeout_s = 2.0
 
     def __init__(
         self, address: str, heartbeat_timeout_s: float, cluster_key: ClusterKey | None = None
@@ -76,8 +80,12 @@ class RemoteEngine(EngineFront):
         if cluster_key is not None:
             connect_securely(self._sock, cluster_key)
         # Until the first announce: a refused handshake (a key that is not the engine's, or one side
-        # without a key) fails start() at once with that reason, not after start_timeout_s of silence.
-        self._handshakes: zmq.Socket[Any] | None = self._sock.get_monitor_socket(HANDSHAKE_REFUSED)
+        # without a key) fails start() at once with that reason, not after start_timeout_s of silence; and
+        # no connection at all within reach_timeout_s fails it naming the address.
+        self._handshakes: zmq.Socket[Any] | None = self._sock.get_monitor_socket(
+            HANDSHAKE_REFUSED | zmq.EVENT_CONNECTED
+        )
+        self._connected = False
         self._sock.connect(address)
         self._fd = int(self._sock.getsockopt(zmq.FD))
         self._decoder = msgspec.msgpack.Decoder(FromServer)
@@ -112,13 +120,19 @@ class RemoteEngine(EngineFront):
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         """Wait (bounded by `start_timeout_s`) for the engine's announce; raises EngineStartError."""
-        deadline = time.monotonic() + self.start_timeout_s
+        began = time.monotonic()
+        deadline = began + self.start_timeout_s
         said_at = -_HELLO_EVERY_S
         while not self._alive:
             now = time.monotonic()
             if now >= deadline:
                 raise EngineStartError(
                     f"no engine answered at {self._address} within {self.start_timeout_s:.0f}s"
+                )
+            if not self._connected and now - began >= self.reach_timeout_s:
+                raise EngineStartError(
+                    f"no engine reachable at {self._address}: nothing accepted a connection within "
+                    f"{self.reach_timeout_s:.0f}s (is `fairserve engine --listen {self._address}` running?)"
                 )
             if now - said_at >= _HELLO_EVERY_S and self._say(Hello(self.gateway_id, want_tokenizer=True)):
                 said_at = now
@@ -134,14 +148,19 @@ class RemoteEngine(EngineFront):
             self._attach(asyncio.get_running_loop())
 
     def _check_handshake(self) -> None:
-        """Raise EngineStartError if the engine refused this gateway's handshake (or this gateway its)."""
+        """Note a TCP connection; raise EngineStartError if the engine refused this gateway's handshake (or
+        this gateway its)."""
         mon = self._handshakes
         if mon is None or self._alive:
             return
-        try:
-            event = recv_monitor_message(mon, zmq.NOBLOCK)
-        except zmq.Again:
-            return
+        while True:
+            try:
+                event = recv_monitor_message(mon, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] != zmq.EVENT_CONNECTED:
+                break
+            self._connected = True
         self._stop_handshake_watch()
         raise EngineStartError(
             f"the engine at {self._address} and this gateway could not agree a handshake ({event['event']!r}): "

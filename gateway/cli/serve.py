@@ -12,10 +12,16 @@ import uvicorn
 from pydantic import ValidationError
 
 from billing import BillingStore, Database
+from engine import EngineStartError
 from gateway.app import create_app
 from gateway.edge.auth import ensure_admin_token, ensure_demo_key, ensure_metrics_token
 from gateway.settings import GatewaySettings, settings_error_text
 from gateway.settings_flags import add_knob_flags, settings_from_args
+from gateway.state import start_gateway_engine
+
+STARTUP_FAILURE = (
+    3  # the exit status uvicorn gives a failed startup too, so every refusal to start reads alike
+)
 
 
 def register(subparsers: Any) -> None:
@@ -88,7 +94,12 @@ def serve(args: argparse.Namespace) -> int:
         print(f"fairserve serve: invalid settings:\n{settings_error_text(exc)}", file=sys.stderr)
         return 2
     banner = prepare_deployment(settings)
-    app = create_app(settings)
+    try:  # before the HTTP server: an engine that is not there is one line and exit 3, not a traceback
+        engine = start_gateway_engine(settings)
+    except EngineStartError as exc:
+        print(f"fairserve serve: {exc}", file=sys.stderr)
+        return STARTUP_FAILURE
+    app = create_app(settings, engine, owns_engine=True)
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.types import ASGIApp
@@ -22,6 +23,9 @@ from gateway.openai.responses import RunResponse
 from gateway.openai.runs import Outcome, Run, RunFeed
 from gateway.state import GatewayState
 
+if TYPE_CHECKING:
+    from gateway.ops.tracing import RequestTrace
+
 log = logging.getLogger(__name__)
 FINISHED_IDS_KEPT = 100_000  # far more than one ledger flush interval's worth of requests
 QUOTA_STATUS_HEADER = "X-Quota-Status"  # on requests admitted while quotas could not be enforced
@@ -29,6 +33,21 @@ QUOTA_STATUS_HEADER = "X-Quota-Status"  # on requests admitted while quotas coul
 
 async def generation(request: Request, chat: bool) -> ASGIApp:
     """Handle one completions or chat completions request; returns the ASGI response to send."""
+    tracing = getattr(request.app.state.gateway, "tracing", None)
+    if tracing is None:  # off: nothing below traces
+        return await _generation(request, chat, None)
+    trace = tracing.begin(request)  # ended by the run's owner, or here when the request is refused
+    try:
+        return await _generation(request, chat, trace)
+    except APIError as exc:
+        trace.refused(exc)
+        raise
+    except BaseException as exc:
+        trace.failed(exc)
+        raise
+
+
+async def _generation(request: Request, chat: bool, trace: RequestTrace | None) -> ASGIApp:
     state: GatewayState = request.app.state.gateway
     if state.draining:
         raise refused(
@@ -46,14 +65,21 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
     if shed is not None:  # before the body is read: an overloaded server spends nothing more on it
         raise rejected(state, caller.tenant.id, shed)
     ctx = await read_request(request, state, caller, chat)
+    if trace is not None:
+        trace.identify(ctx)
     async with KeyClaim(state, ctx) as claim:
         if claim.earlier_answer is not None:
+            if trace is not None:
+                trace.replayed()
             return claim.earlier_answer
         await _check_request_id(state, ctx)
+        admitting_at = time.time_ns()
         verdict = await state.edge.admit(ctx.admission_ask(), state.engine.stats())
+        if trace is not None:
+            trace.admission(admitting_at, verdict)
         if isinstance(verdict, Rejection):
             raise rejected(state, ctx.tenant_id, verdict)
-        run = _start(state, ctx, verdict, claim)
+        run = _start(state, ctx, verdict, claim, trace)
     headers = {
         "X-Request-Id": ctx.request_id,
         **quota_headers(verdict.quota),
@@ -94,7 +120,13 @@ async def _id_already_used(state: GatewayState, tenant_id: str, request_id: str)
         return False
 
 
-def _start(state: GatewayState, ctx: RequestContext, admission: Admission, claim: KeyClaim) -> Run:
+def _start(
+    state: GatewayState,
+    ctx: RequestContext,
+    admission: Admission,
+    claim: KeyClaim,
+    trace: RequestTrace | None,
+) -> Run:
     """Submit the engine request and start the task that owns the run to its end."""
     spec = ctx.run_spec()
     engine = state.engine
@@ -106,15 +138,18 @@ def _start(state: GatewayState, ctx: RequestContext, admission: Admission, claim
     run.submitted_at = time.perf_counter()
     feed = RunFeed(run, admission.slot.start, lambda outcome: _record(state, ctx, outcome))
     stream: OutputStream | None = None
+    meta = ctx.meta()
+    if trace is not None:  # the engine's spans descend from this one (engine/tracing.py)
+        meta.traceparent = trace.traceparent()
     try:  # submitted here, not when the task below first runs: the engine sees it one loop pass sooner
         stream = engine.submit(
-            ctx.inputs.prompt_token_ids, ctx.inputs.params, ctx.meta(), spec.engine_id, sink=feed
+            ctx.inputs.prompt_token_ids, ctx.inputs.params, meta, spec.engine_id, sink=feed
         )
     except Exception as exc:  # a race the edge checks missed, or a dead engine: the feed reports it as usual
         feed(exc)
     state.runs.add(run)
     claim.hand_over(run)
-    run.task = asyncio.create_task(_own(state, ctx, run, feed, stream, admission, claim))
+    run.task = asyncio.create_task(_own(state, ctx, run, feed, stream, admission, claim, trace))
     return run
 
 
@@ -126,6 +161,7 @@ async def _own(
     stream: OutputStream | None,
     admission: Admission,
     claim: KeyClaim,
+    trace: RequestTrace | None = None,
 ) -> None:
     """Wait for the run to end, then settle quota, count metrics and settle the idempotency claim."""
     try:
@@ -152,6 +188,8 @@ async def _own(
     except Exception:
         log.warning("quota settle failed for %s", ctx.request_id, exc_info=True)
     _observe(state, ctx, outcome)
+    if trace is not None:
+        trace.finish(outcome)
     await claim.settle(run, outcome)
 
 

@@ -19,8 +19,10 @@ import ray
 from sqlalchemy import text
 
 from billing import Database
+from cluster import deploy
+from cluster.config import ClusterConfig
 from cluster.registry import EngineEntry
-from tests.cluster.conftest import Cluster
+from tests.cluster.conftest import Cluster, RayUp
 from tests.cluster.load import Load
 from tests.gateway.conftest import wait_for
 
@@ -66,41 +68,17 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def deployment(
-    ray_cluster: Cluster, pg_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Deployment]:
-    data_dir = tmp_path_factory.mktemp("ray-deploy")
-    started = time.monotonic()
-    banner = ray_cluster.fairserve(
-        "up",
-        "--engines",
-        str(ENGINES),
-        "--gateways",
-        "1",
-        "--port",
-        "0",
-        "--engine-host",
-        "127.0.0.1",
-        "--data-dir",
-        str(data_dir),
-        "--db",
-        pg_url,
-        "--max-num-seqs",
-        "8",
-        "--num-kv-blocks",
-        "256",
-    )
-    for key in ("url", "admin", "api_key", "admin_token"):
+def deployment(ray_up: RayUp, ray_cluster: Cluster) -> Iterator[Deployment]:
+    """The package's deployment (`fairserve ray up --engines 2`, tests/cluster/conftest.py), once it answers."""
+    banner = ray_up.banner
+    for key in ("ray", "url", "admin", "api_key", "admin_token"):
         assert key in banner, banner
     client = openai.OpenAI(base_url=banner["url"] + "/v1", api_key=banner["api_key"], max_retries=0)
     model = client.models.list().data[0].id
     client.completions.create(model=model, prompt="hello", max_tokens=2)
-    up_s = time.monotonic() - started
-    print(f"fairserve ray up -> first answered request: {up_s:.1f}s")
-    try:
-        yield Deployment(ray_cluster, banner["url"], banner["api_key"], pg_url, model, up_s)
-    finally:
-        ray_cluster.fairserve("down")
+    up_s = time.monotonic() - ray_up.launched_at
+    print(f"fairserve ray up --engines 2 (as typed, 2-core machine) -> first answered request: {up_s:.1f}s")
+    yield Deployment(ray_cluster, banner["url"], banner["api_key"], ray_up.db_url, model, up_s)
 
 
 def test_two_engines_one_gateway_serve_openai(deployment: Deployment) -> None:
@@ -126,6 +104,39 @@ def test_two_engines_one_gateway_serve_openai(deployment: Deployment) -> None:
     deployment.assert_ledger_complete(load.ids("answered"))
     status = deployment.cluster.fairserve("status")
     assert status["engines"] == str(ENGINES) and status["gateways"] == "1", status
+
+
+def test_reservations_fit_the_cluster_with_room_to_scale(deployment: Deployment) -> None:
+    """`ray up` without --num-cpus or --engine-cpus sized each actor to the local cluster: fractions that
+    take at most half of its CPUs (cluster/fit.py), so 2 engines and a gateway fit on 2 cores."""
+    kept: ClusterConfig = ray.get(ray.get_actor("fairserve-registry").deployment.remote())[2]
+    total = ray.cluster_resources()["CPU"]
+    assert 0 < kept.engine_cpus < 1 and 0 < kept.gateway_cpus < 1, kept
+    assert ENGINES * kept.engine_cpus + kept.gateway_cpus <= total / 2, (kept, total)
+
+
+class _Probe:
+    def url(self) -> str:
+        return "never"
+
+
+def test_an_actor_ray_cannot_place_is_reported_while_up_waits(deployment: Deployment) -> None:
+    """What `ray up` says while it waits: the actors Ray has not started, in Ray's own words."""
+    probe = ray.remote(_Probe).options(name="fairserve-probe", num_cpus=0, resources={"fairserve-absent": 1})
+    handle: Any = probe.remote()
+    said: list[str] = []
+    try:
+        wait_for(
+            lambda: ("fairserve-probe", "PENDING_CREATION") in deploy.pending_actors(),
+            30,
+            "the probe pending in Ray's actor table",
+        )
+        with pytest.raises(TimeoutError, match="did not start"):
+            deploy.first_url(handle, timeout_s=1.0, say=said.append, every_s=0.3)
+    finally:
+        ray.kill(handle, no_restart=True)
+    assert said and all("fairserve-probe (PENDING_CREATION)" in line for line in said), said
+    assert all("CPUs free" in line for line in said), said
 
 
 def test_killed_engine_fails_its_requests_retryably_and_serves_again(deployment: Deployment) -> None:

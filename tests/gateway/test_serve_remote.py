@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,6 +20,7 @@ from sqlalchemy import text
 from billing import Database, default_db_url
 from tests.engine.remote.engine_process import EngineProcess
 from tests.gateway.conftest import wait_for
+from tests.gateway.marked import run_marked, wait_no_leftovers
 from tests.gateway.serve_process import ServeProcess
 
 ENGINE_ARGS = ("--num-kv-blocks", "512", "--max-num-batched-tokens", "64")
@@ -144,25 +143,13 @@ def test_serve_reaches_a_keyed_engine_only_with_its_cluster_key(tmp_path: Path) 
             done = client.post("/v1/chat/completions", json=chat(model, 4))
             assert done.status_code == 200, done.text
             assert done.json()["usage"]["completion_tokens"] == 4
-        refused = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gateway.cli",
-                "serve",
-                "--port",
-                "0",
-                "--data-dir",
-                str(tmp_path / "unkeyed"),
-                "--engine",
-                engine.address,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
+        refused, mark = run_marked(
+            "serve", "--port", "0", "--data-dir", str(tmp_path / "unkeyed"), "--engine", engine.address
         )
-        assert refused.returncode != 0
-        assert "same --cluster-key" in refused.stdout + refused.stderr
+        assert refused.returncode == 3, refused.stdout + refused.stderr
+        said = [line for line in refused.stderr.splitlines() if line.strip()]
+        assert len(said) == 1 and engine.address in said[0] and "same --cluster-key" in said[0], said
+        assert wait_no_leftovers(mark) == []
     finally:
         if serve is not None:
             serve.stop()
