@@ -83,6 +83,8 @@ class SimRequest:
     priority: int = 0
     weight: float = 1.0
     deadline: float | None = None
+    user: str | None = None  # a flow of a two-level fairness key (fairness/flows.py)
+    workflow_run_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -192,6 +194,8 @@ class Simulator:
             weight=spec.weight,
             deadline=spec.deadline,
             arrival_time=spec.arrival,
+            user=spec.user,
+            workflow_run_id=spec.workflow_run_id,
         )
         return Request(
             spec.name, prompt, SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True), meta
