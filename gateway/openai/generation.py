@@ -20,6 +20,7 @@ from gateway.openai.context import RequestContext, quota_limits, read_request
 from gateway.openai.refusals import quota_headers, refused, rejected
 from gateway.openai.responses import RunResponse
 from gateway.openai.runs import Outcome, Run, RunFeed
+from gateway.openai.tasks import record_infeasible
 from gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
         await _check_request_id(state, ctx)
         verdict = await state.edge.admit(ctx.admission_ask(), state.engine.stats())
         if isinstance(verdict, Rejection):
+            record_infeasible(state, ctx, verdict)
             raise rejected(state, ctx.tenant_id, verdict)
         run = _start(state, ctx, verdict, claim)
     headers = {
@@ -160,6 +162,10 @@ def _observe(state: GatewayState, ctx: RequestContext, outcome: Outcome) -> None
     if outcome.status == "rejected" and outcome.metrics is None:
         return
     state.metrics.labels.learn(ctx.tenant_id, ctx.caller.tenant.name)
+    if ctx.ident.task_id or ctx.ident.workflow_run_id:
+        state.metrics.tasks.finished(
+            ctx.tenant_id, ctx.ident.task_id, ctx.ident.attempt, outcome.status, outcome.metrics
+        )
     if outcome.metrics is not None:
         state.metrics.observe_finished(ctx.tenant_id, outcome.status, outcome.metrics)
     else:
