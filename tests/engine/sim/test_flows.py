@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 
 from engine.sim.flows import FlowsSetup, Stream, fan_out, run_streams, sybil
+from engine.sim.lift import BankedCreditSetup, banked_credit
 
 # 40 blocks of 16 tokens for 8 seats of up to 128 tokens: admission outruns memory and preemption is common.
 TIGHT = FlowsSetup(num_blocks=40)
@@ -54,3 +55,10 @@ def test_preemption_takes_the_most_served_flow_first() -> None:
     assert preempted["agent"] > 0
     # The chat's flow trails its agent's, so the agent's calls are the tenant's victims.
     assert preempted["chat"] / sent["chat"] < 0.5 * preempted["agent"] / sent["agent"]
+
+
+def test_the_lift_holds_at_the_inner_level_a_trickling_user_that_floods_leads_by_at_most_the_bound() -> None:
+    """engine/sim/lift.py scenario (a) with A, B and T as three users of one tenant under `tenant/user`."""
+    report = banked_credit(BankedCreditSetup(key="tenant/user"))
+    print(f"\ninner level: lead {report['lead']:.0f}, bound {report['bound']:.0f}")
+    assert 0 < report["lead"] <= report["bound"]
