@@ -205,3 +205,17 @@ def test_two_level_keys_are_accepted_and_others_refused_naming_the_field() -> No
         FairnessConfig(key="tenant/nonsense")  # type: ignore[arg-type]
     with pytest.raises(pydantic.ValidationError, match="max_flows_per_tenant"):
         FairnessConfig(max_flows_per_tenant=0)
+
+
+def test_under_edf_and_priority_classes_a_running_flow_stays_remembered() -> None:
+    policy = make_policy(FairnessConfig(key="tenant/user", edf=True, max_flows_per_tenant=1))
+    running = job("r0", "a", user="busy")
+    policy.add(running, 0.0)
+    assert policy.peek(0.0) is running
+    policy.pop(running)
+    policy.charge(running, 8, 0, 0)
+    base = policy._classes[0].base  # priority class 0, under EDF: the two-level VTC
+    policy.add(job("n0", "a", user="newcomer"), 0.0)  # at the cap, but "busy" runs: it is not forgotten
+    assert base.inner("a").holds("busy")
+    assert base.inner("a").waiting() == {"": 1}  # the newcomer shares the unnamed flow instead
+    policy.finish(running)
