@@ -1,6 +1,6 @@
 """Fair share inside a tenant on the real engine (issue 28): Sybil users and an agent's fan-out beside a chat.
 
-    .venv/bin/python -m bench.flows [--rounds 2] [--seconds 10]
+    .venv/bin/python -m bench.flows [--rounds 2] [--seconds 10] [--scenario sybil fan-out]
 
 One CPU engine with 8 seats (the embedded default model) behind the real gateway, over real HTTP; two
 tenants of equal weight, both kept backlogged by closed-loop streams. Each round runs, alternating:
@@ -26,10 +26,12 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy import text
 
 from bench.server import LocalServer, start_local_server
 from engine import EngineConfig
@@ -57,6 +59,7 @@ class Tally:
     tokens: dict[str, int] = field(default_factory=dict)
     service: dict[str, float] = field(default_factory=dict)  # charged by the engine inside the window
     iterations_per_s: float = 0.0  # the engine's pace inside the window (a busy machine slows it)
+    epoch_window: tuple[float, float] = (0.0, 0.0)
     latency_s: dict[str, list[float]] = field(default_factory=dict)
 
 
@@ -106,7 +109,7 @@ async def drive(server: LocalServer, streams: list[Stream], seconds: float) -> T
     """
     start = time.monotonic()
     window = (start + WARMUP_S, start + WARMUP_S + seconds)
-    tally = Tally()
+    tally = Tally(epoch_window=(time.time() + WARMUP_S, time.time() + WARMUP_S + seconds))
 
     async def sample_service() -> None:
         await asyncio.sleep(WARMUP_S)
@@ -127,6 +130,28 @@ async def drive(server: LocalServer, streams: list[Stream], seconds: float) -> T
             ),
         )
     return tally
+
+
+def ledger_e2e_s(server: LocalServer, workflow: str, window: tuple[float, float]) -> list[float]:
+    """Server-side arrival-to-finish seconds of `workflow`'s requests inside `window` (epoch), from the ledger:
+    the scheduling delay without the client's and HTTP's share of a busy machine."""
+    assert server.state.ledger.flush(10.0), "the ledger did not flush"
+    query = text("SELECT e2e_ms, created_at, finished_at FROM usage WHERE workflow_run_id = :w")
+    with server.state.db.engine.connect() as conn:
+        rows = list(conn.execute(query, {"w": workflow}))
+    return [
+        e2e / 1000
+        for e2e, created, finished in rows
+        if e2e is not None and window[0] <= _epoch(created) and _epoch(finished) <= window[1]
+    ]
+
+
+def _epoch(value: Any) -> float:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return float(value.timestamp())
 
 
 def serve(key: str, data_dir: Path) -> LocalServer:
@@ -155,15 +180,16 @@ RUNS: tuple[tuple[str, str, list[Stream]], ...] = (
 )
 
 
-def measure(rounds: int, seconds: float) -> dict[str, list[dict[str, float]]]:
+def measure(rounds: int, seconds: float, scenarios: tuple[str, ...]) -> dict[str, list[dict[str, float]]]:
     """Every run of `RUNS` once per round, alternating; per run key, one record per round."""
     results: dict[str, list[dict[str, float]]] = {}
     for _ in range(rounds):
-        for scenario, key, streams in RUNS:
+        for scenario, key, streams in (run for run in RUNS if run[0] in scenarios):
             with tempfile.TemporaryDirectory() as tmp:
                 server = serve(key, Path(tmp))
                 try:
                     tally = asyncio.run(drive(server, streams, seconds))
+                    server_side = ledger_e2e_s(server, "chat", tally.epoch_window)
                 finally:
                     server.stop()
             record = {"a_over_b": tally.service["A"] / max(1.0, tally.service["B"])}
@@ -171,6 +197,7 @@ def measure(rounds: int, seconds: float) -> dict[str, list[dict[str, float]]]:
                 record["chat_median_s"] = statistics.median(tally.latency_s["chat"])
                 record["chat_median_iterations"] = record["chat_median_s"] * tally.iterations_per_s
                 record["chat_done"] = len(tally.latency_s["chat"])
+                record["chat_server_median_s"] = statistics.median(server_side)
             results.setdefault(f"{scenario} {key}", []).append(record)
     return results
 
@@ -179,17 +206,21 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--scenario", nargs="+", choices=("sybil", "fan-out"), default=["sybil", "fan-out"])
     args = parser.parse_args(argv)
-    results = measure(args.rounds, args.seconds)
+    results = measure(args.rounds, args.seconds, tuple(args.scenario))
     for name, records in results.items():
         print(name, json.dumps(records))
     for r, (flat, two) in enumerate(
-        zip(results["fan-out tenant"], results["fan-out tenant/workflow"], strict=True), start=1
+        zip(results.get("fan-out tenant", []), results.get("fan-out tenant/workflow", []), strict=True),
+        start=1,
     ):
         seconds = two["chat_median_s"] / flat["chat_median_s"]
         steps = two["chat_median_iterations"] / flat["chat_median_iterations"]
+        server_side = two["chat_server_median_s"] / flat["chat_server_median_s"]
         print(
-            f"round {r}: chat median, tenant/workflow over tenant: {seconds:.3f} in seconds, {steps:.3f} in engine steps"
+            f"round {r}: chat median, tenant/workflow over tenant: {seconds:.3f} at the client, "
+            f"{steps:.3f} in engine steps, {server_side:.3f} server-side (ledger e2e)"
         )
 
 
