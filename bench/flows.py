@@ -5,13 +5,16 @@
 One CPU engine with 8 seats (the embedded default model) behind the real gateway, over real HTTP; two
 tenants of equal weight, both kept backlogged by closed-loop streams. Each round runs, alternating:
 
-  sybil    A's streams carry 24 distinct `user` names, B's the one name; `--fairness-key user` (flat)
-           against `tenant/user`. Reported: A's completed tokens over B's.
+  sybil    A's 24 streams carry 24 distinct `user` names, B's 24 the one name; `--fairness-key user`
+           (flat) against `tenant/user`. Reported: A's charged service over B's.
   fan-out  A runs an agent (one X-Workflow-Run-Id, 20 parallel calls, each replaced as it ends) and a
-           chat (another run id, one request at a time); B runs 20 streams. `--fairness-key tenant`
-           against `tenant/workflow`. Reported: A over B, and the chat's median completion time, in
-           seconds and in engine steps (seconds x the engine's steps per second in the window: other
-           work on the machine slows every step alike, so steps compare runs made minutes apart).
+           chat (another run id, one 8-token request at a time); B runs 20 streams. `--fairness-key
+           tenant` against `tenant/workflow`. Reported: A over B, and the chat's median completion time
+           at the client, in engine steps (seconds x the engine's steps per second in the window: other
+           work on the machine slows every step alike) and server-side (the ledger's e2e).
+
+Calls other than the chat ask for 8-24 output tokens (uniform, seeded per client), so they end spread
+out as an agent's calls do, not in lock-step batches.
 
 A tenant's share is the engine's charged service (w_in=1, w_out=2) inside the measured window, read
 from the engine's stats at its edges. Ratios only: absolute times depend on the machine.
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import tempfile
 import time
@@ -47,7 +51,7 @@ class Stream:
     tenant: str
     concurrency: int
     prompt_words: int
-    max_tokens: int
+    max_tokens: tuple[int, int]  # each request's output length, uniform in this range (seeded per client)
     user: str | None = None
     workflow: str | None = None
 
@@ -64,13 +68,22 @@ class Tally:
 
 
 async def run_stream(
-    client: httpx.AsyncClient, server: LocalServer, stream: Stream, window: tuple[float, float], tally: Tally
+    client: httpx.AsyncClient,
+    server: LocalServer,
+    stream: Stream,
+    window: tuple[float, float],
+    tally: Tally,
+    seed: int,
 ) -> None:
-    """Send `stream`'s requests until the window closes; count the ones that completed inside it."""
+    """Send `stream`'s requests until the window closes; count the ones that completed inside it.
+
+    Output lengths vary (as an agent's calls do), so requests end spread out rather than in lock-step
+    batches that would free the seats all at once.
+    """
+    rng = random.Random(seed)
     body: dict[str, Any] = {
         "model": server.model,
         "prompt": " ".join(["fair"] * stream.prompt_words),
-        "max_tokens": stream.max_tokens,
         "ignore_eos": True,
         "temperature": 0.0,
     }
@@ -81,6 +94,7 @@ async def run_stream(
         headers["X-Workflow-Run-Id"] = stream.workflow
     label = stream.workflow or stream.tenant
     while time.monotonic() < window[1]:
+        body["max_tokens"] = rng.randint(*stream.max_tokens)
         sent = time.monotonic()
         resp = await client.post("/v1/completions", json=body, headers=headers)
         ended = time.monotonic()
@@ -124,9 +138,9 @@ async def drive(server: LocalServer, streams: list[Stream], seconds: float) -> T
         await asyncio.gather(
             sample_service(),
             *(
-                run_stream(client, server, stream, window, tally)
-                for stream in streams
-                for _ in range(stream.concurrency)
+                run_stream(client, server, stream, window, tally, seed=1000 * s + i)
+                for s, stream in enumerate(streams)
+                for i in range(stream.concurrency)
             ),
         )
     return tally
@@ -166,11 +180,12 @@ def serve(key: str, data_dir: Path) -> LocalServer:
     return start_local_server(config, data_dir, [("A", 1.0), ("B", 1.0)])
 
 
-SYBIL = [Stream("A", 1, 8, 16, user=f"a{i}") for i in range(24)] + [Stream("B", 24, 8, 16, user="b")]
+SYBIL = [Stream("A", 1, 8, (8, 24), user=f"a{i}") for i in range(24)]
+SYBIL += [Stream("B", 24, 8, (8, 24), user="b")]
 FAN_OUT = [
-    Stream("A", 20, 8, 16, workflow="agent"),
-    Stream("A", 1, 4, 8, workflow="chat"),
-    Stream("B", 20, 8, 16, workflow="b"),
+    Stream("A", 20, 8, (8, 24), workflow="agent"),
+    Stream("A", 1, 4, (8, 8), workflow="chat"),
+    Stream("B", 20, 8, (8, 24), workflow="b"),
 ]
 RUNS: tuple[tuple[str, str, list[Stream]], ...] = (
     ("sybil", "user", SYBIL),
