@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.outcome_cost import cost_lines
+
 
 def _f(v: Any, digits: int = 2, scale: float = 1.0) -> str:
     if v is None:
@@ -211,6 +213,10 @@ def render(report: dict[str, Any]) -> str:
         "### Cancellation (agent fan-out)",
         "",
         *(_cancel_lines(runs) or ["- no fan-out workload in this run"]),
+        "",
+        "### Cost per verified completion",
+        "",
+        *cost_lines(runs),
         "",
     ]
     sweep = report.get("sweep")

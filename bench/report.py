@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from bench.loadgen import LoadResult, Outcome
+from bench.outcome_cost import cost_per_outcome
 from bench.probe import Sample, Timeline, by_label, delta, total
 from bench.workloads import PlannedRequest, Workload, offered_tokens, offered_tokens_per_s
 
@@ -203,6 +204,7 @@ def summarise(
         "tenants": _tenants(outcomes, workload, server["charged_service_by_tenant"], good, planned, timeline),
         "server": server,
         "cancellation": _cancellation(outcomes, server["cancel_lag_tokens"]),
+        "cost_per_outcome": cost_per_outcome(outcomes, workload, good),  # bench/outcome_cost.py (#28)
         "timeline": {
             "t": timeline.t,
             **{k.removeprefix("fairserve_"): v for k, v in timeline.values.items()},

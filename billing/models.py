@@ -98,6 +98,7 @@ class UsageRow(Base):
     __table_args__ = (
         Index("ix_usage_tenant_finished", "tenant_id", "finished_at"),
         Index("ix_usage_task", "task_id"),
+        Index("ix_usage_workflow_run", "tenant_id", "workflow_run_id"),
     )
 
     # Request ids are the caller's choice, so they are unique only within a tenant (migration 0002).

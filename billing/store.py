@@ -17,6 +17,7 @@ from billing.errors import KeyNotFound, TenantExists, TenantNotFound
 from billing.keys import display_prefix, generate_secret, hash_secret, hashes_match, is_well_formed
 from billing.models import ApiKeyRow, AuditRow, TenantRow, UsageDailyRow, UsageRow, utcnow
 from billing.records import ApiKeyInfo, AuditEntry, DailyUsage, Tenant, UsageSummary
+from billing.tasks import TaskReport, WastedShare, task_report, wasted_by_tenant
 from billing.validation import TENANT_FIELDS, check_tenant_fields
 
 # Writing last_used_at on every verification would turn auth into a write path; once a minute is plenty.
@@ -293,6 +294,18 @@ class BillingStore:
                 s.preemptions += int(preempt or 0)
                 s.recomputed_tokens += int(recomputed or 0)
             return sorted(summaries.values(), key=lambda s: s.tenant_name or s.tenant_id)
+
+    def task_report(
+        self, tenant_id: str, task_id: str | None = None, workflow_run_id: str | None = None
+    ) -> TaskReport | None:
+        """Attempts, outcomes and wasted tokens of a tenant's task or workflow run (billing/tasks.py)."""
+        with self._session() as session:
+            return task_report(session, tenant_id, task_id, workflow_run_id)
+
+    def wasted_share(self, since: datetime, until: datetime | None = None) -> list[WastedShare]:
+        """Per tenant: engine tokens finished in [since, until) and those cancelled or replaced by a retry."""
+        with self._session() as session:
+            return wasted_by_tenant(session, since, until)
 
     def daily_usage(
         self, tenant_id: str | None = None, since: date | None = None, until: date | None = None

@@ -24,8 +24,10 @@ class FairnessConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     policy: str = Field(default=DEFAULT_POLICY, description=f"fairness policy: {' | '.join(POLICIES)}")
-    key: Literal["tenant", "api_key", "user"] = Field(
-        default="tenant", description="what fair share is kept per: tenant, API key or end user"
+    key: Literal["tenant", "api_key", "user", "tenant/user", "tenant/workflow", "tenant/api_key"] = Field(
+        default="tenant",
+        description="what fair share is kept per: tenant, API key or end user; tenant/<flow> keeps it "
+        "among tenants, then among each tenant's users, workflow runs or API keys (vtc)",
     )
     w_in: float = Field(default=1.0, ge=0, allow_inf_nan=False, description="charge per prompt token")
     w_out: float = Field(default=2.0, ge=0, allow_inf_nan=False, description="charge per output token")
@@ -42,6 +44,14 @@ class FairnessConfig(BaseModel):
         ge=0,
         allow_inf_nan=False,
         description="service a key that becomes backlogged may keep below the backlogged minimum (vtc)",
+    )
+
+    max_flows_per_tenant: int = Field(
+        default=1024,
+        ge=1,
+        le=1 << 20,
+        description="flows (users, workflow runs, API keys) a tenant/<flow> key remembers per tenant; "
+        "beyond it idle ones are forgotten, then new ones share the tenant's unnamed flow",
     )
 
     @field_validator("policy")

@@ -59,8 +59,11 @@ class EDFPolicy(Generic[T]):
         return self.base.peek(now)
 
     def pop(self, item: T) -> None:
-        """Remove the admitted item."""
-        self.remove(item)
+        """Remove the admitted item (the base policy's own `pop` for its items: it may track running ones)."""
+        if item.request_id not in self._seq_of and item in self.base:
+            self.base.pop(item)
+        else:
+            self.remove(item)
 
     def finish(self, item: T) -> None:
         """Forwarded to the base policy, which tracks running requests per key."""

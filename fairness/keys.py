@@ -1,4 +1,9 @@
-"""Fairness keys: which identity a request's service is counted against (tenant, API key or end user)."""
+"""Fairness keys: which identity a request's service is counted against (tenant, API key or end user).
+
+A two-level key `tenant/<flow>` (docs/fairness.md, "Two levels") keeps fair share among tenants and,
+inside each tenant, among its flows: `user` (the request's end user), `workflow` (its X-Workflow-Run-Id)
+or `api_key`. A request without one belongs to its tenant's unnamed flow, "".
+"""
 
 from __future__ import annotations
 
@@ -34,8 +39,41 @@ def user_key(item: Any) -> str:
 KEY_FUNCTIONS: dict[str, KeyFn] = {"tenant": tenant_key, "api_key": api_key_key, "user": user_key}
 
 
+def user_flow(item: Any) -> str:
+    """The request's end user ("" when it names none)."""
+    return str(item.meta.user or "")
+
+
+def workflow_flow(item: Any) -> str:
+    """The request's X-Workflow-Run-Id ("" when it has none)."""
+    return str(getattr(item.meta, "workflow_run_id", None) or "")
+
+
+def api_key_flow(item: Any) -> str:
+    """The API key the request came with ("" when none)."""
+    return str(item.meta.api_key_id or "")
+
+
+FLOW_FUNCTIONS: dict[str, KeyFn] = {"user": user_flow, "workflow": workflow_flow, "api_key": api_key_flow}
+TWO_LEVEL_KEYS = tuple(f"tenant/{flow}" for flow in FLOW_FUNCTIONS)
+# Separates a tenant from its flow in a flow's counter name ("<tenant>/<flow>"); tenant ids never hold it.
+FLOW_SEPARATOR = "/"
+
+
+def flow_function(name: str) -> KeyFn | None:
+    """The inner-level function of a two-level key name (`tenant/user` -> `user_flow`); None for a flat one."""
+    outer, sep, inner = name.partition("/")
+    if not sep:
+        return None
+    if outer != "tenant" or inner not in FLOW_FUNCTIONS:
+        raise FairnessError(f"unknown fairness key {name!r}; two-level keys are {' | '.join(TWO_LEVEL_KEYS)}")
+    return FLOW_FUNCTIONS[inner]
+
+
 def key_function(name: str) -> KeyFn:
-    """The key function called `name` (tenant | api_key | user)."""
+    """The key function called `name` (tenant | api_key | user); a two-level key's outer level is the tenant."""
+    if flow_function(name) is not None:
+        return tenant_key
     try:
         return KEY_FUNCTIONS[name]
     except KeyError:

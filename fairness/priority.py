@@ -96,9 +96,12 @@ class PriorityPolicy(Generic[T]):
     def pop(self, item: T) -> None:
         """Remove the admitted item, remembering its class when aging promoted it."""
         rid = item.request_id
-        cls = self._class_of.get(rid)
-        self.remove(item)
-        if cls is not None and cls != item.meta.priority:
+        cls = self._class_of.pop(rid, None)
+        if cls is None:
+            return
+        del self._token_of[rid]
+        self._classes[cls].pop(item)  # the base's own pop: it may track running requests (fairness/flows.py)
+        if cls != item.meta.priority:
             self._admitted_in[rid] = cls
             if len(self._admitted_in) > _MAX_PROMOTED_TRACKED:
                 self._admitted_in.popitem(last=False)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fairness.fcfs import FCFSPolicy
-from fairness.vtc import VTCPolicy
+from fairness.flows import build_vtc
+from fairness.keys import flow_function
 
 if TYPE_CHECKING:
     from fairness.config import FairnessConfig
@@ -42,10 +43,14 @@ POLICIES: dict[str, PolicyEntry] = {
     for entry in (
         PolicyEntry(
             "vtc",
-            VTCPolicy,
+            build_vtc,
             True,
-            "Virtual Token Counter fair share (the default)",
-            configure=lambda config: {"lift_allowance": config.lift_allowance},
+            "Virtual Token Counter fair share (the default; two levels with a tenant/<flow> key)",
+            configure=lambda config: {
+                "lift_allowance": config.lift_allowance,
+                "flow_fn": flow_function(config.key),
+                "max_flows_per_tenant": config.max_flows_per_tenant,
+            },
             shares_counters=True,
         ),
         PolicyEntry("fcfs", FCFSPolicy, False, "first come, first served across tenants"),

@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Generic
 
-from fairness.base import T
+from fairness.base import Item, T
 from fairness.cost import TokenCost, check_weight
 from fairness.errors import DuplicateItemError
 from fairness.keys import KeyFn, tenant_key
@@ -51,12 +51,22 @@ _HEAP_SLACK = 64
 class VTCPolicy(Generic[T]):
     """Weighted Virtual Token Counter over fairness keys; FIFO (preempted first) within a key."""
 
-    def __init__(self, cost: TokenCost, key_fn: KeyFn = tenant_key, *, lift_allowance: float) -> None:
+    def __init__(
+        self,
+        cost: TokenCost,
+        key_fn: KeyFn = tenant_key,
+        *,
+        lift_allowance: float,
+        weight_fn: Callable[[T], float] | None = None,
+    ) -> None:
         if not lift_allowance >= 0 or lift_allowance == float("inf"):
             raise ValueError(f"lift_allowance must be a finite number >= 0, got {lift_allowance!r}")
         self.cost = cost
         self.lift_allowance = lift_allowance
         self.key_fn = key_fn
+        # A key's weight as an item tells it (the tenant's weight by default; fairness/flows.py gives its
+        # inner level the flow's weight instead).
+        self.weight_fn: Callable[[T], float] = weight_fn or _meta_weight
         self._queues: dict[str, LazyQueue[T]] = {}  # backlogged keys only
         self._key_of: dict[str, str] = {}  # queued request_id -> key
         self._counters: dict[str, float] = defaultdict(float)
@@ -80,7 +90,7 @@ class VTCPolicy(Generic[T]):
         if rid in self._key_of:
             raise DuplicateItemError(f"request {rid!r} is already queued")
         key = self.key_fn(item)
-        self._weights[key] = check_weight(key, item.meta.weight)  # the latest seen weight wins
+        self._weights[key] = check_weight(key, self.weight_fn(item))  # the latest seen weight wins
         queue = self._queues.get(key)
         if queue is None:
             self._lift(key)
@@ -105,6 +115,48 @@ class VTCPolicy(Generic[T]):
         """Head of the backlogged key with the smallest counter."""
         key = self._min_key()
         return None if key is None else self._queues[key].head()
+
+    def next_key(self) -> str | None:
+        """The backlogged key with the smallest counter (the one `peek` serves), or None."""
+        return self._min_key()
+
+    def backlogged(self, key: str) -> bool:
+        """True while `key` has queued items."""
+        return key in self._queues
+
+    def forget(self, key: str) -> float:
+        """Drop every trace of a key that is not backlogged; returns its charged service (for a later `resume`).
+
+        Safe for fair share because a returning key is lifted anyway: its counter restarts at 0 and the
+        lift raises it to within `lift_allowance` of the backlogged minimum (fairness/flows.py).
+        """
+        if key in self._queues:
+            raise ValueError(f"fairness key {key!r} is backlogged and cannot be forgotten")
+        for table in (self._counters, self._weights, self._service, self._lifted, self._remote):
+            table.pop(key, None)
+        if self._last_left == key:
+            self._last_left = None
+        return self._charged.pop(key, 0.0)
+
+    def resume(self, key: str, charged: float) -> None:
+        """Restore a forgotten key's published (charged) total so what other engines read never goes down."""
+        self._charged[key] = max(self._charged.get(key, 0.0), charged)
+
+    def known(self) -> int:
+        """How many keys this policy holds state for."""
+        return len(self._counters)
+
+    def holds(self, key: str) -> bool:
+        """True when this policy holds state for `key`."""
+        return key in self._counters
+
+    def weight(self, key: str) -> float:
+        """`key`'s current weight (1 for a key never seen)."""
+        return self._weights.get(key, 1.0)
+
+    def counter(self, key: str) -> float:
+        """`key`'s virtual counter (0 for a key never seen), without creating state for it."""
+        return self._counters.get(key, 0.0)
 
     def pop(self, item: T) -> None:
         """Remove the admitted item; charging happens in `charge` as its tokens are scheduled."""
@@ -152,7 +204,7 @@ class VTCPolicy(Generic[T]):
         if cost:
             weight = self._weights.get(key)
             if weight is None:
-                weight = self._weights[key] = check_weight(key, item.meta.weight)
+                weight = self._weights[key] = check_weight(key, self.weight_fn(item))
             self._counters[key] += cost / weight
             self._charged[key] += cost / weight
             if key in self._backlog_seq:
@@ -179,7 +231,7 @@ class VTCPolicy(Generic[T]):
             if cost:
                 weight = self._weights.get(key)
                 if weight is None:
-                    weight = self._weights[key] = check_weight(key, group[0].meta.weight)
+                    weight = self._weights[key] = check_weight(key, self.weight_fn(group[0]))
                 counter, charged, step = self._counters[key], self._charged[key], cost / weight
                 for _ in group:
                     counter += step
@@ -251,3 +303,7 @@ class VTCPolicy(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._key_of)
+
+
+def _meta_weight(item: Item) -> float:
+    return item.meta.weight

@@ -16,6 +16,8 @@ from engine.scheduler_output import SchedulerConfig
 from fairness.config import FairnessConfig
 from fairness.cost import TokenCost
 from fairness.fcfs import FCFSPolicy
+from fairness.flows import FlowVTCPolicy
+from fairness.keys import KeyFn
 from fairness.vtc import VTCPolicy
 from gateway.settings import EngineServerSettings, GatewaySettings
 
@@ -33,6 +35,18 @@ GRACE_PERIOD_S: float = EngineServerSettings.model_fields["grace_period_s"].defa
 def vtc(cost: TokenCost = COST, lift_allowance: float = LIFT) -> VTCPolicy[Any]:
     """A VTC policy with the tree's cost and lift allowance unless told otherwise."""
     return VTCPolicy(cost, lift_allowance=lift_allowance)
+
+
+def flow_vtc(
+    flow_fn: KeyFn,
+    cost: TokenCost = COST,
+    lift_allowance: float = LIFT,
+    max_flows_per_tenant: int = FAIRNESS.max_flows_per_tenant,
+) -> FlowVTCPolicy[Any]:
+    """A two-level VTC over `flow_fn` with the tree's knobs unless told otherwise."""
+    return FlowVTCPolicy(
+        cost, flow_fn, lift_allowance=lift_allowance, max_flows_per_tenant=max_flows_per_tenant
+    )
 
 
 def fcfs() -> FCFSPolicy[Any]:

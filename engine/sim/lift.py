@@ -38,6 +38,9 @@ class BankedCreditSetup:
     max_num_batched_tokens: int = 512
     num_blocks: int = 256
     block_size: int = 16
+    # "tenant": A, B and T are tenants. "tenant/user": they are three users of one tenant, so the lift and
+    # the bound are those of the inner level (fairness/flows.py).
+    key: str = "tenant"
 
     def config(self) -> SimConfig:
         """The simulated engine (w_in=1, w_out=2, one class)."""
@@ -46,8 +49,25 @@ class BankedCreditSetup:
             max_num_batched_tokens=self.max_num_batched_tokens,
             num_blocks=self.num_blocks,
             block_size=self.block_size,
-            fairness=FairnessConfig(lift_allowance=self.lift_allowance),
+            fairness=FairnessConfig(
+                lift_allowance=self.lift_allowance,
+                key=self.key,  # type: ignore[arg-type]
+                priority_classes=False,
+            ),
         )
+
+    def request(self, name: str, who: str, at: float, prompt: int, output: int) -> SimRequest:
+        """A request of `who` (a tenant, or a user of the one tenant "X" under a two-level key)."""
+        if self.key == "tenant":
+            return SimRequest(name, who, at, prompt, output)
+        return SimRequest(name, "X", at, prompt, output, user=who)
+
+    def service(self, sim: Simulator) -> dict[str, float]:
+        """Charged service of A, B and T (tenants, or the users of "X")."""
+        if self.key == "tenant":
+            return dict(sim.service())
+        flows = sim.policy.flow_service()  # type: ignore[attr-defined]
+        return {name.split("/", 1)[1]: value for name, value in flows.items()}
 
     def vtc_bound(self, w_in: float = 1.0, w_out: float = 2.0) -> float:
         """2·max(w_in·L_in, w_out·M), M the tokens the KV cache can hold."""
@@ -59,7 +79,7 @@ def banked_credit(setup: BankedCreditSetup | None = None) -> dict[str, Any]:
     setup = setup or BankedCreditSetup()
     sim = Simulator(setup.config())
     backlog = [
-        SimRequest(f"{t}{i}", t, 0.0, setup.prompt, setup.output) for i in range(4000) for t in ("A", "B")
+        setup.request(f"{t}{i}", t, 0.0, setup.prompt, setup.output) for i in range(4000) for t in ("A", "B")
     ]
     names = itertools.count()
     state: dict[str, Any] = {"start": None, "lead": 0.0}
@@ -72,17 +92,17 @@ def banked_credit(setup: BankedCreditSetup | None = None) -> dict[str, Any]:
             for _ in range(setup.trickle_streams - len(trickle)):
                 trickle.append(
                     sim.submit(
-                        SimRequest(
+                        setup.request(
                             f"t{next(names)}", "T", sim.clock, setup.trickle_prompt, setup.trickle_output
                         )
                     )
                 )
             return
-        service = sim.service()
+        service = setup.service(sim)
         if state["start"] is None:
             state["start"] = dict(service)
             flood.extend(
-                sim.submit(SimRequest(f"f{i}", "T", sim.clock, setup.prompt, setup.output))
+                sim.submit(setup.request(f"f{i}", "T", sim.clock, setup.prompt, setup.output))
                 for i in range(setup.flood)
             )
             return

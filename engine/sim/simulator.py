@@ -89,6 +89,8 @@ class SimRequest:
     weight: float = 1.0
     deadline: float | None = None
     stop_after: int | None = None  # its token at this output position is a stop token (ends it early)
+    user: str | None = None  # a flow of a two-level fairness key (fairness/flows.py)
+    workflow_run_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -207,6 +209,8 @@ class Simulator:
             weight=spec.weight,
             deadline=spec.deadline,
             arrival_time=spec.arrival,
+            user=spec.user,
+            workflow_run_id=spec.workflow_run_id,
         )
         stops = []
         if spec.stop_after is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -224,7 +225,12 @@ async def usage(request: Request, state: GatewayState) -> Response:
     ref = request.query_params.get("tenant") or None
     tenant_id = (await _tenant(state, ref)).id if ref is not None else None
     rows = await in_store(state.store.usage_summary, tenant_id, since, until)
-    return reply({"since": since, "until": until or now, "tenants": rows})
+    # Wasted share per tenant (billing/tasks.py): engine tokens of cancelled requests and of attempts a retry replaced.
+    wasted = {
+        w.tenant_id: {**asdict(w), "wasted_share": w.wasted_share}
+        for w in await in_store(state.store.wasted_share, since, until)
+    }
+    return reply({"since": since, "until": until or now, "tenants": rows, "wasted": wasted})
 
 
 async def audit(request: Request, state: GatewayState) -> Response:

@@ -21,6 +21,7 @@ from gateway.openai.context import RequestContext, quota_limits, read_request
 from gateway.openai.refusals import quota_headers, refused, rejected
 from gateway.openai.responses import RunResponse
 from gateway.openai.runs import Outcome, Run, RunFeed
+from gateway.openai.tasks import record_infeasible
 from gateway.state import GatewayState
 
 if TYPE_CHECKING:
@@ -78,6 +79,7 @@ async def _generation(request: Request, chat: bool, trace: RequestTrace | None) 
         if trace is not None:
             trace.admission(admitting_at, verdict)
         if isinstance(verdict, Rejection):
+            record_infeasible(state, ctx, verdict)
             raise rejected(state, ctx.tenant_id, verdict)
         run = _start(state, ctx, verdict, claim, trace)
     headers = {
@@ -198,6 +200,10 @@ def _observe(state: GatewayState, ctx: RequestContext, outcome: Outcome) -> None
     if outcome.status == "rejected" and outcome.metrics is None:
         return
     state.metrics.labels.learn(ctx.tenant_id, ctx.caller.tenant.name)
+    if ctx.ident.task_id or ctx.ident.workflow_run_id:
+        state.metrics.tasks.finished(
+            ctx.tenant_id, ctx.ident.task_id, ctx.ident.attempt, outcome.status, outcome.metrics
+        )
     if outcome.metrics is not None:
         state.metrics.observe_finished(ctx.tenant_id, outcome.status, outcome.metrics)
     else:

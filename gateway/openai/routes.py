@@ -9,6 +9,7 @@ from starlette.types import ASGIApp
 
 from gateway.edge.auth import authenticate
 from gateway.openai.generation import generation
+from gateway.openai.tasks import routes as task_routes
 from gateway.state import GatewayState
 
 
@@ -46,4 +47,5 @@ routes = [
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
+    *task_routes,
 ]

@@ -10,6 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.ops.task_metrics import TaskMetrics
+
 OTHER = "other"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
@@ -192,6 +194,7 @@ class GatewayMetrics:
             ["result"],
             registry=r,
         )
+        self.tasks = TaskMetrics(r, labels.label)  # per-tenant task outcomes and waste (#28)
         if stats is not None:
             r.register(_EngineCollector(stats, labels))
         if loads is not None:  # routing.EngineLoad rows, one per engine

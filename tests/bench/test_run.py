@@ -42,6 +42,10 @@ def test_quick_bench_against_a_live_server_is_consistent(
     assert agent["cancellation"]["tasks"] > 0
     # The fan-out runs through fairserve_client's task(): its cancel reached the server's attempts.
     assert agent["cancellation"]["attempts_cancelled"] > 0
+    # Cost per verified completion (#28): every tenant's engine tokens, the fan-out's waste per task.
+    waste = agent["cost_per_outcome"]["wasted_tokens_per_task"]
+    assert waste["tasks"] == agent["cancellation"]["tasks"] and waste["cancelled_branches"] > 0
+    assert all(t["engine_tokens"] > 0 for t in agent["cost_per_outcome"]["tenants"].values())
     # Against a remote server the engine and policy can't be reconfigured: said so, not silently dropped.
     cmp = report["comparisons"]
     assert cmp["policy"]["note"].startswith("not measured:")

@@ -212,6 +212,14 @@ async function revokeKey(k) {
 
 // -- usage and audit -----------------------------------------------------------------------------------
 
+// Engine tokens of cancelled requests and of attempts a retry replaced, as a share of the tenant's engine tokens.
+function wastedCell(w) {
+  if (!w) return el("td", {}, "-");
+  const title = `cancelled ${w.cancelled_tokens}, replaced by a retry ${w.replaced_tokens}, ` +
+    `after a cancel ${w.tokens_after_cancel} of ${w.engine_tokens} engine tokens`;
+  return el("td", { class: "wasted", title }, `${(100 * w.wasted_share).toFixed(1)}%`);
+}
+
 async function refreshUsage() {
   const window_ = $("usage-window").value;
   try {
@@ -224,9 +232,9 @@ async function refreshUsage() {
       el("td", {}, u.tenant_name || u.tenant_id), el("td", {}, num(u.requests)),
       el("td", {}, Object.entries(u.requests_by_status).map(([s, n]) => `${s} ${n}`).join(", ")),
       el("td", {}, num(u.prompt_tokens)), el("td", {}, num(u.cached_tokens)), el("td", {}, num(u.completion_tokens)),
-      el("td", {}, num(u.charged_service, 1)), el("td", {}, num(u.preemptions)))));
+      el("td", {}, num(u.charged_service, 1)), el("td", {}, num(u.preemptions)), wastedCell(usage.wasted[u.tenant_id]))));
   } catch (err) {
-    fillBody($("usage"), [el("tr", {}, el("td", { colspan: "8", class: "error" }, err.message))]);
+    fillBody($("usage"), [el("tr", {}, el("td", { colspan: "9", class: "error" }, err.message))]);
   }
 }
 

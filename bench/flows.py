@@ -1,0 +1,243 @@
+"""Fair share inside a tenant on the real engine (issue 28): Sybil users and an agent's fan-out beside a chat.
+
+    .venv/bin/python -m bench.flows [--rounds 2] [--seconds 10] [--scenario sybil fan-out]
+
+One CPU engine with 8 seats (the embedded default model) behind the real gateway, over real HTTP; two
+tenants of equal weight, both kept backlogged by closed-loop streams. Each round runs, alternating:
+
+  sybil    A's 24 streams carry 24 distinct `user` names, B's 24 the one name; `--fairness-key user`
+           (flat) against `tenant/user`. Reported: A's charged service over B's.
+  fan-out  A runs an agent (one X-Workflow-Run-Id, 20 parallel calls, each replaced as it ends) and a
+           chat (another run id, one 8-token request at a time); B runs 20 streams. `--fairness-key
+           tenant` against `tenant/workflow`. Reported: A over B, and the chat's median completion time
+           at the client, in engine steps (seconds x the engine's steps per second in the window: other
+           work on the machine slows every step alike) and server-side (the ledger's e2e).
+
+Calls other than the chat ask for 8-24 output tokens (uniform, seeded per client), so they end spread
+out as an agent's calls do, not in lock-step batches.
+
+A tenant's share is the engine's charged service (w_in=1, w_out=2) inside the measured window, read
+from the engine's stats at its edges. Ratios only: absolute times depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import text
+
+from bench.server import LocalServer, start_local_server
+from engine import EngineConfig
+from fairness import FairnessConfig
+
+WARMUP_S = 1.0
+
+
+@dataclass
+class Stream:
+    """A closed-loop client of one tenant: `concurrency` requests in flight, each replaced as it ends."""
+
+    tenant: str
+    concurrency: int
+    prompt_words: int
+    max_tokens: tuple[int, int]  # each request's output length, uniform in this range (seeded per client)
+    user: str | None = None
+    workflow: str | None = None
+
+
+@dataclass
+class Tally:
+    """What completed inside the measured window."""
+
+    tokens: dict[str, int] = field(default_factory=dict)
+    service: dict[str, float] = field(default_factory=dict)  # charged by the engine inside the window
+    iterations_per_s: float = 0.0  # the engine's pace inside the window (a busy machine slows it)
+    epoch_window: tuple[float, float] = (0.0, 0.0)
+    latency_s: dict[str, list[float]] = field(default_factory=dict)
+
+
+async def run_stream(
+    client: httpx.AsyncClient,
+    server: LocalServer,
+    stream: Stream,
+    window: tuple[float, float],
+    tally: Tally,
+    seed: int,
+) -> None:
+    """Send `stream`'s requests until the window closes; count the ones that completed inside it.
+
+    Output lengths vary (as an agent's calls do), so requests end spread out rather than in lock-step
+    batches that would free the seats all at once.
+    """
+    rng = random.Random(seed)
+    body: dict[str, Any] = {
+        "model": server.model,
+        "prompt": " ".join(["fair"] * stream.prompt_words),
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
+    if stream.user:
+        body["user"] = stream.user
+    headers = {"Authorization": f"Bearer {server.keys[stream.tenant]}"}
+    if stream.workflow:
+        headers["X-Workflow-Run-Id"] = stream.workflow
+    label = stream.workflow or stream.tenant
+    while time.monotonic() < window[1]:
+        body["max_tokens"] = rng.randint(*stream.max_tokens)
+        sent = time.monotonic()
+        resp = await client.post("/v1/completions", json=body, headers=headers)
+        ended = time.monotonic()
+        if resp.status_code != 200 or not window[0] <= sent or ended > window[1]:
+            continue
+        usage = json.loads(resp.content)["usage"]
+        tally.tokens[stream.tenant] = tally.tokens.get(stream.tenant, 0) + usage["total_tokens"]
+        tally.latency_s.setdefault(label, []).append(ended - sent)
+
+
+def tenant_service(server: LocalServer) -> dict[str, float]:
+    """The engine's charged service by tenant name, whatever the fairness key ("<tenant id>/<flow>" too)."""
+    names = {server.state.store.get_tenant(name).id: name for name in server.keys}  # type: ignore[union-attr]
+    totals: dict[str, float] = {}
+    for key, value in server.engine.stats().service.items():
+        name = names.get(key.split("/")[0], key)
+        totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
+async def drive(server: LocalServer, streams: list[Stream], seconds: float) -> Tally:
+    """Run every stream's clients for `seconds` after a warm-up; the tally of the measured window.
+
+    Service is read from the engine at the window's edges (charged as tokens are scheduled), so requests
+    cut by the window count for what they received inside it.
+    """
+    start = time.monotonic()
+    window = (start + WARMUP_S, start + WARMUP_S + seconds)
+    tally = Tally(epoch_window=(time.time() + WARMUP_S, time.time() + WARMUP_S + seconds))
+
+    async def sample_service() -> None:
+        await asyncio.sleep(WARMUP_S)
+        before, iterations = tenant_service(server), server.engine.stats().iterations
+        await asyncio.sleep(seconds)
+        after = tenant_service(server)
+        tally.service = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in server.keys}
+        tally.iterations_per_s = (server.engine.stats().iterations - iterations) / seconds
+
+    limits = httpx.Limits(max_connections=200)
+    async with httpx.AsyncClient(base_url=server.url, timeout=120.0, limits=limits) as client:
+        await asyncio.gather(
+            sample_service(),
+            *(
+                run_stream(client, server, stream, window, tally, seed=1000 * s + i)
+                for s, stream in enumerate(streams)
+                for i in range(stream.concurrency)
+            ),
+        )
+    return tally
+
+
+def ledger_e2e_s(server: LocalServer, workflow: str, window: tuple[float, float]) -> list[float]:
+    """Server-side arrival-to-finish seconds of `workflow`'s requests inside `window` (epoch), from the ledger:
+    the scheduling delay without the client's and HTTP's share of a busy machine."""
+    assert server.state.ledger.flush(10.0), "the ledger did not flush"
+    query = text("SELECT e2e_ms, created_at, finished_at FROM usage WHERE workflow_run_id = :w")
+    with server.state.db.engine.connect() as conn:
+        rows = list(conn.execute(query, {"w": workflow}))
+    return [
+        e2e / 1000
+        for e2e, created, finished in rows
+        if e2e is not None and window[0] <= _epoch(created) and _epoch(finished) <= window[1]
+    ]
+
+
+def _epoch(value: Any) -> float:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return float(value.timestamp())
+
+
+def serve(key: str, data_dir: Path) -> LocalServer:
+    """A gateway over a fresh 8-seat CPU engine keeping fair share per `key`; tenants A and B, weight 1."""
+    config = EngineConfig(
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        num_kv_blocks=512,
+        cache_dir=str(data_dir / "model"),
+        fairness=FairnessConfig(key=key),  # type: ignore[arg-type]
+    )
+    return start_local_server(config, data_dir, [("A", 1.0), ("B", 1.0)])
+
+
+SYBIL = [Stream("A", 1, 8, (8, 24), user=f"a{i}") for i in range(24)]
+SYBIL += [Stream("B", 24, 8, (8, 24), user="b")]
+FAN_OUT = [
+    Stream("A", 20, 8, (8, 24), workflow="agent"),
+    Stream("A", 1, 4, (8, 8), workflow="chat"),
+    Stream("B", 20, 8, (8, 24), workflow="b"),
+]
+RUNS: tuple[tuple[str, str, list[Stream]], ...] = (
+    ("sybil", "user", SYBIL),
+    ("sybil", "tenant/user", SYBIL),
+    ("fan-out", "tenant", FAN_OUT),
+    ("fan-out", "tenant/workflow", FAN_OUT),
+)
+
+
+def measure(rounds: int, seconds: float, scenarios: tuple[str, ...]) -> dict[str, list[dict[str, float]]]:
+    """Every run of `RUNS` once per round, alternating; per run key, one record per round."""
+    results: dict[str, list[dict[str, float]]] = {}
+    for _ in range(rounds):
+        for scenario, key, streams in (run for run in RUNS if run[0] in scenarios):
+            with tempfile.TemporaryDirectory() as tmp:
+                server = serve(key, Path(tmp))
+                try:
+                    tally = asyncio.run(drive(server, streams, seconds))
+                    server_side = ledger_e2e_s(server, "chat", tally.epoch_window)
+                finally:
+                    server.stop()
+            record = {"a_over_b": tally.service["A"] / max(1.0, tally.service["B"])}
+            if "chat" in tally.latency_s:
+                record["chat_median_s"] = statistics.median(tally.latency_s["chat"])
+                record["chat_median_iterations"] = record["chat_median_s"] * tally.iterations_per_s
+                record["chat_done"] = len(tally.latency_s["chat"])
+                record["chat_server_median_s"] = statistics.median(server_side)
+            results.setdefault(f"{scenario} {key}", []).append(record)
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--scenario", nargs="+", choices=("sybil", "fan-out"), default=["sybil", "fan-out"])
+    args = parser.parse_args(argv)
+    results = measure(args.rounds, args.seconds, tuple(args.scenario))
+    for name, records in results.items():
+        print(name, json.dumps(records))
+    for r, (flat, two) in enumerate(
+        zip(results.get("fan-out tenant", []), results.get("fan-out tenant/workflow", []), strict=True),
+        start=1,
+    ):
+        seconds = two["chat_median_s"] / flat["chat_median_s"]
+        steps = two["chat_median_iterations"] / flat["chat_median_iterations"]
+        server_side = two["chat_server_median_s"] / flat["chat_server_median_s"]
+        print(
+            f"round {r}: chat median, tenant/workflow over tenant: {seconds:.3f} at the client, "
+            f"{steps:.3f} in engine steps, {server_side:.3f} server-side (ledger e2e)"
+        )
+
+
+if __name__ == "__main__":
+    main()

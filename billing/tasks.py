@@ -1,0 +1,149 @@
+"""Task-level telemetry from the ledger: what a task (X-Task-Id) or workflow run cost, and how much was wasted.
+
+A task is one logical call that a client may retry or hedge (fairserve_client numbers the attempts with
+X-Attempt). From the usage rows of one tenant's task or run:
+
+- attempts: distinct attempt numbers; requests completed, cancelled, ended by their deadline, and rejected
+  for an infeasible deadline (the edge writes a row for those when they carry a task or run id);
+- tokens computed after a cancel (`tokens_after_cancel`, as the engine counted them);
+- wasted tokens, in engine tokens (prompt computed + output, `prompt - cached + completion`): those of
+  cancelled requests (branches a client abandoned), and those of completed attempts whose answer a retry
+  replaced: every completed row with an attempt number below the task's highest completed attempt.
+
+All of it is aggregated in SQL (a task with many rows costs one scan of its index range, not a transfer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, func, select
+from sqlalchemy.orm import Session
+
+from billing.models import UsageRow
+
+# The finish_reason of a ledger row the edge writes for a request refused for an infeasible deadline.
+INFEASIBLE = "infeasible"
+
+
+@dataclass
+class TaskReport:
+    """One task's or workflow run's attempts, outcomes and wasted tokens (engine tokens)."""
+
+    attempts: int = 0
+    requests: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    deadline: int = 0
+    rejected_infeasible: int = 0
+    engine_tokens: int = 0
+    tokens_after_cancel: int = 0
+    cancelled_tokens: int = 0
+    replaced_tokens: int = 0
+
+    @property
+    def wasted_tokens(self) -> int:
+        """Cancelled branches plus replaced attempts."""
+        return self.cancelled_tokens + self.replaced_tokens
+
+
+@dataclass
+class WastedShare:
+    """One tenant's wasted engine tokens over a time range, and their share of its engine tokens."""
+
+    tenant_id: str
+    engine_tokens: int = 0
+    cancelled_tokens: int = 0
+    replaced_tokens: int = 0
+    tokens_after_cancel: int = 0
+
+    @property
+    def wasted_share(self) -> float:
+        """(cancelled + replaced) / all engine tokens; 0 with no tokens."""
+        wasted = self.cancelled_tokens + self.replaced_tokens
+        return wasted / self.engine_tokens if self.engine_tokens else 0.0
+
+
+def _engine_tokens() -> ColumnElement[Any]:
+    return UsageRow.prompt_tokens - UsageRow.cached_tokens + UsageRow.completion_tokens
+
+
+def task_report(
+    session: Session, tenant_id: str, task_id: str | None = None, workflow_run_id: str | None = None
+) -> TaskReport | None:
+    """The report of `tenant_id`'s task (or workflow run); None when the ledger has no row of it."""
+    column = UsageRow.task_id if task_id is not None else UsageRow.workflow_run_id
+    scope = and_(
+        UsageRow.tenant_id == tenant_id, column == (task_id if task_id is not None else workflow_run_id)
+    )
+    tokens = _engine_tokens()
+    report = TaskReport()
+    query = (
+        select(
+            UsageRow.status,
+            UsageRow.finish_reason,
+            func.count(),
+            func.sum(tokens),
+            func.sum(UsageRow.tokens_after_cancel),
+        )
+        .where(scope)
+        .group_by(UsageRow.status, UsageRow.finish_reason)
+    )
+    for status, reason, count, engine_tokens, after in session.execute(query):
+        report.requests += count
+        report.engine_tokens += int(engine_tokens or 0)
+        report.tokens_after_cancel += int(after or 0)
+        if status == "completed":
+            report.completed += count
+        elif status == "cancelled":
+            report.cancelled += count
+            report.cancelled_tokens += int(engine_tokens or 0)
+        elif status == "deadline":
+            report.deadline += count
+        elif status == "rejected" and reason == INFEASIBLE:
+            report.rejected_infeasible += count
+    if not report.requests:
+        return None
+    report.attempts = int(session.scalar(select(func.count(UsageRow.attempt.distinct())).where(scope)) or 0)
+    kept = session.scalar(select(func.max(UsageRow.attempt)).where(scope, UsageRow.status == "completed"))
+    if kept is not None:
+        replaced = select(func.sum(tokens)).where(
+            scope, UsageRow.status == "completed", UsageRow.attempt < kept
+        )
+        report.replaced_tokens = int(session.scalar(replaced) or 0)
+    return report
+
+
+def wasted_by_tenant(session: Session, since: datetime, until: datetime | None = None) -> list[WastedShare]:
+    """Per tenant, over rows finished in [since, until): engine tokens, and those cancelled or replaced."""
+    window = [UsageRow.finished_at >= since]
+    if until is not None:
+        window.append(UsageRow.finished_at < until)
+    tokens = _engine_tokens()
+    shares: dict[str, WastedShare] = {}
+    totals = select(
+        UsageRow.tenant_id,
+        func.sum(tokens),
+        func.sum(tokens).filter(UsageRow.status == "cancelled"),
+        func.sum(UsageRow.tokens_after_cancel),
+    ).where(*window)
+    for tid, engine_tokens, cancelled, after in session.execute(totals.group_by(UsageRow.tenant_id)):
+        shares[tid] = WastedShare(tid, int(engine_tokens or 0), int(cancelled or 0), 0, int(after or 0))
+    kept = (
+        select(UsageRow.tenant_id, UsageRow.task_id, func.max(UsageRow.attempt).label("kept"))
+        .where(*window, UsageRow.task_id.is_not(None), UsageRow.status == "completed")
+        .group_by(UsageRow.tenant_id, UsageRow.task_id)
+        .subquery()
+    )
+    replaced = (
+        select(UsageRow.tenant_id, func.sum(tokens))
+        .join(kept, and_(UsageRow.tenant_id == kept.c.tenant_id, UsageRow.task_id == kept.c.task_id))
+        .where(*window, UsageRow.status == "completed", UsageRow.attempt < kept.c.kept)
+        .group_by(UsageRow.tenant_id)
+    )
+    for tid, value in session.execute(replaced):
+        if tid in shares:
+            shares[tid].replaced_tokens = int(value or 0)
+    return sorted(shares.values(), key=lambda s: s.tenant_id)

@@ -1,0 +1,88 @@
+"""Task telemetry routes: a tenant reads what its own task or workflow run cost; other tenants' ids are 404.
+
+GET /v1/tasks/{task_id} and GET /v1/workflow-runs/{run_id} answer from the ledger (billing/tasks.py):
+attempts, requests completed / cancelled / ended by deadline / rejected for an infeasible deadline, engine
+tokens, tokens computed after a cancel, and wasted tokens split into cancelled branches and attempts whose
+answer a retry replaced. The ledger writes behind the request path, so the last rows may take a moment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import time
+import uuid
+
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from admission.controller import Rejection
+from billing.tasks import INFEASIBLE, TaskReport
+from gateway.edge.auth import authenticate
+from gateway.edge.errors import APIError
+from gateway.openai.context import RequestContext
+from gateway.openai.runs import Outcome
+from gateway.state import GatewayState
+
+log = logging.getLogger("fairserve.gateway.tasks")
+_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,200}$")  # the X-Task-Id alphabet, less "/" (a path separator)
+
+
+def record_infeasible(state: GatewayState, ctx: RequestContext, rejection: Rejection) -> None:
+    """A ledger row for a task's or workflow run's request refused for an infeasible deadline.
+
+    Zero tokens, status "rejected", finish_reason "infeasible", under an id of its own ("refused-...") so
+    the request's id stays free for its retry. Only requests that name a task or run get one: the row is
+    there for their report.
+    """
+    if rejection.code != "deadline_infeasible" or not (ctx.ident.task_id or ctx.ident.workflow_run_id):
+        return
+    state.metrics.tasks.infeasible(ctx.tenant_id)
+    row = ctx.usage_record(Outcome("rejected", None, None, None), time.time())
+    row = dataclasses.replace(row, request_id=f"refused-{uuid.uuid4().hex[:24]}", finish_reason=INFEASIBLE)
+    try:
+        state.ledger.record(row)
+    except Exception:  # the ledger spills on its own; a full buffer must not change the refusal
+        log.warning("ledger refused row %s", row.request_id, exc_info=True)
+
+
+async def _report(request: Request, field: str, kind: str) -> JSONResponse:
+    state: GatewayState = request.app.state.gateway
+    caller = await authenticate(request, state.keys, state.auth_budget, state.metrics.auth_failures)
+    ident = request.path_params[field]
+    if not _ID.match(ident):
+        raise APIError(
+            400, f"{field} must be 1-200 characters of letters, digits and ._:-", "invalid_value", field
+        )
+    scope = {"task_id": ident} if kind == "task" else {"workflow_run_id": ident}
+    try:
+        report: TaskReport | None = await run_in_threadpool(
+            state.store.task_report, caller.tenant.id, **scope
+        )
+    except SQLAlchemyError:
+        log.warning("task report for %s failed", ident, exc_info=True)
+        raise APIError(503, "the ledger is unavailable; retry shortly", "ledger_unavailable") from None
+    if report is None:  # never seen, or another tenant's: the same answer, so ids cannot be probed
+        raise APIError(404, f"no ledger rows for {kind} {ident!r}", f"{kind}_not_found", field)
+    body = {"id": ident, "object": kind, **dataclasses.asdict(report), "wasted_tokens": report.wasted_tokens}
+    return JSONResponse(body)
+
+
+async def get_task(request: Request) -> JSONResponse:
+    """GET /v1/tasks/{task_id}: the caller's task, from the ledger."""
+    return await _report(request, "task_id", "task")
+
+
+async def get_workflow_run(request: Request) -> JSONResponse:
+    """GET /v1/workflow-runs/{run_id}: the caller's workflow run (X-Workflow-Run-Id), from the ledger."""
+    return await _report(request, "run_id", "workflow_run")
+
+
+routes = [
+    Route("/v1/tasks/{task_id}", get_task, methods=["GET"]),
+    Route("/v1/workflow-runs/{run_id}", get_workflow_run, methods=["GET"]),
+]
