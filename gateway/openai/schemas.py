@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from billing.fields import MODEL_MAX
 from engine.request import SamplingParams
 
 
@@ -53,7 +54,7 @@ def _off(value: Any, off: tuple[Any, ...], field: str, what: str) -> Any:
 class _Sampling(_Strict):
     """Fields shared by both endpoints."""
 
-    model: str = Field(min_length=1)
+    model: str = Field(min_length=1, max_length=MODEL_MAX)
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
