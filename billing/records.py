@@ -74,6 +74,26 @@ class UsageRecord:
     finished_at: datetime
 
 
+# A journal or spill row written by an older fairserve may lack fields added since; these are the values
+# such a row is stored with (billing/spill.py decode_row). A field without an entry here is required.
+USAGE_DEFAULTS: dict[str, Any] = {
+    "api_key_id": None,
+    "task_id": None,
+    "workflow_run_id": None,
+    "attempt": 0,
+    "finish_reason": None,
+    "cancel_state": None,
+    "cached_tokens": 0,
+    "charged_service": 0.0,
+    "tokens_after_cancel": 0,
+    "preemptions": 0,
+    "recomputed_tokens": 0,
+    "queue_ms": None,
+    "ttft_ms": None,
+    "e2e_ms": None,
+}
+
+
 @dataclass
 class UsageSummary:
     """Usage of one tenant over a time range: requests by status, tokens by kind, charged service."""

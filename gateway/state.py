@@ -138,11 +138,25 @@ def build_state(settings: GatewaySettings, engine: EngineClient | None) -> Gatew
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     db = Database(settings.db_url or default_db_url(settings.data_dir))
     db.upgrade()
-    store = BillingStore(db)
     owns_engine = engine is None
     if engine is None:
         engine = gateway_engine(settings)
         engine.start()
+    try:
+        return _build_on(settings, db, engine, owns_engine)
+    except BaseException:
+        # A failed start must let the process exit: an engine left running keeps it alive, not listening.
+        if owns_engine:
+            engine.shutdown(timeout_s=1.0)
+        db.dispose()
+        raise
+
+
+def _build_on(
+    settings: GatewaySettings, db: Database, engine: EngineClient, owns_engine: bool
+) -> GatewayState:
+    """build_state once the engine runs: ledger (its journal replayed), stores, Redis, metrics."""
+    store = BillingStore(db)
     labels = TenantLabels(settings.metrics_tenants)
     metrics = GatewayMetrics(labels, engine.stats, partial(engine_loads, engine))
     ledger = Ledger(db, LedgerConfig(data_dir=str(settings.data_dir)), registry=metrics.registry)
