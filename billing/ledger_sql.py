@@ -56,6 +56,7 @@ _PG_TYPES = {
     "tokens_after_cancel": "int4",
     "preemptions": "int4",
     "recomputed_tokens": "int4",
+    "delivered_tokens": "int4",
     "charged_service": "float8",
     "queue_ms": "float8",
     "ttft_ms": "float8",

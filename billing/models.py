@@ -125,6 +125,8 @@ class UsageRow(Base):
     e2e_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     finished_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    # Tokens produced are billed (completion_tokens); tokens delivered are kept alongside (migration 0005).
+    delivered_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class UsageDailyRow(Base):

@@ -151,6 +151,9 @@ class RequestMeta:
     weight: float = 1.0
     deadline: float | None = None
     arrival_time: float = field(default_factory=time.time)
+    ledger_id: str | None = (
+        None  # the caller's request id: the key of the ledger row the engine's record bills
+    )
 
 
 @dataclass

@@ -28,7 +28,7 @@ FROM_CALLER = {"request_id", "task_id", "workflow_run_id", "attempt", "model"}
 FROM_GATEWAY = {"tenant_id", "api_key_id", "status", "finish_reason", "cancel_state", "created_at"}
 FROM_GATEWAY |= {"finished_at", "queue_ms", "ttft_ms", "e2e_ms", "charged_service"}
 FROM_ENGINE = {"prompt_tokens", "cached_tokens", "completion_tokens", "tokens_after_cancel"}
-FROM_ENGINE |= {"preemptions", "recomputed_tokens"}
+FROM_ENGINE |= {"preemptions", "recomputed_tokens", "delivered_tokens"}
 # Headers and body fields the edge reads that do not reach the ledger (so no column bounds them).
 NOT_STORED = {"Idempotency-Key", "user", "cache_salt"}
 

@@ -1,0 +1,147 @@
+"""The engine's own account of what it produced, kept until a gateway confirms the ledger row.
+
+Why the engine keeps one: a gateway killed mid-request never writes the row of the requests it had in
+flight, though the engine computed their tokens (and the client may have seen some). So the engine
+server records, per finished request, the tokens it produced (prompt computed, cached, completion) and
+holds the record until the gateway that submitted it says the row is in its ledger (`Billed`). Records
+whose gateway is gone (reaped by the socket thread) are handed to any gateway that asks (`AskProduced`):
+it bills them with status `interrupted` and confirms them in turn. The per-tenant totals (by hour, since
+the engine started) are what `fairserve usage reconcile` compares the ledger with.
+
+Thread-safe: the loop (or its publisher thread) opens and finishes records, the socket thread reads them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Collection
+
+import msgspec
+
+from engine.outputs import OutputDelta
+from engine.request import RequestMeta
+
+_HOUR_S = 3600
+
+
+class ProducedRecord(msgspec.Struct, array_like=True):
+    """One finished request as the engine saw it: whose, and the tokens it produced."""
+
+    engine_request_id: str
+    ledger_request_id: str | None  # the caller's request id (the ledger's key within its tenant)
+    tenant_id: str
+    api_key_id: str | None
+    task_id: str | None
+    workflow_run_id: str | None
+    attempt: int
+    finish_reason: str | None
+    cancel_state: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    charged_service: float
+    tokens_after_cancel: int
+    preemptions: int
+    recomputed_tokens: int
+    arrival_time: float
+    finished_time: float
+
+
+class TenantProduced(msgspec.Struct, array_like=True):
+    """One tenant's produced tokens over the asked period (requests finished in it)."""
+
+    tenant_id: str
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class ProducedBook:
+    """Open requests (owner and meta), finished unconfirmed records, and per-tenant hourly totals."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, tuple[bytes, RequestMeta]] = {}
+        self._records: dict[str, tuple[bytes, ProducedRecord]] = {}
+        self._hours: dict[tuple[str, int], TenantProduced] = {}
+
+    def opened(self, request_id: str, owner: bytes, meta: RequestMeta) -> None:
+        """A gateway's submit was accepted."""
+        with self._lock:
+            self._open[request_id] = (owner, meta)
+
+    def refused(self, request_id: str) -> None:
+        """The engine refused the submit after all: nothing was produced."""
+        with self._lock:
+            self._open.pop(request_id, None)
+
+    def finished(self, delta: OutputDelta) -> None:
+        """The request ended: keep its record until Billed, and count it for its tenant."""
+        with self._lock:
+            opened = self._open.pop(delta.request_id, None)
+            if opened is None:
+                return
+            owner, meta = opened
+            m = delta.metrics
+            record = ProducedRecord(
+                delta.request_id,
+                meta.ledger_id,
+                meta.tenant_id,
+                meta.api_key_id,
+                meta.task_id,
+                meta.workflow_run_id,
+                meta.attempt,
+                delta.finish_reason.value if delta.finish_reason is not None else None,
+                m.cancel_state,
+                m.prompt_tokens,
+                m.cached_tokens,
+                m.completion_tokens,
+                m.charged_service,
+                m.tokens_after_cancel,
+                m.preemptions,
+                m.recomputed_tokens,
+                m.arrival_time,
+                m.finished_time or time.time(),
+            )
+            self._records[delta.request_id] = (owner, record)
+            key = (meta.tenant_id, int(record.finished_time) // _HOUR_S)
+            total = self._hours.setdefault(key, TenantProduced(meta.tenant_id))
+            total.requests += 1
+            total.prompt_tokens += m.prompt_tokens
+            total.cached_tokens += m.cached_tokens
+            total.completion_tokens += m.completion_tokens
+
+    def billed(self, request_ids: Collection[str]) -> None:
+        """A gateway has the rows of these requests in its ledger: forget their records."""
+        with self._lock:
+            for rid in request_ids:
+                self._records.pop(rid, None)
+
+    def orphans(self, live: Collection[bytes], older_than_s: float) -> list[ProducedRecord]:
+        """Unconfirmed records whose gateway is not connected, finished at least `older_than_s` ago."""
+        cutoff = time.time() - older_than_s
+        with self._lock:
+            return [
+                r for owner, r in self._records.values() if owner not in live and r.finished_time <= cutoff
+            ]
+
+    def unconfirmed(self) -> int:
+        """Records no gateway has confirmed yet."""
+        with self._lock:
+            return len(self._records)
+
+    def totals(self, since: float) -> list[TenantProduced]:
+        """Per-tenant totals of requests finished in the hours from `since`'s hour on."""
+        first = int(since) // _HOUR_S
+        out: dict[str, TenantProduced] = {}
+        with self._lock:
+            for (tenant, hour), t in self._hours.items():
+                if hour >= first:
+                    acc = out.setdefault(tenant, TenantProduced(tenant))
+                    acc.requests += t.requests
+                    acc.prompt_tokens += t.prompt_tokens
+                    acc.cached_tokens += t.cached_tokens
+                    acc.completion_tokens += t.completion_tokens
+        return sorted(out.values(), key=lambda t: t.tenant_id)
