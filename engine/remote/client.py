@@ -214,6 +214,17 @@ class RemoteEngine(EngineFront):
             future.set_exception(EngineDeadError(f"the engine at {self._address} is unreachable"))
         return future
 
+    def produced_now(self, since: float, timeout_s: float = 5.0) -> Produced:
+        """ask_produced for a caller without an event loop (the CLI): reads the socket itself, bounded."""
+        future = self.ask_produced(since)
+        deadline = time.monotonic() + timeout_s
+        while not future.done() and time.monotonic() < deadline:
+            self._read()
+            with self._sock_lock:
+                if self._sock is not None:
+                    self._sock.poll(20, zmq.POLLIN)
+        return future.result(timeout=0)
+
     # -- the socket -----------------------------------------------------------------------------
     def _send(self, msg: Any) -> None:
         with self._sock_lock:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.admin.api import _when
+from gateway.cli.billing import parse_since
+from gateway.ops import produced
 from gateway.state import GatewayState
 
 
@@ -21,3 +26,11 @@ async def requeue(request: Request, state: GatewayState) -> Response:
     """POST /admin/api/ledger/quarantine/requeue: store the quarantined rows the database now accepts."""
     stored, refused = await run_in_threadpool(state.ledger.requeue_quarantined)
     return JSONResponse({"stored": stored, "still_refused": refused, "count": state.ledger.quarantine.count})
+
+
+async def reconcile(request: Request, state: GatewayState) -> Response:
+    """GET /admin/api/ledger/reconcile?since=24h: the ledger against the attached engines' own
+    per-tenant counters since the start of that hour, with every difference (`fairserve usage reconcile`)."""
+    now = datetime.now(UTC)
+    since = _when(request, "since", now) or parse_since("24h", now)
+    return JSONResponse(await produced.reconcile(state, since))

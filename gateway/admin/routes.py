@@ -77,4 +77,5 @@ routes: list[BaseRoute] = [
     _api("/audit", api.audit, "GET"),
     _api("/ledger/quarantine", ledger_api.quarantine, "GET"),
     _api("/ledger/quarantine/requeue", ledger_api.requeue, "POST"),
+    _api("/ledger/reconcile", ledger_api.reconcile, "GET"),
 ]

@@ -20,6 +20,7 @@ from gateway.openai.context import RequestContext, quota_limits, read_request
 from gateway.openai.refusals import quota_headers, refused, rejected
 from gateway.openai.responses import RunResponse
 from gateway.openai.runs import Outcome, Run, RunFeed
+from gateway.ops.produced import confirm
 from gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
@@ -181,6 +182,7 @@ def _record(state: GatewayState, ctx: RequestContext, outcome: Outcome, run: Run
     else:
         if state.billed_ids is not None:  # attached engines forget their record (gateway/ops/produced.py)
             state.billed_ids.append(ctx.engine_id)
+            confirm(state)  # before the reply ends: an answered request is never billed `interrupted`
     state.finished_ids[(row.tenant_id, row.request_id)] = None
     if len(state.finished_ids) > FINISHED_IDS_KEPT:
         state.finished_ids.popitem(last=False)

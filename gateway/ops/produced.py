@@ -1,7 +1,7 @@
 """The gateway's side of the engines' produced-token records (engine/remote/accounting.py).
 
-Two duties, on one task of the event loop, for attached engines (`--engine`): confirm to the engines
-the requests whose rows this gateway's ledger has (batched, every CONFIRM_S), and bill the records of
+Two duties for attached engines (`--engine`): confirm to the engines the requests whose rows this
+gateway's ledger has journaled (as each row is journaled, before its reply ends), and, on a task, bill the records of
 requests whose gateway died (status `interrupted`), then confirm those too. A record is taken only once
 it is ORPHAN_AFTER_S old, so the dead gateway's own journal (replayed at its restart, or by a gateway
 sharing its data dir within `orphan_scan_s`) gets the first chance; both key the row on
@@ -11,12 +11,13 @@ sharing its data dir within `orphan_scan_s`) gets the first chance; both key the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from datetime import UTC, datetime
+from typing import Any
 
-from billing import UsageRecord
+from billing import Database, UsageRecord
+from billing.reconcile import COUNTS, Totals, differences, hour_start, ledger_totals
 from engine import EngineClient
 from engine.remote.accounting import ProducedRecord
 from engine.remote.client import RemoteEngine
@@ -25,7 +26,6 @@ from gateway.state import GatewayState
 from routing import EngineRouter
 
 log = logging.getLogger(__name__)
-CONFIRM_S = 0.2
 RECONCILE_S = 2.0
 ORPHAN_AFTER_S = 10.0
 ASK_TIMEOUT_S = 5.0
@@ -83,7 +83,7 @@ async def bill_orphans(state: GatewayState) -> int:
             continue
         try:
             answer = await ask(engine, time.time(), ORPHAN_AFTER_S)
-        except (TimeoutError, Exception):  # an engine away now is asked again next round
+        except Exception:  # an engine away now (or too slow to answer) is asked again next round
             log.debug("no produced-token answer from %s", engine.address, exc_info=True)
             continue
         for record in answer.orphans:
@@ -100,19 +100,65 @@ def confirm(state: GatewayState) -> None:
     ids, state.billed_ids = state.billed_ids, []
     if ids:
         for engine in remote_engines(state.engine):
-            engine.billed(ids)  # an engine ignores ids it does not hold
+            engine.billed(ids)  # an engine ignores ids it does not hold; a dead one has lost them anyway
 
 
 async def keep_engines_billed(state: GatewayState) -> None:
-    """Confirm billed rows every CONFIRM_S and bill dead gateways' requests every RECONCILE_S."""
-    last_reconcile = 0.0
+    """Bill dead gateways' requests every RECONCILE_S, for as long as the gateway serves."""
     while True:
-        await asyncio.sleep(CONFIRM_S)
-        with contextlib.suppress(Exception):
-            confirm(state)
-        if time.monotonic() - last_reconcile >= RECONCILE_S:
-            last_reconcile = time.monotonic()
-            try:
-                await bill_orphans(state)
-            except Exception:
-                log.warning("billing dead gateways' requests failed; retrying", exc_info=True)
+        await asyncio.sleep(RECONCILE_S)
+        try:
+            await bill_orphans(state)
+        except Exception:
+            log.warning("billing dead gateways' requests failed; retrying", exc_info=True)
+
+
+def engine_totals(answers: list[Produced]) -> Totals:
+    """The engines' answers summed per tenant, in the ledger's terms (billing/reconcile.py)."""
+    totals: Totals = {}
+    for answer in answers:
+        for t in answer.tenants:
+            acc = totals.setdefault(t.tenant_id, dict.fromkeys(COUNTS, 0))
+            acc["requests"] += t.requests
+            acc["prompt_tokens"] += t.prompt_tokens
+            acc["cached_tokens"] += t.cached_tokens
+            acc["completion_tokens"] += t.completion_tokens
+    return totals
+
+
+def reconcile_report(db: Database, since: datetime, answers: list[Produced]) -> dict[str, Any]:
+    """The ledger against the engines that answered: both sides' totals and every difference."""
+    ledger = ledger_totals(db, since)
+    engines = engine_totals(answers)
+    found = differences(ledger, engines)
+    return {
+        "since": hour_start(since).isoformat(),
+        "engines": [a.engine_id for a in answers],
+        "unconfirmed_records": sum(a.unconfirmed for a in answers),
+        "ledger": ledger,
+        "engine_totals": engines,
+        "differences": [
+            {
+                "tenant_id": d.tenant_id,
+                "count": d.count,
+                "ledger": d.ledger,
+                "engines": d.engines,
+                "delta": d.delta,
+            }
+            for d in found
+        ],
+    }
+
+
+async def reconcile(state: GatewayState, since: datetime) -> dict[str, Any]:
+    """reconcile_report over every attached engine (an engine that does not answer is named, not counted)."""
+    answers: list[Produced] = []
+    missing: list[str] = []
+    for engine in remote_engines(state.engine):
+        try:
+            answers.append(await ask(engine, hour_start(since).timestamp()))
+        except Exception:
+            missing.append(engine.address)
+    report = await asyncio.to_thread(reconcile_report, state.db, since, answers)
+    report["unanswered"] = missing
+    return report

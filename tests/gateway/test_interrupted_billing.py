@@ -4,6 +4,9 @@ delivered tokens are kept beside the produced ones (real `fairserve engine` + tw
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -73,7 +76,8 @@ def test_a_killed_gateways_requests_are_billed_interrupted(
     db = Database(db_url)
     db.upgrade()
     store = BillingStore(db)
-    key = store.create_key(store.create_tenant(f"intr-{uuid.uuid4().hex[:8]}").id)[0]
+    tenant_id = store.create_tenant(f"intr-{uuid.uuid4().hex[:8]}").id
+    key = store.create_key(tenant_id)[0]
     db.dispose()
     tag = f"intr-{uuid.uuid4().hex[:8]}-"
     first = ServeProcess(tmp_path / "gw1", "--db", db_url, "--engine", engine.address)
@@ -121,6 +125,32 @@ def test_a_killed_gateways_requests_are_billed_interrupted(
         row = wait_for(lambda: _rows(db_url, f"{tag}left").get(f"{tag}left"), 60, "the disconnect's row")
         assert row["status"] == "cancelled"
         assert row["delivered_tokens"] is not None and row["delivered_tokens"] <= row["completion_tokens"]
+        _reconciles(db_url, engine, second, tenant_id, tag)
     finally:
         first.stop()
         second.stop()
+
+
+def _mine(differences: list[dict[str, Any]], tenant_id: str) -> list[dict[str, Any]]:
+    return [d for d in differences if d["tenant_id"] == tenant_id]  # the PostgreSQL ledger is shared
+
+
+def _reconciles(db_url: str, engine: EngineProcess, gateway: ServeProcess, tenant_id: str, tag: str) -> None:
+    """`usage reconcile` and the admin endpoint: no difference for the tenant, then one for a lost row."""
+    admin = {"Authorization": f"Bearer {gateway.banner['admin_token']}"}
+    report = httpx.get(f"{gateway.url}/admin/api/ledger/reconcile?since=1h", headers=admin, timeout=30).json()
+    assert report["engine_totals"][tenant_id]["requests"] == IN_FLIGHT + 2
+    assert report["ledger"][tenant_id] == report["engine_totals"][tenant_id]
+    assert _mine(report["differences"], tenant_id) == []
+    db = Database(db_url)
+    with db.engine.begin() as conn:  # a row lost to the ledger
+        conn.execute(text("DELETE FROM usage WHERE request_id = :r"), {"r": f"{tag}left"})
+    db.dispose()
+    cmd = [sys.executable, "-m", "gateway.cli", "usage", "reconcile", "--since", "1h", "--db", db_url]
+    out = subprocess.run(
+        [*cmd, "--engine", engine.address, "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 1, out.stderr
+    lost = _mine(json.loads(out.stdout)["differences"], tenant_id)
+    assert {d["count"] for d in lost} >= {"requests", "completion_tokens"}
+    assert next(d for d in lost if d["count"] == "requests")["delta"] == -1
