@@ -13,16 +13,22 @@ Thread-safe: the loop (or its publisher thread) opens and finishes records, the 
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 from collections.abc import Collection
+from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from engine.outputs import OutputDelta
 from engine.request import RequestMeta
 
+log = logging.getLogger(__name__)
 _HOUR_S = 3600
+_JSON = msgspec.json.Encoder()
 
 
 class ProducedRecord(msgspec.Struct, array_like=True):
@@ -59,13 +65,81 @@ class TenantProduced(msgspec.Struct, array_like=True):
 
 
 class ProducedBook:
-    """Open requests (owner and meta), finished unconfirmed records, and per-tenant hourly totals."""
+    """Open requests (owner and meta), finished unconfirmed records, and per-tenant hourly totals.
 
-    def __init__(self) -> None:
+    With a `path` the book survives a kill -9 of the engine: each finished record and each confirmation
+    is appended there with one write() (as the ledger's journal, billing/journal.py), and a new book on
+    the same path reads it back, then rewrites it compacted (hourly totals and unconfirmed records).
+    """
+
+    def __init__(self, path: Path | None = None) -> None:
         self._lock = threading.Lock()
         self._open: dict[str, tuple[bytes, RequestMeta]] = {}
         self._records: dict[str, tuple[bytes, ProducedRecord]] = {}
         self._hours: dict[tuple[str, int], TenantProduced] = {}
+        self._fd: int | None = None
+        if path is not None:
+            self._load(path)
+            self._compact(path)
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    def _append(self, doc: dict[str, Any]) -> None:
+        if self._fd is not None:
+            os.write(self._fd, _JSON.encode(doc) + b"\n")
+
+    def _count(self, record: ProducedRecord) -> None:
+        key = (record.tenant_id, int(record.finished_time) // _HOUR_S)
+        total = self._hours.setdefault(key, TenantProduced(record.tenant_id))
+        total.requests += 1
+        total.prompt_tokens += record.prompt_tokens
+        total.cached_tokens += record.cached_tokens
+        total.completion_tokens += record.completion_tokens
+
+    def _load(self, path: Path) -> None:
+        if not path.exists():
+            return
+        for line in path.read_bytes().splitlines():
+            try:
+                doc = msgspec.json.decode(line, type=dict[str, Any])
+                if "f" in doc or "r" in doc:  # f: finished (counted); r: carried over by a compaction
+                    owner, fields = doc.get("f") or doc["r"]
+                    record = msgspec.convert(fields, ProducedRecord)
+                    self._records[record.engine_request_id] = (bytes.fromhex(owner), record)
+                    if "f" in doc:
+                        self._count(record)
+                elif "b" in doc:
+                    for rid in doc["b"]:
+                        self._records.pop(rid, None)
+                elif "h" in doc:
+                    tenant, hour, *counts = doc["h"]
+                    self._hours[(tenant, hour)] = TenantProduced(tenant, *counts)
+            except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError, ValueError):
+                log.error("skipping an unreadable line of %s", path)  # torn by a crash mid-write
+
+    def _compact(self, path: Path) -> None:
+        tmp = path.with_suffix(".compact")
+        with tmp.open("wb") as fh:
+            for (tenant, hour), t in self._hours.items():
+                fh.write(
+                    _JSON.encode(
+                        {
+                            "h": [
+                                tenant,
+                                hour,
+                                t.requests,
+                                t.prompt_tokens,
+                                t.cached_tokens,
+                                t.completion_tokens,
+                            ]
+                        }
+                    )
+                    + b"\n"
+                )
+            for owner, record in self._records.values():
+                fh.write(_JSON.encode({"r": [owner.hex(), record]}) + b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.rename(path)
 
     def opened(self, request_id: str, owner: bytes, meta: RequestMeta) -> None:
         """A gateway's submit was accepted."""
@@ -106,18 +180,15 @@ class ProducedBook:
                 m.finished_time or time.time(),
             )
             self._records[delta.request_id] = (owner, record)
-            key = (meta.tenant_id, int(record.finished_time) // _HOUR_S)
-            total = self._hours.setdefault(key, TenantProduced(meta.tenant_id))
-            total.requests += 1
-            total.prompt_tokens += m.prompt_tokens
-            total.cached_tokens += m.cached_tokens
-            total.completion_tokens += m.completion_tokens
+            self._count(record)
+            self._append({"f": [owner.hex(), record]})
 
     def billed(self, request_ids: Collection[str]) -> None:
         """A gateway has the rows of these requests in its ledger: forget their records."""
         with self._lock:
-            for rid in request_ids:
-                self._records.pop(rid, None)
+            held = [rid for rid in request_ids if self._records.pop(rid, None) is not None]
+            if held:
+                self._append({"b": held})
 
     def orphans(self, live: Collection[bytes], older_than_s: float) -> list[ProducedRecord]:
         """Unconfirmed records whose gateway is not connected, finished at least `older_than_s` ago."""

@@ -65,6 +65,7 @@ class EngineServer:
         gateway_timeout_s: float = 3.0,
         grace_period_s: float = 10.0,
         cluster_key: ClusterKey | None = None,
+        produced_path: Path | None = None,
     ) -> None:
         self.config = config
         self.cluster_key = cluster_key  # None: the port admits anyone who reaches it (engine/remote/curve.py)
@@ -80,7 +81,8 @@ class EngineServer:
         self._auth: ThreadAuthenticator | None = None
         self._items: queue.Queue[Any] = queue.Queue()
         self._owners: dict[str, bytes] = {}  # live request id -> the gateway that submitted it
-        self.produced = ProducedBook()  # what was produced, until a gateway bills it (accounting.py)
+        # What was produced, until a gateway bills it (accounting.py); on disk when given a path.
+        self.produced = ProducedBook(produced_path)
         self._outbox_addr = f"inproc://fairserve-engine-{self.engine_id}"
         self._push: zmq.Socket[Any] | None = None
         self._push_lock = threading.Lock()  # the loop and an overlap publisher thread both send
