@@ -5,7 +5,8 @@ so a kill -9 of the process right after cannot lose it; start() replays what a d
 the database is unreachable rows stay buffered and the write is retried with exponential backoff; rows
 that do not fit the buffer go to an append-only spill file that is replayed once writes succeed again;
 close() flushes and spills whatever could not be written in time. Inserts are idempotent (ON CONFLICT DO
-NOTHING on (tenant_id, request_id)), so a replay never stores a row twice.
+NOTHING on (tenant_id, request_id)), so a replay never stores a row twice. A row the database refuses
+is quarantined (billing/quarantine.py) and never holds up the others, nor a start.
 """
 
 from __future__ import annotations
@@ -20,16 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
-from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 from tenacity import RetryCallState, wait_random_exponential
 
 from billing.db import Database
 from billing.journal import Journal
 from billing.ledger_metrics import ledger_metrics
-from billing.ledger_sql import write_batch
-from billing.quarantine import Quarantine
+from billing.ledger_sql import permanent, write_batch
+from billing.quarantine import Quarantine, adopt_rejects, requeue
 from billing.records import USAGE_STATUSES, UsageRecord
-from billing.spill import SpillFile, decode_row, encode_row, read_batches
+from billing.spill import SpillFile, encode_row, read_batches
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +69,6 @@ def _default_spill_path(db: Database, config: LedgerConfig) -> Path:
     return Path("data") / "ledger.spill"
 
 
-def _permanent(exc: SQLAlchemyError) -> bool:
-    """Errors a retry cannot fix (bad row data); everything else (connection, lock, missing table) is retried."""
-    if isinstance(exc, (IntegrityError, DataError)):
-        return True
-    return not isinstance(exc, DBAPIError) and type(exc).__name__ == "StatementError"
-
-
 class Ledger:
     """The write-behind ledger of usage rows; see the module docstring for its guarantees."""
 
@@ -86,7 +80,7 @@ class Ledger:
         self.metrics = ledger_metrics(registry)
         self.spill = SpillFile(_default_spill_path(db, self.config))
         self.quarantine = Quarantine(self.spill.path.with_suffix(".quarantine"))
-        self._adopt_rejects(self.spill.path.with_name(self.spill.path.name + ".rejected"))
+        adopt_rejects(self.quarantine, self.spill.path.with_name(self.spill.path.name + ".rejected"))
         self.journal = Journal(self.spill.path.with_suffix(".journal")) if self.config.journal else None
         self._stored = 0  # buffered rows stored in SQL so far: the journal's release marks count these
         self._buffer: deque[UsageRecord] = deque()
@@ -240,7 +234,7 @@ class Ledger:
         try:
             inserted = write_batch(self.db.engine, rows)
         except SQLAlchemyError as exc:
-            if not _permanent(exc):
+            if not permanent(exc):
                 raise
             inserted, _ = self._write_one_by_one(rows)
         self.metrics.written_rows.inc(inserted)
@@ -251,31 +245,9 @@ class Ledger:
         self.quarantine.add_text(line, reason)
         self.metrics.rejected_rows.inc()
 
-    def _adopt_rejects(self, path: Path) -> None:
-        """Move the rows of an older version's `<spill>.rejected` file into the quarantine."""
-        if not path.exists():
-            return
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.strip():
-                try:
-                    self.quarantine.add(decode_row(line), "refused by the database (from the rejects file)")
-                except (ValueError, KeyError, TypeError) as exc:
-                    self.quarantine.add_text(line, f"rejects file line does not decode: {exc}")
-        path.unlink()
-
     def requeue_quarantined(self) -> tuple[int, int]:
         """Try every quarantined row again (after the schema or the row was fixed): (stored, still refused)."""
-        stored = refused = 0
-        for path, row in self.quarantine.rows():
-            try:
-                stored += write_batch(self.db.engine, [row])
-            except SQLAlchemyError as exc:
-                if not _permanent(exc):
-                    raise
-                refused += 1
-                continue
-            self.quarantine.remove(path)  # stored now, or already stored (a duplicate)
-        return stored, refused
+        return requeue(self.quarantine, self.db.engine)
 
     def _trim_journal(self) -> None:
         """Fsync the live segment, close it when large (or when nothing is buffered), delete stored segments."""
@@ -360,7 +332,7 @@ class Ledger:
             inserted = write_batch(self.db.engine, rows)
         except SQLAlchemyError as exc:
             self.metrics.flush_seconds.observe(time.perf_counter() - started)
-            if not _permanent(exc):
+            if not permanent(exc):
                 self.metrics.retries.inc()
                 now = time.monotonic()
                 if now - self._last_warning > 5.0:
@@ -393,7 +365,7 @@ class Ledger:
             try:
                 inserted += write_batch(self.db.engine, [row])
             except SQLAlchemyError as exc:
-                if not _permanent(exc):
+                if not permanent(exc):
                     raise
                 self.quarantine.add(row, str(exc).splitlines()[0])
                 rejected += 1

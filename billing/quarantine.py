@@ -17,6 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from billing.ledger_sql import permanent, write_batch
 from billing.records import UsageRecord
 from billing.spill import FORMAT_VERSION, decode_row, encode_row
 
@@ -103,3 +107,31 @@ class Quarantine:
             if path.exists():
                 path.unlink()
                 self._count = max(0, self._count - 1)
+
+
+def adopt_rejects(quarantine: Quarantine, path: Path) -> None:
+    """Move the rows of an older version's `<spill>.rejected` file into the quarantine."""
+    if not path.exists():
+        return
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.strip():
+            try:
+                quarantine.add(decode_row(line), "refused by the database (from the rejects file)")
+            except (ValueError, KeyError, TypeError) as exc:
+                quarantine.add_text(line, f"rejects file line does not decode: {exc}")
+    path.unlink()
+
+
+def requeue(quarantine: Quarantine, engine: Engine) -> tuple[int, int]:
+    """Store every quarantined row the database now accepts: (stored, still refused)."""
+    stored = refused = 0
+    for path, row in quarantine.rows():
+        try:
+            stored += write_batch(engine, [row])
+        except SQLAlchemyError as exc:
+            if not permanent(exc):
+                raise
+            refused += 1
+            continue
+        quarantine.remove(path)  # stored now, or already stored (a duplicate)
+    return stored, refused
