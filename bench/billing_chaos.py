@@ -66,7 +66,11 @@ class Figures:
     quarantined: int = 0
     ledger_completion_tokens: int = 0
     engine_produced_tokens: int = 0
-    killed_engine_tokens: int = 0  # ledger rows `error`: produced on the engine killed mid-request
+    killed_engine_tokens: int = (
+        0  # completion tokens of rows `error`: the gateway lost the engine mid-request
+    )
+    error_rows: int = 0
+    unconfirmed_at_end: int = 0  # engine records no gateway confirmed (see docs/billing.md, chaos benchmark)
     disconnect_produced_tokens: int = 0
     disconnect_delivered_tokens: int = 0
     interrupted_rows: int = 0
@@ -316,6 +320,7 @@ def _ledger(cluster: Cluster, load: Load, figures: Figures) -> None:
     for rid, status, completion, delivered in rows:
         figures.ledger_completion_tokens += completion
         figures.killed_engine_tokens += completion if status == "error" else 0
+        figures.error_rows += status == "error"
         figures.interrupted_rows += status == "interrupted"
         if rid in load.keyed and status == "completed":
             completed_by_key[load.keyed[rid]] = completed_by_key.get(load.keyed[rid], 0) + 1
@@ -345,6 +350,7 @@ def run(total: int, clients: int, seed: int, db_url: str | None) -> Figures:
             while _unconfirmed(cluster) and time.monotonic() < deadline:
                 time.sleep(0.5)
             produced = _engine_produced(cluster, since)
+            load.figures.unconfirmed_at_end = _unconfirmed(cluster)
         finally:
             cluster.close()
         figures = load.figures
