@@ -12,7 +12,7 @@ records of dead gateways to be billed and prints, from the ledger and the engine
 - answered unbilled: requests whose whole reply a client read and that have no row (must be 0);
 - quarantined rows (must be 0);
 - the ledger's completion tokens and the engines' produced ones: equal once the tokens of requests that
-  were running on the killed engine (rows `error`: that engine's counters died with it) are set aside;
+  were running on the killed engine (rows `error` no engine finished: its count died with it) are set aside;
 - delivered vs produced tokens of the client disconnects.
 
 The process helpers are the test suite's own (tests/gateway/serve_process.py,
@@ -66,9 +66,9 @@ class Figures:
     quarantined: int = 0
     ledger_completion_tokens: int = 0
     engine_produced_tokens: int = 0
-    killed_engine_tokens: int = (
-        0  # completion tokens of rows `error`: the gateway lost the engine mid-request
-    )
+    # Completion tokens of rows `error` no engine ever finished (running on the engine when it was killed):
+    # the gateway billed what it had seen; the engine's count died with it.
+    killed_engine_tokens: int = 0
     error_rows: int = 0
     unconfirmed_at_end: int = 0  # engine records no gateway confirmed (see docs/billing.md, chaos benchmark)
     disconnect_produced_tokens: int = 0
@@ -299,6 +299,17 @@ def _unconfirmed(cluster: Cluster) -> int:
     return total
 
 
+def _engine_finished(tmp: Path) -> set[str]:
+    """Caller request ids every engine finished, from their produced-token books on disk."""
+    ids: set[str] = set()
+    for log in tmp.glob("engine*/produced.log"):
+        for line in log.read_bytes().splitlines():
+            doc = json.loads(line)
+            if "f" in doc:
+                ids.add(doc["f"][1][1])  # ProducedRecord.ledger_request_id
+    return ids
+
+
 def _ledger(cluster: Cluster, load: Load, figures: Figures) -> None:
     db = Database(cluster.db_url)
     with db.engine.connect() as conn:
@@ -316,10 +327,11 @@ def _ledger(cluster: Cluster, load: Load, figures: Figures) -> None:
     billed_keys = {load.keyed[rid] for rid in billed if rid in load.keyed}
     unbilled = [r for r in load.answered - billed if load.keyed.get(r) not in billed_keys]
     figures.answered_unbilled = len(unbilled)
+    finished = _engine_finished(cluster.tmp)
     completed_by_key: dict[str, int] = {}
     for rid, status, completion, delivered in rows:
         figures.ledger_completion_tokens += completion
-        figures.killed_engine_tokens += completion if status == "error" else 0
+        figures.killed_engine_tokens += completion if status == "error" and rid not in finished else 0
         figures.error_rows += status == "error"
         figures.interrupted_rows += status == "interrupted"
         if rid in load.keyed and status == "completed":

@@ -69,7 +69,7 @@ class ProducedBook:
 
     With a `path` the book survives a kill -9 of the engine: each finished record and each confirmation
     is appended there with one write() (as the ledger's journal, billing/journal.py), and a new book on
-    the same path reads it back, then rewrites it compacted (hourly totals and unconfirmed records).
+    the same path reads it back. The file is not compacted: about 300 bytes per request.
     """
 
     def __init__(self, path: Path | None = None) -> None:
@@ -77,10 +77,10 @@ class ProducedBook:
         self._open: dict[str, tuple[bytes, RequestMeta]] = {}
         self._records: dict[str, tuple[bytes, ProducedRecord]] = {}
         self._hours: dict[tuple[str, int], TenantProduced] = {}
+        self._early: dict[str, int] = {}  # open request -> completion tokens its gateway already billed
         self._fd: int | None = None
         if path is not None:
             self._load(path)
-            self._compact(path)
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
     def _append(self, doc: dict[str, Any]) -> None:
@@ -115,31 +115,6 @@ class ProducedBook:
                     self._hours[(tenant, hour)] = TenantProduced(tenant, *counts)
             except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError, ValueError):
                 log.error("skipping an unreadable line of %s", path)  # torn by a crash mid-write
-
-    def _compact(self, path: Path) -> None:
-        tmp = path.with_suffix(".compact")
-        with tmp.open("wb") as fh:
-            for (tenant, hour), t in self._hours.items():
-                fh.write(
-                    _JSON.encode(
-                        {
-                            "h": [
-                                tenant,
-                                hour,
-                                t.requests,
-                                t.prompt_tokens,
-                                t.cached_tokens,
-                                t.completion_tokens,
-                            ]
-                        }
-                    )
-                    + b"\n"
-                )
-            for owner, record in self._records.values():
-                fh.write(_JSON.encode({"r": [owner.hex(), record]}) + b"\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        tmp.rename(path)
 
     def opened(self, request_id: str, owner: bytes, meta: RequestMeta) -> None:
         """A gateway's submit was accepted."""
@@ -182,13 +157,41 @@ class ProducedBook:
             self._records[delta.request_id] = (owner, record)
             self._count(record)
             self._append({"f": [owner.hex(), record]})
+            early = self._early.pop(delta.request_id, None)
+            if early is not None:  # its gateway billed it before the end (it had lost this engine)
+                self._settle(delta.request_id, early)
 
-    def billed(self, request_ids: Collection[str]) -> None:
-        """A gateway has the rows of these requests in its ledger: forget their records."""
+    def billed(self, request_ids: list[str], completion_tokens: list[int] | None = None) -> None:
+        """A gateway has the rows of these requests in its ledger (with these completion tokens, when
+        given): forget their records, keeping a supplement for tokens produced beyond what was billed."""
+        counts = (
+            completion_tokens if completion_tokens and len(completion_tokens) == len(request_ids) else None
+        )
         with self._lock:
-            held = [rid for rid in request_ids if self._records.pop(rid, None) is not None]
-            if held:
-                self._append({"b": held})
+            for i, rid in enumerate(request_ids):
+                billed = counts[i] if counts is not None else None
+                if rid in self._records:
+                    self._settle(rid, billed)
+                elif billed is not None and rid in self._open:
+                    self._early[rid] = billed  # billed before it ended: settled when it ends
+
+    def _settle(self, rid: str, billed: int | None) -> None:
+        """Forget a billed record; tokens it produced beyond `billed` become a supplement record of no
+        gateway (billed `interrupted` under the engine's request id by whichever gateway asks)."""
+        _owner, record = self._records.pop(rid)
+        self._append({"b": [rid]})
+        if billed is None or record.completion_tokens <= billed or record.ledger_request_id is None:
+            return
+        extra = msgspec.structs.replace(
+            record,
+            ledger_request_id=None,
+            prompt_tokens=0,
+            cached_tokens=0,
+            charged_service=0.0,
+            completion_tokens=record.completion_tokens - billed,
+        )
+        self._records[rid] = (b"", extra)
+        self._append({"r": ["", extra]})
 
     def orphans(self, live: Collection[bytes], older_than_s: float) -> list[ProducedRecord]:
         """Unconfirmed records whose gateway is not connected, finished at least `older_than_s` ago."""

@@ -200,9 +200,10 @@ class RemoteEngine(EngineFront):
         self._ctx.term()
 
     # -- the engine's produced-token records (engine/remote/accounting.py) ----------------------------
-    def billed(self, request_ids: list[str]) -> bool:
-        """Tell the engine these requests' rows are in the ledger (it forgets their records)."""
-        return self._say(Billed(request_ids))
+    def billed(self, request_ids: list[str], completion_tokens: list[int] | None = None) -> bool:
+        """Tell the engine these requests' rows are in the ledger, with the completion tokens billed for
+        each when known (it forgets their records, keeping what it produced beyond that)."""
+        return self._say(Billed(request_ids, completion_tokens or []))
 
     def ask_produced(
         self, since: float, orphans_after_s: float = -1.0

@@ -55,6 +55,7 @@ class Billed(msgspec.Struct, tag=True, array_like=True):
     (engine/remote/accounting.py)."""
 
     request_ids: list[str]
+    completion_tokens: list[int] = []  # billed for each (a gateway that lost the engine billed fewer)
 
 
 class AskProduced(msgspec.Struct, tag=True, array_like=True):

@@ -223,7 +223,7 @@ class EngineServer:
     def _account(self, msg: Billed | AskProduced, live: list[bytes]) -> Produced | None:
         """On the socket thread: forget billed records, or report totals and dead gateways' records."""
         if isinstance(msg, Billed):
-            self.produced.billed(msg.request_ids)
+            self.produced.billed(msg.request_ids, msg.completion_tokens)
             return None
         orphans = self.produced.orphans(live, msg.orphans_after_s) if msg.orphans_after_s >= 0 else []
         return Produced(self.engine_id, self.produced.totals(msg.since), orphans, self.produced.unconfirmed())

@@ -181,7 +181,7 @@ def _record(state: GatewayState, ctx: RequestContext, outcome: Outcome, run: Run
         log.warning("ledger refused row %s", row.request_id, exc_info=True)
     else:
         if state.billed_ids is not None:  # attached engines forget their record (gateway/ops/produced.py)
-            state.billed_ids.append(ctx.engine_id)
+            state.billed_ids.append((ctx.engine_id, row.completion_tokens))
             confirm(state)  # before the reply ends: an answered request is never billed `interrupted`
     state.finished_ids[(row.tenant_id, row.request_id)] = None
     if len(state.finished_ids) > FINISHED_IDS_KEPT:

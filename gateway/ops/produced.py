@@ -97,10 +97,11 @@ async def bill_orphans(state: GatewayState) -> int:
 
 def confirm(state: GatewayState) -> None:
     """Tell every attached engine which requests' rows this gateway has journaled since the last call."""
-    ids, state.billed_ids = state.billed_ids, []
-    if ids:
+    billed, state.billed_ids = state.billed_ids, []
+    if billed:
+        ids, counts = [b[0] for b in billed], [b[1] for b in billed]
         for engine in remote_engines(state.engine):
-            engine.billed(ids)  # an engine ignores ids it does not hold; a dead one has lost them anyway
+            engine.billed(ids, counts)  # an engine ignores ids it does not hold; a dead one lost them anyway
 
 
 async def keep_engines_billed(state: GatewayState) -> None:

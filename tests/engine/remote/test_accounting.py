@@ -33,6 +33,25 @@ def test_records_wait_for_billing_and_survive_a_restart(tmp_path: Path) -> None:
     again = ProducedBook(path)  # as after a kill -9: nothing was closed
     assert again.unconfirmed() == 1
     assert [(t.requests, t.completion_tokens) for t in again.totals(time.time() - 10)] == [(2, 12)]
-    third = ProducedBook(path)  # the compacted file reads back the same
+    third = ProducedBook(path)  # and again, with what the second one appended
     assert [(t.requests, t.completion_tokens) for t in third.totals(time.time() - 10)] == [(2, 12)]
     assert [r.engine_request_id for r in third.orphans(live=[], older_than_s=0.0)] == ["b"]
+
+
+def test_tokens_produced_beyond_what_was_billed_become_a_supplement(tmp_path: Path) -> None:
+    book = ProducedBook(tmp_path / "produced.log")
+    _finish(book, "a", b"g1", 9)
+    book.billed(["a"], [4])  # the gateway billed 4 (it had lost the engine), the engine produced 9
+    book.opened("b", b"g1", RequestMeta(tenant_id="t", ledger_id="caller-b"))
+    book.billed(["b"], [0])  # billed before it ended
+    now = time.time()
+    metrics = RequestMetrics(3, 1, 6, 1.0, 0, 0, 0, None, now - 1, now - 1, now - 1, now - 2)
+    book.finished(OutputDelta("b", [], "", True, FinishReason.CANCELLED, metrics))
+    extra = {r.engine_request_id: r for r in book.orphans(live=[b"g1"], older_than_s=0.0)}
+    assert {rid: (r.ledger_request_id, r.completion_tokens) for rid, r in extra.items()} == {
+        "a": (None, 5),
+        "b": (None, 6),
+    }
+    book.billed(["a", "b"])  # the supplements billed: nothing left
+    assert book.unconfirmed() == 0
+    assert ProducedBook(tmp_path / "produced.log").unconfirmed() == 0
