@@ -10,9 +10,10 @@ is harmless.
 
 Files, in the directory `<path>`: each process has an owner id and holds an flock on `<owner>.lock` for its
 life, so several gateways may share one data dir; a start replays only the files of owners whose lock is
-free (dead). Per owner: the live segment `<owner>.live` and closed segments `<owner>.<ns>`. The writer
-thread closes the live
-segment (`rotate`) with a mark: the count of buffered rows that must be stored before the segment's rows
+free (dead) or whose lock file is gone, at start and again every `orphan_scan_s` from the writer thread,
+so a journal skipped because its owner was alive is replayed once that owner dies. Per owner: the live
+segment `<owner>.live` and closed segments `<owner>.<ns>`, each beginning with the row format's header.
+The writer thread closes the live segment (`rotate`) with a mark: the count of buffered rows that must be stored before the segment's rows
 are all safe. `release(stored)` deletes closed segments whose mark is reached. Rows the ledger spilled
 instead of buffering are safe once the spill file is flushed to the OS, which the ledger does under its
 lock when it rotates. Plain os.write on an O_APPEND descriptor rather than a buffered file object: a
@@ -29,7 +30,10 @@ import time
 import uuid
 from pathlib import Path
 
+from billing.spill import FORMAT_HEADER
+
 log = logging.getLogger(__name__)
+_HEADER = FORMAT_HEADER.encode()
 
 
 class Journal:
@@ -57,21 +61,26 @@ class Journal:
         return closed + ([live] if live.exists() else [])
 
     def leftovers(self) -> list[Path]:
-        """Journal files of dead owners (their lock is free), each owner's oldest first.
+        """Journal files of dead owners (their lock is free, or their lock file is gone), oldest first.
 
-        Their locks stay held by this process until `forget_leftovers()`, so two starting gateways never
-        replay and delete the same files at once.
+        Their locks stay held by this process until `forget_leftovers()` (files replayed and deleted) or
+        `keep_leftovers()` (replay failed: the next scan takes them again), so two gateways never replay and
+        delete the same files at once. A lock whose owner left no files is let go, never deleted: its owner
+        may be a gateway that has just created it and is about to take it.
         """
         found: list[Path] = []
-        for lock in sorted(self.directory.glob("*.lock")):
-            owner = lock.stem
-            if owner == self.owner:
-                continue
+        owners = {p.name.split(".", 1)[0] for p in self.directory.iterdir() if "." in p.name}
+        for owner in sorted(owners - {self.owner}):
+            lock = self.directory / f"{owner}.lock"
             fd = _locked(lock, wait=False)
             if fd is None:
                 continue  # a live gateway's journal
+            files = self._owner_files(owner)
+            if not files:
+                os.close(fd)
+                continue
             self._dead.append((lock, fd))
-            found += self._owner_files(owner)
+            found += files
         return found
 
     def forget_leftovers(self) -> None:
@@ -81,10 +90,18 @@ class Journal:
             os.close(fd)
         self._dead.clear()
 
+    def keep_leftovers(self) -> None:
+        """Let go of dead owners' locks without deleting them: their files are replayed by a later scan."""
+        for _lock, fd in self._dead:
+            os.close(fd)
+        self._dead.clear()
+
     def append(self, line: bytes) -> None:
         """Append one encoded row with a single write() (the caller serialises appends)."""
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            if self._bytes == 0 and os.fstat(self._fd).st_size == 0:
+                os.write(self._fd, _HEADER)  # each segment names its row format (billing/spill.py)
         view = memoryview(line)
         while view:  # a regular file takes the whole line in one call; the loop only guards a short write
             view = view[os.write(self._fd, view) :]

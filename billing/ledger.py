@@ -5,7 +5,8 @@ so a kill -9 of the process right after cannot lose it; start() replays what a d
 the database is unreachable rows stay buffered and the write is retried with exponential backoff; rows
 that do not fit the buffer go to an append-only spill file that is replayed once writes succeed again;
 close() flushes and spills whatever could not be written in time. Inserts are idempotent (ON CONFLICT DO
-NOTHING on (tenant_id, request_id)), so a replay never stores a row twice.
+NOTHING on (tenant_id, request_id)), so a replay never stores a row twice. A row the database refuses
+is quarantined (billing/quarantine.py) and never holds up the others, nor a start.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 from tenacity import RetryCallState, Retrying, wait_random_exponential
 
 from billing.db import Database
 from billing.journal import Journal
 from billing.ledger_metrics import ledger_metrics
-from billing.ledger_sql import write_batch
+from billing.ledger_sql import permanent, write_batch
+from billing.quarantine import Quarantine, adopt_rejects, requeue
 from billing.records import USAGE_STATUSES, UsageRecord
 from billing.spill import SpillFile, encode_row, read_batches
 
@@ -56,6 +58,9 @@ class LedgerConfig(BaseModel):
     journal_segment_bytes: int = Field(
         default=4 << 20, ge=1, description="the live journal segment is closed past this size"
     )
+    orphan_scan_s: float = Field(
+        default=5.0, gt=0, description="how often the writer looks for journals of gateways that died since"
+    )
 
 
 def _default_spill_path(db: Database, config: LedgerConfig) -> Path:
@@ -69,13 +74,6 @@ def _default_spill_path(db: Database, config: LedgerConfig) -> Path:
     return Path("data") / "ledger.spill"
 
 
-def _permanent(exc: SQLAlchemyError) -> bool:
-    """Errors a retry cannot fix (bad row data); everything else (connection, lock, missing table) is retried."""
-    if isinstance(exc, (IntegrityError, DataError)):
-        return True
-    return not isinstance(exc, DBAPIError) and type(exc).__name__ == "StatementError"
-
-
 class Ledger:
     """The write-behind ledger of usage rows; see the module docstring for its guarantees."""
 
@@ -86,7 +84,8 @@ class Ledger:
         self.config = config or LedgerConfig()
         self.metrics = ledger_metrics(registry)
         self.spill = SpillFile(_default_spill_path(db, self.config))
-        self.rejects_path = self.spill.path.with_name(self.spill.path.name + ".rejected")
+        self.quarantine = Quarantine(self.spill.path.with_suffix(".quarantine"))
+        adopt_rejects(self.quarantine, self.spill.path.with_name(self.spill.path.name + ".rejected"))
         self.journal = Journal(self.spill.path.with_suffix(".journal")) if self.config.journal else None
         self._stored = 0  # buffered rows stored in SQL so far: the journal's release marks count these
         self._buffer: deque[UsageRecord] = deque()
@@ -108,6 +107,8 @@ class Ledger:
         self._last_warning = 0.0
         self.metrics.buffer_depth.set_function(lambda: len(self._buffer))
         self.metrics.spill_pending.set_function(lambda: self.spill.pending_rows)
+        self.metrics.quarantined.set_function(lambda: self.quarantine.count)
+        self._orphans_at = time.monotonic()
 
     # -- request path ------------------------------------------------------------------------------
 
@@ -159,11 +160,12 @@ class Ledger:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Replay the journal a previous process left into SQL, then start the writer thread (idempotent).
+        """Replay the journals dead processes left into SQL, then start the writer thread (idempotent).
 
         The replay is synchronous so that a gateway serves only once every row it answered before it died
-        is stored; it raises if the database refuses (the caller must not serve then). Spill files left by
-        a previous run are replayed by the writer thread.
+        is stored. A row the database refuses is quarantined and the replay goes on; it raises only when the
+        database cannot be reached (the caller must not serve then, and the journal stays for the next start).
+        Spill files left by a previous run are replayed by the writer thread.
         """
         if self._thread is None:
             self._replay_journal()
@@ -207,18 +209,51 @@ class Ledger:
     # -- journal -----------------------------------------------------------------------------------
 
     def _replay_journal(self) -> None:
+        """Store every row of dead owners' journals (refused ones quarantined), then delete the files."""
         if self.journal is None:
             return
-        for path in self.journal.leftovers():
-            stored = 0
-            for rows, _lines in read_batches(path, self.config.batch_size):
-                if rows:
-                    stored += write_batch(self.db.engine, rows)
-            self.metrics.replayed_rows.inc(stored)
-            self.metrics.written_rows.inc(stored)
-            log.info("replayed ledger journal %s: %d rows were missing from SQL", path, stored)
-            path.unlink()
+        try:
+            for path in self.journal.leftovers():
+                stored = 0
+                for rows, _lines in read_batches(path, self.config.batch_size, self._quarantine_line):
+                    if rows:
+                        stored += self._store_now(rows)
+                self.metrics.replayed_rows.inc(stored)
+                log.info("replayed ledger journal %s: %d rows were missing from SQL", path, stored)
+                path.unlink(missing_ok=True)
+        except BaseException:
+            self.journal.keep_leftovers()  # not deleted: the next scan or start replays them
+            raise
         self.journal.forget_leftovers()
+
+    def _adopt_orphans(self) -> None:
+        """From the writer thread: replay journals whose owner died since the last scan (none is skipped
+        for good); a database outage leaves them for the next scan."""
+        self._orphans_at = time.monotonic()
+        try:
+            self._replay_journal()
+        except SQLAlchemyError as exc:
+            log.warning("could not replay a dead gateway's journal yet: %s", str(exc).splitlines()[0])
+
+    def _store_now(self, rows: list[UsageRecord]) -> int:
+        """Store rows synchronously, quarantining refused ones; raises when the database is unreachable."""
+        try:
+            inserted = write_batch(self.db.engine, rows)
+        except SQLAlchemyError as exc:
+            if not permanent(exc):
+                raise
+            inserted, _ = self._write_one_by_one(rows)
+        self.metrics.written_rows.inc(inserted)
+        return inserted
+
+    def _quarantine_line(self, line: str, reason: str) -> None:
+        """A journal or spill line that does not decode: kept in quarantine (as text), never dropped."""
+        self.quarantine.add_text(line, reason)
+        self.metrics.rejected_rows.inc()
+
+    def requeue_quarantined(self) -> tuple[int, int]:
+        """Try every quarantined row again (after the schema or the row was fixed): (stored, still refused)."""
+        return requeue(self.quarantine, self.db.engine)
 
     def _trim_journal(self) -> None:
         """Fsync the live segment, close it when large (or when nothing is buffered), delete stored segments."""
@@ -279,6 +314,8 @@ class Ledger:
                     self._idle.notify_all()
                 self.spill.sync()
                 self._trim_journal()
+                if time.monotonic() - self._orphans_at >= self.config.orphan_scan_s:
+                    self._adopt_orphans()
                 self._wake.wait(self.config.flush_interval_s)
                 continue
             self._sleep_backoff()
@@ -301,7 +338,7 @@ class Ledger:
             inserted = write_batch(self.db.engine, rows)
         except SQLAlchemyError as exc:
             self.metrics.flush_seconds.observe(time.perf_counter() - started)
-            if not _permanent(exc):
+            if not permanent(exc):
                 self.metrics.retries.inc()
                 now = time.monotonic()
                 if now - self._last_warning > 5.0:
@@ -328,24 +365,18 @@ class Ledger:
         return True
 
     def _write_one_by_one(self, rows: list[UsageRecord]) -> tuple[int, int]:
-        """Isolate the rows the database refuses into the rejects file; returns (inserted, rejected)."""
-        inserted = 0
-        rejected: list[UsageRecord] = []
+        """Quarantine the rows the database refuses, store the others; returns (inserted, quarantined)."""
+        inserted = rejected = 0
         for row in rows:
             try:
                 inserted += write_batch(self.db.engine, [row])
             except SQLAlchemyError as exc:
-                if not _permanent(exc):
+                if not permanent(exc):
                     raise
-                log.error(
-                    "ledger row %s refused by the database: %s", row.request_id, str(exc).splitlines()[0]
-                )
-                rejected.append(row)
-        if rejected:
-            with self.rejects_path.open("a", encoding="utf-8") as fh:
-                fh.writelines(encode_row(r) for r in rejected)
-            self.metrics.rejected_rows.inc(len(rejected))
-        return inserted, len(rejected)
+                self.quarantine.add(row, str(exc).splitlines()[0])
+                rejected += 1
+        self.metrics.rejected_rows.inc(rejected)
+        return inserted, rejected
 
     def _replay_step(self) -> bool:
         """Store the next batch of spilled rows; False when the write must be retried."""
@@ -373,7 +404,9 @@ class Ledger:
             if self._replay_iter is None:
                 if not self._replay_files:
                     return False
-                self._replay_iter = read_batches(self._replay_files[0], self.config.batch_size)
+                self._replay_iter = read_batches(
+                    self._replay_files[0], self.config.batch_size, self._quarantine_line
+                )
             nxt = next(self._replay_iter, None)
             if nxt is not None:
                 self._replay_batch = nxt

@@ -22,6 +22,11 @@ class LedgerMetrics:
             "Usage rows in the spill file waiting for replay.",
             registry=registry,
         )
+        self.quarantined = Gauge(
+            "fairserve_ledger_quarantined_rows",
+            "Usage rows the database refused, kept in the quarantine directory (readyz: ledger degraded).",
+            registry=registry,
+        )
         self.flush_seconds = Histogram(
             "fairserve_ledger_flush_seconds",
             "Time to write one batch of usage rows (successful or not).",
@@ -49,7 +54,7 @@ class LedgerMetrics:
         )
         self.rejected_rows = Counter(
             "fairserve_ledger_rejected_rows_total",
-            "Usage rows the database refused as invalid, kept in the rejects file.",
+            "Usage rows the database refused as invalid (or lines that did not decode), quarantined.",
             registry=registry,
         )
         self.journal_errors = Counter(

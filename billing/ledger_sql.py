@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError
 
 from billing.models import Base, UsageDailyRow, UsageRow
 from billing.records import UsageRecord
@@ -56,6 +57,7 @@ _PG_TYPES = {
     "tokens_after_cancel": "int4",
     "preemptions": "int4",
     "recomputed_tokens": "int4",
+    "delivered_tokens": "int4",
     "charged_service": "float8",
     "queue_ms": "float8",
     "ttft_ms": "float8",
@@ -113,6 +115,13 @@ def insert_batch(conn: Connection, rows: list[UsageRecord]) -> int:
     )
     conn.execute(upsert, rollup)
     return len(inserted)
+
+
+def permanent(exc: SQLAlchemyError) -> bool:
+    """Errors a retry cannot fix (bad row data); everything else (connection, lock, missing table) is retried."""
+    if isinstance(exc, (IntegrityError, DataError)):
+        return True
+    return not isinstance(exc, DBAPIError) and type(exc).__name__ == "StatementError"
 
 
 def write_batch(engine: Engine, rows: list[UsageRecord]) -> int:

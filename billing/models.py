@@ -22,6 +22,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from billing import fields as width
+
 
 class UTCDateTime(TypeDecorator[datetime]):
     """Timezone-aware UTC datetimes on every dialect (SQLite stores naive text, so re-attach UTC on read)."""
@@ -102,16 +104,16 @@ class UsageRow(Base):
     )
 
     # Request ids are the caller's choice, so they are unique only within a tenant (migration 0002).
-    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
-    request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
-    api_key_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
-    task_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    workflow_run_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    tenant_id: Mapped[str] = mapped_column(String(width.TENANT_ID_MAX), primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(width.REQUEST_ID_MAX), primary_key=True)
+    api_key_id: Mapped[str | None] = mapped_column(String(width.UUID_MAX), nullable=True)
+    task_id: Mapped[str | None] = mapped_column(String(width.TASK_ID_MAX), nullable=True)
+    workflow_run_id: Mapped[str | None] = mapped_column(String(width.WORKFLOW_RUN_ID_MAX), nullable=True)
     attempt: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
-    model: Mapped[str] = mapped_column(String(128), nullable=False)
-    status: Mapped[str] = mapped_column(String(16), nullable=False)
-    finish_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
-    cancel_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    model: Mapped[str] = mapped_column(String(width.MODEL_MAX), nullable=False)
+    status: Mapped[str] = mapped_column(String(width.STATUS_MAX), nullable=False)
+    finish_reason: Mapped[str | None] = mapped_column(String(width.FINISH_REASON_MAX), nullable=True)
+    cancel_state: Mapped[str | None] = mapped_column(String(width.CANCEL_STATE_MAX), nullable=True)
     prompt_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     cached_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
@@ -124,6 +126,8 @@ class UsageRow(Base):
     e2e_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     finished_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    # Tokens produced are billed (completion_tokens); tokens delivered are kept alongside (migration 0005).
+    delivered_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class UsageDailyRow(Base):
@@ -132,8 +136,8 @@ class UsageDailyRow(Base):
     __tablename__ = "usage_daily"
 
     day: Mapped[date] = mapped_column(Date, primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
-    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(width.TENANT_ID_MAX), primary_key=True)
+    status: Mapped[str] = mapped_column(String(width.STATUS_MAX), primary_key=True)
     requests: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
     cached_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)

@@ -7,7 +7,10 @@ from datetime import datetime
 from typing import Any
 
 # Terminal states of one engine request, as the ledger stores them.
-USAGE_STATUSES: frozenset[str] = frozenset({"completed", "cancelled", "deadline", "rejected", "error"})
+# `interrupted`: the gateway died before writing the row; billed later from the engine's own record.
+USAGE_STATUSES: frozenset[str] = frozenset(
+    {"completed", "cancelled", "deadline", "rejected", "error", "interrupted"}
+)
 CANCEL_STATES: frozenset[str] = frozenset({"waiting", "prefill", "decode"})
 
 
@@ -72,6 +75,30 @@ class UsageRecord:
     e2e_ms: float | None
     created_at: datetime
     finished_at: datetime
+    # Completion tokens handed to the client's connection; None where unknown (an interrupted request,
+    # rows from before migration 0005). What is billed is completion_tokens: the tokens produced.
+    delivered_tokens: int | None = None
+
+
+# A journal or spill row written by an older fairserve may lack fields added since; these are the values
+# such a row is stored with (billing/spill.py decode_row). A field without an entry here is required.
+USAGE_DEFAULTS: dict[str, Any] = {
+    "api_key_id": None,
+    "task_id": None,
+    "workflow_run_id": None,
+    "attempt": 0,
+    "finish_reason": None,
+    "cancel_state": None,
+    "cached_tokens": 0,
+    "charged_service": 0.0,
+    "tokens_after_cancel": 0,
+    "preemptions": 0,
+    "recomputed_tokens": 0,
+    "queue_ms": None,
+    "ttft_ms": None,
+    "e2e_ms": None,
+    "delivered_tokens": None,
+}
 
 
 @dataclass

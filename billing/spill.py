@@ -12,19 +12,24 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
-from billing.records import UsageRecord
+from billing.records import USAGE_DEFAULTS, UsageRecord
 
 log = logging.getLogger(__name__)
 
 _FIELDS = tuple(f.name for f in fields(UsageRecord))
 _DATETIME_FIELDS = ("created_at", "finished_at")
-
+# The row format a journal segment, spill file or quarantined row is written in. Each file begins with
+# FORMAT_HEADER; a file without one is format 1 (before the header existed: the same JSON rows).
+# Readers take every version: fields a row lacks get USAGE_DEFAULTS, fields they do not know are ignored.
+FORMAT_VERSION = 2
+_HEADER_KEY = "fairserve_ledger_format"
+FORMAT_HEADER = json.dumps({_HEADER_KEY: FORMAT_VERSION}, separators=(",", ":")) + "\n"
 
 _ENCODER = json.JSONEncoder(
     separators=(",", ":")
@@ -42,11 +47,27 @@ def encode_row(row: UsageRecord) -> str:
 
 
 def decode_row(line: str) -> UsageRecord:
-    """The usage row of one JSON line; raises ValueError (or KeyError/TypeError) on a torn or foreign line."""
+    """The usage row of one JSON line of any format version: missing fields with a default get it,
+    unknown fields are ignored; raises ValueError (or KeyError/TypeError) on a torn or foreign line."""
     doc = json.loads(line)
+    if not isinstance(doc, dict):
+        raise ValueError("a usage row is a JSON object")
+    values: dict[str, Any] = {}
+    for name in _FIELDS:
+        if name in doc:
+            values[name] = doc[name]
+        elif name in USAGE_DEFAULTS:
+            values[name] = USAGE_DEFAULTS[name]
+        else:
+            raise KeyError(f"usage row lacks {name!r}, which has no default")
     for name in _DATETIME_FIELDS:
-        doc[name] = datetime.fromisoformat(doc[name])
-    return UsageRecord(**{name: doc[name] for name in _FIELDS})
+        values[name] = datetime.fromisoformat(values[name])
+    return UsageRecord(**values)
+
+
+def is_header(line: str) -> bool:
+    """True for a file's format line (FORMAT_HEADER of any version), which holds no row."""
+    return line.startswith('{"' + _HEADER_KEY + '"')
 
 
 class SpillFile:
@@ -61,8 +82,8 @@ class SpillFile:
 
     @staticmethod
     def _count_lines(path: Path) -> int:
-        with path.open("rb") as fh:
-            return sum(1 for _ in fh)
+        with path.open("r", encoding="utf-8", errors="replace") as fh:
+            return sum(1 for line in fh if not is_header(line))
 
     def _existing_files(self) -> list[Path]:
         replays = sorted(self.path.parent.glob(self.path.name + ".replay-*"))
@@ -76,6 +97,8 @@ class SpillFile:
         with self._lock:
             if self._handle is None:
                 self._handle = self.path.open("a", encoding="utf-8")
+                if self._handle.tell() == 0:
+                    self._handle.write(FORMAT_HEADER)
             self._handle.write(text)
             self.pending_rows += len(rows)
 
@@ -112,17 +135,29 @@ class SpillFile:
             self.pending_rows = max(0, self.pending_rows - count)
 
 
-def read_batches(path: Path, batch_size: int) -> Iterator[tuple[list[UsageRecord], int]]:
-    """(rows, lines consumed) batches of a replay file; torn or foreign lines are logged and skipped."""
+def read_batches(
+    path: Path, batch_size: int, unreadable: Callable[[str, str], None] | None = None
+) -> Iterator[tuple[list[UsageRecord], int]]:
+    """(rows, row lines consumed) batches of a journal or spill file of any format version.
+
+    A line that does not decode (torn by an OS crash, or foreign) goes to `unreadable(line, reason)` (the
+    ledger quarantines it), else it is logged; either way it is never silently dropped from the count.
+    """
     batch: list[UsageRecord] = []
     lines = 0
-    with path.open("r", encoding="utf-8") as fh:
+    with path.open("r", encoding="utf-8", errors="replace") as fh:
         for number, line in enumerate(fh, 1):
+            if is_header(line):
+                continue
             lines += 1
             try:
                 batch.append(decode_row(line))
             except (ValueError, KeyError, TypeError) as exc:
-                log.error("skipping unreadable line %d of spill file %s: %s", number, path, exc)
+                reason = f"line {number} of {path.name} does not decode: {exc}"
+                if unreadable is None:
+                    log.error("skipping %s", reason)
+                else:
+                    unreadable(line, reason)
             if len(batch) >= batch_size:
                 yield batch, lines
                 batch, lines = [], 0

@@ -154,6 +154,9 @@ class RequestMeta:
     traceparent: str | None = (
         None  # W3C trace context of the gateway's span: the engine's spans descend from it
     )
+    ledger_id: str | None = (
+        None  # the caller's request id: the key of the ledger row the engine's record bills
+    )
 
 
 @dataclass

@@ -23,6 +23,7 @@ from gateway.openai import cancel as cancel_routes
 from gateway.openai import routes as openai_routes
 from gateway.ops import routes as ops_routes
 from gateway.ops.engine_watch import keep_engine_alive
+from gateway.ops.produced import confirm, keep_engines_billed, remote_engines
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState, build_state, close_state
 from routing import EngineRouter
@@ -68,6 +69,10 @@ def create_app(
         app.state.gateway = state
         if isinstance(state.engine, RemoteEngine | EngineRouter):  # heartbeats run on this loop from now
             state.engine.bind(asyncio.get_running_loop())
+        billing = None
+        if remote_engines(state.engine):  # their produced-token records: confirm and reconcile
+            state.billed_ids = []
+            billing = asyncio.create_task(keep_engines_billed(state))
         watch = None
         if state.owns_engine and settings.restart_engine and isinstance(state.engine, ProcessEngine):
             watch = asyncio.create_task(keep_engine_alive(state, state.engine))
@@ -77,6 +82,9 @@ def create_app(
             if watch is not None:
                 watch.cancel()
             await drain(state, settings.grace_period_s)
+            if billing is not None:
+                billing.cancel()
+                confirm(state)
             await close_state(state)
 
     return Starlette(

@@ -60,6 +60,8 @@ class GatewayState:
     finished_ids: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)  # (tenant, id)
     draining: bool = False
     engine_failed: bool = False
+    # (engine id, completion tokens) of rows journaled, to confirm to attached engines; None: none attached
+    billed_ids: list[tuple[str, int]] | None = None
     metrics_server: Any = None  # the unauthenticated --metrics-port listener (prometheus_client), if any
     key_events: KeyEvents | None = None  # Redis pub/sub invalidation of the key cache (with --redis)
     tracing: GatewayTracing | None = None  # OpenTelemetry spans (gateway/ops/tracing.py); None: off

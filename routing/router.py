@@ -159,6 +159,10 @@ class EngineRouter:
             with contextlib.suppress(EngineDeadError):
                 client.set_tenant_weight(tenant_id, weight, priority)
 
+    def clients(self) -> list[EngineClient]:
+        """Every engine in the rotation or leaving it (the gateway asks each for its produced tokens)."""
+        return [m.client for m in self._everyone()]
+
     def _everyone(self) -> list[_Member]:
         with self._lock:
             return [*self._members.values(), *self._leaving]

@@ -17,6 +17,7 @@ failed; a new one is a fresh process that never saw those requests. Either way t
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import tempfile
@@ -37,7 +38,16 @@ from engine.boundary.process_engine import EngineStartError
 from engine.limits import RequestCaps, RequestLimits
 from engine.outputs import EngineStats
 from engine.remote.curve import HANDSHAKE_REFUSED, ClusterKey, connect_securely
-from engine.remote.messages import TOKENIZER_FILES, Announce, FromServer, Hello, Ping
+from engine.remote.messages import (
+    TOKENIZER_FILES,
+    Announce,
+    AskProduced,
+    Billed,
+    FromServer,
+    Hello,
+    Ping,
+    Produced,
+)
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger("fairserve.engine.remote")
@@ -98,6 +108,7 @@ class RemoteEngine(EngineFront):
         self._tick: asyncio.Handle | None = None
         self._read_soon = False  # a read is already scheduled on the loop
         self._stats = EngineStats(alive=False)
+        self._produced: list[concurrent.futures.Future[Produced]] = []  # AskProduced answers awaited
 
     @property
     def address(self) -> str:
@@ -207,6 +218,33 @@ class RemoteEngine(EngineFront):
                 sock.close(linger=min(int(timeout_s * 1000), 500))  # the aborts get a moment to leave
         self._ctx.term()
 
+    # -- the engine's produced-token records (engine/remote/accounting.py) ----------------------------
+    def billed(self, request_ids: list[str], completion_tokens: list[int] | None = None) -> bool:
+        """Tell the engine these requests' rows are in the ledger, with the completion tokens billed for
+        each when known (it forgets their records, keeping what it produced beyond that)."""
+        return self._say(Billed(request_ids, completion_tokens or []))
+
+    def ask_produced(
+        self, since: float, orphans_after_s: float = -1.0
+    ) -> concurrent.futures.Future[Produced]:
+        """The engine's per-tenant totals since `since` (and dead gateways' records): a future answer."""
+        future: concurrent.futures.Future[Produced] = concurrent.futures.Future()
+        self._produced.append(future)
+        if not self._say(AskProduced(since, orphans_after_s)):
+            future.set_exception(EngineDeadError(f"the engine at {self._address} is unreachable"))
+        return future
+
+    def produced_now(self, since: float, timeout_s: float = 5.0) -> Produced:
+        """ask_produced for a caller without an event loop (the CLI): reads the socket itself, bounded."""
+        future = self.ask_produced(since)
+        deadline = time.monotonic() + timeout_s
+        while not future.done() and time.monotonic() < deadline:
+            self._read()
+            with self._sock_lock:
+                if self._sock is not None:
+                    self._sock.poll(20, zmq.POLLIN)
+        return future.result(timeout=0)
+
     # -- the socket -----------------------------------------------------------------------------
     def _send(self, msg: Any) -> None:
         with self._sock_lock:
@@ -257,7 +295,12 @@ class RemoteEngine(EngineFront):
                     "dropped a frame from the engine that does not decode (%d bytes): %s", len(frame), exc
                 )
                 continue
-            if isinstance(msg, Announce):
+            if isinstance(msg, Produced):
+                waiting, self._produced = self._produced, []
+                for future in waiting:
+                    if not future.done():
+                        future.set_result(msg)
+            elif isinstance(msg, Announce):
                 self._adopt(msg)
             elif isinstance(msg, WorkerExiting):
                 if self._alive:

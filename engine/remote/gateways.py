@@ -33,7 +33,7 @@ import zmq
 
 from engine.boundary.messages import IterationReport, Submit, SubmitFailed, WorkerExiting
 from engine.outputs import EngineStats
-from engine.remote.messages import Announce, Hello, Ping, ToServer
+from engine.remote.messages import Announce, AskProduced, Billed, Hello, Ping, ToServer
 
 log = logging.getLogger("fairserve.engine.remote")
 HEARTBEAT_S = 0.05  # the longest a connected gateway goes without a message from the engine
@@ -66,6 +66,7 @@ class GatewayLink:
         inbox: queue.Queue[Any],
         announce: Callable[[bool], Announce],
         gateway_timeout_s: float,
+        account: Callable[[Billed | AskProduced, list[bytes]], Any] | None = None,
     ) -> None:
         self._router = router
         self._pull = ctx.socket(zmq.PULL)
@@ -73,6 +74,7 @@ class GatewayLink:
         self._pull.bind(outbox_addr)
         self._inbox = inbox
         self._announce = announce
+        self._account = account  # answers Billed/AskProduced here: they need no engine loop
         self._gateway_timeout_s = gateway_timeout_s
         self._decoder = msgspec.msgpack.Decoder(ToServer)
         self._lock = threading.Lock()
@@ -170,6 +172,11 @@ class GatewayLink:
                 want = isinstance(msg, Hello) and msg.want_tokenizer
                 self._send(peer, _ENCODER.encode(self._announce(want)), now)
             if isinstance(msg, (Hello, Ping)):
+                continue
+            if isinstance(msg, (Billed, AskProduced)):
+                answer = self._account(msg, self.peers()) if self._account is not None else None
+                if answer is not None:
+                    self._send(peer, _ENCODER.encode(answer), now)
                 continue
             if isinstance(msg, Submit) and self.draining:
                 refusal = SubmitFailed(msg.request_id, "EngineDeadError", "the engine is draining", None)

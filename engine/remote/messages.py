@@ -13,6 +13,7 @@ import msgspec
 
 from engine.boundary.messages import Abort, IterationReport, SetWeight, Submit, SubmitFailed, WorkerExiting
 from engine.outputs import EngineStats
+from engine.remote.accounting import ProducedRecord, TenantProduced
 
 # The files of a model directory engine.tokenizer.Tokenizer.from_dir reads; those present are announced.
 TOKENIZER_FILES = (
@@ -49,6 +50,31 @@ class Announce(msgspec.Struct, tag=True, array_like=True):
     tokenizer_files: dict[str, str] = {}  # file name -> text; empty unless the Hello asked
 
 
+class Billed(msgspec.Struct, tag=True, array_like=True):
+    """A gateway has these requests' rows in its ledger: the engine forgets their records
+    (engine/remote/accounting.py)."""
+
+    request_ids: list[str]
+    completion_tokens: list[int] = []  # billed for each (a gateway that lost the engine billed fewer)
+
+
+class AskProduced(msgspec.Struct, tag=True, array_like=True):
+    """A gateway asks for the per-tenant totals since `since`, and the records of dead gateways' requests
+    finished at least `orphans_after_s` ago (a negative value: none)."""
+
+    since: float
+    orphans_after_s: float = -1.0
+
+
+class Produced(msgspec.Struct, tag=True, array_like=True):
+    """The answer to AskProduced."""
+
+    engine_id: str
+    tenants: list[TenantProduced]
+    orphans: list[ProducedRecord]
+    unconfirmed: int
+
+
 # Gateways may not send StopLoop: only the engine's operator stops it (a signal, or EngineServer.stop).
-ToServer = Submit | Abort | SetWeight | Hello | Ping
-FromServer = IterationReport | SubmitFailed | Announce | WorkerExiting
+ToServer = Submit | Abort | SetWeight | Hello | Ping | Billed | AskProduced
+FromServer = IterationReport | SubmitFailed | Announce | WorkerExiting | Produced

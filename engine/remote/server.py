@@ -41,10 +41,11 @@ from engine.boundary.worker import EngineLoop, default_worker_threads
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import OutputDelta
+from engine.remote.accounting import ProducedBook
 from engine.remote.address import bindable
 from engine.remote.curve import ClusterKey, serve_securely
 from engine.remote.gateways import QUIT, GatewayLink, PeerLost
-from engine.remote.messages import TOKENIZER_FILES, Announce
+from engine.remote.messages import TOKENIZER_FILES, Announce, AskProduced, Billed, Produced
 
 log = logging.getLogger("fairserve.engine.remote")
 _ENCODER = msgspec.msgpack.Encoder()
@@ -63,6 +64,7 @@ class EngineServer:
         gateway_timeout_s: float,
         grace_period_s: float,
         cluster_key: ClusterKey | None = None,
+        produced_path: Path | None = None,
     ) -> None:
         self.config = config
         self.cluster_key = cluster_key  # None: the port admits anyone who reaches it (engine/remote/curve.py)
@@ -78,6 +80,8 @@ class EngineServer:
         self._auth: ThreadAuthenticator | None = None
         self._items: queue.Queue[Any] = queue.Queue()
         self._owners: dict[str, bytes] = {}  # live request id -> the gateway that submitted it
+        # What was produced, until a gateway bills it (accounting.py); on disk when given a path.
+        self.produced = ProducedBook(produced_path)
         self._outbox_addr = f"inproc://fairserve-engine-{self.engine_id}"
         self._push: zmq.Socket[Any] | None = None
         self._push_lock = threading.Lock()  # one sender on the PUSH socket at a time
@@ -113,7 +117,13 @@ class EngineServer:
         root = Path(engine.loaded.path)
         self._tokenizer_files = {n: (root / n).read_text() for n in TOKENIZER_FILES if (root / n).is_file()}
         self._link = GatewayLink(
-            ctx, router, self._outbox_addr, self._items, self._announce, self.gateway_timeout_s
+            ctx,
+            router,
+            self._outbox_addr,
+            self._items,
+            self._announce,
+            self.gateway_timeout_s,
+            self._account,
         )
         self._link.latest_stats = engine.stats()
         self._link.start()
@@ -127,7 +137,7 @@ class EngineServer:
         push.setsockopt(zmq.SNDHWM, 0)
         push.connect(self._outbox_addr)
         restore = self._install_signals()
-        inbox = GatewayInbox(self._items, self._owners, self._reply, self._draining.is_set)
+        inbox = GatewayInbox(self._items, self._owners, self._reply, self._draining.is_set, self.produced)
         try:
             EngineLoop(engine, inbox, self._publish).run()
         finally:
@@ -206,9 +216,18 @@ class EngineServer:
             self._tokenizer_files if want_tokenizer else {},
         )
 
+    def _account(self, msg: Billed | AskProduced, live: list[bytes]) -> Produced | None:
+        """On the socket thread: forget billed records, or report totals and dead gateways' records."""
+        if isinstance(msg, Billed):
+            self.produced.billed(msg.request_ids, msg.completion_tokens)
+            return None
+        orphans = self.produced.orphans(live, msg.orphans_after_s) if msg.orphans_after_s >= 0 else []
+        return Produced(self.engine_id, self.produced.totals(msg.since), orphans, self.produced.unconfirmed())
+
     def _publish(self, msg: Any) -> None:
         """Each gateway gets the outputs of its own requests; every gateway gets the stats and traces."""
         if isinstance(msg, SubmitFailed):
+            self.produced.refused(msg.request_id)
             owner = self._owners.pop(msg.request_id, None)
             if owner is not None:
                 self._tell(owner, _ENCODER.encode(msg))
@@ -222,6 +241,8 @@ class EngineServer:
         for delta in msg.outputs:
             rid = delta.request_id
             owner = self._owners.pop(rid, None) if delta.finished else self._owners.get(rid)
+            if delta.finished:
+                self.produced.finished(delta)
             if owner is not None:
                 by_owner.setdefault(owner, []).append(delta)
         common: bytes | None = None
@@ -264,8 +285,10 @@ class GatewayInbox:
         owners: dict[str, bytes],
         reply: Callable[[bytes, Any], None],
         draining: Callable[[], bool],
+        produced: ProducedBook | None = None,
     ) -> None:
         self._items = items
+        self._produced = produced
         self._owners = owners
         self._reply = reply
         self._draining = draining
@@ -308,6 +331,8 @@ class GatewayInbox:
                 )
                 return
             self._owners[msg.request_id] = peer
+            if self._produced is not None:
+                self._produced.opened(msg.request_id, peer, msg.meta)
         elif isinstance(msg, Abort) and self._owners.get(msg.request_id) != peer:
             return  # not this gateway's request (or already over)
         self._pending.append(msg)

@@ -10,7 +10,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from gateway.admin import api, live
+from gateway.admin import api, ledger_api, live
 from gateway.admin.http import AdminHandler, admin_endpoint
 from gateway.admin.live import engine_rows
 from gateway.state import GatewayState
@@ -75,4 +75,7 @@ routes: list[BaseRoute] = [
     _api("/keys/{key}/revoke", api.revoke_key, "POST"),
     _api("/usage", api.usage, "GET"),
     _api("/audit", api.audit, "GET"),
+    _api("/ledger/quarantine", ledger_api.quarantine, "GET"),
+    _api("/ledger/quarantine/requeue", ledger_api.requeue, "POST"),
+    _api("/ledger/reconcile", ledger_api.reconcile, "GET"),
 ]

@@ -215,8 +215,43 @@ def _announce(args: argparse.Namespace, tenant_id: str) -> None:
         )
 
 
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    """usage reconcile [--since WHEN] --engine ADDR...: the ledger against the engines' own counters.
+
+    Prints every (tenant, count) on which they differ; exits 1 when there is one (0: they agree).
+    """
+    from engine.remote.client import RemoteEngine  # only this command talks to engines
+    from gateway.ops.produced import reconcile_report
+
+    if not args.engine:
+        raise SystemExit("fairserve usage reconcile: give the engines to compare with (--engine ADDR ...)")
+    since = args.since or parse_since("24h")
+    answers = []
+    for address in args.engine:
+        engine = RemoteEngine(address, heartbeat_timeout_s=5.0)
+        try:
+            engine.start()
+            answers.append(engine.produced_now(since.timestamp()))
+        finally:
+            engine.shutdown(timeout_s=1.0)
+    db = _database(args)
+    db.upgrade()
+    report = reconcile_report(db, since, answers)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"since {report['since']}, engines {', '.join(report['engines'])}")
+        if report["differences"]:
+            print(_table(report["differences"], ["tenant_id", "count", "ledger", "engines", "delta"]))
+        else:
+            print("no differences")
+    return 1 if report["differences"] else 0
+
+
 def cmd_usage(args: argparse.Namespace) -> int:
-    """usage [--tenant T] [--since WHEN] [--until WHEN]."""
+    """usage [--tenant T] [--since WHEN] [--until WHEN]; `usage reconcile` compares with the engines."""
+    if args.usage_action == "reconcile":
+        return cmd_reconcile(args)
     store = _store(args)
     if args.tenant is not None and store.get_tenant(args.tenant) is None:
         raise TenantNotFound(f"no tenant {args.tenant!r}")
@@ -226,7 +261,10 @@ def cmd_usage(args: argparse.Namespace) -> int:
         row = asdict(s)
         by_status = row.pop("requests_by_status")
         row.update(
-            {st: by_status.get(st, 0) for st in ("completed", "cancelled", "deadline", "rejected", "error")}
+            {
+                st: by_status.get(st, 0)
+                for st in ("completed", "cancelled", "deadline", "rejected", "error", "interrupted")
+            }
         )
         row["tenant"] = s.tenant_name or s.tenant_id
         rows.append(row)
@@ -241,6 +279,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
             "deadline",
             "rejected",
             "error",
+            "interrupted",
             "prompt_tokens",
             "cached_tokens",
             "completion_tokens",
@@ -352,6 +391,10 @@ def register(subparsers: Any) -> None:
     keys.set_defaults(func=_guarded(cmd_keys))
 
     usage = subparsers.add_parser("usage", parents=[common], help="per-tenant usage from the ledger")
+    usage.add_argument(
+        "usage_action", nargs="?", choices=["reconcile"], help="reconcile: compare with the engines' counters"
+    )
+    usage.add_argument("--engine", action="append", default=[], help="reconcile: an engine's address")
     usage.add_argument("--tenant", default=None, help="tenant id or name (default: all)")
     usage.add_argument("--since", type=parse_since, default=None, help="ISO time or age (24h, 7d)")
     usage.add_argument("--until", type=parse_since, default=None, help="ISO time or age")

@@ -63,7 +63,12 @@ def run_engine(args: argparse.Namespace) -> int:
             print(f"fairserve engine: invalid settings:\ncluster_key_file: {exc}", file=sys.stderr)
             return 2
     server = EngineServer(
-        settings.engine, settings.listen, settings.gateway_timeout_s, settings.grace_period_s, cluster_key=key
+        settings.engine,
+        settings.listen,
+        settings.gateway_timeout_s,
+        settings.grace_period_s,
+        cluster_key=key,
+        produced_path=settings.data_dir / "produced.log",  # the engine's own billing record (accounting.py)
     )
     try:
         server.start()

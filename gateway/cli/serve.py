@@ -111,4 +111,4 @@ def serve(args: argparse.Namespace) -> int:
     server = _Server(config, banner)
     sys.setswitchinterval(settings.switch_interval_ms / 1e3)  # process-wide, so set here at the entry point
     server.run()
-    return 0
+    return 0 if server.started else 3  # uvicorn returns after "Application startup failed. Exiting."

@@ -8,9 +8,10 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from billing.fields import REQUEST_ID_MAX
 from gateway.edge.errors import error_body
 
-_VALID_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_VALID_ID = re.compile(rf"^[A-Za-z0-9._:\-]{{1,{REQUEST_ID_MAX}}}$")
 
 
 def new_request_id() -> str:

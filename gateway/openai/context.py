@@ -107,6 +107,7 @@ class RequestContext:
             arrival_time=self.arrival,
             cache_group=tenant.cache_group,
             cache_salt=self.body.cache_salt,
+            ledger_id=self.request_id,
         )
 
     def run_spec(self) -> RunSpec:
@@ -124,7 +125,7 @@ class RequestContext:
             continuous_usage=self.body.continuous_usage,
         )
 
-    def usage_record(self, outcome: Outcome, finished: float) -> UsageRecord:
+    def usage_record(self, outcome: Outcome, finished: float, delivered: int | None = None) -> UsageRecord:
         """The ledger row of the ended request: ids from the context, counts and timings from the engine."""
         m = outcome.metrics
         queue_ms, ttft_ms, e2e_ms = _timings(m, finished)
@@ -147,6 +148,7 @@ class RequestContext:
             e2e_ms=e2e_ms,
             created_at=datetime.fromtimestamp(self.arrival, UTC),
             finished_at=datetime.fromtimestamp(finished, UTC),
+            delivered_tokens=delivered,
         )
 
 

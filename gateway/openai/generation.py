@@ -22,6 +22,7 @@ from gateway.openai.refusals import quota_headers, refused, rejected
 from gateway.openai.responses import RunResponse
 from gateway.openai.runs import Outcome, Run, RunFeed
 from gateway.openai.tasks import record_infeasible
+from gateway.ops.produced import confirm
 from gateway.state import GatewayState
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ def _start(
         orphan_grace_s=state.settings.idempotent_orphan_grace_s,
     )
     run.submitted_at = time.perf_counter()
-    feed = RunFeed(run, admission.slot.start, lambda outcome: _record(state, ctx, outcome))
+    feed = RunFeed(run, admission.slot.start, lambda outcome: _record(state, ctx, outcome, run))
     stream: OutputStream | None = None
     meta = ctx.meta()
     if trace is not None:  # the engine's spans descend from this one (engine/tracing.py)
@@ -210,17 +211,22 @@ def _observe(state: GatewayState, ctx: RequestContext, outcome: Outcome) -> None
         state.metrics.requests.labels(state.metrics.labels.label(ctx.tenant_id), outcome.status).inc()
 
 
-def _record(state: GatewayState, ctx: RequestContext, outcome: Outcome) -> None:
+def _record(state: GatewayState, ctx: RequestContext, outcome: Outcome, run: Run) -> None:
     """The run's ledger row, called by its RunFeed as it ends and before any reader is woken to send the
     reply's end: `Ledger.record` journals the row (one write()) first, so an answered request survives a
     kill -9 of this process (docs/billing.md, "Journal")."""
     if outcome.status == "rejected" and outcome.metrics is None:
         return  # refused by the engine before any work: nothing to bill, and the reply is an error
-    row = ctx.usage_record(outcome, time.time())
+    completion = outcome.metrics.completion_tokens if outcome.metrics is not None else 0
+    row = ctx.usage_record(outcome, time.time(), run.delivered_tokens(completion))
     try:
         state.ledger.record(row)
     except Exception:  # the ledger spills on its own; a full buffer must not fail the response
         log.warning("ledger refused row %s", row.request_id, exc_info=True)
+    else:
+        if state.billed_ids is not None:  # attached engines forget their record (gateway/ops/produced.py)
+            state.billed_ids.append((ctx.engine_id, row.completion_tokens))
+            confirm(state)  # before the reply ends: an answered request is never billed `interrupted`
     state.finished_ids[(row.tenant_id, row.request_id)] = None
     if len(state.finished_ids) > FINISHED_IDS_KEPT:
         state.finished_ids.popitem(last=False)

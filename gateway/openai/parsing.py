@@ -10,12 +10,14 @@ from pydantic import ValidationError
 from starlette.requests import Request
 
 from admission.deadline import DeadlineError, parse_deadline
+from billing.fields import TASK_ID_MAX, WORKFLOW_RUN_ID_MAX
 from engine import EngineClient, InvalidRequestError, SamplingParams
 from engine.limits import RequestCaps
 from gateway.edge.errors import APIError
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, first_error
 
-_TOKEN_ID = re.compile(r"^[A-Za-z0-9._:\-/]{1,200}$")
+_TOKEN_ID = re.compile(rf"^[A-Za-z0-9._:\-/]{{1,{TASK_ID_MAX}}}$")
+assert TASK_ID_MAX == WORKFLOW_RUN_ID_MAX  # one pattern caps both headers
 # Text prompts longer than this are tokenised on a worker thread, not on the event loop: the byte-level
 # tokenizer costs about a microsecond per byte here, so a 256 KiB prompt would hold every other
 # request's I/O for a quarter of a second. Below it the thread hop costs more than the work.
@@ -39,7 +41,10 @@ def _optional_id(request: Request, header: str) -> str | None:
         return None
     if not _TOKEN_ID.match(value):
         raise APIError(
-            400, f"{header} must be 1-200 characters of letters, digits and ._:-/", "invalid_header", header
+            400,
+            f"{header} must be 1-{TASK_ID_MAX} characters of letters, digits and ._:-/",
+            "invalid_header",
+            header,
         )
     return value
 

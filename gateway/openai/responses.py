@@ -133,6 +133,7 @@ class RunResponse:
                 return True
             if ready:
                 await send({"type": "http.response.body", "body": ready, "more_body": True})
+                run.delivered_chunks = max(run.delivered_chunks, sent)
             if len(run.chunks) == sent and not await self._until_change(gone):
                 return False
 

@@ -95,6 +95,17 @@ class Run:
     finished_at: float | None = None
     task: asyncio.Task[None] | None = None
     orphan_grace_s: float = 0.0  # how long a keyed run outlives its last reader (GatewaySettings)
+    chunk_tokens: list[int] = field(default_factory=list)  # completion tokens so far at each chunk
+    delivered_chunks: int = 0  # chunks a reader has handed to its connection
+
+    def delivered_tokens(self, completion_tokens: int) -> int:
+        """Completion tokens handed to a client: all of them unless the client left before the end (then
+        those of the chunks sent before it left; none for a whole-JSON reply)."""
+        if self.cancelled_by != "disconnect":
+            return completion_tokens  # every reader is sent the rest of the reply
+        if not self.spec.stream or not self.delivered_chunks:
+            return 0
+        return min(completion_tokens, self.chunk_tokens[self.delivered_chunks - 1])
 
     def server_timing(self) -> str | None:
         """`Server-Timing` for the reply: the engine's share of it, as this gateway saw it, in ms.
@@ -203,6 +214,7 @@ class RunFeed:
             reason = out.finish_reason if out.finished else None
             so_far = out.metrics if spec.continuous_usage else None
             run.chunks.append(spec.shape.chunk(out.delta_text, reason, first=not run.chunks, so_far=so_far))
+            run.chunk_tokens.append(out.metrics.completion_tokens)
         self.last = out
         if not out.finished:
             run.notify()

@@ -11,6 +11,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from billing.fields import MODEL_MAX
 from engine.request import SamplingParams
 
 
@@ -56,7 +57,7 @@ def _off(value: _V, off: tuple[object, ...], field: str, what: str) -> _V:
 class _Sampling(_Strict):
     """Fields shared by both endpoints."""
 
-    model: str = Field(min_length=1)
+    model: str = Field(min_length=1, max_length=MODEL_MAX)
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None

@@ -31,14 +31,26 @@ async def healthz(request: Request) -> JSONResponse:
 async def readyz(request: Request) -> JSONResponse:
     """GET /readyz: 200 when the engine loop runs, the database answers and the gateway admits.
 
-    `degraded` names optional dependencies that are away (Redis); they do not make the gateway unready.
+    `degraded` names optional dependencies that are away (Redis), and `ledger` while rows are quarantined;
+    they do not make the gateway unready.
     """
     state: GatewayState = request.app.state.gateway
     ok, checks = await run_in_threadpool(state.ready)
     dependencies = await state.dependencies()
     degraded = sorted(name for name, dep in dependencies.items() if dep["state"] != "closed")
+    # Quarantined ledger rows (refused by the database) need an operator, not a restart: degraded, ready.
+    quarantined = state.ledger.quarantine.count
+    if quarantined:
+        degraded.append("ledger")
     return JSONResponse(
-        {"ready": ok, "checks": checks, "degraded": degraded, "dependencies": dependencies},
+        {
+            "ready": ok,
+            "checks": checks,
+            "degraded": degraded,
+            "dependencies": dependencies,
+            "ledger": "degraded" if quarantined else "ok",
+            "quarantined_rows": quarantined,
+        },
         status_code=200 if ok else 503,
     )
 

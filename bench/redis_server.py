@@ -1,6 +1,6 @@
 """A private `redis-server` on a free loopback port, to kill, freeze (SIGSTOP) and restart.
 
-Fault tests and the frozen-Redis benchmark break this one, never the machine's shared Redis.
+Fault tests and the chaos benchmark (bench/billing_chaos.py) break this one, never the machine's shared Redis.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """An index on usage (tenant_id, workflow_run_id): GET /v1/workflow-runs/{id} reads one run's rows.
 
-Revision ID: 0004_usage_workflow_run
-Revises: 0003_tenant_request_ids
+Revision ID: 0006_usage_workflow_run
+Revises: 0005_delivered_tokens
 Create Date: 2026-12-01
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0004_usage_workflow_run"
-down_revision = "0003_tenant_request_ids"
+revision = "0006_usage_workflow_run"
+down_revision = "0005_delivered_tokens"
 branch_labels = None
 depends_on = None
 

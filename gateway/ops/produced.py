@@ -1,0 +1,165 @@
+"""The gateway's side of the engines' produced-token records (engine/remote/accounting.py).
+
+Two duties for attached engines (`--engine`): confirm to the engines the requests whose rows this
+gateway's ledger has journaled (as each row is journaled, before its reply ends), and, on a task, bill the records of
+requests whose gateway died (status `interrupted`), then confirm those too. A record is taken only once
+it is ORPHAN_AFTER_S old, so the dead gateway's own journal (replayed at its restart, or by a gateway
+sharing its data dir within `orphan_scan_s`) gets the first chance; both key the row on
+(tenant_id, request_id), so whichever comes second is a duplicate the ledger skips, never a second charge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from billing import Database, UsageRecord
+from billing.reconcile import COUNTS, Totals, differences, hour_start, ledger_totals
+from engine import EngineClient
+from engine.remote.accounting import ProducedRecord
+from engine.remote.client import RemoteEngine
+from engine.remote.messages import Produced
+from gateway.state import GatewayState
+from routing import EngineRouter
+
+log = logging.getLogger(__name__)
+RECONCILE_S = 2.0
+ORPHAN_AFTER_S = 10.0
+ASK_TIMEOUT_S = 5.0
+
+
+def remote_engines(engine: EngineClient) -> list[RemoteEngine]:
+    """The attached engines behind a gateway's engine client (none for an engine it runs itself)."""
+    if isinstance(engine, RemoteEngine):
+        return [engine]
+    if isinstance(engine, EngineRouter):
+        return [c for c in engine.clients() if isinstance(c, RemoteEngine)]
+    return []
+
+
+def interrupted_row(record: ProducedRecord, model: str) -> UsageRecord:
+    """The ledger row of a request whose gateway died: the engine's counts, status `interrupted`."""
+    return UsageRecord(
+        request_id=record.ledger_request_id or record.engine_request_id,
+        tenant_id=record.tenant_id,
+        api_key_id=record.api_key_id,
+        task_id=record.task_id,
+        workflow_run_id=record.workflow_run_id,
+        attempt=record.attempt,
+        model=model,
+        status="interrupted",
+        finish_reason=record.finish_reason,
+        cancel_state=record.cancel_state,
+        prompt_tokens=record.prompt_tokens,
+        cached_tokens=record.cached_tokens,
+        completion_tokens=record.completion_tokens,
+        charged_service=record.charged_service,
+        tokens_after_cancel=record.tokens_after_cancel,
+        preemptions=record.preemptions,
+        recomputed_tokens=record.recomputed_tokens,
+        queue_ms=None,
+        ttft_ms=None,
+        e2e_ms=None,
+        created_at=datetime.fromtimestamp(record.arrival_time, UTC),
+        finished_at=datetime.fromtimestamp(record.finished_time, UTC),
+        delivered_tokens=None,  # the dead gateway alone knew
+    )
+
+
+async def ask(engine: RemoteEngine, since: float, orphans_after_s: float = -1.0) -> Produced:
+    """One engine's AskProduced answer, bounded by ASK_TIMEOUT_S."""
+    future = engine.ask_produced(since, orphans_after_s)
+    return await asyncio.wait_for(asyncio.wrap_future(future), ASK_TIMEOUT_S)
+
+
+async def bill_orphans(state: GatewayState) -> int:
+    """Bill every engine's records of dead gateways' requests as `interrupted`; returns how many."""
+    billed = 0
+    for engine in remote_engines(state.engine):
+        if not engine.is_alive:
+            continue
+        try:
+            answer = await ask(engine, time.time(), ORPHAN_AFTER_S)
+        except Exception:  # an engine away now (or too slow to answer) is asked again next round
+            log.debug("no produced-token answer from %s", engine.address, exc_info=True)
+            continue
+        for record in answer.orphans:
+            state.ledger.record(interrupted_row(record, state.engine.model_name))  # journaled first
+        if answer.orphans:
+            engine.billed([r.engine_request_id for r in answer.orphans])
+            billed += len(answer.orphans)
+            log.warning("billed %d requests of a dead gateway as interrupted", len(answer.orphans))
+    return billed
+
+
+def confirm(state: GatewayState) -> None:
+    """Tell every attached engine which requests' rows this gateway has journaled since the last call."""
+    billed, state.billed_ids = state.billed_ids, []
+    if billed:
+        ids, counts = [b[0] for b in billed], [b[1] for b in billed]
+        for engine in remote_engines(state.engine):
+            engine.billed(ids, counts)  # an engine ignores ids it does not hold; a dead one lost them anyway
+
+
+async def keep_engines_billed(state: GatewayState) -> None:
+    """Bill dead gateways' requests every RECONCILE_S, for as long as the gateway serves."""
+    while True:
+        await asyncio.sleep(RECONCILE_S)
+        try:
+            await bill_orphans(state)
+        except Exception:
+            log.warning("billing dead gateways' requests failed; retrying", exc_info=True)
+
+
+def engine_totals(answers: list[Produced]) -> Totals:
+    """The engines' answers summed per tenant, in the ledger's terms (billing/reconcile.py)."""
+    totals: Totals = {}
+    for answer in answers:
+        for t in answer.tenants:
+            acc = totals.setdefault(t.tenant_id, dict.fromkeys(COUNTS, 0))
+            acc["requests"] += t.requests
+            acc["prompt_tokens"] += t.prompt_tokens
+            acc["cached_tokens"] += t.cached_tokens
+            acc["completion_tokens"] += t.completion_tokens
+    return totals
+
+
+def reconcile_report(db: Database, since: datetime, answers: list[Produced]) -> dict[str, Any]:
+    """The ledger against the engines that answered: both sides' totals and every difference."""
+    ledger = ledger_totals(db, since)
+    engines = engine_totals(answers)
+    found = differences(ledger, engines)
+    return {
+        "since": hour_start(since).isoformat(),
+        "engines": [a.engine_id for a in answers],
+        "unconfirmed_records": sum(a.unconfirmed for a in answers),
+        "ledger": ledger,
+        "engine_totals": engines,
+        "differences": [
+            {
+                "tenant_id": d.tenant_id,
+                "count": d.count,
+                "ledger": d.ledger,
+                "engines": d.engines,
+                "delta": d.delta,
+            }
+            for d in found
+        ],
+    }
+
+
+async def reconcile(state: GatewayState, since: datetime) -> dict[str, Any]:
+    """reconcile_report over every attached engine (an engine that does not answer is named, not counted)."""
+    answers: list[Produced] = []
+    missing: list[str] = []
+    for engine in remote_engines(state.engine):
+        try:
+            answers.append(await ask(engine, hour_start(since).timestamp()))
+        except Exception:
+            missing.append(engine.address)
+    report = await asyncio.to_thread(reconcile_report, state.db, since, answers)
+    report["unanswered"] = missing
+    return report

@@ -1,0 +1,57 @@
+"""The engine's produced-token book: records until billed, orphans of dead gateways, hourly totals, and
+all of it read back after a kill -9 (the file is appended with one write() per change)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from engine.outputs import OutputDelta, RequestMetrics
+from engine.remote.accounting import ProducedBook
+from engine.request import FinishReason, RequestMeta
+
+
+def _finish(book: ProducedBook, rid: str, owner: bytes, completion: int) -> None:
+    book.opened(rid, owner, RequestMeta(tenant_id="t", ledger_id=f"caller-{rid}"))
+    now = time.time()
+    metrics = RequestMetrics(3, 1, completion, 1.0, 0, 0, 0, None, now - 1, now - 1, now - 1, now - 2)
+    book.finished(OutputDelta(rid, [], "", True, FinishReason.LENGTH, metrics))
+
+
+def test_records_wait_for_billing_and_survive_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "produced.log"
+    book = ProducedBook(path)
+    _finish(book, "a", b"g1", 5)
+    _finish(book, "b", b"g2", 7)
+    book.billed(["a"])
+    assert book.unconfirmed() == 1
+    orphans = book.orphans(live=[b"g1"], older_than_s=0.5)
+    assert [(r.engine_request_id, r.ledger_request_id) for r in orphans] == [("b", "caller-b")]
+    assert book.orphans(live=[b"g1", b"g2"], older_than_s=0.0) == []
+    totals = book.totals(time.time() - 10)
+    assert [(t.tenant_id, t.requests, t.completion_tokens) for t in totals] == [("t", 2, 12)]
+    again = ProducedBook(path)  # as after a kill -9: nothing was closed
+    assert again.unconfirmed() == 1
+    assert [(t.requests, t.completion_tokens) for t in again.totals(time.time() - 10)] == [(2, 12)]
+    third = ProducedBook(path)  # and again, with what the second one appended
+    assert [(t.requests, t.completion_tokens) for t in third.totals(time.time() - 10)] == [(2, 12)]
+    assert [r.engine_request_id for r in third.orphans(live=[], older_than_s=0.0)] == ["b"]
+
+
+def test_tokens_produced_beyond_what_was_billed_become_a_supplement(tmp_path: Path) -> None:
+    book = ProducedBook(tmp_path / "produced.log")
+    _finish(book, "a", b"g1", 9)
+    book.billed(["a"], [4])  # the gateway billed 4 (it had lost the engine), the engine produced 9
+    book.opened("b", b"g1", RequestMeta(tenant_id="t", ledger_id="caller-b"))
+    book.billed(["b"], [0])  # billed before it ended
+    now = time.time()
+    metrics = RequestMetrics(3, 1, 6, 1.0, 0, 0, 0, None, now - 1, now - 1, now - 1, now - 2)
+    book.finished(OutputDelta("b", [], "", True, FinishReason.CANCELLED, metrics))
+    extra = {r.engine_request_id: r for r in book.orphans(live=[b"g1"], older_than_s=0.0)}
+    assert {rid: (r.ledger_request_id, r.completion_tokens) for rid, r in extra.items()} == {
+        "a": (None, 5),
+        "b": (None, 6),
+    }
+    book.billed(["a", "b"])  # the supplements billed: nothing left
+    assert book.unconfirmed() == 0
+    assert ProducedBook(tmp_path / "produced.log").unconfirmed() == 0
