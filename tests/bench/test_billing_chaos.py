@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from bench.redis_server import redis_server_binary
 
 from bench.billing_chaos import run
+from bench.redis_server import redis_server_binary
 from tests.billing.services import PG_HOST, PG_PORT, require
 
 
