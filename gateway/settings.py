@@ -121,10 +121,16 @@ class GatewaySettings(StorageSettings):
         "an X-Quota-Status header (open), or answer 503 (closed)",
     )
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="largest request body accepted")
-    max_queued_requests: int = Field(default=256, ge=1, description="global admission queue bound")
-    max_queued_tokens: int = Field(default=131072, ge=1, description="global bound on queued prompt tokens")
+    max_queued_requests: int = Field(
+        default=QueueBounds.max_queued_requests, ge=1, description="global admission queue bound"
+    )
+    max_queued_tokens: int = Field(
+        default=QueueBounds.max_queued_tokens, ge=1, description="global bound on queued prompt tokens"
+    )
     default_tenant_queued_requests: int = Field(
-        default=64, ge=1, description="queue bound of a tenant that sets none"
+        default=QueueBounds.default_tenant_queued_requests,
+        ge=1,
+        description="queue bound of a tenant that sets none",
     )
     retry_jitter: float = Field(default=0.25, ge=0.0, le=1.0, description="random share added to Retry-After")
     prior_prefill_tokens_per_s: float = Field(

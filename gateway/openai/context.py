@@ -88,6 +88,7 @@ class RequestContext:
             self.arrival,
             self.limits,
             self.caller.tenant.max_queued_requests,
+            self.caller.tenant.weight,
         )
 
     def meta(self) -> RequestMeta:

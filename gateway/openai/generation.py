@@ -42,7 +42,9 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
             ),
         )
     caller = await authenticate(request, state.keys, state.auth_budget, state.metrics.auth_failures)
-    shed = await state.edge.shed(state.engine.stats(), caller.tenant.id, quota_limits(caller))
+    shed = await state.edge.shed(
+        state.engine.stats(), caller.tenant.id, quota_limits(caller), caller.tenant.weight
+    )
     if shed is not None:  # before the body is read: an overloaded server spends nothing more on it
         raise rejected(state, caller.tenant.id, shed)
     ctx = await read_request(request, state, caller, chat)
@@ -105,6 +107,9 @@ def _start(state: GatewayState, ctx: RequestContext, admission: Admission, claim
     )
     run.submitted_at = time.perf_counter()
     feed = RunFeed(run, admission.slot.start, lambda outcome: _record(state, ctx, outcome))
+    admission.slot.on_push_out = lambda slot: run.push_out(
+        rejected(state, ctx.tenant_id, state.admission.pushed_out(slot, state.engine.stats()))
+    )
     stream: OutputStream | None = None
     try:  # submitted here, not when the task below first runs: the engine sees it one loop pass sooner
         stream = engine.submit(
