@@ -4,7 +4,7 @@ the newest queued request of the tenant over its share is the one answered 429 (
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -40,6 +40,10 @@ def _post(srv: Server, tenant: str, request_id: str, out: dict[str, httpx.Respon
         )
 
 
+def _queued(srv: Server, tenant_id: str, n: int) -> Callable[[], bool]:
+    return lambda: srv.state.admission.queues.queued(tenant_id) == n
+
+
 def test_under_share_tenant_pushes_out_the_newest_over_share_request(server: Server, four: Server) -> None:
     answers: dict[str, httpx.Response] = {}
     threads: list[threading.Thread] = []
@@ -48,9 +52,7 @@ def test_under_share_tenant_pushes_out_the_newest_over_share_request(server: Ser
         for i in range(4):  # bob alone borrows the whole queue
             threads.append(threading.Thread(target=_post, args=(four, "bob", f"fair-bob-{i}", answers)))
             threads[-1].start()
-            wait_for(
-                lambda n=i + 1: four.state.admission.queues.queued(bob) == n, 20, f"bob's {i + 1} queued"
-            )
+            wait_for(_queued(four, bob, i + 1), 20, f"bob's {i + 1} queued")
         threads.append(threading.Thread(target=_post, args=(four, "alice", "fair-alice", answers)))
         threads[-1].start()
         wait_for(lambda: "fair-bob-3" in answers, 20, "bob's newest answered")
