@@ -10,12 +10,18 @@ from pydantic import ValidationError
 from starlette.requests import Request
 
 from admission.deadline import DeadlineError, parse_deadline
+from billing.models import UsageRow
 from engine import EngineClient, InvalidRequestError, SamplingParams
 from engine.limits import RequestCaps
 from gateway.edge.errors import APIError
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, first_error
 
-_TOKEN_ID = re.compile(r"^[A-Za-z0-9._:\-/]{1,200}$")
+# X-Task-Id and X-Workflow-Run-Id are stored in the ledger's columns of those names: capped at their width.
+_ID_CAPS = {
+    "x-task-id": UsageRow.task_id.type.length,
+    "x-workflow-run-id": UsageRow.workflow_run_id.type.length,
+}
+_TOKEN_ID = re.compile(r"^[A-Za-z0-9._:\-/]+$")
 # Text prompts longer than this are tokenised on a worker thread, not on the event loop: the byte-level
 # tokenizer costs about a microsecond per byte here, so a 256 KiB prompt would hold every other
 # request's I/O for a quarter of a second. Below it the thread hop costs more than the work.
@@ -37,9 +43,10 @@ def _optional_id(request: Request, header: str) -> str | None:
     value = request.headers.get(header)
     if value is None:
         return None
-    if not _TOKEN_ID.match(value):
+    cap = _ID_CAPS[header]
+    if len(value) > cap or not _TOKEN_ID.match(value):
         raise APIError(
-            400, f"{header} must be 1-200 characters of letters, digits and ._:-/", "invalid_header", header
+            400, f"{header} must be 1-{cap} characters of letters, digits and ._:-/", "invalid_header", header
         )
     return value
 
