@@ -27,7 +27,7 @@ from admission.feasibility import RatePriors
 from admission.queues import QueueBounds
 from billing import default_db_url
 from engine.config import EngineConfig
-from engine.remote.address import check_address
+from engine.remote.address import check_address, is_loopback
 from engine.remote.curve import ClusterKey
 from fairness import policy_entry
 from routing.config import RoutingSettings
@@ -291,6 +291,13 @@ class EngineServerSettings(LayeredSettings):
         "the link is encrypted and peers without it are refused",
         json_schema_extra={"flags": ["--cluster-key"]},
     )
+    # Without a key the port takes work, as any tenant at any weight, from whoever reaches it: refused on a
+    # non-loopback address unless the operator says so (gateway/cli/engine.py).
+    insecure_no_cluster_key: bool = Field(
+        default=False,
+        description="listen on a non-loopback address without --cluster-key (anyone who reaches the port "
+        "can submit work as any tenant)",
+    )
     # The engine aborts the requests of a gateway it has not heard from for this long: a dead gateway must
     # not keep the engine computing for nobody. Gateways ping every 0.1 s.
     gateway_timeout_s: float = Field(
@@ -316,6 +323,20 @@ class EngineServerSettings(LayeredSettings):
     def _listen_address(cls, value: str) -> str:
         check_address(value, bind=True)
         return value
+
+    @model_validator(mode="after")
+    def _closed_by_default(self) -> EngineServerSettings:
+        if (
+            self.cluster_key_file is None
+            and not self.insecure_no_cluster_key
+            and not is_loopback(self.listen)
+        ):
+            raise ValueError(
+                f"listen: {self.listen} is not a loopback address and no --cluster-key is given: anyone who "
+                "reaches the port could submit work as any tenant. Give --cluster-key FILE (the same file to "
+                "every gateway), or --insecure-no-cluster-key if a network boundary keeps others out"
+            )
+        return self
 
     @model_validator(mode="after")
     def _models_in_data_dir(self) -> EngineServerSettings:
