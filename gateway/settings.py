@@ -177,6 +177,31 @@ class GatewaySettings(StorageSettings):
         description="failed authentications per second a client address may sustain",
         json_schema_extra={"flags": ["--auth-failure-rate"]},
     )
+    # Connections (gateway/edge/connections.py): what a client may hold open before its key is known.
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="seconds a request's headers may take to arrive before its connection is closed",
+        json_schema_extra={"flags": ["--header-timeout"]},
+    )
+    keep_alive_timeout_s: float = Field(
+        default=5.0,
+        ge=1,
+        le=300,
+        description="seconds an idle keep-alive connection is kept open",
+        json_schema_extra={"flags": ["--keep-alive-timeout"]},
+    )
+    max_unkeyed_connections_per_address: int = Field(
+        default=256,
+        ge=1,
+        description="open connections a client address may hold before one of them carries a valid key",
+    )
+    forwarded_allow_ips: str = Field(
+        default="",
+        description="comma-separated proxy addresses whose X-Forwarded-For/-Proto are trusted "
+        "(default none: the TCP peer is the client)",
+    )
     demo_tenant: str = Field(default="demo", description="tenant given a key on a deployment's first start")
     metrics_tenants: int = Field(default=50, ge=0, description="tenants given their own metric labels")
     # /metrics on the main port needs the metrics (or admin) token. A metrics port, if set, serves the same

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from billing import BillingStore, Database
 from gateway.app import create_app
 from gateway.edge.auth import ensure_admin_token, ensure_demo_key, ensure_metrics_token
+from gateway.edge.connections import server_config
 from gateway.settings import GatewaySettings, settings_error_text
 from gateway.settings_flags import add_knob_flags, settings_from_args
 
@@ -89,8 +90,9 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     banner = prepare_deployment(settings)
     app = create_app(settings)
-    config = uvicorn.Config(
+    config = server_config(
         app,
+        settings,
         host=settings.host,
         port=settings.port,
         log_level="warning",

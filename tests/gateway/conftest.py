@@ -21,6 +21,7 @@ from sqlalchemy import text
 from billing import BillingStore, Tenant
 from engine import AsyncEngine, EngineClient, EngineConfig
 from gateway.app import create_app
+from gateway.edge.connections import server_config
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 
@@ -102,7 +103,7 @@ def start_server(settings: GatewaySettings, engine: EngineClient | None) -> Serv
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    config = server_config(app, settings, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()
