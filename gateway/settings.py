@@ -177,6 +177,16 @@ class GatewaySettings(StorageSettings):
         description="failed authentications per second a client address may sustain",
         json_schema_extra={"flags": ["--auth-failure-rate"]},
     )
+    # Refused work charged to its tenant (gateway/openai/refusal_budget.py): a burst, then a rate.
+    refusal_burst: int = Field(
+        default=20, ge=1, description="refused requests a tenant may make at once before 429"
+    )
+    refusal_rate_per_s: float = Field(
+        default=2.0, gt=0, description="refused requests per second a tenant may sustain"
+    )
+    tokenize_concurrency_per_tenant: int = Field(
+        default=2, ge=1, description="large prompts of one tenant tokenised off the event loop at once"
+    )
     # Connections (gateway/edge/connections.py): what a client may hold open before its key is known.
     header_timeout_s: float = Field(
         default=10.0,

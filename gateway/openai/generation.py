@@ -13,7 +13,7 @@ from starlette.types import ASGIApp
 from admission.controller import Rejection
 from admission.edge import Admission
 from engine import OutputStream
-from gateway.edge.auth import authenticate
+from gateway.edge.auth import Caller, authenticate
 from gateway.edge.errors import APIError
 from gateway.idempotency.claim import KeyClaim
 from gateway.openai.context import RequestContext, quota_limits, read_request
@@ -47,7 +47,7 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
     )
     if shed is not None:  # before the body is read: an overloaded server spends nothing more on it
         raise rejected(state, caller.tenant.id, shed)
-    ctx = await read_request(request, state, caller, chat)
+    ctx = await _read_charged(request, state, caller, chat)
     async with KeyClaim(state, ctx) as claim:
         if claim.earlier_answer is not None:
             return claim.earlier_answer
@@ -64,6 +64,30 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
     if verdict.quota_unenforced:
         headers[QUOTA_STATUS_HEADER] = "unenforced; reason=backend_unavailable"  # failed open: say so
     return RunResponse(run, headers)
+
+
+async def _read_charged(request: Request, state: GatewayState, caller: Caller, chat: bool) -> RequestContext:
+    """`read_request`, refused with 429 at once while the tenant's refusal budget is spent, and charging
+    the budget for every request it refuses (a 400): refused work costs its sender."""
+    tenant_id = caller.tenant.id
+    wait = state.refusals.retry_after(tenant_id)
+    if wait is not None:
+        raise refused(
+            state,
+            tenant_id,
+            APIError(
+                429,
+                "too many refused requests from this tenant; fix the requests before retrying",
+                "too_many_refusals",
+                headers={"Retry-After": str(wait)},
+            ),
+        )
+    try:
+        return await read_request(request, state, caller, chat)
+    except APIError as err:
+        if err.status == 400:
+            state.refusals.charge(tenant_id)
+        raise
 
 
 async def _check_request_id(state: GatewayState, ctx: RequestContext) -> None:

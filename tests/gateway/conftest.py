@@ -225,3 +225,24 @@ class Hogs:
             t.join(60)
         engine = self.server.state.engine
         wait_for(lambda: engine.stats().running == 0 and engine.stats().waiting == 0, 30, "engine to drain")
+
+
+@pytest.fixture()
+def gateway(server: Server) -> Iterator[Callable[..., Server]]:
+    """Start gateways on the suite's engine and database with the given settings; stopped at the end."""
+    started: list[Server] = []
+
+    def start(**fields: Any) -> Server:
+        engine = server.state.engine
+        assert isinstance(engine, AsyncEngine)
+        settings = GatewaySettings(
+            data_dir=server.state.settings.data_dir, port=0, engine=engine.config, **fields
+        )
+        srv = start_server(settings, engine)
+        srv.keys, srv.tenants = server.keys, server.tenants
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop()

@@ -6,37 +6,12 @@ from __future__ import annotations
 
 import socket
 import uuid
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import httpx
-import pytest
 
-from engine import AsyncEngine
 from gateway.edge.connections import ConnectionGuard
-from gateway.settings import GatewaySettings
-from tests.gateway.conftest import Server, start_server, wait_for
-
-
-@pytest.fixture()
-def gateway(server: Server) -> Iterator[Callable[..., Server]]:
-    """Start gateways on the suite's engine and database with the given settings; stopped at the end."""
-    started: list[Server] = []
-
-    def start(**fields: Any) -> Server:
-        engine = server.state.engine
-        assert isinstance(engine, AsyncEngine)
-        settings = GatewaySettings(
-            data_dir=server.state.settings.data_dir, port=0, engine=engine.config, **fields
-        )
-        srv = start_server(settings, engine)
-        srv.keys, srv.tenants = server.keys, server.tenants
-        started.append(srv)
-        return srv
-
-    yield start
-    for srv in started:
-        srv.stop()
+from tests.gateway.conftest import Server, wait_for
 
 
 def _guard(srv: Server) -> ConnectionGuard:
