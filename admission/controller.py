@@ -96,6 +96,8 @@ class AdmissionController:
             wait = drain_seconds(stats, slot.excess_tokens, slot.excess_requests, self.settings.priors)
             if slot.scope == "tenant":
                 return Rejection(429, "tenant_queue_full", slot.message, self.retry_after(wait), start_ms)
+            if slot.scope == "share":
+                return Rejection(429, "over_share", slot.message, self.retry_after(wait), start_ms)
             return Rejection(503, "overloaded", slot.message, self.retry_after(wait), start_ms)
         return Admitted(slot, start_ms)
 
@@ -119,6 +121,9 @@ class AdmissionController:
             return None
         queued = self.queues.queued()
         wait = drain_seconds(stats, 0, queued + 1 - bounds.max_queued_requests, self.settings.priors)
+        if self.queues.queued(tenant_id) > 0:  # its own queued work already holds its share
+            message = f"server queue is full ({queued} requests queued) and this tenant is at its share of it"
+            return Rejection(429, "over_share", message, self.retry_after(wait))
         return Rejection(
             503, "overloaded", f"server queue is full ({queued} requests queued)", self.retry_after(wait)
         )

@@ -65,7 +65,7 @@ class QueueSlot:
 class QueueFull:
     """Why a request was not queued, and by how much the bound was exceeded."""
 
-    scope: str  # "tenant" or "global"
+    scope: str  # "tenant" (its own bound), "share" (over its share of a full queue) or "global"
     message: str
     excess_requests: int
     excess_tokens: int
@@ -117,11 +117,19 @@ class AdmissionQueues:
             # A single request larger than the whole token bound may enter an empty queue.
             if over_requests > 0 or (over_tokens > 0 and self._requests > 0):
                 found = self._victims(tenant_id, tokens, weight)
-                if found is None:
+                if found is None or found == "over_share":
+                    # Over its share while it holds queued work: its own doing (429); else the queue is full
+                    # with everyone at its share, a single request included (503).
+                    over = found == "over_share" and own > 0
                     return QueueFull(
-                        "global",
+                        "share" if over else "global",
                         f"server queue is full ({self._requests} requests, {self._tokens} prompt tokens "
-                        "queued) and every backlogged tenant is at its share",
+                        "queued) and "
+                        + (
+                            "this tenant is at its share of it"
+                            if over
+                            else "every backlogged tenant is at its share"
+                        ),
                         excess_requests=max(over_requests, 0),
                         excess_tokens=max(over_tokens, 0),
                     )
@@ -141,9 +149,10 @@ class AdmissionQueues:
                 victim.on_push_out(victim)
         return slot
 
-    def _victims(self, tenant_id: str, tokens: int, weight: float) -> list[QueueSlot] | None:
-        """The newest slots of the most over-share tenants whose removal makes room for the arrival, or
-        None when the arrival itself would be over its share or not enough work is over share."""
+    def _victims(self, tenant_id: str, tokens: int, weight: float) -> list[QueueSlot] | str | None:
+        """The newest slots of the most over-share tenants whose removal makes room for the arrival;
+        "over_share" when the arrival would put its own tenant over its share; None when not enough
+        queued work is over its share to make room."""
         weights = {t: b.weight for t, b in self._tenants.items()} | {tenant_id: weight}
         total_weight = sum(weights.values())
         counts = {t: [len(b.slots), b.tokens] for t, b in self._tenants.items()}
@@ -159,7 +168,7 @@ class AdmissionQueues:
             )
 
         if load(tenant_id) > 1.0:
-            return None
+            return "over_share"
         queued = {t: list(b.slots.values()) for t, b in self._tenants.items() if t != tenant_id}
         requests, queued_tokens = self._requests + 1, self._tokens + tokens
         victims: list[QueueSlot] = []

@@ -32,7 +32,7 @@ def test_global_token_bound() -> None:
     big = q.try_enter("a", 150, None)  # alone, a large request may enter
     assert isinstance(big, QueueSlot)
     full = q.try_enter("a", 1, None)  # a is over its share: nobody to push out
-    assert isinstance(full, QueueFull) and full.scope == "global" and full.excess_tokens == 51
+    assert isinstance(full, QueueFull) and full.scope == "share" and full.excess_tokens == 51
     big.release()
     assert q.queued() == 0 and q.queued_tokens() == 0
 
@@ -62,9 +62,12 @@ def test_weights_divide_the_bound_and_at_share_is_503() -> None:
     heavy = [q.try_enter("h", 1, None, weight=3.0) for _ in range(3)]
     light = q.try_enter("l", 1, None, weight=1.0)
     assert all(isinstance(s, QueueSlot) for s in [*heavy, light])
-    # h holds 3 of its 3 (weight 3 of 4); l holds 1 of its 1: everyone at share, so l's next is refused.
+    # h holds 3 of its 3 (weight 3 of 4); l holds 1 of its 1: everyone at share, so l's next is refused
+    # as over its share (429), and a newcomer's first request, over its share of a full queue, as global (503).
     again = q.try_enter("l", 1, None, weight=1.0)
-    assert isinstance(again, QueueFull) and again.scope == "global"
+    assert isinstance(again, QueueFull) and again.scope == "share"
+    newcomer = q.try_enter("n", 1, None, weight=1.0)
+    assert isinstance(newcomer, QueueFull) and newcomer.scope == "global"
     assert not any(isinstance(s, QueueSlot) and s.pushed_out for s in heavy)
     assert not q.could_enter("l", 1.0) and not q.could_enter("new", 1.0)
 

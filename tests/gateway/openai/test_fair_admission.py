@@ -62,6 +62,10 @@ def test_under_share_tenant_pushes_out_the_newest_over_share_request(server: Ser
         assert int(pushed.headers["retry-after"]) >= 1
         assert four.state.admission.queues.queued(four.tenants["alice"].id) == 1
         assert four.state.admission.queues.queued(bob) == 3
+        _post(four, "bob", "fair-bob-more", answers)  # bob, over its share of the full queue: its own 429
+        assert answers["fair-bob-more"].status_code == 429, answers["fair-bob-more"].text
+        assert answers["fair-bob-more"].json()["error"]["code"] == "over_share"
+        assert int(answers["fair-bob-more"].headers["retry-after"]) >= 1
     for t in threads:
         t.join(120)
     assert answers["fair-alice"].status_code == 200, answers["fair-alice"].text
