@@ -117,22 +117,8 @@ class AdmissionQueues:
             # A single request larger than the whole token bound may enter an empty queue.
             if over_requests > 0 or (over_tokens > 0 and self._requests > 0):
                 found = self._victims(tenant_id, tokens, weight)
-                if found is None or found == "over_share":
-                    # Over its share while it holds queued work: its own doing (429); else the queue is full
-                    # with everyone at its share, a single request included (503).
-                    over = found == "over_share" and own > 0
-                    return QueueFull(
-                        "share" if over else "global",
-                        f"server queue is full ({self._requests} requests, {self._tokens} prompt tokens "
-                        "queued) and "
-                        + (
-                            "this tenant is at its share of it"
-                            if over
-                            else "every backlogged tenant is at its share"
-                        ),
-                        excess_requests=max(over_requests, 0),
-                        excess_tokens=max(over_tokens, 0),
-                    )
+                if not isinstance(found, list):
+                    return self._full(found == "over_share" and own > 0, over_requests, over_tokens)
                 victims = found
                 for victim in victims:
                     victim.pushed_out = True
@@ -148,6 +134,17 @@ class AdmissionQueues:
             if victim.on_push_out is not None:
                 victim.on_push_out(victim)
         return slot
+
+    def _full(self, over_share: bool, over_requests: int, over_tokens: int) -> QueueFull:
+        """The refusal of an arrival no push-out can make room for: over its share while it holds queued
+        work is its own doing ("share", a 429); else the queue is full with everyone at share ("global")."""
+        why = "this tenant is at its share of it" if over_share else "every backlogged tenant is at its share"
+        return QueueFull(
+            "share" if over_share else "global",
+            f"server queue is full ({self._requests} requests, {self._tokens} prompt tokens queued) and {why}",
+            excess_requests=max(over_requests, 0),
+            excess_tokens=max(over_tokens, 0),
+        )
 
     def _victims(self, tenant_id: str, tokens: int, weight: float) -> list[QueueSlot] | str | None:
         """The newest slots of the most over-share tenants whose removal makes room for the arrival;

@@ -128,28 +128,22 @@ def flood(kind: str, url: str, key: str, seconds: float, results: Any) -> None:
     if kind == "slow_headers":
         results.put(dict(asyncio.run(slow_headers(url, 300, seconds))))
         return
-    if kind == "queue":
-        n, body, headers, source = 70, {"model": "m", "prompt": [65] * 2047, "max_tokens": 1}, None, None
-    elif kind == "refusable":
-        n, body, headers, source = (
-            4,
-            {"model": "m", "prompt": "x" * (256 * 1024), "max_tokens": 1},
-            None,
-            None,
-        )
-    else:  # spoofed_xff: bad keys, each request claiming another client address
-        n, body, source = 4, {"model": "m", "prompt": "x", "max_tokens": 1}, "127.0.0.3"
-
-        def headers() -> dict[str, str]:
-            return {
-                "Authorization": "Bearer fs-bad",
-                "X-Forwarded-For": f"10.{random.randrange(1 << 16)}.0.1",
-            }
-
     model = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"][0]["id"]
-    body["model"] = model
     auth = {"Authorization": f"Bearer {key}"}
-    out = asyncio.run(clients(url, n, seconds, lambda: body, headers or (lambda: auth), source))
+    n, source = 4, None
+    prompt: str | list[int] = "x" * (256 * 1024)  # refusable: only a refusal can answer these
+    if kind == "queue":
+        n, prompt = 70, [65] * 2047
+    elif kind == "spoofed_xff":
+        n, source, prompt = 4, "127.0.0.3", "x"
+    body = {"model": model, "prompt": prompt, "max_tokens": 1}
+
+    def headers() -> dict[str, str]:  # spoofed: a bad key, each request claiming another client address
+        if kind != "spoofed_xff":
+            return auth
+        return {"Authorization": "Bearer fs-bad", "X-Forwarded-For": f"10.{random.randrange(1 << 16)}.0.1"}
+
+    out = asyncio.run(clients(url, n, seconds, lambda: body, headers, source))
     results.put(dict(Counter(str(status) for status, _ in out)))
 
 
