@@ -7,7 +7,8 @@ Starts `fairserve serve` (a subprocess, its engine in its own process) with two 
 alternates phases in one run: tenant A alone (4 closed-loop clients, 100-token prompts, max_tokens=1),
 then A beside one flood, for each flood in turn. The floods run in a child process:
 
-- queue: tenant B, 70 clients of 2,047-token prompts (max_tokens=1), within its 64-request bound;
+- queue: tenant B, 140 clients of 2,047-token prompts (max_tokens=1), within its own 200-request bound
+  (above the default 64, so that B alone can fill the 262,144-token bound, as 64 did the old 131,072);
 - refusable: tenant B, 4 clients posting 256 KiB text prompts that can only be refused;
 - slow_headers: 300 connections from 127.0.0.2 sending a request's headers one byte a second;
 - spoofed_xff: 4 clients from 127.0.0.3 with bad keys and a random X-Forwarded-For on each request.
@@ -133,7 +134,7 @@ def flood(kind: str, url: str, key: str, seconds: float, results: Any) -> None:
     n, source = 4, None
     prompt: str | list[int] = "x" * (256 * 1024)  # refusable: only a refusal can answer these
     if kind == "queue":
-        n, prompt = 70, [65] * 2047
+        n, prompt = 140, [65] * 2047
     elif kind == "spoofed_xff":
         n, source, prompt = 4, "127.0.0.3", "x"
     body = {"model": model, "prompt": prompt, "max_tokens": 1}
@@ -172,7 +173,7 @@ def run(seconds: float, rounds: int) -> dict[str, Any]:
         try:
             url = banner["url"]
             a_key = make_tenant(url, banner["admin_token"], "door-a")
-            b_key = make_tenant(url, banner["admin_token"], "door-b", max_queued_requests=64)
+            b_key = make_tenant(url, banner["admin_token"], "door-b", max_queued_requests=200)
             model = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {a_key}"}).json()
             name = model["data"][0]["id"]
             alone: list[dict[str, Any]] = []

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.edge.errors import error_body
+from gateway.edge.errors import APIError, error_body
 
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
@@ -25,9 +26,14 @@ class EdgeMiddleware:
     refused with 413 before any JSON parsing or authentication work.
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_body_bytes: int, early: Callable[[Scope], APIError | None] | None = None
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        # A refusal decided from the headers alone (a tenant whose refusal budget is spent): answered with
+        # `Connection: close` before any of the body is read.
+        self.early = early
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -54,6 +60,10 @@ class EdgeMiddleware:
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             await self._too_large(send_with_id)
+            return
+        refusal = self.early(scope) if self.early is not None else None
+        if refusal is not None:
+            await self._refuse(send_with_id, refusal)
             return
         chunks: list[bytes] = []
         size = 0
@@ -82,17 +92,22 @@ class EdgeMiddleware:
         await self.app(scope, replay, send_with_id)
 
     async def _too_large(self, send: Send) -> None:
-        body = json.dumps(
-            error_body(413, f"request body exceeds {self.max_body_bytes} bytes", "request_too_large")
-        ).encode()
+        message = f"request body exceeds {self.max_body_bytes} bytes"
+        await self._refuse(send, APIError(413, message, "request_too_large"))
+
+    async def _refuse(self, send: Send, err: APIError) -> None:
+        """Answer `err` and close the connection: the body it leaves unread must not be parsed as a request."""
+        body = json.dumps(error_body(err.status, err.message, err.code, err.param)).encode()
+        extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in err.headers.items()]
         await send(
             {
                 "type": "http.response.start",
-                "status": 413,
+                "status": err.status,
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
                     (b"connection", b"close"),
+                    *extra,
                 ],
             }
         )

@@ -8,7 +8,7 @@ import logging
 import time
 
 from starlette.requests import Request
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Scope
 
 from admission.controller import Rejection
 from admission.edge import Admission
@@ -66,22 +66,40 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
     return RunResponse(run, headers)
 
 
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+def _spent(state: GatewayState, tenant_id: str) -> APIError | None:
+    """429 `too_many_refusals` (counted) while the tenant's refusal budget is spent."""
+    wait = state.refusals.retry_after(tenant_id)
+    if wait is None:
+        return None
+    message = "too many refused requests from this tenant; fix the requests before retrying"
+    err = APIError(429, message, "too_many_refusals", headers={"Retry-After": str(wait)})
+    return refused(state, tenant_id, err)
+
+
+def refuse_spent_tenant(scope: Scope) -> APIError | None:
+    """EdgeMiddleware's check before a body is read: a generation request whose key is in the cache and
+    whose tenant has spent its refusal budget is refused without reading (or parsing) the body."""
+    state: GatewayState | None = getattr(scope["app"].state, "gateway", None)
+    if state is None or scope.get("path") not in GENERATION_PATHS:
+        return None
+    header = next((v for k, v in scope["headers"] if k == b"authorization"), b"").decode("latin-1")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    found = state.keys.peek(token.strip())[1]
+    return None if found is None else _spent(state, found[0].id)
+
+
 async def _read_charged(request: Request, state: GatewayState, caller: Caller, chat: bool) -> RequestContext:
     """`read_request`, refused with 429 at once while the tenant's refusal budget is spent, and charging
     the budget for every request it refuses (a 400): refused work costs its sender."""
+    spent = _spent(state, caller.tenant.id)
+    if spent is not None:
+        raise spent
     tenant_id = caller.tenant.id
-    wait = state.refusals.retry_after(tenant_id)
-    if wait is not None:
-        raise refused(
-            state,
-            tenant_id,
-            APIError(
-                429,
-                "too many refused requests from this tenant; fix the requests before retrying",
-                "too_many_refusals",
-                headers={"Retry-After": str(wait)},
-            ),
-        )
     try:
         return await read_request(request, state, caller, chat)
     except APIError as err:

@@ -4,6 +4,7 @@ spend a per-tenant budget answered 429 + Retry-After."""
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -90,3 +91,20 @@ def test_refused_requests_spend_a_per_tenant_budget(gateway: Callable[..., Serve
     assert limited.json()["error"]["code"] == "too_many_refusals"
     assert 1 <= int(limited.headers["retry-after"]) <= 5
     assert _post(srv, "bob", prompt="hi").status_code == 200  # another tenant is not charged
+
+
+def test_a_spent_tenant_is_refused_before_its_body_is_read(gateway: Callable[..., Server]) -> None:
+    srv = gateway(refusal_burst=1, refusal_rate_per_s=0.2)
+    assert _post(srv, "alice", prompt="hi", top_p=5).status_code == 400
+    host, port = srv.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {srv.keys['alice']}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 200000\r\n\r\n"
+        )
+        sock.sendall(head.encode())  # and none of the 200,000 bytes it announces
+        reply = b""
+        while chunk := sock.recv(65536):  # the server closes after its answer
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 429"), reply[:200]
+    assert b"too_many_refusals" in reply and b"connection: close" in reply.lower()
