@@ -121,7 +121,9 @@ async def slow_headers(url: str, n: int, seconds: float) -> Counter[str]:
                 counts["closed_by_server"] += 1
             finally:
                 writer.close()
-            await asyncio.sleep(0.5)  # reopening half a second after a close: a holding attack, not an accept flood
+            await asyncio.sleep(
+                0.5
+            )  # reopening half a second after a close: a holding attack, not an accept flood
 
     await asyncio.gather(*(one() for _ in range(n)))
     return counts

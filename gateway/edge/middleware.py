@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
@@ -11,6 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.edge.errors import APIError, error_body
 
+EARLY_REFUSAL_HOLD_S = 1.0
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
@@ -63,6 +65,9 @@ class EdgeMiddleware:
             return
         refusal = self.early(scope) if self.early is not None else None
         if refusal is not None:
+            # Held for up to a second first (a tarpit): a client that ignores Retry-After and resends at
+            # once costs a sleeping coroutine per second, not a request's CPU each time.
+            await asyncio.sleep(min(float(refusal.headers.get("Retry-After", "1")), EARLY_REFUSAL_HOLD_S))
             await self._refuse(send_with_id, refusal)
             return
         chunks: list[bytes] = []
