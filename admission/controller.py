@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from admission.backoff import retry_after_seconds
 from admission.feasibility import LoadStats, RatePriors, drain_seconds, estimate
@@ -13,12 +13,12 @@ from admission.quota import QuotaDecision
 
 @dataclass
 class AdmissionSettings:
-    """Admission knobs; the defaults suit a small CPU engine."""
+    """Admission knobs, built from the settings tree (`GatewaySettings.admission_settings`)."""
 
-    bounds: QueueBounds = field(default_factory=QueueBounds)
-    retry_jitter: float = 0.25
-    fair_policy: bool = True  # the engine interleaves tenants (VTC) rather than serving FCFS
-    priors: RatePriors = field(default_factory=RatePriors)
+    bounds: QueueBounds
+    retry_jitter: float
+    fair_policy: bool  # the engine interleaves tenants (VTC) rather than serving FCFS
+    priors: RatePriors
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
@@ -50,8 +50,8 @@ class Admitted:
 class AdmissionController:
     """Decides, before anything is queued, whether a request enters the engine."""
 
-    def __init__(self, settings: AdmissionSettings | None = None, rng: random.Random | None = None) -> None:
-        self.settings = settings or AdmissionSettings()
+    def __init__(self, settings: AdmissionSettings, rng: random.Random | None = None) -> None:
+        self.settings = settings
         self.settings.validate()
         self.queues = AdmissionQueues(self.settings.bounds)
         self._rng = rng or random.Random()

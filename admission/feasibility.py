@@ -39,8 +39,8 @@ class LoadStats(Protocol):
 class RatePriors:
     """Rates assumed before the engine has measured any (a cold engine reports zeros)."""
 
-    prefill_tokens_per_s: float = 2000.0
-    iteration_seconds: float = 0.05
+    prefill_tokens_per_s: float
+    iteration_seconds: float
 
 
 @dataclass(frozen=True)
@@ -74,11 +74,10 @@ def estimate(
     tenant_id: str,
     prompt_tokens: int,
     max_tokens: int,
-    fair: bool = True,
-    priors: RatePriors | None = None,
+    fair: bool,
+    priors: RatePriors,
 ) -> Estimate:
     """Estimated start and worst-case finish of a request if it were queued now."""
-    priors = priors or RatePriors()
     prefill_rate = (
         stats.prefill_tokens_per_s if stats.prefill_tokens_per_s > 0 else priors.prefill_tokens_per_s
     )
@@ -97,11 +96,8 @@ def estimate(
     return Estimate(start_s=start_s, finish_s=finish_s, tokens_ahead=tokens_ahead, requests_ahead=ahead)
 
 
-def drain_seconds(
-    stats: LoadStats, excess_tokens: int, excess_requests: int, priors: RatePriors | None = None
-) -> float:
+def drain_seconds(stats: LoadStats, excess_tokens: int, excess_requests: int, priors: RatePriors) -> float:
     """Seconds until the queue has shed `excess_tokens` queued prompt tokens and `excess_requests` requests."""
-    priors = priors or RatePriors()
     prefill_rate = (
         stats.prefill_tokens_per_s if stats.prefill_tokens_per_s > 0 else priors.prefill_tokens_per_s
     )

@@ -22,15 +22,15 @@ from dataclasses import dataclass, field
 class QueueBounds:
     """Global bounds on queued work, and the per-tenant request bound used when a tenant sets none.
 
-    The defaults are consistent: a tenant's default bound (64 requests) is a quarter of the server's, and
-    even at a 2,048-token context its requests fill half the token bound, never all of it; a tenant with a
-    larger bound of its own borrows the rest while nobody else needs it, and gives it back by push-out
-    (docs/gateway.md, "Fair admission").
+    Their defaults (GatewaySettings) are consistent: a tenant's default bound (64 requests) is a quarter of
+    the server's, and even at a 2,048-token context its requests fill half the token bound, never all of it;
+    a tenant with a larger bound of its own borrows the rest while nobody else needs it, and gives it back by
+    push-out (docs/gateway.md, "Fair admission").
     """
 
-    max_queued_requests: int = 256
-    max_queued_tokens: int = 262144
-    default_tenant_queued_requests: int = 64
+    max_queued_requests: int
+    max_queued_tokens: int
+    default_tenant_queued_requests: int
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad bound."""

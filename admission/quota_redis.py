@@ -36,7 +36,7 @@ from admission.quota import (
     decide,
     unlimited,
 )
-from admission.redis_link import RedisLink, connect
+from admission.redis_link import RedisLink, own_link
 from admission.sliding_window import DAY, MINUTE
 
 log = logging.getLogger(__name__)
@@ -247,9 +247,9 @@ class RedisQuota:
         fail_open: bool = True,
         namespace: str = "fairserve",
         registry: CollectorRegistry | None = None,
-        timeout_s: float = 0.25,
+        timeout_s: float | None = None,
     ) -> None:
-        self.link = connect(link, timeout_s) if isinstance(link, str) else link
+        self.link = own_link(link, timeout_s)
         self._owns_link = isinstance(link, str)
         self.client = self.link.client
         self.fail_open = fail_open

@@ -36,7 +36,7 @@ class RedisLink:
 
 
 def connect(
-    url: str, timeout_s: float = 0.25, registry: CollectorRegistry | None = None, backoff_max_s: float = 30.0
+    url: str, timeout_s: float, registry: CollectorRegistry | None = None, backoff_max_s: float = 30.0
 ) -> RedisLink:
     """A client for `url` (connects lazily) whose every call the breaker bounds by `timeout_s`.
 
@@ -66,3 +66,12 @@ def connect(
         before_probe=drop_idle,
     )
     return RedisLink(client, breaker)
+
+
+def own_link(link: RedisLink | str, timeout_s: float | None) -> RedisLink:
+    """`link` itself, or a new one to the URL `link` bounded by `timeout_s` (which a URL needs)."""
+    if not isinstance(link, str):
+        return link
+    if timeout_s is None:
+        raise ValueError("a Redis URL needs timeout_s (the settings tree's redis_timeout_s)")
+    return connect(link, timeout_s)

@@ -18,7 +18,7 @@ from bench.loadgen import LoadResult, Outcome, Target, run_open_loop
 from bench.report import percentiles
 from bench.server import LocalServer
 from bench.workloads import SLO, LengthDist, PlannedRequest, Workload
-from engine import AsyncEngine, EngineConfig, RequestMeta, SamplingParams
+from engine import AsyncEngine, EngineConfig, ProcessEngine, RequestMeta, SamplingParams
 
 PROBE = Workload(
     "probe",
@@ -62,7 +62,7 @@ def _ms(v: Any) -> float | None:
     return None if v is None else float(v) * 1e3
 
 
-async def _inproc(engine: AsyncEngine, plan: list[PlannedRequest]) -> list[Outcome]:
+async def _inproc(engine: AsyncEngine | ProcessEngine, plan: list[PlannedRequest]) -> list[Outcome]:
     """The same plan sent straight to AsyncEngine.generate, tokenising like the gateway does."""
     t0 = time.perf_counter()
 
@@ -167,26 +167,6 @@ def policy_variants(base: EngineConfig) -> list[tuple[str, str, EngineConfig]]:
     ]
 
 
-def _interleaved_best(
-    runs: dict[str, Callable[[Any], int]], workload: Any, warmup: Any, repeats: int
-) -> dict[str, tuple[float, float]]:
-    """Warm every system, then `repeats` rounds with the systems taking turns; each one's best round.
-
-    Taking turns and keeping the best make the ratio robust to other load on a shared machine.
-    """
-    for run in runs.values():
-        run(warmup)
-    best: dict[str, tuple[float, float]] = {}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            produced = run(workload)
-            seconds = time.perf_counter() - start
-            if name not in best or seconds < best[name][1]:
-                best[name] = (produced / seconds, seconds)
-    return best
-
-
 def engine_comparison(cache_dir: str, quick: bool) -> dict[str, Any]:
     """fairserve LLM.generate vs transformers generate() (static batches), with bench.engine_throughput's runners."""
     try:
@@ -218,7 +198,7 @@ def engine_comparison(cache_dir: str, quick: bool) -> dict[str, Any]:
             name: et.hf_static_runner(hf, 8),
             batch_name: et.hf_continuous_runner(hf, num_blocks=4 * n, max_batch_tokens=512),
         }
-        best = _interleaved_best(runs, workload, warmup, repeats)
+        best = {r.system: (r.tokens_per_s, r.seconds) for r in et.measure(runs, workload, warmup, repeats)}
     except Exception as exc:  # a peer's API or install problem must not sink the whole report
         return {**header, "rows": rows, "note": f"not measured: {type(exc).__name__}: {str(exc)[:200]}"}
     ours = best["fairserve"][0]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import platform
 import random
 import sys
@@ -85,7 +86,7 @@ def make_workload(
     rng = random.Random(seed)
 
     def log_uniform(lo: int, hi: int) -> int:
-        return round(lo * (hi / lo) ** rng.random())
+        return round(lo * math.pow(hi / lo, rng.random()))
 
     prompts = [
         [rng.randrange(32, 127) for _ in range(log_uniform(*prompt_range))] for _ in range(num_requests)

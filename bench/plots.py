@@ -9,6 +9,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from fairness import FairnessConfig  # noqa: E402
 
 
 def timeline(runs: list[dict[str, Any]], path: Path) -> Path:
@@ -23,17 +27,17 @@ def timeline(runs: list[dict[str, Any]], path: Path) -> Path:
             for u, tot in zip(tl["kv_blocks_used"], tl["kv_blocks_total"], strict=True)
         ]
         ax.plot(t, occ, color="tab:green", label="KV occupancy (%)")
-        ax.set_ylabel(run["workload"])
+        ax.set_ylabel(f"{run['workload']}\nseqs | KV %")
         ax2 = ax.twinx()
         ax2.plot(
             t, [s * 1e3 for s in tl["iteration_seconds"]], color="tab:red", alpha=0.7, label="iteration (ms)"
         )
-        ax2.set_ylabel("iteration ms", color="tab:red")
+        ax2.set_ylabel("iteration (ms)", color="tab:red")
         if ax is axes[0, 0]:
             lines = ax.get_lines() + ax2.get_lines()
             ax.legend(lines, [str(ln.get_label()) for ln in lines], loc="upper right", fontsize=8)
-    axes[-1, 0].set_xlabel("seconds into the run")
-    fig.suptitle("Engine over time (sampled from /metrics)")
+    axes[-1, 0].set_xlabel("time into the run (s)")
+    fig.suptitle("Engine over time: batch size (seqs), KV occupancy (%), iteration time (ms), from /metrics")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -44,7 +48,7 @@ def latency(runs: list[dict[str, Any]], path: Path) -> Path:
     """p50/p95/p99 TTFT and completion latency per workload."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     names = [r["workload"] for r in runs]
-    for ax, metric, title in ((axes[0], "ttft", "TTFT (s)"), (axes[1], "e2e", "completion latency (s)")):
+    for ax, metric, title in ((axes[0], "ttft", "TTFT"), (axes[1], "e2e", "completion latency")):
         for i, q in enumerate(("p50", "p95", "p99")):
             vals = [r["latency_s"][metric][q] or 0.0 for r in runs]
             ax.bar([x + (i - 1) * 0.27 for x in range(len(runs))], vals, width=0.27, label=q)
@@ -52,7 +56,8 @@ def latency(runs: list[dict[str, Any]], path: Path) -> Path:
             slo = r["slo"]["ttft_s" if metric == "ttft" else "e2e_s"]
             ax.hlines(slo, x - 0.45, x + 0.45, colors="black", linestyles="dashed")
         ax.set_xticks(range(len(runs)), names)
-        ax.set_title(title + " (dashed: SLO)")
+        ax.set_title(f"{title} p50/p95/p99 (s; dashed: SLO)")
+        ax.set_ylabel("seconds")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -82,8 +87,8 @@ def knee(sweep: list[dict[str, Any]], capacity: dict[str, Any] | None, path: Pat
         offered, [p["latency_s"]["ttft"]["p99"] or 0.0 for p in sweep], "^--", color="tab:purple", alpha=0.6
     )
     ax2.set_ylabel("p99 TTFT (s)", color="tab:purple")
-    ax.set_xlabel("offered load (req/s, open loop)")
-    ax.set_ylabel("req/s")
+    ax.set_xlabel("offered load (requests/s, open loop)")
+    ax.set_ylabel("achieved (requests/s)")
     ax.set_title(f"Load sweep through the knee: {sweep[0]['workload'] if sweep else ''}")
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
@@ -92,32 +97,66 @@ def knee(sweep: list[dict[str, Any]], capacity: dict[str, Any] | None, path: Pat
     return path
 
 
-def tenants(runs: list[dict[str, Any]], path: Path) -> Path:
-    """Each tenant's share of charged service next to its share of offered load and of weight, per workload."""
-    fig, axes = plt.subplots(1, len(runs), figsize=(3.2 * len(runs), 3.4), squeeze=False)
+BACKLOGGED = 0.5  # a tenant with requests waiting in at least this share of the samples is marked backlogged
+
+
+def charge_weights(engine: dict[str, Any] | str) -> tuple[float, float, bool]:
+    """(w_in, w_out, assumed): the engine's charge per prompt and output token; the defaults for a remote server."""
+    if isinstance(engine, dict) and "fairness" in engine:
+        return float(engine["fairness"]["w_in"]), float(engine["fairness"]["w_out"]), False
+    default = FairnessConfig()
+    return default.w_in, default.w_out, True
+
+
+def _tenant_bars(ax: Any, run: dict[str, Any], w_in: float, w_out: float) -> None:
+    """One workload's panel: offered and charged service shares per tenant, and the weight share mark."""
+    ts = run["tenants"]
+    offered = {
+        n: w_in * t["offered_prompt_tokens"] + w_out * t["offered_output_tokens"] for n, t in ts.items()
+    }
+    offered_total = sum(offered.values()) or 1.0
+    wsum = sum(t["weight"] for t in ts.values()) or 1.0
+    xs = list(range(len(ts)))
+    ax.bar([x - 0.2 for x in xs], [offered[n] / offered_total for n in ts], 0.4, color="tab:orange")
+    ax.bar([x + 0.2 for x in xs], [t["service_share"] or 0.0 for t in ts.values()], 0.4, color="tab:blue")
+    labels = []
+    for x, (name, t) in zip(xs, ts.items(), strict=True):
+        frac = t["backlogged_fraction"]
+        bound = frac is not None and frac >= BACKLOGGED
+        style = (
+            {"linestyles": "solid", "linewidth": 2.2} if bound else {"linestyles": "dotted", "linewidth": 1.2}
+        )
+        ax.hlines(t["weight"] / wsum, x - 0.45, x + 0.45, colors="black", **style)
+        labels.append(f"{name}\nbacklogged {'n/a' if frac is None else f'{frac:.0%}'}")
+    ax.set_xticks(xs, labels, fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_title(run["workload"])
+
+
+def tenants(runs: list[dict[str, Any]], path: Path, engine: dict[str, Any] | str) -> Path:
+    """Per tenant: its share of the offered service beside its share of the charged service, in one unit.
+
+    Offered service is the plan's tokens at the engine's charge weights (w_in per prompt token, w_out per
+    output token), so it compares like with like with what the server charged. The weight share is the
+    target only while the tenant is backlogged (has requests waiting); a solid mark says it was, most of the run.
+    """
+    w_in, w_out, assumed = charge_weights(engine)
+    fig, axes = plt.subplots(1, len(runs), figsize=(max(3.8 * len(runs), 10.0), 4.6), squeeze=False)
     for ax, run in zip(axes[0], runs, strict=True):
-        ts = run["tenants"]
-        names = list(ts)
-        wsum = sum(t["weight"] for t in ts.values()) or 1.0
-        xs = range(len(names))
-        ax.bar(
-            [x - 0.27 for x in xs],
-            [t["service_share"] or 0.0 for t in ts.values()],
-            0.27,
-            label="charged service share",
-        )
-        ax.bar(list(xs), [t["share_of_offered"] for t in ts.values()], 0.27, label="share of offered load")
-        ax.bar(
-            [x + 0.27 for x in xs],
-            [t["weight"] / wsum for t in ts.values()],
-            0.27,
-            label="weight share (binds when backlogged)",
-        )
-        ax.set_xticks(range(len(names)), names, fontsize=8)
-        ax.set_title(run["workload"])
-    axes[0, 0].legend(fontsize=7)
-    fig.suptitle("Per-tenant charged service (from the server) vs offered load and weight")
-    fig.tight_layout()
+        _tenant_bars(ax, run, w_in, w_out)
+    axes[0, 0].set_ylabel("share of the workload's service (0-1)")
+    target = f"weight share: the target (backlogged >= {BACKLOGGED:.0%} of samples)"
+    handles = [
+        Patch(color="tab:orange", label="offered: planned tokens at the charge weights"),
+        Patch(color="tab:blue", label="charged by the server (cached prompt tokens at w_cached)"),
+        Line2D([], [], color="black", linewidth=2.2, label=target),
+        Line2D([], [], color="black", linewidth=1.2, linestyle="dotted", label="weight share, not binding"),
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    unit = f"service = {w_in:g} x prompt + {w_out:g} x output tokens"
+    assumed_note = " (default weights assumed)" if assumed else ""
+    fig.suptitle(f"Per tenant: share of offered vs charged service\nboth in {unit}{assumed_note}")
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

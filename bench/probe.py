@@ -65,6 +65,14 @@ class Timeline:
 
     t: list[float] = field(default_factory=list)
     values: dict[str, list[float]] = field(default_factory=lambda: {name: [] for name in SERIES})
+    # Per sample: requests waiting in the engine queue, by tenant label (a tenant with any is backlogged).
+    waiting: list[dict[str, float]] = field(default_factory=list)
+
+    def backlogged_fraction(self, tenant: str) -> float | None:
+        """The share of samples in which `tenant` had requests waiting; None without samples."""
+        if not self.waiting:
+            return None
+        return sum(1 for w in self.waiting if w.get(tenant, 0.0) > 0) / len(self.waiting)
 
 
 class Sampler:
@@ -90,6 +98,7 @@ class Sampler:
                     self.timeline.t.append(time.perf_counter() - t0)
                     for name in SERIES:
                         self.timeline.values[name].append(total(sample, name))
+                    self.timeline.waiting.append(by_label(sample, "fairserve_waiting_requests", "tenant"))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.interval_s)
 

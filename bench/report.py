@@ -9,7 +9,7 @@ import numpy as np
 
 from bench.loadgen import LoadResult, Outcome
 from bench.probe import Sample, Timeline, by_label, delta, total
-from bench.workloads import PlannedRequest, Workload, offered_tokens_per_s
+from bench.workloads import PlannedRequest, Workload, offered_tokens, offered_tokens_per_s
 
 COMPLETED = ("length", "stop")
 
@@ -94,7 +94,12 @@ def _server(d: Sample, timeline: Timeline) -> dict[str, Any]:
 
 
 def _tenants(
-    outcomes: list[Outcome], workload: Workload, service: dict[str, float], good: set[str]
+    outcomes: list[Outcome],
+    workload: Workload,
+    service: dict[str, float],
+    good: set[str],
+    planned: list[PlannedRequest],
+    timeline: Timeline,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     all_service = sum(service.values()) or 0.0
@@ -102,9 +107,13 @@ def _tenants(
         mine = [o for o in outcomes if o.tenant == t.name]
         done = [o for o in mine if o.accepted and o.finish_reason in COMPLETED]
         svc = service.get(t.name)
+        prompt_tokens, output_tokens = offered_tokens([p for p in planned if p.tenant == t.name])
         out[t.name] = {
             "weight": t.weight,
             "share_of_offered": t.share,
+            "offered_prompt_tokens": prompt_tokens,
+            "offered_output_tokens": output_tokens,
+            "backlogged_fraction": timeline.backlogged_fraction(t.name),
             "arrival": t.arrival,
             "noisy": t.noisy,
             "sent": len(mine),
@@ -191,7 +200,7 @@ def summarise(
             "useful": len(useful),
         },
         "latency_s": _latencies(outcomes),
-        "tenants": _tenants(outcomes, workload, server["charged_service_by_tenant"], good),
+        "tenants": _tenants(outcomes, workload, server["charged_service_by_tenant"], good, planned, timeline),
         "server": server,
         "cancellation": _cancellation(outcomes, server["cancel_lag_tokens"]),
         "timeline": {
@@ -238,7 +247,7 @@ def consistency_problems(section: dict[str, Any]) -> list[str]:
         problems.append("rejections by reason do not sum")
     for name, p in section["latency_s"].items():
         vals = [p["p50"], p["p95"], p["p99"]]
-        if p["n"] and not (vals[0] <= vals[1] <= vals[2]):  # type: ignore[operator]
+        if p["n"] and not (vals[0] <= vals[1] <= vals[2]):
             problems.append(f"{name} percentiles out of order")
     a = section["achieved"]
     if (

@@ -259,7 +259,9 @@ def write_outputs(report: dict[str, Any], out: Path) -> dict[str, Path]:
         "timeline": plots.timeline(report["workloads"], out / "bench_timeline.png"),
         "latency": plots.latency(report["workloads"], out / "bench_latency.png"),
         "knee": plots.knee(report["sweep"]["points"], report["sweep"]["capacity"], out / "bench_knee.png"),
-        "tenants": plots.tenants(report["workloads"], out / "bench_tenants.png"),
+        "tenants": plots.tenants(
+            report["workloads"], out / "bench_tenants.png", report["declaration"]["engine"]
+        ),
     }
     report["plots"] = {k: p.name for k, p in pngs.items()}
     sections = [*report["workloads"], report["closed_loop"], *report["sweep"]["points"]]

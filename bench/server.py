@@ -13,7 +13,7 @@ from pathlib import Path
 import uvicorn
 
 from billing import BillingStore
-from engine import AsyncEngine, EngineConfig
+from engine import AsyncEngine, EngineConfig, ProcessEngine
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
@@ -24,7 +24,7 @@ class LocalServer:
     """A running gateway over an engine this process owns, with one API key per bench tenant."""
 
     url: str
-    engine: AsyncEngine
+    engine: AsyncEngine | ProcessEngine
     server: uvicorn.Server
     thread: threading.Thread
     state: GatewayState
@@ -46,7 +46,7 @@ def start_local_server(
     config: EngineConfig,
     data_dir: Path,
     tenants: Iterable[tuple[str, float]],
-    engine: AsyncEngine | None = None,
+    engine: AsyncEngine | ProcessEngine | None = None,
     timeout_s: float = 120.0,
     max_queued_requests: int = 256,
 ) -> LocalServer:

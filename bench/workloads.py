@@ -233,12 +233,18 @@ def plan(workload: Workload, rate: float, duration_s: float, seed: int = 0) -> l
     return planned
 
 
-def offered_tokens_per_s(planned: list[PlannedRequest], duration_s: float) -> tuple[float, float]:
-    """Offered prompt and output tokens per second of a plan (every attempt counts: it is sent)."""
-    if duration_s <= 0 or not planned:
-        return 0.0, 0.0
+def offered_tokens(planned: list[PlannedRequest]) -> tuple[int, int]:
+    """Offered prompt and output tokens of a plan (every attempt counts: it is sent)."""
     prompt = sum((len(p.prompt) + 1) * len(p.max_tokens) for p in planned)
     output = sum(sum(p.max_tokens) for p in planned)
+    return prompt, output
+
+
+def offered_tokens_per_s(planned: list[PlannedRequest], duration_s: float) -> tuple[float, float]:
+    """Offered prompt and output tokens per second of a plan."""
+    if duration_s <= 0 or not planned:
+        return 0.0, 0.0
+    prompt, output = offered_tokens(planned)
     return prompt / duration_s, output / duration_s
 
 

@@ -40,7 +40,7 @@ class KeyCache:
     def __init__(
         self,
         store: KeyVerifier,
-        ttl_s: float = 5.0,
+        ttl_s: float,
         negative_ttl_s: float | None = None,
         max_entries: int = 10_000,
         stale_if_error_s: float = 60.0,

@@ -16,12 +16,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError
-from tenacity import RetryCallState, wait_random_exponential
+from tenacity import RetryCallState, Retrying, wait_random_exponential
 
 from billing.db import Database
 from billing.journal import Journal
@@ -33,24 +33,29 @@ from billing.spill import SpillFile, encode_row, read_batches
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class LedgerConfig:
-    """Buffer bound, batch size, flush interval, spill location (default <data_dir>/ledger.spill), backoff cap."""
+class LedgerConfig(BaseModel):
+    """The ledger's knobs: a node of the settings tree (`[ledger]`, FAIRSERVE_LEDGER__*, `--ledger-*`)."""
 
-    buffer_size: int = 10_000
-    batch_size: int = 500
-    flush_interval_s: float = 0.5
-    spill_path: str | None = None
-    max_backoff_s: float = 5.0
-    data_dir: str | None = None
-    journal: bool = True  # directory <spill path minus suffix>.journal next to the spill file
-    journal_segment_bytes: int = 4 << 20  # the live journal segment is closed past this size
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    def __post_init__(self) -> None:
-        if self.buffer_size < 1 or self.batch_size < 1:
-            raise ValueError("buffer_size and batch_size must be >= 1")
-        if self.flush_interval_s <= 0 or self.max_backoff_s <= 0:
-            raise ValueError("flush_interval_s and max_backoff_s must be > 0")
+    buffer_size: int = Field(
+        default=10_000, ge=1, description="usage rows buffered before they spill to disk"
+    )
+    batch_size: int = Field(default=500, ge=1, description="usage rows per SQL insert")
+    flush_interval_s: float = Field(default=0.5, gt=0, description="seconds between ledger writes")
+    spill_path: str | None = Field(
+        default=None, description="file of rows the buffer could not hold (default: <data_dir>/ledger.spill)"
+    )
+    max_backoff_s: float = Field(default=5.0, gt=0, description="longest wait between failed ledger writes")
+    data_dir: str | None = Field(
+        default=None, description="where the spill file goes when spill_path is unset"
+    )
+    journal: bool = Field(
+        default=True, description="journal each row before buffering it (<spill path minus suffix>.journal)"
+    )
+    journal_segment_bytes: int = Field(
+        default=4 << 20, ge=1, description="the live journal segment is closed past this size"
+    )
 
 
 def _default_spill_path(db: Database, config: LedgerConfig) -> Path:
@@ -128,8 +133,9 @@ class Ledger:
 
     def _journal(self, line: str) -> None:
         """Append to the journal; a failing disk must not cost the row its place in the buffer."""
+        assert self.journal is not None  # record() makes a line only when there is a journal
         try:
-            self.journal.append(line.encode())  # type: ignore[union-attr]
+            self.journal.append(line.encode())
         except OSError as exc:
             self.metrics.journal_errors.inc()
             now = time.monotonic()
@@ -279,7 +285,7 @@ class Ledger:
 
     def _sleep_backoff(self) -> None:
         self._failures += 1
-        attempt = RetryCallState(None, None, (), {})  # type: ignore[arg-type]
+        attempt = RetryCallState(Retrying(), None, (), {})
         attempt.attempt_number = self._failures
         delay = max(0.01, self._wait(attempt))
         self.spill.sync()

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.dialects import postgresql, sqlite
 
-from billing.models import UsageDailyRow, UsageRow
+from billing.models import Base, UsageDailyRow, UsageRow
 from billing.records import UsageRecord
 
 _FIELDS = tuple(f.name for f in fields(UsageRecord))
@@ -22,8 +22,8 @@ _SUMMED = (
     "preemptions",
     "recomputed_tokens",
 )
-_USAGE: Table = UsageRow.__table__  # type: ignore[assignment]
-_DAILY: Table = UsageDailyRow.__table__  # type: ignore[assignment]
+_USAGE: Table = Base.metadata.tables[UsageRow.__tablename__]
+_DAILY: Table = Base.metadata.tables[UsageDailyRow.__tablename__]
 
 
 def _insert(dialect: str) -> Any:

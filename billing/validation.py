@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 TENANT_FIELDS = (
     "name",
@@ -20,7 +20,7 @@ MAX_NAME_LENGTH = 128
 MAX_PRIORITY_CLASS = 9
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -48,18 +48,18 @@ def check_weight(weight: object) -> float:
 
 def check_priority_class(value: object) -> int:
     """A priority class: an integer in 0..9, 0 being the most important."""
-    if not _is_int(value) or not 0 <= value <= MAX_PRIORITY_CLASS:  # type: ignore[operator]
+    if not _is_int(value) or not 0 <= value <= MAX_PRIORITY_CLASS:
         raise ValueError(f"priority_class must be an integer in 0..{MAX_PRIORITY_CLASS}, got {value!r}")
-    return int(value)  # type: ignore[call-overload]
+    return int(value)
 
 
 def check_optional_count(field_name: str, value: object) -> int | None:
     """A quota or bound: None (unlimited) or an integer >= 0."""
     if value is None:
         return None
-    if not _is_int(value) or value < 0:  # type: ignore[operator]
+    if not _is_int(value) or value < 0:
         raise ValueError(f"{field_name} must be None (unlimited) or an integer >= 0, got {value!r}")
-    return int(value)  # type: ignore[call-overload]
+    return int(value)
 
 
 def check_cache_group(value: object) -> str | None:

@@ -42,7 +42,7 @@ def connect(cfg: ClusterConfig) -> bool:
 
 def registry(cfg: ClusterConfig) -> Any:
     """The deployment's registry actor, created on first use (it also keeps the settings `ray up` used)."""
-    actor = ray.remote(Registry).options(  # type: ignore[attr-defined]
+    actor = ray.remote(Registry).options(
         name=REGISTRY_NAME, lifetime="detached", get_if_exists=True, num_cpus=0, max_restarts=-1
     )
     return actor.remote(cfg.poll_interval_s, cfg.ping_timeout_s)
@@ -88,7 +88,7 @@ def start_engines(
         config = config.model_copy(update={"device": "cuda"})  # the one GPU Ray gave the actor
     actors = []
     for name in _free_names(ENGINE_PREFIX, engine_names(), n):
-        options = ray.remote(EngineActor).options(  # type: ignore[attr-defined]
+        options = ray.remote(EngineActor).options(
             name=name,
             lifetime="detached",
             max_restarts=cfg.max_restarts,
@@ -107,7 +107,7 @@ def start_gateways(
     for name in _free_names(GATEWAY_PREFIX, gateway_names(), n):
         index = int(name.removeprefix(GATEWAY_PREFIX))
         own = settings.model_copy(update={"port": settings.port + index if settings.port else 0})
-        options = ray.remote(GatewayActor).options(  # type: ignore[attr-defined]
+        options = ray.remote(GatewayActor).options(
             name=name,
             lifetime="detached",
             max_restarts=cfg.max_restarts,

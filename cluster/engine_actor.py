@@ -17,6 +17,7 @@ from cluster.registry import REGISTRY_NAME, EngineEntry
 from engine.config import EngineConfig
 from engine.remote.curve import ClusterKey
 from engine.remote.server import EngineServer
+from gateway.settings import EngineServerSettings
 
 # Engines re-register this often: a registry that Ray restarted (and so forgot them) learns them back.
 REREGISTER_S = 5.0
@@ -30,7 +31,14 @@ class EngineActor:
     ) -> None:
         self.name = name
         self.node_ip = ray.util.get_node_ip_address()
-        self.server = EngineServer(config, f"tcp://{host or self.node_ip}:0", cluster_key=key)
+        knobs = EngineServerSettings.model_fields  # the tree's defaults for what `ray up` does not set
+        self.server = EngineServer(
+            config,
+            f"tcp://{host or self.node_ip}:0",
+            knobs["gateway_timeout_s"].default,
+            knobs["grace_period_s"].default,
+            cluster_key=key,
+        )
         self.server.start()
         self._serving = threading.Thread(target=self.server.run, name="engine-server", daemon=True)
         self._serving.start()
@@ -40,7 +48,7 @@ class EngineActor:
         ray.get(self._register())
         threading.Thread(target=self._reregister, name="engine-reregister", daemon=True).start()
 
-    def _register(self) -> ray.ObjectRef:
+    def _register(self) -> ray.ObjectRef[None]:
         entry = EngineEntry(self.name, self.server.address, self.server.engine_id, self.node_ip, os.getpid())
         return self._registry.register_engine.remote(entry, self._handle)
 

@@ -14,20 +14,25 @@ import asyncio
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import ray
 import uvicorn
 
 from cluster.membership import Membership, join, member_key
 from cluster.registry import REGISTRY_NAME, EngineEntry, GatewayEntry
+from engine.remote.client import RemoteEngine
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from routing.router import EngineRouter
 
 STARTUP_TIMEOUT_S = 300.0
+
+
+_R = TypeVar("_R")
 
 
 class GatewayActor:
@@ -92,7 +97,7 @@ class GatewayActor:
         for key in started:
             client = self.router.remove_engine(key)
             if client is not None:  # started before the loop existed: read it here from now on
-                client.bind(loop)  # type: ignore[attr-defined]
+                cast(RemoteEngine, client).bind(loop)  # every engine of a deployment is remote
                 self.router.add_engine(key, client)
         await self.membership.run()
 
@@ -132,8 +137,8 @@ class GatewayActor:
         self.server.should_exit = True
         self._thread.join(self.settings.grace_period_s + 15)
 
-    def _on_loop(self, fn: Any, *args: Any) -> Any:
-        async def call() -> Any:
+    def _on_loop(self, fn: Callable[..., _R], *args: Any) -> _R:
+        async def call() -> _R:
             return fn(*args)
 
         return asyncio.run_coroutine_threadsafe(call(), self.loop).result(timeout=10)

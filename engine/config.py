@@ -70,31 +70,14 @@ class EngineConfig(BaseModel):
     )
     seed: int = Field(default=0, description="sampling seed")
     cache_dir: str | None = Field(default=None, description="where the embedded default model is built")
-    # Run ProcessEngine's worker under SCHED_BATCH (Linux): woken by a Submit, it waits for the writer to
-    # yield its CPU instead of preempting it mid-write. Off by default: on the 2-core VM it cut how long a
-    # submit holds the loop at 20 req/s but cost the gateway a little at 200 (docs/gateway.md, submit_wake).
-    worker_batch_scheduling: bool = Field(
-        default=False, description="run the engine worker under SCHED_BATCH"
-    )
     # "forkserver": a server process imports the engine (torch) once and every worker, the first and each
     # replacement, is forked from it, so replacing a dead worker skips the interpreter start and the imports
     # (docs/engine.md, "Kill to ready"). "spawn": a fresh interpreter each time.
     worker_start_method: Literal["forkserver", "spawn"] = Field(
         default="forkserver", description="how the process engine starts its worker"
     )
-    # "zmq": ZeroMQ PUSH/PULL ipc sockets with msgspec frames (engine/boundary/zmq_channel.py); "pipe": the older framed,
-    # pickled pipe (engine/boundary/pipe.py), kept for A/B runs (docs/engine.md, "Transport").
-    transport: Literal["zmq", "pipe"] = Field(
-        default="zmq", description="how the gateway and the process engine's worker exchange messages"
-    )
     caps: RequestCaps = Field(default_factory=RequestCaps)
-    # Off by default until measured to help: see docs/engine.md ("Overlap").
-    overlap_publish: bool = Field(
-        default=False,
-        description="encode and send each step's report on a worker thread, overlapping the next step",
-    )
-
-    # Async scheduling (engine/overlap.py). auto: on for CUDA, where the forward runs on the device and
+    # Async scheduling (engine/async_scheduler.py, engine/overlap.py). auto: on for CUDA, where the forward runs on the device and
     # the host work beside it is free; off on CPU, where the forward needs the same cores and the GIL
     # (measured: docs/engine.md, "Overlap").
     async_scheduling: Literal["auto", "on", "off"] = Field(

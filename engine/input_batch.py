@@ -1,7 +1,7 @@
 """The persistent part of a batch's inputs: every live request's block table as a row of one preallocated array.
 
 Rebuilding a padded [batch, blocks] table from Python lists every step cost about a microsecond per
-request at batch 256 (bench/host_overhead.py). Here a request keeps its row from admission to finish,
+request at batch 256 (experiments/host_overhead.py). Here a request keeps its row from admission to finish,
 and a step writes only the blocks it gained since the last one (one per request every block_size
 decode steps); the batch's table is then one numpy gather of the rows it runs.
 

@@ -64,7 +64,7 @@ def chain_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
 class BlockPool:
     """Fixed pool of `num_blocks` blocks of `block_size` token slots."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching

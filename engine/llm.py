@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -44,7 +44,8 @@ class LLM:
     ) -> list[CompletionOutput]:
         """Run every prompt to completion; outputs come back in input order."""
         single = isinstance(prompts, str) or (bool(prompts) and isinstance(prompts[0], int))
-        plist: list[Prompt] = [prompts] if single else list(prompts)  # type: ignore[list-item, arg-type]
+        # `single` told one prompt (a str or a list of ints) from a sequence of prompts, which mypy cannot see.
+        plist = [cast(Prompt, prompts)] if single else list(cast(Sequence[Prompt], prompts))
         if params is None or isinstance(params, SamplingParams):
             params_list = [params or SamplingParams()] * len(plist)
         else:

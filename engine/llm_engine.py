@@ -1,11 +1,14 @@
-"""The synchronous engine: validate and queue requests, then `step()` one iteration at a time.
+"""The engine: validate and queue requests, then `step()` one iteration at a time.
 
     step():
-        retire cancelled and expired requests       (scheduler.schedule)
-        decode running requests, continue prefills, admit by fairness policy
-        run the model once on the mixed batch       (model_runner.execute)
-        append tokens, stop, charge                 (scheduler.update)
-        record one IterationTrace
+        schedule   retire cancelled and expired requests, decode running requests, continue
+                   prefills, admit by fairness policy, charge      (Scheduler / AsyncScheduler)
+        execute    one forward on the mixed batch and sampling      (InlineExecutor / OverlapExecutor)
+        update     append tokens, token-level stops                 (scheduler.update)
+        outputs    detokenize, stop strings; one IterationTrace
+
+With async scheduling (engine/async_scheduler.py, engine/overlap.py) the same four calls run step N+1's
+schedule while step N's forward runs, and `execute` returns step N.
 
 A failure that belongs to one request (its sampling, its detokenisation, its stop check) ends that
 request with finish_reason "error" and the iteration goes on (engine/isolation.py); only the batch's
@@ -20,20 +23,22 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from functools import partial
 from time import perf_counter  # bound here: tests replace this module's `time` with a fake clock
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+from engine.async_scheduler import AsyncScheduler
 from engine.attention import resolve_backend
 from engine.config import EngineConfig
 from engine.counter_sync import CounterSync
+from engine.executor import InlineExecutor, Ran
 from engine.isolation import RequestFailures
 from engine.kv_cache import BlockPool
 from engine.limits import RequestLimits
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner, kv_block_bytes
 from engine.outputs import EngineStats, OutputDelta, RequestInfo, RequestMetrics, RequestOutput, text_in_loop
-from engine.overlap import OverlapStepper
+from engine.overlap import OverlapExecutor
 from engine.policy import build_policy
 from engine.request import (
     DuplicateRequestError,
@@ -47,6 +52,7 @@ from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.stop import StopMatcher
 from engine.tokenizer import Detokenizer
 from engine.trace import IterationTrace, TraceWriter
+from fairness.shared import SharedCounters
 
 _EWMA = 0.2
 
@@ -98,7 +104,9 @@ class LLMEngine:
             watermark_blocks=config.watermark_blocks,
             preemption_mode=config.preemption_mode,
         )
-        self.scheduler = Scheduler(sched_cfg, self.pool, self.policy)
+        # Async scheduling: step N+1 is scheduled while step N's forward runs.
+        overlaps = config.overlaps()
+        self.scheduler = (AsyncScheduler if overlaps else Scheduler)(sched_cfg, self.pool, self.policy)
         self.runner = ModelRunner(
             self.loaded.model,
             mc.num_layers,
@@ -129,8 +137,7 @@ class LLMEngine:
         ] = {}  # request -> (tokens, start, end) of its last iteration
         self._failures = RequestFailures()  # detokenisation and stop checks; the sampler keeps its own
         self.failed_requests = 0  # requests ended alone by an exception of their own, since start
-        # Async scheduling (engine/overlap.py): step N+1 is scheduled while step N's forward runs.
-        self.overlap = OverlapStepper(self) if config.overlaps() else None
+        self.executor = (OverlapExecutor if overlaps else InlineExecutor)(self.runner, self.pool)
         # One fair share across engines: other engines' service reaches the policy's counters at step starts.
         self.counter_sync: CounterSync | None = None
         if config.redis_url is not None:
@@ -203,7 +210,7 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         """True while any request is queued or running, or a step's results have not landed."""
-        return self.scheduler.has_unfinished() or (self.overlap is not None and self.overlap.in_flight)
+        return self.scheduler.has_unfinished() or self.executor.in_flight
 
     def live_request(self, request_id: str) -> RequestInfo | None:
         """Owner and state of a live request."""
@@ -239,37 +246,35 @@ class LLMEngine:
         ]
 
     def _iterate(self) -> list[Emitted]:
-        """Run one iteration; what each request has new to report."""
+        """One iteration, with or without async scheduling: what each request has new to report."""
         if self.counter_sync is not None:
-            self.counter_sync.exchange(self.policy)  # type: ignore[arg-type]
-        if self.overlap is not None:
-            return self.overlap.iterate()
-        t0 = time.time()
-        p0 = perf_counter()
-        out = self.scheduler.schedule(t0)
+            self.counter_sync.exchange(
+                cast(SharedCounters, self.policy)
+            )  # config checked that it shares counters
+        p0, t0 = perf_counter(), time.time()
+        scheduled = self.scheduler.schedule(t0)
         p1 = perf_counter()
-        tables = {c.request.request_id: self.pool.block_ids(c.request.request_id) for c in out.chunks}
-        sampled = self.runner.execute(out, tables)
-        t1 = time.time()
-        self.fail_requests(self.runner.sampler.failures.take(), t1)
-        self.note_ran(out, t0, t1)
+        ran = self.executor.execute(scheduled, t0)  # this step; with async scheduling, the one before
+        self.fail_requests(ran.failures, ran.ended)
+        self.note_ran(ran.out, ran.started, ran.ended)
         p2 = perf_counter()
-        finished = self.scheduler.update(out, sampled, self.eos_token_ids)
+        finished = self.scheduler.update(ran.out, ran.sampled, self.eos_token_ids, ran.ended)
         p3 = perf_counter()
-        outputs = self.collect_outputs(out.finished + [c.request for c in out.chunks])
-        p4 = perf_counter()
-        trace = self.record_trace(out, t1 - t0, len(finished) + len(out.finished))
-        run = self.runner.timing
-        # Block tables and the cancel bookkeeping above count as preparation: host work before the forward.
-        trace.schedule_s, trace.prepare_s = p1 - p0, (p2 - p1) - run.forward_s - run.sample_s
-        trace.forward_s, trace.sample_s, trace.update_s, trace.outputs_s = (
-            run.forward_s,
-            run.sample_s,
-            p3 - p2,
-            p4 - p3,
-        )
-        self.write_trace(trace)
+        outputs = self.collect_outputs(scheduled.finished + [c.request for c in ran.out.chunks])
+        self._trace_step(ran, len(finished) + len(scheduled.finished), (p0, p1, p2, p3, perf_counter()))
         return outputs
+
+    def _trace_step(self, ran: Ran, completions: int, marks: tuple[float, ...]) -> None:
+        """One IterationTrace row for the step that ran, with where this call's host time went."""
+        p0, p1, p2, p3, p4 = marks
+        trace = self.record_trace(ran.out, ran.ended - ran.started, completions)
+        timing = ran.timing
+        trace.schedule_s, trace.prepare_s = p1 - p0, ran.prepare_s
+        trace.forward_s, trace.sample_s = timing.forward_s, timing.sample_s
+        trace.update_s, trace.outputs_s = p3 - p2, p4 - p3
+        trace.wait_s, trace.overlapped_s = ran.wait_s, ran.overlapped_s
+        trace.discarded_tokens = ran.out.discarded_tokens
+        self.write_trace(trace)
 
     def note_ran(self, out: SchedulerOutput, t0: float, t1: float) -> None:
         """The step scheduled at `t0` ran until `t1`: what a cancel signal inside that window finds computed."""
@@ -337,10 +342,7 @@ class LLMEngine:
     def _forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
         self._last_step.pop(request_id, None)
-        if self.overlap is not None:
-            self.overlap.forget_later(request_id)  # the forward thread may be sampling it
-        else:
-            self.runner.sampler.forget(request_id)
+        self.executor.forget(request_id)  # overlapped: once the forward in flight cannot sample it
         self.runner.forget(request_id)
 
     def write_trace(self, trace: IterationTrace) -> None:
@@ -434,8 +436,7 @@ class LLMEngine:
 
     # -- swap preemption --------------------------------------------------------------------
     def _swap_out(self, request: Request) -> int:
-        if self.overlap is not None:
-            self.overlap.wait_forward()  # the forward in flight may still write these blocks
+        self.executor.wait_forward()  # the forward in flight may still write these blocks
         ids = self.pool.block_ids(request.request_id)[
             : -(-request.num_computed_tokens // self.pool.block_size)
         ]
@@ -451,14 +452,12 @@ class LLMEngine:
         return self.runner.swap_out(request, ids)
 
     def _swap_in(self, request: Request) -> int:
-        if self.overlap is not None:
-            self.overlap.wait_forward()  # it may still write a block just freed and handed to this request
+        self.executor.wait_forward()  # it may still write a block just freed and handed to this request
         return self.runner.swap_in(request, self.pool.block_ids(request.request_id))
 
     def close(self) -> None:
         """Stop the forward thread and the counter sync, and release the trace file."""
-        if self.overlap is not None:
-            self.overlap.close()
+        self.executor.close()
         if self.counter_sync is not None:
             self.counter_sync.close()
         if self._trace_writer:

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors import safe_open
@@ -22,6 +22,7 @@ from torch import nn
 
 from engine.models import ModelConfig, build_model
 from engine.models.config import eos_ids
+from engine.models.protocol import CausalLM
 from engine.tokenizer import (
     BYTE_SPECIAL_TOKENS,
     Tokenizer,
@@ -58,7 +59,7 @@ class LoadedModel:
 
 
 def load_model(
-    path: str | Path | None, dtype: str = "auto", device: str = "cpu", cache_dir: str | None = None
+    path: str | Path | None, *, dtype: str, device: str, cache_dir: str | None = None
 ) -> LoadedModel:
     """Load the model directory at path (None: the embedded default, built on first use)."""
     root = default_model_dir(cache_dir) if path is None else Path(path)
@@ -83,7 +84,7 @@ def load_model(
         )
     torch_dtype = resolve_dtype(dtype, hf_config, device)
     model = build_model(cfg, torch_dtype, torch.device(device))
-    model.load_weights(_iter_tensors(weight_files))  # type: ignore[operator]
+    cast(CausalLM, model).load_weights(_iter_tensors(weight_files))  # every registered model has it
     name = DEFAULT_MODEL_NAME if path is None else root.resolve().name
     return LoadedModel(model=model, config=cfg, tokenizer=tokenizer, path=root, dtype=torch_dtype, name=name)
 
@@ -189,7 +190,7 @@ def write_default_model(path: str | Path) -> None:
 
 def write_seeded_llama(path: str | Path, hf_config: dict[str, Any]) -> None:
     """Write a seeded random Llama of any geometry with the byte tokenizer (the default model's recipe;
-    bench/host_overhead.py uses it for a model small enough that the forward does not hide the host)."""
+    experiments/host_overhead.py uses it for a model small enough that the forward does not hide the host)."""
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     write_byte_tokenizer(root / "tokenizer.json")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -11,6 +12,7 @@ from torch import nn
 
 from engine.attention import AttentionMetadata, KVCache
 from engine.input_batch import BlockTableRows
+from engine.models.protocol import CausalLM
 from engine.request import Request
 from engine.sampler import Sampler
 from engine.scheduler import SchedulerOutput
@@ -73,7 +75,7 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         backend: str,
-        seed: int = 0,
+        seed: int,
     ) -> None:
         self.model = model
         self.block_size = block_size
@@ -221,7 +223,7 @@ class ModelRunner:
             self.sampler.last_sampled = None
             timing.forward_s = time.perf_counter() - t1
             return {}
-        logits = self.model.compute_logits(  # type: ignore[operator]
+        logits = cast(CausalLM, self.model).compute_logits(  # every registered model has it
             hidden[torch.tensor(batch.sample_rows, device=hidden.device)]
         )
         t2 = time.perf_counter()

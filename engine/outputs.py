@@ -99,7 +99,7 @@ class TokenPrefix(Sequence[int]):
             return NotImplemented
         return len(other) == self._n and all(a == b for a, b in zip(self, other, strict=False))
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # unhashable like the list it equals; typeshed types __hash__ as a method
 
     def __repr__(self) -> str:
         return repr(list(self))

@@ -194,7 +194,7 @@ class Request:
     # The prefix of num_tokens that was computed before the last preemption, for recompute accounting.
     recompute_until: int = 0
     # 1 while a token of this request is being sampled by a forward still in flight (async scheduling,
-    # engine/overlap.py): the last output id is then a placeholder, -(1 + its row in that step's samples).
+    # engine/async_scheduler.py): the last output id is then a placeholder, -(1 + its row in that step's samples).
     num_output_placeholders: int = 0
 
     @property

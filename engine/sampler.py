@@ -20,7 +20,7 @@ FAILED_TOKEN = 0  # placeholder for a row whose sampling raised; its request is 
 class Sampler:
     """Samples one token per row of logits."""
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int) -> None:
         self._global = torch.Generator().manual_seed(seed)
         self._per_request: dict[str, torch.Generator] = {}
         self._bias: dict[
@@ -52,7 +52,7 @@ class Sampler:
         tokens = on_device.cpu()
         if plain:
             self.last_sampled = on_device
-            return tokens.tolist()  # type: ignore[no-any-return]
+            return tokens.tolist()
         logits = logits.float().cpu()
         out = [int(t) for t in tokens.tolist()]
         for row, request in enumerate(requests):

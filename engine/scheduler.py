@@ -341,25 +341,19 @@ class Scheduler:
         eos_token_ids: set[int] | frozenset[int],
         now: float | None = None,
     ) -> list[Request]:
-        """Advance computed counts, append sampled tokens, and retire what stopped; returns the requests that finished."""
+        """Advance computed counts, append sampled tokens, and end what a token stops; returns the requests
+        that ended. Stop strings are the engine's (they need text); charging happened at `schedule`."""
         finished: list[Request] = []
         now = time.time() if now is None else now
-        pool = self.pool
-        caching = pool.enable_prefix_caching
-        block_size = pool.block_size
         max_model_len = self.config.max_model_len
         finished_state = RequestState.FINISHED
+        advance = self.advance
         for chunk in out.chunks:
             request = chunk.request
             if request.state is finished_state:
                 continue
-            computed = request.num_computed_tokens = chunk.start + chunk.length
+            computed = advance(chunk)
             output = request.output_token_ids
-            # Hash blocks only when one filled: a one-token chunk fills one only on a block boundary.
-            if caching and (chunk.length > 1 or computed % block_size == 0):
-                pool.commit_full_blocks(
-                    request.request_id, request.all_token_ids, computed, request.prefix_root
-                )
             if computed != len(request.prompt_token_ids) + len(output):
                 continue  # a prefill chunk that does not reach the end samples nothing
             token = sampled[request.request_id]
@@ -367,17 +361,34 @@ class Scheduler:
             if request.first_token_time is None:
                 request.first_token_time = now
             params = request.sampling
-            if (
+            if (  # the common case, no stop, without a call
                 len(output) >= params.max_tokens
                 or computed + 1 >= max_model_len
                 or (token in eos_token_ids and not params.ignore_eos)
                 or token in params.stop_token_ids
-            ):
-                reason = self.stop_reason(request, token, eos_token_ids)
-                if reason is not None:
-                    self.finish(request, reason, now)
-                    finished.append(request)
+            ) and self.check_stop(request, token, eos_token_ids, now):
+                finished.append(request)
         return finished
+
+    def advance(self, chunk: ScheduledChunk) -> int:
+        """The chunk ran: its request's computed count moves to the chunk's end and full blocks are hashed
+        for the prefix cache (a one-token chunk fills one only on a block boundary). Returns the count."""
+        request = chunk.request
+        computed = request.num_computed_tokens = chunk.start + chunk.length
+        pool = self.pool
+        if pool.enable_prefix_caching and (chunk.length > 1 or computed % pool.block_size == 0):
+            pool.commit_full_blocks(request.request_id, request.all_token_ids, computed, request.prefix_root)
+        return computed
+
+    def check_stop(
+        self, request: Request, token: int, eos_token_ids: set[int] | frozenset[int], now: float
+    ) -> bool:
+        """End `request` if `token`, just appended, stops it; True when it did."""
+        reason = self.stop_reason(request, token, eos_token_ids)
+        if reason is None:
+            return False
+        self.finish(request, reason, now)
+        return True
 
     def stop_reason(
         self, request: Request, token: int, eos_token_ids: set[int] | frozenset[int]

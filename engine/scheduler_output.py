@@ -10,13 +10,13 @@ from engine.request import Preemption, Request
 
 @dataclass
 class SchedulerConfig:
-    """The budgets one iteration must respect."""
+    """The budgets one iteration must respect; their defaults live in the settings tree (EngineConfig)."""
 
-    max_num_batched_tokens: int = 512
-    max_num_seqs: int = 64
-    max_model_len: int = 2048
-    watermark_blocks: int = 0
-    preemption_mode: str = "recompute"
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    watermark_blocks: int
+    preemption_mode: str
     # Static request-level batching (the essay's "photograph"): admit only when the batch is empty.
     request_batching: bool = False
 
@@ -47,8 +47,12 @@ class SchedulerOutput:
     decode_tokens: int = 0
     cached_tokens: int = 0
     # Decodes of requests whose previous token is still in flight (async scheduling): charged only once
-    # that token lands and the request goes on (engine/overlap.py), so a discarded step is never charged.
+    # that token lands and the request goes on (engine/async_scheduler.py), so a discarded step is never charged.
     provisional: list[Request] = field(default_factory=list)
+    # Async scheduling only: the requests this step samples, in the forward's row order, and the tokens
+    # it computed for requests that had ended before its results were committed.
+    sampling: list[Request] = field(default_factory=list)
+    discarded_tokens: int = 0
 
     @property
     def num_batched_tokens(self) -> int:

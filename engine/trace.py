@@ -25,7 +25,7 @@ class IterationTrace:
     cached_tokens: int = 0
     waiting_for_blocks: int = 0
     # Where the iteration's time went (perf_counter seconds), so host overhead can be read off a real
-    # deployment as well as off bench/host_overhead.py. Everything but `forward_s` is host work the
+    # deployment as well as off experiments/host_overhead.py. Everything but `forward_s` is host work the
     # accelerator waits through unless it overlaps a forward.
     schedule_s: float = 0.0  # Scheduler.schedule: retire, expire, decode/prefill chunks, admission, charging
     prepare_s: float = 0.0  # ModelRunner.prepare: token ids, positions, slot mapping, block tables
@@ -33,10 +33,10 @@ class IterationTrace:
     sample_s: float = 0.0  # Sampler.sample and the copy of the sampled ids to the host
     update_s: float = 0.0  # Scheduler.update: append tokens, token-level stops, block hashes
     outputs_s: float = 0.0  # detokenization, stop strings and the per-request outputs
-    # Async scheduling (EngineConfig.async_scheduling, engine/overlap.py): schedule_s and prepare_s are then the
-    # next step's, built while this one's forward ran; overlapped_s is how much of that the forward hid,
-    # wait_s how long the host then waited for this step's samples, discarded_tokens the next step's tokens
-    # thrown away because this step ended their requests.
+    # Async scheduling (EngineConfig.async_scheduling, engine/async_scheduler.py): schedule_s and prepare_s
+    # are then the next step's, built while this one's forward ran; overlapped_s is how much of that the
+    # forward hid, wait_s how long the host then waited for this step's samples, discarded_tokens this
+    # step's tokens thrown away because the step before ended their requests.
     overlapped_s: float = 0.0
     wait_s: float = 0.0
     discarded_tokens: int = 0

@@ -80,3 +80,6 @@ class SchedulingPolicy(Protocol[T]):
 
     def __len__(self) -> int:
         """Number of queued items."""
+
+    def __contains__(self, item: object) -> bool:
+        """Whether `item` is queued here."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from fairness.errors import InvalidChargeError, InvalidWeightError
 
@@ -12,9 +13,9 @@ from fairness.errors import InvalidChargeError, InvalidWeightError
 class TokenCost:
     """Linear token cost `w_in·prefill + w_out·decode + w_cached·cached` (Sheng et al. use w_in=1, w_out=2)."""
 
-    w_in: float = 1.0
-    w_out: float = 2.0
-    w_cached: float = 0.0
+    w_in: float
+    w_out: float
+    w_cached: float
 
     def __post_init__(self) -> None:
         for name in ("w_in", "w_out", "w_cached"):
@@ -35,12 +36,12 @@ class TokenCost:
 
 def check_weight(key: str, weight: object) -> float:
     """Return `weight` as a float, or raise InvalidWeightError unless it is positive and finite."""
-    if not _real(weight) or not math.isfinite(weight) or weight <= 0:  # type: ignore[arg-type,operator]
+    if not _real(weight) or not math.isfinite(weight) or weight <= 0:
         raise InvalidWeightError(
             f"weight for fairness key {key!r} must be a positive finite number, got {weight!r}"
         )
-    return float(weight)  # type: ignore[arg-type]
+    return float(weight)
 
 
-def _real(x: object) -> bool:
+def _real(x: object) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool)

@@ -7,10 +7,10 @@ weights) stays with the base policy, so a key's deadline traffic still counts ag
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
-from typing import Any, Generic
+from collections.abc import Callable, Mapping, Sequence
+from typing import Generic
 
-from fairness.base import T
+from fairness.base import SchedulingPolicy, T
 from fairness.errors import DuplicateItemError
 from fairness.victim import lowest_class, preemptible
 
@@ -20,7 +20,7 @@ _HEAP_SLACK = 64
 class EDFPolicy(Generic[T]):
     """Deadline heap in front of `base`; items without a deadline are ordered by `base`."""
 
-    def __init__(self, base: Any) -> None:
+    def __init__(self, base: SchedulingPolicy[T]) -> None:
         self.base = base
         self._heap: list[tuple[float, int, T]] = []
         self._seq_of: dict[str, int] = {}  # queued deadline item request_id -> its live heap entry
@@ -56,7 +56,7 @@ class EDFPolicy(Generic[T]):
             if self._seq_of.get(item.request_id) == seq:
                 return item
             heapq.heappop(heap)
-        return self.base.peek(now)  # type: ignore[no-any-return]
+        return self.base.peek(now)
 
     def pop(self, item: T) -> None:
         """Remove the admitted item."""
@@ -70,18 +70,18 @@ class EDFPolicy(Generic[T]):
 
     def charge(self, item: T, prefill: int, decode: int, cached: int) -> float:
         """Charged by the base policy."""
-        return self.base.charge(item, prefill, decode, cached)  # type: ignore[no-any-return]
+        return self.base.charge(item, prefill, decode, cached)
 
     def charge_decodes(self, items: Sequence[T]) -> float:
         """Charged by the base policy."""
-        return self.base.charge_decodes(items)  # type: ignore[no-any-return]
+        return self.base.charge_decodes(items)
 
     def victim(self, running: Sequence[T], for_item: T | None = None) -> T | None:
         """In the least important class: prefer requests without a deadline, then the base policy's rule."""
         candidates = lowest_class(preemptible(running, for_item))
         relaxed = [r for r in candidates if r.meta.deadline is None]
         if relaxed:
-            return self.base.victim(relaxed)  # type: ignore[no-any-return]
+            return self.base.victim(relaxed)
         if not candidates:
             return None
         return max(candidates, key=lambda r: (r.meta.deadline, r.meta.arrival_time))
@@ -92,16 +92,16 @@ class EDFPolicy(Generic[T]):
 
     def service(self) -> Mapping[str, float]:
         """Charged service by fairness key (base policy)."""
-        return self.base.service()  # type: ignore[no-any-return]
+        return self.base.service()
 
     def counters(self) -> Mapping[str, float]:
         """Virtual counters by fairness key (base policy)."""
-        return self.base.counters()  # type: ignore[no-any-return]
+        return self.base.counters()
 
     def local_service(self) -> Mapping[str, float]:
         """The base policy's charged service here (fairness/shared.py); none when it keeps no counters."""
-        local = getattr(self.base, "local_service", None)
-        return local() if local is not None else {}  # type: ignore[no-any-return]
+        local: Callable[[], Mapping[str, float]] | None = getattr(self.base, "local_service", None)
+        return local() if local is not None else {}
 
     def absorb_remote(self, totals: Mapping[str, float]) -> None:
         """Forwarded to the base policy when it keeps counters."""

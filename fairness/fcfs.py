@@ -16,8 +16,8 @@ from fairness.victim import lowest_class, preemptible
 class FCFSPolicy(Generic[T]):
     """Admit in arrival order; preempt the latest arrival of the lowest class; charge service only to report it."""
 
-    def __init__(self, cost: TokenCost | None = None, key_fn: KeyFn = tenant_key) -> None:
-        self.cost = cost or TokenCost()
+    def __init__(self, cost: TokenCost, key_fn: KeyFn = tenant_key) -> None:
+        self.cost = cost
         self.key_fn = key_fn
         self._queue: LazyQueue[T] = LazyQueue()
         self._service: dict[str, float] = defaultdict(float)

@@ -18,7 +18,7 @@ from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic
 
-from fairness.base import T
+from fairness.base import SchedulingPolicy, T
 from fairness.cost import check_weight
 from fairness.errors import DuplicateItemError, FairnessError
 from fairness.shared import class_counter, split_class_counter
@@ -31,12 +31,12 @@ _MAX_PROMOTED_TRACKED = 100_000
 class PriorityPolicy(Generic[T]):
     """One base policy per class (made by `make_base`), strict priority between classes, aging promotion."""
 
-    def __init__(self, make_base: Callable[[], Any], max_queue_age_s: float = math.inf) -> None:
+    def __init__(self, make_base: Callable[[], SchedulingPolicy[T]], max_queue_age_s: float) -> None:
         if not isinstance(max_queue_age_s, (int, float)) or not max_queue_age_s > 0:
             raise FairnessError(f"max_queue_age_s must be > 0 (inf disables aging), got {max_queue_age_s!r}")
         self.make_base = make_base
         self.max_queue_age_s = float(max_queue_age_s)
-        self._classes: dict[int, Any] = {}
+        self._classes: dict[int, SchedulingPolicy[T]] = {}
         self._order: list[int] = []  # known classes, most important first
         self._class_of: dict[str, int] = {}  # queued request_id -> class it waits in
         self._entered: dict[int, deque[tuple[float, int, T]]] = {}  # per class: (entered at, token, item)
@@ -45,7 +45,7 @@ class PriorityPolicy(Generic[T]):
         self._admitted_in: OrderedDict[str, int] = OrderedDict()  # promoted items admitted above their class
         self._weights: dict[str, float] = {}
 
-    def _base(self, cls: int) -> Any:
+    def _base(self, cls: int) -> SchedulingPolicy[T]:
         base = self._classes.get(cls)
         if base is None:
             base = self._classes[cls] = self.make_base()
@@ -90,7 +90,7 @@ class PriorityPolicy(Generic[T]):
         for cls in self._order:
             item = self._classes[cls].peek(now)
             if item is not None:
-                return item  # type: ignore[no-any-return]
+                return item
         return None
 
     def pop(self, item: T) -> None:
@@ -135,7 +135,7 @@ class PriorityPolicy(Generic[T]):
     def charge(self, item: T, prefill: int, decode: int, cached: int) -> float:
         """Charge in the class the item was admitted in (its own class unless aging promoted it)."""
         cls = self._admitted_in.get(item.request_id, item.meta.priority)
-        return self._base(cls).charge(item, prefill, decode, cached)  # type: ignore[no-any-return]
+        return self._base(cls).charge(item, prefill, decode, cached)
 
     def charge_decodes(self, items: Sequence[T]) -> float:
         """One decode token for each item, in the class each was admitted in (one call per class)."""
@@ -164,7 +164,7 @@ class PriorityPolicy(Generic[T]):
         candidates = lowest_class(preemptible(running, for_item))
         if not candidates:
             return None
-        return self._base(candidates[0].meta.priority).victim(candidates)  # type: ignore[no-any-return]
+        return self._base(candidates[0].meta.priority).victim(candidates)
 
     # -- across engines (fairness/shared.py) ----------------------------------------------------
 
@@ -222,5 +222,5 @@ class PriorityPolicy(Generic[T]):
 
 
 def _local_service(base: Any) -> Mapping[str, float]:
-    local = getattr(base, "local_service", None)
-    return local() if local is not None else {}  # type: ignore[no-any-return]
+    local: Callable[[], Mapping[str, float]] | None = getattr(base, "local_service", None)
+    return local() if local is not None else {}

@@ -51,12 +51,10 @@ _HEAP_SLACK = 64
 class VTCPolicy(Generic[T]):
     """Weighted Virtual Token Counter over fairness keys; FIFO (preempted first) within a key."""
 
-    def __init__(
-        self, cost: TokenCost | None = None, key_fn: KeyFn = tenant_key, lift_allowance: float = 1024.0
-    ) -> None:
+    def __init__(self, cost: TokenCost, key_fn: KeyFn = tenant_key, *, lift_allowance: float) -> None:
         if not lift_allowance >= 0 or lift_allowance == float("inf"):
             raise ValueError(f"lift_allowance must be a finite number >= 0, got {lift_allowance!r}")
-        self.cost = cost or TokenCost()
+        self.cost = cost
         self.lift_allowance = lift_allowance
         self.key_fn = key_fn
         self._queues: dict[str, LazyQueue[T]] = {}  # backlogged keys only

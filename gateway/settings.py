@@ -1,10 +1,13 @@
 """GatewaySettings: the one typed settings tree of a gateway process (pydantic-settings).
 
-Every knob is one field with its default and description, here, in `engine.EngineConfig` or in
-`fairness.FairnessConfig`. From that field alone it gets its `fairserve serve` flag
-(gateway/settings_flags.py), its `FAIRSERVE_*` environment variable (nested with `__`, e.g.
-`FAIRSERVE_ENGINE__MAX_NUM_SEQS`) and its key in an optional TOML file (`--config`; tables `[engine]`
-`[engine.fairness]` and `[routing]`). Precedence: flag, then environment, then file, then the default.
+Every knob is one field with its default and description, here or in a node of the tree
+(`engine.EngineConfig`, `fairness.FairnessConfig`, `routing.RoutingSettings`, `billing.LedgerConfig`;
+`fairserve ray`'s `ClusterConfig` in gateway/cluster_settings.py), and nowhere else: the layers below
+take it as a required argument (tests/gateway/test_one_default.py). From that field alone it gets its
+flag (gateway/settings_flags.py), its `FAIRSERVE_*` environment variable (nested with `__`, e.g.
+`FAIRSERVE_ENGINE__MAX_NUM_SEQS`) and its key in an optional TOML file (`--config`; tables `[engine]`,
+`[engine.fairness]`, `[ledger]` and `[routing]`). Precedence: flag, then environment, then file, then
+the default.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pydantic_settings import (
 from admission.controller import AdmissionSettings
 from admission.feasibility import RatePriors
 from admission.queues import QueueBounds
-from billing import default_db_url
+from billing import LedgerConfig, default_db_url
 from engine.config import EngineConfig
 from engine.remote.address import check_address, is_loopback
 from engine.remote.curve import ClusterKey
@@ -81,11 +84,16 @@ class LayeredSettings(BaseSettings):
             _config_file.reset(token)
 
 
-class StorageSettings(LayeredSettings):
+class DataDirSettings(LayeredSettings):
+    """The data directory every command shares."""
+
+    data_dir: Path = Field(default=DEFAULT_DATA_DIR, description="database, secrets, ledger spill and models")
+
+
+class StorageSettings(DataDirSettings):
     """Where a deployment keeps its state: shared by `serve` and the db/tenants/keys/usage commands, so a
     command run after `make serve` finds the server's database without being told."""
 
-    data_dir: Path = Field(default=DEFAULT_DATA_DIR, description="database, secrets, ledger spill and models")
     db_url: str | None = Field(
         default=None,
         description="SQLAlchemy URL (default: SQLite in the data dir)",
@@ -97,7 +105,37 @@ class StorageSettings(LayeredSettings):
         return self.db_url or default_db_url(self.data_dir)
 
 
-class GatewaySettings(StorageSettings):
+class ProcessSettings(DataDirSettings):
+    """What `serve` and `fairserve engine` share: the engine tree, the cluster key, shutdown and the GIL."""
+
+    # engine/remote/curve.py: CURVE encryption between gateways and engines. `serve --engine` reads the
+    # file (refused before anything starts when bad); `fairserve engine` creates it 0600 when missing.
+    cluster_key_file: Path | None = Field(
+        default=None,
+        description="a key file shared by the engines and their gateways: the link is "
+        "encrypted and peers without it are refused",
+        json_schema_extra={"flags": ["--cluster-key"]},
+    )
+    grace_period_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="seconds live requests get to finish on SIGTERM",
+        json_schema_extra={"flags": ["--grace-period"]},
+    )
+    # How often CPython makes a running thread offer the GIL to a waiting one. The ledger writer, the socket
+    # thread and other helpers run Python for milliseconds at a time; at CPython's 5 ms the event loop or the
+    # engine loop can wait that long for every turn (docs/gateway.md, loop lag).
+    switch_interval_ms: float = Field(default=0.5, gt=0, le=100, description="CPython's GIL switch interval")
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+
+    @model_validator(mode="after")
+    def _models_in_data_dir(self) -> Self:
+        if self.engine.cache_dir is None:
+            self.engine.cache_dir = str(self.data_dir / "models")
+        return self
+
+
+class GatewaySettings(StorageSettings, ProcessSettings):
     """Where the gateway listens, what it stores where, and its admission and engine budgets."""
 
     host: str = Field(default="127.0.0.1", description="address to listen on")
@@ -121,26 +159,21 @@ class GatewaySettings(StorageSettings):
         "an X-Quota-Status header (open), or answer 503 (closed)",
     )
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="largest request body accepted")
-    max_queued_requests: int = Field(
-        default=QueueBounds.max_queued_requests, ge=1, description="global admission queue bound"
-    )
-    max_queued_tokens: int = Field(
-        default=QueueBounds.max_queued_tokens, ge=1, description="global bound on queued prompt tokens"
-    )
+    max_queued_requests: int = Field(default=256, ge=1, description="global admission queue bound")
+    # A tenant's default 64 requests at a 2,048-token context fill half of this, never all (admission/queues.py).
+    max_queued_tokens: int = Field(default=262144, ge=1, description="global bound on queued prompt tokens")
     default_tenant_queued_requests: int = Field(
-        default=QueueBounds.default_tenant_queued_requests,
-        ge=1,
-        description="queue bound of a tenant that sets none",
+        default=64, ge=1, description="queue bound of a tenant that sets none"
     )
     retry_jitter: float = Field(default=0.25, ge=0.0, le=1.0, description="random share added to Retry-After")
     prior_prefill_tokens_per_s: float = Field(
-        default=RatePriors.prefill_tokens_per_s,
+        default=2000.0,
         gt=0,
         allow_inf_nan=False,
         description="prefill rate admission assumes before the engine has measured one",
     )
     prior_iteration_s: float = Field(
-        default=RatePriors.iteration_seconds,
+        default=0.05,
         gt=0,
         allow_inf_nan=False,
         description="iteration time admission assumes before the engine has measured one",
@@ -150,12 +183,6 @@ class GatewaySettings(StorageSettings):
         gt=0,
         description="seconds idempotency records are kept",
         json_schema_extra={"flags": ["--idempotency-ttl"]},
-    )
-    grace_period_s: float = Field(
-        default=10.0,
-        ge=0,
-        description="seconds to finish work on SIGTERM",
-        json_schema_extra={"flags": ["--grace-period"]},
     )
     # 10 s covers openai-python's back-off (at most 8 s) after a read timeout.
     idempotent_orphan_grace_s: float = Field(
@@ -226,7 +253,7 @@ class GatewaySettings(StorageSettings):
         le=65535,
         description="also serve /metrics here without a credential (the main port's /metrics needs a token)",
     )
-    engine: EngineConfig = Field(default_factory=EngineConfig)
+    ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     # How a gateway with several engines picks one per request (routing/score.py); inert with one engine.
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     # The engine loop in its own process (ProcessEngine) rather than a thread sharing the gateway's GIL:
@@ -235,10 +262,6 @@ class GatewaySettings(StorageSettings):
     restart_engine: bool = Field(
         default=True, description="replace a dead engine worker (process engine only)"
     )
-    # How often CPython makes a running thread offer the GIL to a waiting one. The ledger writer and other
-    # helper threads run Python for milliseconds at a time; at CPython's 5 ms the event loop can wait that
-    # long for every turn (docs/gateway.md, loop lag).
-    switch_interval_ms: float = Field(default=0.5, gt=0, le=100, description="CPython's GIL switch interval")
     # Engines started on their own (`fairserve engine --listen ...`) that this gateway attaches to instead
     # of starting one: none = the gateway's own engine, as always.
     engines: list[str] = Field(
@@ -246,14 +269,6 @@ class GatewaySettings(StorageSettings):
         description="tcp://HOST:PORT of a running `fairserve "
         "engine` to serve from instead of starting one (repeatable)",
         json_schema_extra={"flags": ["--engine"]},
-    )
-    # One CurveZMQ secret shared with the engines (engine/remote/curve.py): without it an engine's port
-    # takes work from anyone who reaches it. Checked here, so a bad file is refused before anything starts.
-    cluster_key_file: Path | None = Field(
-        default=None,
-        description="the --cluster-key file of the engines given with --engine (encrypts the "
-        "link and keeps out peers without it)",
-        json_schema_extra={"flags": ["--cluster-key"]},
     )
     # The engine heartbeats every 50 ms: this much silence and its requests in flight fail with a retryable 503.
     engine_heartbeat_timeout_s: float = Field(
@@ -265,9 +280,9 @@ class GatewaySettings(StorageSettings):
     )
 
     @model_validator(mode="after")
-    def _models_in_data_dir(self) -> GatewaySettings:
-        if self.engine.cache_dir is None:
-            self.engine.cache_dir = str(self.data_dir / "models")
+    def _ledger_in_data_dir(self) -> GatewaySettings:
+        if self.ledger.data_dir is None:
+            self.ledger.data_dir = str(self.data_dir)
         return self
 
     @field_validator("engines")
@@ -304,27 +319,17 @@ class GatewaySettings(StorageSettings):
         )
 
 
-class EngineServerSettings(LayeredSettings):
+class EngineServerSettings(ProcessSettings):
     """`fairserve engine`: one engine served over TCP to the gateways that attach to it (`serve --engine`).
 
     The `engine` subtree is the very EngineConfig `serve` has, so a knob means the same in both commands
     and in the same FAIRSERVE_ENGINE__* variable and `[engine]` table.
     """
 
-    data_dir: Path = Field(
-        default=DEFAULT_DATA_DIR, description="where the embedded default model is built (<data_dir>/models)"
-    )
     listen: str = Field(
         default="tcp://127.0.0.1:5555",
         description="tcp://HOST:PORT to serve gateways on "
         "(port 0 picks a free one); without --cluster-key anyone who reaches it can submit work",
-    )
-    # engine/remote/curve.py: CURVE encryption, and only gateways holding the same file get in.
-    cluster_key_file: Path | None = Field(
-        default=None,
-        description="a key file shared with this engine's gateways (created 0600 if missing): "
-        "the link is encrypted and peers without it are refused",
-        json_schema_extra={"flags": ["--cluster-key"]},
     )
     # Without a key the port takes work, as any tenant at any weight, from whoever reaches it: refused on a
     # non-loopback address unless the operator says so (gateway/cli/engine.py).
@@ -342,16 +347,6 @@ class EngineServerSettings(LayeredSettings):
         description="seconds of silence after which a gateway's requests are aborted",
         json_schema_extra={"flags": ["--gateway-timeout"]},
     )
-    grace_period_s: float = Field(
-        default=10.0,
-        ge=0,
-        description="seconds live requests get to finish on SIGTERM",
-        json_schema_extra={"flags": ["--grace-period"]},
-    )
-    # The socket thread forwards every report the loop publishes: at CPython's 5 ms it could wait that long
-    # for the loop thread to offer the GIL, on every report (docs/engine.md, "Engines on their own").
-    switch_interval_ms: float = Field(default=0.5, gt=0, le=100, description="CPython's GIL switch interval")
-    engine: EngineConfig = Field(default_factory=EngineConfig)
 
     @field_validator("listen")
     @classmethod
@@ -371,12 +366,6 @@ class EngineServerSettings(LayeredSettings):
                 "reaches the port could submit work as any tenant. Give --cluster-key FILE (the same file to "
                 "every gateway), or --insecure-no-cluster-key if a network boundary keeps others out"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _models_in_data_dir(self) -> EngineServerSettings:
-        if self.engine.cache_dir is None:
-            self.engine.cache_dir = str(self.data_dir / "models")
         return self
 
 

@@ -8,6 +8,7 @@ in every other server's docs. One walk over the model fields makes both the flag
 from __future__ import annotations
 
 import argparse
+import os
 import types
 import typing
 from collections.abc import Iterator
@@ -17,10 +18,19 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings
 
 from engine.config import KV_CACHE_FRACTION_BY_DEVICE
 from fairness import POLICIES
-from gateway.settings import ENV_NESTED_DELIMITER, ENV_PREFIX, GatewaySettings, LayeredSettings, raw_sources
+from gateway.cluster_settings import ClusterConfig
+from gateway.settings import (
+    ENV_NESTED_DELIMITER,
+    ENV_PREFIX,
+    EngineServerSettings,
+    GatewaySettings,
+    LayeredSettings,
+    raw_sources,
+)
 
 S = TypeVar("S", bound=LayeredSettings)
 # Leaf names that would read ambiguously as a bare flag get a qualified one.
@@ -31,6 +41,8 @@ _QUALIFIED: dict[tuple[str, ...], str] = {
     ("engine", "redis_url"): "--engine-redis",
     ("redis_url",): "--redis",
 }
+# Subtrees whose flags carry the subtree's name (`--ledger-batch-size`): their leaf names say too little alone.
+_PREFIXED = {"ledger"}
 # Choices that come from a registry rather than a Literal type.
 _REGISTRY_CHOICES = {("engine", "fairness", "policy"): lambda: list(POLICIES)}
 
@@ -49,9 +61,11 @@ class Knob:
     @property
     def flags(self) -> list[str]:
         """The flag names, the field's own `flags` (short, human names) first, then the leaf name."""
-        derived = _QUALIFIED.get(self.path, "--" + self.path[-1].replace("_", "-"))
+        leaf = self.path[-1] if self.path[0] not in _PREFIXED else "_".join(self.path)
+        derived = _QUALIFIED.get(self.path, "--" + leaf.replace("_", "-"))
         extra = self.field.json_schema_extra
-        named = [str(flag) for flag in extra.get("flags", [])] if isinstance(extra, dict) else []  # type: ignore[union-attr]
+        flags = extra.get("flags", []) if isinstance(extra, dict) else []
+        named = [str(flag) for flag in flags] if isinstance(flags, list) else []
         return [*named, derived]
 
     @property
@@ -199,4 +213,28 @@ def effective_rows(args: argparse.Namespace) -> list[tuple[str, str, str]]:
         elif knob.path == ("engine", "cache_dir") and source == "default":
             source = "default: <data_dir>/models"
         rows.append((knob.toml_key, "none" if value is None else str(value), source))
+    return rows + command_rows()
+
+
+def command_rows() -> list[tuple[str, str, str]]:
+    """The knobs of the tree that `serve` does not read: `fairserve engine`'s own and `fairserve ray`'s.
+
+    Their values come from the environment or the default (each command reads its own flags and file).
+    """
+    rows = []
+    trees: list[tuple[BaseSettings, tuple[str, ...], str]] = [
+        (EngineServerSettings(), (), "fairserve engine"),
+        (ClusterConfig(), ("ray",), "fairserve ray"),
+    ]
+    for tree, prefix, command in trees:
+        for knob in knobs(type(tree)):
+            if not prefix and knob.path[0] in GatewaySettings.model_fields:
+                continue  # shared with serve: listed above
+            value: Any = tree
+            for part in knob.path:
+                value = getattr(value, part)
+            env = ENV_PREFIX + ENV_NESTED_DELIMITER.join((*prefix, *knob.path)).upper()
+            source = f"env {env}" if env in os.environ else "default"
+            key = ".".join((*prefix, *knob.path))
+            rows.append((key, "none" if value is None else str(value), f"{source} ({command})"))
     return rows

@@ -16,7 +16,7 @@ from admission.edge import EdgeAdmission
 from admission.quota import QuotaStore, make_quota
 from admission.quota_redis import quota_metrics
 from admission.redis_link import RedisLink, connect
-from billing import BillingStore, Database, KeyCache, Ledger, LedgerConfig, default_db_url
+from billing import BillingStore, Database, KeyCache, Ledger, default_db_url
 from engine import EngineClient, engine_client
 from engine.remote.client import RemoteEngine, check_one_model
 from gateway.admin.rejections import RejectionLog
@@ -151,7 +151,7 @@ def build_state(settings: GatewaySettings, engine: EngineClient | None) -> Gatew
         engine.start()
     labels = TenantLabels(settings.metrics_tenants)
     metrics = GatewayMetrics(labels, engine.stats, partial(engine_loads, engine))
-    ledger = Ledger(db, LedgerConfig(data_dir=str(settings.data_dir)), registry=metrics.registry)
+    ledger = Ledger(db, settings.ledger, registry=metrics.registry)
     ledger.start()
     quota_metrics(metrics.registry)  # exported (at 0) with or without Redis, as documented
     link = (

@@ -1,3 +1,5 @@
+# Triton kernels are a DSL: `triton.jit` is untyped and kernel arguments take Triton's own annotations.
+# mypy: allow-untyped-defs, allow-incomplete-defs, allow-untyped-decorators
 """Triton unified paged attention: one launch for a flat batch of decode tokens and prefill chunks.
 
 Twin of `kernels.reference.paged_attention_ref`; layouts are documented there. The grid is

@@ -1,3 +1,5 @@
+# Triton kernels are a DSL: `triton.jit` is untyped and kernel arguments take Triton's own annotations.
+# mypy: allow-untyped-defs, allow-incomplete-defs, allow-untyped-decorators
 """Triton KV-cache store: scatter this step's K/V rows into the paged cache through `slot_mapping`.
 
 Twin of `kernels.reference.store_kv_ref`; layouts are documented there.

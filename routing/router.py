@@ -92,7 +92,7 @@ class EngineRouter:
         self.model_name = first.model_name
         self.tokenizer = first.tokenizer
         self.max_model_len = first.max_model_len
-        self._caps = first.caps
+        self._caps: RequestCaps = first.caps
         for key, client in items:
             self.add_engine(key, client)
 

@@ -1,7 +1,7 @@
 """`EngineClient`: the one surface the gateway uses, whatever carries its messages to the engine loop.
 
 The loop may run on a thread of the gateway (AsyncEngine), or in a worker process reached over ZeroMQ
-or the older pipe (ProcessEngine, `EngineConfig.transport`); the gateway types its engine as this
+(ProcessEngine, or a `fairserve engine` over TCP); the gateway types its engine as this
 protocol and builds it with `engine_client`, so none of that shows above this line.
 """
 

@@ -310,7 +310,9 @@ class OutputStream:
         self.front = front
         self.request_id = request_id
         # With a sink, outputs go straight to it and nothing waits on a queue: none is made.
-        self.queue: asyncio.Queue[Any] | None = asyncio.Queue() if sink is None else None
+        self.queue: asyncio.Queue[RequestOutput | BaseException] | None = (
+            asyncio.Queue() if sink is None else None
+        )
         self._sink = sink
         self._ended = False
         self._on_end: list[Callable[[], None]] = []
@@ -346,7 +348,7 @@ class OutputStream:
             raise item
         if item.finished:
             self._end(abort=False)
-        return item  # type: ignore[no-any-return]
+        return item
 
     def when_ended(self, callback: Callable[[], None]) -> None:
         """Call `callback` once when this stream ends (finished, failed or closed); at once if it already has.

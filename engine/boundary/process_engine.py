@@ -2,8 +2,7 @@
 
 The parent keeps only the tokenizer, the live-request table and the cached stats; it validates
 requests itself with the limits the worker reports once at startup and sends submit/abort/weight
-messages down one channel: ZeroMQ PUSH/PULL sockets with msgspec frames (engine/boundary/zmq_channel.py, the
-default) or the older framed pipe (engine/boundary/pipe.py), chosen by `EngineConfig.transport`. The worker's
+messages down one channel: ZeroMQ PUSH/PULL sockets with msgspec frames (engine/boundary/zmq_channel.py). The worker's
 outputs are read on the event loop of the requests (`loop.add_reader` on the channel's descriptor and on
 the process sentinel), not on a reader thread: a thread would
 have to win the GIL from a busy event loop (up to the 5 ms switch interval) and then wake the loop
@@ -27,7 +26,6 @@ from typing import Any
 
 from engine.boundary.front import EngineFront
 from engine.boundary.messages import EngineDeadError, StopLoop, WorkerFailed, WorkerReady
-from engine.boundary.pipe import PipeFrontChannel, runs_here
 from engine.boundary.worker import default_worker_threads, run_worker
 from engine.boundary.zmq_channel import ZmqFrontChannel
 from engine.config import EngineConfig
@@ -38,7 +36,14 @@ from engine.tokenizer import Tokenizer
 
 log = logging.getLogger("fairserve.engine")
 _EOF = object()  # what the worker's channel reads as once the worker is gone (or said goodbye)
-FrontChannel = PipeFrontChannel | ZmqFrontChannel
+
+
+def runs_here(loop: asyncio.AbstractEventLoop) -> bool:
+    """True when called on `loop`'s own thread while it runs."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 class EngineStartError(RuntimeError):
@@ -59,7 +64,7 @@ class ProcessEngine(EngineFront):
         self.model_name = DEFAULT_MODEL_NAME if config.model is None else model_dir.resolve().name
         self.max_model_len = _context_length(model_dir, config.max_model_len)
         self._proc: BaseProcess | None = None
-        self._channel: FrontChannel | None = None
+        self._channel: ZmqFrontChannel | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop that reads the worker's pipe
         self._watched: tuple[int, ...] = ()  # its descriptors: the pipe and the process sentinel
         self._exited = threading.Event()
@@ -78,9 +83,7 @@ class ProcessEngine(EngineFront):
         if self._proc is not None:
             return
         ctx = _worker_context(self.config.worker_start_method)
-        channel: FrontChannel = (
-            ZmqFrontChannel(_EOF) if self.config.transport == "zmq" else PipeFrontChannel(ctx, _EOF)
-        )
+        channel = ZmqFrontChannel(_EOF)
         spawned_at = time.time()
         proc = ctx.Process(
             target=run_worker,
@@ -90,8 +93,6 @@ class ProcessEngine(EngineFront):
         )
         try:
             proc.start()
-            if isinstance(channel, PipeFrontChannel):
-                channel.after_spawn()
             ready = _await_ready(proc, channel, self.start_timeout_s)
         except BaseException:
             if proc.is_alive():
@@ -217,8 +218,6 @@ class ProcessEngine(EngineFront):
         if self._loop is not None and not self._loop.is_closed():
             return  # the loop that reads is still open; other loops get their outputs handed over
         self._loop = loop
-        if isinstance(self._channel, PipeFrontChannel):
-            self._channel.bind(loop)
         self._watched = (self._channel.fd, self._proc.sentinel)
         loop.add_reader(self._watched[0], self._on_readable)
         loop.add_reader(self._watched[1], self._worker_exited)
@@ -302,7 +301,7 @@ def _worker_context(method: str) -> Any:
     return multiprocessing.get_context("spawn")
 
 
-def _await_ready(proc: BaseProcess, reader: FrontChannel, timeout_s: float) -> WorkerReady:
+def _await_ready(proc: BaseProcess, reader: ZmqFrontChannel, timeout_s: float) -> WorkerReady:
     """The worker's ready message, or EngineStartError naming why it did not come."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -29,8 +29,6 @@ from engine.boundary.messages import (
     WorkerFailed,
     WorkerReady,
 )
-from engine.boundary.pipe import PipeWorkerLink
-from engine.boundary.publisher import BackgroundPublisher
 from engine.boundary.zmq_channel import ZmqWorkerLink
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -157,7 +155,7 @@ class EngineLoop:
             self._report(engine.step_deltas())  # retires the aborts and emits each stream's final output
 
 
-def run_worker(config: EngineConfig, link: PipeWorkerLink | ZmqWorkerLink, num_threads: int) -> None:
+def run_worker(config: EngineConfig, link: ZmqWorkerLink, num_threads: int) -> None:
     """Process main: build the engine, report ready (or the failure), serve messages until told to stop."""
     # The parent owns this process's lifetime: a terminal's Ctrl-C or a group SIGTERM must not kill
     # the loop under a gateway that is still draining.
@@ -165,10 +163,8 @@ def run_worker(config: EngineConfig, link: PipeWorkerLink | ZmqWorkerLink, num_t
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     entered_at = time.time()
     torch.set_num_threads(num_threads)
-    if config.worker_batch_scheduling and hasattr(os, "SCHED_BATCH"):
-        with contextlib.suppress(OSError):  # best effort: a policy the platform refuses changes nothing
-            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    # Read between iterations, not on a thread (engine/boundary/pipe.py); the parent's end reads as StopLoop.
+    # Read between iterations, not on a thread, so a Submit never wakes a reader that fights the loop for the
+    # GIL; the parent's end reads as StopLoop.
     # Sends wait when the gateway is far behind, as there is no event loop here.
     inbox, outbox = link.open()
     try:
@@ -198,19 +194,13 @@ def _serve(config: EngineConfig, inbox: Inbox, outbox: Outbox, entered_at: float
             build_seconds=time.time() - entered_at,
         )
     )
-    publisher = BackgroundPublisher(tell) if config.overlap_publish else None
     try:
-        EngineLoop(engine, inbox, publisher or tell).run()
-        if publisher is not None:
-            publisher.close()
+        EngineLoop(engine, inbox, tell).run()
     except (BrokenPipeError, ConnectionResetError):
         pass  # the parent is gone: nobody is left to tell
     except BaseException as exc:  # the loop must never die silently
         log.exception("engine loop died")
         with contextlib.suppress(OSError):  # the parent may be gone too
-            if publisher is not None:
-                with contextlib.suppress(Exception):
-                    publisher.close()  # what the loop published first still goes first
             tell(WorkerFailed(f"engine loop died: {exc!r}"))
     finally:
         engine.close()

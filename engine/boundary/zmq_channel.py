@@ -3,8 +3,8 @@
 Socket pattern as vLLM V1's EngineCoreClient: requests go into the engine over PUSH -> PULL and outputs
 come back over PUSH -> PULL. Both directions are one-way streams with a single peer, so there is no
 request/reply lockstep to wait on (REQ/REP) and no identity routing to pay for (ROUTER/DEALER); PUSH/PULL
-gives ordered, message-atomic delivery, which is what the hand-written pipe framing (engine/boundary/pipe.py)
-had to build and fix by hand: a frame arrives whole or not at all, so a half-written frame cannot exist.
+gives ordered, message-atomic delivery, which a hand-written pipe framing had to build and fix by hand (it
+was measured against this and deleted, docs/gateway.md "Transport A/B"): a frame arrives whole or not at all.
 
 Each PULL binds and each PUSH connects. A connecting PUSH queues messages at once, before the peer has
 even bound, so the gateway can send a Submit the moment the worker reports ready and the worker can

@@ -98,7 +98,8 @@ class LlamaAttention(nn.Module):
         qk = apply_rope(qkv[:, :heads], cos, sin)
         q, k, v = qk[:, : self.num_heads], qk[:, self.num_heads :], qkv[:, heads:]
         out = paged_attention(q, k, v, kv_cache, meta, scale=self.scale, sliding_window=self.sliding_window)
-        return self.o_proj(out.reshape(-1, self.q_size))
+        projected: torch.Tensor = self.o_proj(out.reshape(-1, self.q_size))
+        return projected
 
 
 class LlamaMLP(nn.Module):
@@ -113,7 +114,8 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """down(silu(gate(x)) * up(x))."""
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        down: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        return down
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -136,7 +138,8 @@ class LlamaDecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """One transformer block over the flat batch."""
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        mlp: torch.Tensor = self.mlp(self.post_attention_layernorm(h))
+        return h + mlp
 
 
 class LlamaForCausalLM(nn.Module):
@@ -185,11 +188,13 @@ class LlamaForCausalLM(nn.Module):
         sin = self.rope_sin[positions].to(h.dtype).unsqueeze(1)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             h = layer(h, cos, sin, kv_cache, attn_meta)
-        return self.norm(h)
+        normed: torch.Tensor = self.norm(h)
+        return normed
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project selected hidden rows [M, hidden] to vocabulary logits [M, vocab] in float32."""
-        return self.lm_head(hidden).float()
+        logits: torch.Tensor = self.lm_head(hidden)
+        return logits.float()
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named checkpoint tensors into the (fused) parameters; raise on missing/mis-shaped ones."""

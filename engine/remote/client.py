@@ -51,7 +51,7 @@ class RemoteEngine(EngineFront):
     start_timeout_s = 60.0
 
     def __init__(
-        self, address: str, heartbeat_timeout_s: float = 0.5, cluster_key: ClusterKey | None = None
+        self, address: str, heartbeat_timeout_s: float, cluster_key: ClusterKey | None = None
     ) -> None:
         super().__init__()
         self._address = address

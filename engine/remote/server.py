@@ -38,7 +38,6 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from engine.boundary.messages import Abort, IterationReport, StopLoop, Submit, SubmitFailed
-from engine.boundary.publisher import BackgroundPublisher
 from engine.boundary.worker import EngineLoop, default_worker_threads
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -62,8 +61,8 @@ class EngineServer:
         self,
         config: EngineConfig,
         listen: str,
-        gateway_timeout_s: float = 3.0,
-        grace_period_s: float = 10.0,
+        gateway_timeout_s: float,
+        grace_period_s: float,
         cluster_key: ClusterKey | None = None,
     ) -> None:
         self.config = config
@@ -82,7 +81,7 @@ class EngineServer:
         self._owners: dict[str, bytes] = {}  # live request id -> the gateway that submitted it
         self._outbox_addr = f"inproc://fairserve-engine-{self.engine_id}"
         self._push: zmq.Socket[Any] | None = None
-        self._push_lock = threading.Lock()  # the loop and an overlap publisher thread both send
+        self._push_lock = threading.Lock()  # one sender on the PUSH socket at a time
         self._tokenizer_files: dict[str, str] = {}
         self._draining = threading.Event()
         self.stopped = threading.Event()
@@ -129,12 +128,9 @@ class EngineServer:
         push.setsockopt(zmq.SNDHWM, 0)
         push.connect(self._outbox_addr)
         restore = self._install_signals()
-        publisher = BackgroundPublisher(self._publish) if self.config.overlap_publish else None
         inbox = GatewayInbox(self._items, self._owners, self._reply, self._draining.is_set)
         try:
-            EngineLoop(engine, inbox, publisher or self._publish).run()
-            if publisher is not None:
-                publisher.close()
+            EngineLoop(engine, inbox, self._publish).run()
         finally:
             self._close(push, link, ctx, engine)
             for signum, handler in restore.items():
@@ -292,8 +288,7 @@ class GatewayInbox:
 
     def _take(self, item: Any) -> None:
         if isinstance(item, PeerLost):
-            # A copy first: with overlap_publish the publisher thread pops finished ids meanwhile.
-            lost = [rid for rid, owner in list(self._owners.items()) if owner == item.peer]
+            lost = [rid for rid, owner in self._owners.items() if owner == item.peer]
             self._pending.extend(Abort(rid, "gateway_lost") for rid in lost)
             return
         if isinstance(item, (StopLoop, _Wake)):

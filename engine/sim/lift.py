@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.request import Request
-from engine.sim.simulator import SchedulerOutput, SimConfig, SimRequest, Simulator
+from engine.scheduler import SchedulerOutput
+from engine.sim.simulator import SimConfig, SimRequest, Simulator
 from fairness.config import FairnessConfig
 
 

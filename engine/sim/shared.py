@@ -1,13 +1,9 @@
 """The two seams of the cluster simulator (engine/sim/cluster.py): the counter merge and the router's score.
 
-Both are kept behind one function each so the real ones can be swapped in when they land:
-
-- `others_service` is the merge of published per-tenant service (issue #15, deliverable 4: "local
-  cumulative service + the others' last published service"). The real merge will live in `fairness/`
-  (branch `sharedvtc`); the simulator calls only this function, so replacing its body is the swap.
-- `pick_engine` scores engines over prefix affinity, outstanding work and KV use, as the gateway's
-  router does (branch `routing`, `routing/score.py`, which `engine` may not import: the simulator
-  keeps its own copy with the same inputs).
+- `others_service` merges published per-tenant service: each engine's counter is its own cumulative
+  service plus the others' last published service (docs/fairness.md, "Across engines").
+- `pick_engine` scores engines over prefix affinity, outstanding work and KV use, with the inputs of the
+  gateway's router (routing/score.py, which `engine` may not import, so the simulator keeps its own).
 
 `SharedVTC` is the real `VTCPolicy` plus one method: it adds other engines' service (in counter units)
 to its counters, so that ordering, lifting and victim choice all see the tenant's service everywhere.
@@ -37,14 +33,13 @@ def others_service(
 class SharedVTC(VTCPolicy[Request]):
     """VTC whose counters also hold the other engines' (stale) service: c_k = local_k + remote_k / w_k.
 
-    Subclassed here rather than changed in fairness/vtc.py because the real mechanism is another
-    branch's; it touches the parent's counter heap the way `charge` does (push when backlogged).
+    It touches the parent's counter heap the way `charge` does (push when backlogged).
     """
 
     def __init__(
         self,
-        cost: TokenCost | None = None,
-        lift_allowance: float = 1024.0,
+        cost: TokenCost,
+        lift_allowance: float,
         busy_elsewhere: Callable[[str], bool] | None = None,
     ) -> None:
         super().__init__(cost, lift_allowance=lift_allowance)

@@ -1,8 +1,11 @@
 """The simulator: the real `Scheduler` driven by a virtual clock and a cost model instead of a model.
 
-Each iteration the scheduler builds its batch exactly as in the engine; instead of a forward pass
-the clock advances by `a + b·batched tokens + c·context tokens` seconds and every sampling chunk
-"samples" a fixed non-stop token, so a request ends by length (or deadline, or cancellation).
+Each iteration runs the engine's own path (schedule → execute → update): the scheduler builds its
+batch exactly as in the engine; instead of a forward pass the clock advances by `a + b·batched tokens
++ c·context tokens` seconds and every sampling chunk "samples" a fixed non-stop token, so a request
+ends by length (or deadline, or cancellation), unless its `stop_after` makes its token at that
+position a stop token. With `async_scheduling` the `AsyncScheduler` runs and each step "executes"
+while the next is scheduled, as in the engine, so the simulator drives both modes.
 Work per iteration is O(batch): arrivals are fed from a sorted list, requests are built when they
 arrive, and finished ones are reduced to a small record.
 """
@@ -14,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from engine.async_scheduler import AsyncScheduler
 from engine.kv_cache import BlockPool
 from engine.policy import build_policy
 from engine.request import FinishReason, Request, RequestMeta, SamplingParams
@@ -57,6 +61,7 @@ class SimConfig:
     fairness: FairnessConfig = field(default_factory=FairnessConfig)
     cost: CostModel = field(default_factory=CostModel)
     max_idle_iterations: int = 10_000  # consecutive empty iterations before the run is declared stalled
+    async_scheduling: bool = False  # schedule step N+1 while step N "runs" (engine/async_scheduler.py)
 
     def validate(self) -> None:
         """Raise SimulationError naming the first bad setting."""
@@ -83,6 +88,7 @@ class SimRequest:
     priority: int = 0
     weight: float = 1.0
     deadline: float | None = None
+    stop_after: int | None = None  # its token at this output position is a stop token (ends it early)
 
 
 @dataclass(slots=True)
@@ -99,6 +105,7 @@ class Completion:
     output_tokens: int
     preemptions: int
     recomputed_tokens: int
+    charged: float = 0.0  # service the policy was charged for it (what its ledger row would carry)
 
 
 @dataclass
@@ -139,6 +146,12 @@ class _AnyToken(dict[str, int]):
     def __missing__(self, key: str) -> int:
         return 1
 
+    def get(self, key: str, default: object = None) -> int:  # every key is present
+        return self[key]
+
+
+STOP_TOKEN = 2  # what a request with `stop_after` samples at that position
+
 
 _SAMPLED, _NO_STOP = _AnyToken(), frozenset[int]()
 
@@ -155,7 +168,7 @@ class Simulator:
         config.validate()
         self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.policy = policy if policy is not None else build_policy(config.fairness)
-        self.scheduler = Scheduler(
+        self.scheduler = (AsyncScheduler if config.async_scheduling else Scheduler)(
             SchedulerConfig(
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 max_num_seqs=config.max_num_seqs,
@@ -172,6 +185,8 @@ class Simulator:
         self._swapped: dict[str, int] = {}  # request id -> blocks held in the host buffer
         self._prompts: dict[int, list[int]] = {}
         self._specs: dict[str, SimRequest] = {}
+        self._stops: dict[str, int] = {}  # request id -> the output position of its stop token
+        self._in_flight: tuple[SchedulerOutput, Mapping[str, int]] | None = None  # async: the step "running"
         self.clock = 0.0
         self._idle = 0  # consecutive iterations that scheduled nothing
         self.on_complete: Callable[[Completion], None] | None = (
@@ -193,9 +208,12 @@ class Simulator:
             deadline=spec.deadline,
             arrival_time=spec.arrival,
         )
-        return Request(
-            spec.name, prompt, SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True), meta
-        )
+        stops = []
+        if spec.stop_after is not None:
+            self._stops[spec.name] = spec.stop_after
+            stops = [STOP_TOKEN]
+        params = SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True, stop_token_ids=stops)
+        return Request(spec.name, prompt, params, meta)
 
     def submit(self, spec: SimRequest) -> Request:
         """Queue `spec` now, from inside a run (an `on_iteration` hook): how closed-loop clients are simulated."""
@@ -272,7 +290,7 @@ class Simulator:
                     sched.add(self.make_request(spec), self.clock)
                     i += 1
                 result.intake_seconds += time.perf_counter() - t0
-            if not sched.has_unfinished():
+            if not sched.has_unfinished() and self._in_flight is None:
                 if i == len(specs):
                     break
                 self.clock = specs[i].arrival
@@ -295,36 +313,59 @@ class Simulator:
                 on_iteration(self, out)
 
     def step(self, result: SimResult) -> SchedulerOutput:
-        """One iteration at `self.clock`: schedule, advance the clock by the cost model, update, record.
+        """One iteration at `self.clock`: schedule, execute (advance the clock by the cost model), update,
+        record; returns the step scheduled. With async scheduling the step executed is the one before.
 
         Public so that a cluster of simulators (engine/sim/cluster.py) can interleave engines on one clock.
         """
         sched = self.scheduler
-        out = sched.schedule(self.clock)
-        chunks = out.chunks
-        if not chunks:
-            self._idle += 1
-            if self._idle > self.config.max_idle_iterations:
-                raise SimulationError(
-                    f"stalled: {sched.num_waiting} requests wait but nothing can run "
-                    f"(num_blocks={self.config.num_blocks} too small?)"
-                )
-        else:
-            self._idle = 0
-        context = 0
-        for c in chunks:
-            context += c.start + c.length
-        batched = out.prefill_tokens + out.decode_tokens
-        self.clock += self.config.cost.seconds(batched, context)
-        finished = sched.update(out, _SAMPLED, _NO_STOP, now=self.clock)
+        scheduled = sched.schedule(self.clock)
+        self._idle = 0 if scheduled.chunks or self._in_flight else self._idle + 1
+        if self._idle > self.config.max_idle_iterations:
+            raise SimulationError(
+                f"stalled: {sched.num_waiting} requests wait but nothing can run "
+                f"(num_blocks={self.config.num_blocks} too small?)"
+            )
+        ran, sampled = self._execute(scheduled)
+        finished = sched.update(ran, sampled, _NO_STOP, now=self.clock)
         result.iterations += 1
-        result.request_iterations += len(chunks)
-        result.batched_tokens += batched
-        for request in out.finished:
+        result.request_iterations += len(ran.chunks)
+        result.batched_tokens += ran.prefill_tokens + ran.decode_tokens
+        for request in scheduled.finished:
             self._complete(request, result)
         for request in finished:
             self._complete(request, result)
-        return out
+        return scheduled
+
+    def _execute(self, scheduled: SchedulerOutput) -> tuple[SchedulerOutput, Mapping[str, int]]:
+        """The step whose samples are in hand now (`scheduled`, or with async scheduling the one before),
+        its samples, and the clock moved past its forward."""
+        sampled = self._samples(scheduled)
+        if self.config.async_scheduling:
+            ran, self._in_flight = self._in_flight, (scheduled, sampled) if scheduled.chunks else None
+            if ran is None:
+                return SchedulerOutput(scheduled.iteration), _SAMPLED
+            scheduled, sampled = ran
+        context = 0
+        for c in scheduled.chunks:
+            context += c.start + c.length
+        self.clock += self.config.cost.seconds(scheduled.prefill_tokens + scheduled.decode_tokens, context)
+        return scheduled, sampled
+
+    def _samples(self, out: SchedulerOutput) -> Mapping[str, int]:
+        """Token 1 for every sampling chunk, the stop token where a request's `stop_after` says."""
+        if not self._stops:
+            return _SAMPLED
+        sampled = _AnyToken()
+        for c in out.chunks:
+            stop_at = self._stops.get(c.request.request_id)
+            if (
+                stop_at is not None
+                and c.samples
+                and c.start + c.length - c.request.num_prompt_tokens + 1 == stop_at
+            ):
+                sampled[c.request.request_id] = STOP_TOKEN
+        return sampled
 
     def service(self) -> Mapping[str, float]:
         """Charged service by fairness key so far."""
@@ -332,6 +373,7 @@ class Simulator:
 
     def _complete(self, request: Request, result: SimResult) -> None:
         spec = self._specs.pop(request.request_id)
+        self._stops.pop(request.request_id, None)
         self._swapped.pop(request.request_id, None)
         assert request.finish_reason is not None and request.finished_time is not None
         result.output_tokens += len(request.output_token_ids)
@@ -346,6 +388,7 @@ class Simulator:
             len(request.output_token_ids),
             len(request.preemptions),
             request.recomputed_tokens,
+            request.charged_service,
         )
         if self.on_complete is not None:
             self.on_complete(done)

@@ -131,7 +131,7 @@ def runtime(request: Request) -> LiveRuntime:
     found = getattr(app_state, "admin_live", None)
     if found is None:
         found = app_state.admin_live = LiveRuntime()
-    return found  # type: ignore[no-any-return]
+    return found
 
 
 def rejections_by_reason(state: GatewayState) -> dict[str, int]:

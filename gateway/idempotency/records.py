@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -84,7 +84,7 @@ class IdempotencyStore(Protocol):
     async def abandon(self, tenant_id: str, key: str) -> None:
         """Drop the record: the owner ended without a response worth replaying."""
 
-    def follow(self, tenant_id: str, key: str, poll_s: float = 0.02) -> AsyncIterator[Followed]:
+    def follow(self, tenant_id: str, key: str, poll_s: float = 0.02) -> AsyncGenerator[Followed, None]:
         """Chunks of an owner running elsewhere, until it finishes or abandons."""
 
     async def close(self) -> None:
@@ -103,7 +103,7 @@ class _Record:
 class MemoryIdempotencyStore:
     """Single-process store; followers in the same process read the run directly, so follow is trivial."""
 
-    def __init__(self, ttl_s: float = 86400.0, clock: Any = time.monotonic) -> None:
+    def __init__(self, ttl_s: float, clock: Any = time.monotonic) -> None:
         self.ttl_s = ttl_s
         self._clock = clock
         self._records: dict[tuple[str, str], _Record] = {}
@@ -155,7 +155,7 @@ class MemoryIdempotencyStore:
         """Drop the record."""
         self._records.pop((tenant_id, key), None)
 
-    async def follow(self, tenant_id: str, key: str, poll_s: float = 0.02) -> AsyncIterator[Followed]:
+    async def follow(self, tenant_id: str, key: str, poll_s: float = 0.02) -> AsyncGenerator[Followed, None]:
         """Poll the record (used only when the owning run is not registered in this process)."""
         sent = 0
         while True:

@@ -27,14 +27,14 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import redis
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from admission.breaker import BackendUnavailable
-from admission.redis_link import RedisLink, connect
+from admission.redis_link import RedisLink, own_link
 from gateway.idempotency.records import INFLIGHT_LEASE_S, Claim, Followed, StoredResponse
 from gateway.idempotency.repair import RecordRepair, response_json
 
@@ -75,10 +75,14 @@ class RedisIdempotencyStore:
     """Idempotency records in Redis, shared by every gateway process using the same URL."""
 
     def __init__(
-        self, link: RedisLink | str, ttl_s: float = 86400.0, registry: CollectorRegistry | None = None
+        self,
+        link: RedisLink | str,
+        ttl_s: float,
+        registry: CollectorRegistry | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         self.ttl_s = ttl_s
-        self.link = connect(link) if isinstance(link, str) else link
+        self.link = own_link(link, timeout_s)
         self._owns_link = isinstance(link, str)
         self._redis: Any = self.link.client
         self._unavailable = _unavailable_counter(registry)
@@ -196,7 +200,7 @@ class RedisIdempotencyStore:
         pipe.delete(rkey + ":events")
         await pipe.execute()
 
-    async def follow(self, tenant_id: str, key: str, poll_s: float = 0.02) -> AsyncIterator[Followed]:
+    async def follow(self, tenant_id: str, key: str, poll_s: float = 0.02) -> AsyncGenerator[Followed, None]:
         """Poll the owner's events and record until it finishes or abandons (or Redis goes away)."""
         rkey = redis_key(tenant_id, key)
         sent = 0
@@ -221,7 +225,7 @@ class RedisIdempotencyStore:
             await asyncio.sleep(poll_s)
 
     def _events_from(self, rkey: str, offset: int) -> Callable[[], Awaitable[list[bytes]]]:
-        return lambda: self._redis.lrange(rkey + ":events", offset, -1)  # type: ignore[no-any-return]
+        return lambda: self._redis.lrange(rkey + ":events", offset, -1)
 
     async def close(self) -> None:
         """Stop the clean-up and close the link if this store opened it (a shared one is closed by its owner)."""

@@ -27,6 +27,7 @@ from gateway.idempotency.records import fingerprint
 from gateway.openai import parsing as rp
 from gateway.openai.format import Shape
 from gateway.openai.runs import Outcome, RunSpec
+from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.state import GatewayState
 
 # Ledger columns that are the engine's RequestMetrics fields of the same name, and their value when the
@@ -54,7 +55,7 @@ class RequestContext:
     chat: bool
     arrival: float  # time.time() when the request was read
     deadline: float | None
-    body: rp.CompletionRequest | rp.ChatCompletionRequest
+    body: CompletionRequest | ChatCompletionRequest
     fingerprint: str | None  # of the endpoint and body, only with an Idempotency-Key
     inputs: rp.EngineInput
 

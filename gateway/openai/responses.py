@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
@@ -162,7 +162,9 @@ class StoredResponseSender:
 class FollowResponse:
     """Attaches to an owner in another process through the idempotency store."""
 
-    def __init__(self, followed: AsyncIterator[Followed], stream: bool, headers: Mapping[str, str]) -> None:
+    def __init__(
+        self, followed: AsyncGenerator[Followed, None], stream: bool, headers: Mapping[str, str]
+    ) -> None:
         self.followed = followed
         self.stream = stream
         self.headers = dict(headers)
@@ -174,7 +176,7 @@ class FollowResponse:
         finally:
             gone.cancel()
             with contextlib.suppress(Exception):
-                await self.followed.aclose()  # type: ignore[attr-defined]
+                await self.followed.aclose()
 
     async def _next(self) -> Followed:
         return await anext(self.followed)

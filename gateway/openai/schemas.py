@@ -7,7 +7,7 @@ accepted when they hold the value that means "feature off", so an unchanged clie
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -52,7 +52,10 @@ class ChatMessage(_Strict):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
-def _off(value: Any, off: tuple[Any, ...], field: str, what: str) -> Any:
+_V = TypeVar("_V")
+
+
+def _off(value: _V, off: tuple[object, ...], field: str, what: str) -> _V:
     if value not in off:
         raise ValueError(f"{field}={value!r} is not supported ({what})")
     return value

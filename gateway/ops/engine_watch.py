@@ -37,7 +37,7 @@ def restart_delay(served: bool, young_deaths: int) -> float:
     doubles with each worker in a row that died before serving anything."""
     if served:
         return 0.0
-    return min(FIRST_BACKOFF_S * 2 ** max(young_deaths - 1, 0), MAX_BACKOFF_S)
+    return min(FIRST_BACKOFF_S * 2.0 ** max(young_deaths - 1, 0), MAX_BACKOFF_S)
 
 
 async def keep_engine_alive(state: GatewayState, engine: ProcessEngine) -> None:

@@ -106,7 +106,7 @@ class _EnginesCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         loads = list(self._loads())
-        gauges = [
+        gauges: list[tuple[GaugeMetricFamily, Callable[[Any], float]]] = [
             (
                 GaugeMetricFamily("fairserve_engine_up", "1 while the engine answers", labels=["engine"]),
                 lambda e: 1.0 if e.alive else 0.0,

@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 
 from admission.breaker import BackendUnavailable
 from admission.redis_link import connect
-from bench.redis_server import RedisServer
 from tests.billing.services import private_redis
+from tests.redis_server import RedisServer
 
 
 @pytest.fixture()
@@ -34,7 +34,7 @@ def test_frozen_redis_opens_the_breaker_and_the_probe_closes_it(redis_server: Re
             with pytest.raises(BackendUnavailable) as timed_out:
                 await breaker.call(lambda: link.client.get("k"))
             assert timed_out.value.__cause__ is not None  # it reached the socket and waited out the deadline
-            assert breaker.is_open and breaker.retry_after_s() > 0
+            assert breaker.is_open
             for _ in range(50):  # open: every call fails at once, none reaches the socket
                 with pytest.raises(BackendUnavailable) as fast:
                     await breaker.call(lambda: link.client.get("k"))

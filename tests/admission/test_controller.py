@@ -2,17 +2,15 @@ from __future__ import annotations
 
 import random
 
-from admission.controller import AdmissionController, AdmissionSettings, Admitted, Rejection
-from admission.queues import QueueBounds
+from admission.controller import AdmissionController, Admitted, Rejection
 from tests.admission.stats import Stats
+from tests.defaults import admission_settings
 
 NOW = 1_000.0
 
 
 def controller(**bounds: int) -> AdmissionController:
-    return AdmissionController(
-        AdmissionSettings(bounds=QueueBounds(**bounds), retry_jitter=0.0), random.Random(0)
-    )
+    return AdmissionController(admission_settings(retry_jitter=0.0, **bounds), random.Random(0))
 
 
 def test_passed_deadline_is_408() -> None:

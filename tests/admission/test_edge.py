@@ -9,20 +9,20 @@ import uuid
 import pytest
 from prometheus_client import CollectorRegistry
 
-from admission.controller import AdmissionController, AdmissionSettings, Rejection
+from admission.controller import AdmissionController, Rejection
 from admission.edge import Admission, AdmissionAsk, EdgeAdmission
-from admission.queues import QueueBounds
 from admission.quota import MemoryQuota, QuotaLimits, QuotaStore
 from admission.quota_redis import RedisQuota
 from tests.admission.stats import Stats
 from tests.admission.test_quota import REDIS_URL, _cleanup, require_redis
+from tests.defaults import admission_settings
 
 NOW = 1_000.0
 LIMITS = QuotaLimits(tokens_per_minute=100)
 
 
 def _edge(quota: QuotaStore, **bounds: int) -> EdgeAdmission:
-    settings = AdmissionSettings(bounds=QueueBounds(**bounds), retry_jitter=0.0)
+    settings = admission_settings(retry_jitter=0.0, **bounds)
     return EdgeAdmission(AdmissionController(settings, random.Random(0)), quota)
 
 

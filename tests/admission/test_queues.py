@@ -4,11 +4,12 @@ import threading
 
 import pytest
 
-from admission.queues import AdmissionQueues, QueueBounds, QueueFull, QueueSlot
+from admission.queues import AdmissionQueues, QueueFull, QueueSlot
+from tests.defaults import queue_bounds
 
 
 def test_tenant_bound_then_release_frees_a_slot() -> None:
-    q = AdmissionQueues(QueueBounds(max_queued_requests=10, default_tenant_queued_requests=2))
+    q = AdmissionQueues(queue_bounds(max_queued_requests=10, default_tenant_queued_requests=2))
     a1 = q.try_enter("a", 5, None)
     a2 = q.try_enter("a", 5, None)
     assert isinstance(a1, QueueSlot) and isinstance(a2, QueueSlot)
@@ -22,13 +23,13 @@ def test_tenant_bound_then_release_frees_a_slot() -> None:
 
 
 def test_explicit_tenant_bound_overrides_default() -> None:
-    q = AdmissionQueues(QueueBounds(default_tenant_queued_requests=1))
+    q = AdmissionQueues(queue_bounds(default_tenant_queued_requests=1))
     assert isinstance(q.try_enter("a", 1, 3), QueueSlot)
     assert isinstance(q.try_enter("a", 1, 3), QueueSlot)
 
 
 def test_global_token_bound() -> None:
-    q = AdmissionQueues(QueueBounds(max_queued_requests=10, max_queued_tokens=100))
+    q = AdmissionQueues(queue_bounds(max_queued_requests=10, max_queued_tokens=100))
     big = q.try_enter("a", 150, None)  # alone, a large request may enter
     assert isinstance(big, QueueSlot)
     full = q.try_enter("a", 1, None)  # a is over its share: nobody to push out
@@ -40,7 +41,7 @@ def test_global_token_bound() -> None:
 def test_flood_of_large_prompts_cannot_lock_out_an_equal_tenant() -> None:
     """The #25 flood: 64 x 2,047 tokens fill the token bound; the other tenant still gets in, and the
     flood's newest request is the one pushed out (its callback told)."""
-    q = AdmissionQueues(QueueBounds(max_queued_tokens=131072))  # the bound #25 was found with
+    q = AdmissionQueues(queue_bounds(max_queued_tokens=131072))  # the bound #25 was found with
     told: list[QueueSlot] = []
     flood = []
     for _ in range(64):
@@ -58,7 +59,7 @@ def test_flood_of_large_prompts_cannot_lock_out_an_equal_tenant() -> None:
 
 
 def test_weights_divide_the_bound_and_at_share_is_503() -> None:
-    q = AdmissionQueues(QueueBounds(max_queued_requests=4, default_tenant_queued_requests=3))
+    q = AdmissionQueues(queue_bounds(max_queued_requests=4, default_tenant_queued_requests=3))
     heavy = [q.try_enter("h", 1, None, weight=3.0) for _ in range(3)]
     light = q.try_enter("l", 1, None, weight=1.0)
     assert all(isinstance(s, QueueSlot) for s in [*heavy, light])
@@ -73,7 +74,7 @@ def test_weights_divide_the_bound_and_at_share_is_503() -> None:
 
 
 def test_released_slot_is_never_pushed_out() -> None:
-    q = AdmissionQueues(QueueBounds(max_queued_requests=2, default_tenant_queued_requests=1))
+    q = AdmissionQueues(queue_bounds(max_queued_requests=2, default_tenant_queued_requests=1))
     old = q.try_enter("a", 1, 5)
     new = q.try_enter("a", 1, 5)
     assert isinstance(old, QueueSlot) and isinstance(new, QueueSlot)
@@ -85,14 +86,14 @@ def test_released_slot_is_never_pushed_out() -> None:
 
 def test_bounds_validated() -> None:
     with pytest.raises(ValueError, match="max_queued_tokens"):
-        AdmissionQueues(QueueBounds(max_queued_tokens=0))
-    defaults = QueueBounds()  # one tenant's default can take neither bound whole at a 2,048-token context
+        AdmissionQueues(queue_bounds(max_queued_tokens=0))
+    defaults = queue_bounds()  # one tenant's default can take neither bound whole at a 2,048-token context
     assert defaults.default_tenant_queued_requests < defaults.max_queued_requests
     assert defaults.default_tenant_queued_requests * 2048 < defaults.max_queued_tokens
 
 
 def test_concurrent_entries_never_exceed_bound() -> None:
-    q = AdmissionQueues(QueueBounds(max_queued_requests=50, default_tenant_queued_requests=10))
+    q = AdmissionQueues(queue_bounds(max_queued_requests=50, default_tenant_queued_requests=10))
     taken: list[QueueSlot] = []
     lock = threading.Lock()
 

@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from admission.quota import MemoryQuota, QuotaLimits, make_quota
 from admission.quota_redis import RedisQuota
+from admission.redis_link import connect
+from tests.defaults import REDIS_TIMEOUT_S
 
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 REDIS_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/0"
@@ -68,7 +70,7 @@ def test_memory_threads_admit_exactly_the_quota() -> None:
     start = threading.Event()
     results: list[int] = []
     threads = [
-        threading.Thread(target=lambda: results.append(_hammer(quota, "t", start, 3.0))) for _ in range(8)
+        threading.Thread(target=lambda: results.append(_hammer(quota, "t", start, 60.0))) for _ in range(8)
     ]
     for t in threads:
         t.start()
@@ -98,7 +100,9 @@ def _redis_worker(namespace: str, ready, start, out) -> None:  # type: ignore[no
     quota = RedisQuota(REDIS_URL, namespace=namespace, registry=CollectorRegistry(), timeout_s=5.0)
     ready.put(True)  # spawned interpreters start seconds apart on a loaded machine: race only once all are up
     start.wait()
-    out.put(asyncio.run(_redis_hammer(quota, "tenant-a", 5.0)))
+    # Each process stops once the quota is spent (200 refusals in a row); the bound only catches a hang, so a
+    # loaded machine that needs longer to spend it does not end the race early.
+    out.put(asyncio.run(_redis_hammer(quota, "tenant-a", 90.0)))
 
 
 def test_redis_eight_processes_admit_exactly_the_quota() -> None:
@@ -112,7 +116,7 @@ def test_redis_eight_processes_admit_exactly_the_quota() -> None:
     for _ in procs:
         ready.get(timeout=120)
     start.set()
-    totals = [out.get(timeout=60) for _ in procs]
+    totals = [out.get(timeout=120) for _ in procs]
     for p in procs:
         p.join(timeout=30)
     assert all(t > 0 for t in totals), totals  # every process really competed
@@ -240,7 +244,8 @@ def test_redis_down_fails_open_or_closed_without_raising(
     registry = CollectorRegistry()
 
     async def scenario() -> None:
-        quota = make_quota(f"redis://127.0.0.1:{port}/0", fail_open=fail_open, registry=registry)
+        link = connect(f"redis://127.0.0.1:{port}/0", REDIS_TIMEOUT_S, registry=registry)
+        quota = make_quota(link, fail_open=fail_open, registry=registry)
         assert isinstance(quota, RedisQuota)
         decision = await quota.reserve("t", 10, QuotaLimits(tokens_per_minute=100))
         assert decision.allowed is fail_open and decision.reason == "backend_unavailable"
@@ -251,6 +256,7 @@ def test_redis_down_fails_open_or_closed_without_raising(
         assert again.allowed is fail_open and again.reason == "backend_unavailable"
         await quota.settle("t", "some-reservation", 5, QuotaLimits(tokens_per_minute=100))
         await quota.close()
+        await link.close()
 
     asyncio.run(scenario())
     outcome = "allowed" if fail_open else "denied"

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench import plots
 from bench.loadgen import LoadResult, Outcome
 from bench.probe import Timeline, parse_metrics
 from bench.report import capacity_point, consistency_problems, percentiles, summarise
-from bench.workloads import WORKLOADS, plan
+from bench.workloads import WORKLOADS, offered_tokens, plan
 
 METRICS = """# TYPE fairserve_requests_total counter
 fairserve_requests_total{tenant="steady",status="completed"} %d
@@ -39,12 +41,19 @@ def _outcome(
     )
 
 
-def _section(outcomes: list[Outcome]) -> dict[str, Any]:
+def _section(outcomes: list[Outcome], timeline: Timeline | None = None) -> dict[str, Any]:
     w = WORKLOADS["chat"]
     before = parse_metrics(METRICS % (0, 0))
     after = parse_metrics(METRICS % (sum(o.accepted for o in outcomes), 300))
     return summarise(
-        w, plan(w, 2.0, 5.0), 2.0, 5.0, LoadResult(outcomes, 0.0, 5.0, 10.0), before, after, Timeline()
+        w,
+        plan(w, 2.0, 5.0),
+        2.0,
+        5.0,
+        LoadResult(outcomes, 0.0, 5.0, 10.0),
+        before,
+        after,
+        timeline or Timeline(),
     )
 
 
@@ -99,3 +108,31 @@ def test_capacity_point_is_before_goodput_falls() -> None:
     cap = capacity_point(sweep)
     assert cap is not None and cap["rate"] == 10  # 20/s still completes within SLO but cannot keep up
     assert capacity_point([_point(40, 40, 16, 4)]) is None
+
+
+def test_tenants_carry_offered_tokens_and_how_long_they_were_backlogged() -> None:
+    # Four samples of the engine queue: steady waits in two, noisy in one, interactive never.
+    timeline = Timeline(waiting=[{"steady": 2.0}, {}, {"steady": 1.0, "noisy": 3.0}, {"noisy": 0.0}])
+    s = _section([_outcome(i) for i in range(3)], timeline)
+    ts = s["tenants"]
+    assert {n: t["backlogged_fraction"] for n, t in ts.items()} == {
+        "steady": 0.5,
+        "interactive": 0.0,
+        "noisy": 0.25,
+    }
+    w = WORKLOADS["chat"]
+    planned = plan(w, 2.0, 5.0)
+    for name, t in ts.items():
+        mine = offered_tokens([p for p in planned if p.tenant == name])
+        assert (t["offered_prompt_tokens"], t["offered_output_tokens"]) == mine
+    assert sum(t["offered_output_tokens"] for t in ts.values()) == offered_tokens(planned)[1]
+    assert _section([_outcome(0)])["tenants"]["steady"]["backlogged_fraction"] is None  # no samples
+
+
+def test_tenants_plot_uses_the_engines_charge_weights(tmp_path: Path) -> None:
+    engine = {"fairness": {"w_in": 1.0, "w_out": 3.0}}
+    assert plots.charge_weights(engine) == (1.0, 3.0, False)
+    assert plots.charge_weights("remote server")[2] is True  # assumed defaults, and said so
+    s = _section([_outcome(i) for i in range(3)], Timeline(waiting=[{"steady": 1.0}]))
+    blob = plots.tenants([s], tmp_path / "tenants.png", engine).read_bytes()
+    assert blob[:8] == b"\x89PNG\r\n\x1a\n"

@@ -9,7 +9,6 @@ import pytest
 from sqlalchemy import text
 
 from billing import BillingStore, KeyNotFound, TenantExists, TenantNotFound
-from billing import keys as keys_module
 from billing.keys import KEY_PREFIX, generate_secret, is_well_formed
 
 
@@ -135,6 +134,6 @@ def test_verification_compares_in_constant_time(store: BillingStore, monkeypatch
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(keys_module.hmac, "compare_digest", spy)
+    monkeypatch.setattr("billing.keys.hmac.compare_digest", spy)
     assert store.verify_key(secret) is not None
     assert calls and calls[-1][0] == calls[-1][1] == hashlib.sha256(secret.encode()).hexdigest().encode()

@@ -74,11 +74,12 @@ class Served:
 
     def ledger_rows(self, n: int, where: str, **params: Any) -> list[dict[str, Any]]:
         """Wait (the ledger writes behind) until at least `n` rows match; returns them all."""
-        return wait_for(
+        found: list[dict[str, Any]] = wait_for(
             lambda: rows if len(rows := self.ledger(where, **params)) >= n else None,
             30,
             f"{n} ledger rows where {where} {params}",
-        )  # type: ignore[no-any-return]
+        )
+        return found
 
 
 @pytest.fixture(scope="package")

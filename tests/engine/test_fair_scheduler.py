@@ -11,10 +11,11 @@ import math
 from engine.kv_cache import BlockPool
 from engine.policy import build_policy
 from engine.request import FinishReason, Request, RequestMeta, RequestState, SamplingParams
-from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sim.scenarios import TwoTenantSetup
 from engine.sim.simulator import SimConfig, SimRequest, Simulator
 from fairness import FairnessConfig
+from tests.defaults import scheduler_config
 
 # Small enough to run in a second or two, large enough for many Y requests to finish.
 SETUP = TwoTenantSetup(duration_s=25.0, max_num_seqs=32, num_blocks=256, sample_every_s=1.0)
@@ -175,7 +176,7 @@ def test_a_lower_class_decode_does_not_take_the_block_a_higher_class_prefill_nee
     # 4-token chunks; when the pool runs dry H needs a block. Scheduling L's decode first would leave
     # H no candidate but itself; the scheduler must order by class and preempt L instead.
     scheduler = Scheduler(
-        SchedulerConfig(max_num_batched_tokens=4, max_num_seqs=4, max_model_len=256),
+        scheduler_config(max_num_batched_tokens=4, max_num_seqs=4, max_model_len=256),
         BlockPool(4, 4, enable_prefix_caching=False),
         build_policy(FairnessConfig()),
     )
@@ -210,7 +211,7 @@ def test_the_policy_hears_of_each_finished_request_once() -> None:
 
     policy.finish = counting_finish  # type: ignore[method-assign]
     scheduler = Scheduler(
-        SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=4, max_model_len=256),
+        scheduler_config(max_num_batched_tokens=16, max_num_seqs=4, max_model_len=256),
         BlockPool(16, 4, enable_prefix_caching=False),
         policy,
     )

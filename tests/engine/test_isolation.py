@@ -21,7 +21,7 @@ FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} | {"prompt"}
 @pytest.fixture(scope="module", params=["off", "on"])
 def engine(request: pytest.FixtureRequest) -> LLMEngine:
     """With and without async scheduling: a failure found while the next step is in flight ends its request alone."""
-    loaded: LoadedModel = load_model(None)
+    loaded: LoadedModel = load_model(None, dtype="auto", device="cpu")
     return LLMEngine(
         EngineConfig(num_kv_blocks=64, max_num_batched_tokens=64, async_scheduling=request.param),
         loaded=loaded,
@@ -92,7 +92,7 @@ def test_accepted_requests_never_raise_and_refused_ones_name_a_field(
     [
         (SamplingParams(seed=2**64), "seed"),
         (SamplingParams(seed=-(2**63) - 1), "seed"),
-        (SamplingParams(seed=True), "seed"),  # type: ignore[arg-type]
+        (SamplingParams(seed=True), "seed"),
         (SamplingParams(stop=["x"] * 17), "stop"),
         (SamplingParams(stop=["x" * 257]), "stop"),
         (SamplingParams(stop_token_ids=list(range(65))), "stop_token_ids"),

@@ -6,7 +6,7 @@ from engine.kv_cache import BlockPool
 
 
 def test_allocate_grows_table_and_refuses_without_side_effects() -> None:
-    pool = BlockPool(num_blocks=4, block_size=4)
+    pool = BlockPool(num_blocks=4, block_size=4, enable_prefix_caching=True)
     assert pool.allocate("a", 9)  # 3 blocks
     assert len(pool.block_ids("a")) == 3
     assert not pool.allocate("b", 8)  # needs 2, one free
@@ -17,7 +17,7 @@ def test_allocate_grows_table_and_refuses_without_side_effects() -> None:
 
 
 def test_free_returns_every_block() -> None:
-    pool = BlockPool(num_blocks=8, block_size=4)
+    pool = BlockPool(num_blocks=8, block_size=4, enable_prefix_caching=True)
     pool.allocate("a", 10)
     pool.allocate("b", 5)
     assert pool.free("a") == 3
@@ -27,7 +27,7 @@ def test_free_returns_every_block() -> None:
 
 
 def test_prefix_hit_shares_full_blocks_and_leaves_one_token() -> None:
-    pool = BlockPool(num_blocks=16, block_size=4)
+    pool = BlockPool(num_blocks=16, block_size=4, enable_prefix_caching=True)
     prompt = list(range(10))
     pool.allocate("a", len(prompt))
     pool.commit_full_blocks("a", prompt, len(prompt))
@@ -42,7 +42,7 @@ def test_prefix_hit_shares_full_blocks_and_leaves_one_token() -> None:
 
 
 def test_different_prefix_does_not_hit() -> None:
-    pool = BlockPool(num_blocks=16, block_size=4)
+    pool = BlockPool(num_blocks=16, block_size=4, enable_prefix_caching=True)
     prompt = list(range(12))
     pool.allocate("a", 12)
     pool.commit_full_blocks("a", prompt, 12)
@@ -51,7 +51,7 @@ def test_different_prefix_does_not_hit() -> None:
 
 
 def test_freed_cached_block_survives_until_evicted() -> None:
-    pool = BlockPool(num_blocks=3, block_size=4)
+    pool = BlockPool(num_blocks=3, block_size=4, enable_prefix_caching=True)
     prompt = list(range(9))
     pool.allocate("a", 9)
     pool.commit_full_blocks("a", prompt, 9)

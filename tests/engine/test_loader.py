@@ -85,7 +85,7 @@ def test_parallel_first_use_builds_one_complete_copy(tmp_path: Path) -> None:
         t.join(timeout=120)
     assert not errors and len(set(results)) == 1 and len(results) == 3
     assert [p.name for p in results[0].parent.iterdir()] == [results[0].name]
-    assert load_model(None, cache_dir=str(tmp_path)).config.num_layers == 4
+    assert load_model(None, cache_dir=str(tmp_path), dtype="auto", device="cpu").config.num_layers == 4
 
 
 def test_default_model_is_deterministic(tmp_path: Path, default_dir: Path) -> None:
@@ -95,7 +95,7 @@ def test_default_model_is_deterministic(tmp_path: Path, default_dir: Path) -> No
 
 
 def test_default_model_loads_and_matches_transformers(default_dir: Path) -> None:
-    ours = load_model(None, cache_dir=str(default_dir.parent.parent))
+    ours = load_model(None, cache_dir=str(default_dir.parent.parent), dtype="auto", device="cpu")
     assert ours.name == DEFAULT_MODEL_NAME and ours.dtype == torch.float32 and ours.path == default_dir
     cfg = ours.config
     assert (cfg.architecture, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads) == (
@@ -121,7 +121,7 @@ def test_default_model_loads_and_matches_transformers(default_dir: Path) -> None
 def test_named_directory_is_served_under_its_name(tmp_path: Path, default_dir: Path) -> None:
     target = tmp_path / "my-model"
     shutil.copytree(default_dir, target)
-    loaded = load_model(target, dtype="bfloat16")
+    loaded = load_model(target, dtype="bfloat16", device="cpu")
     assert loaded.name == "my-model" and loaded.dtype == torch.bfloat16
 
 
@@ -139,13 +139,13 @@ def test_sharded_checkpoint_loads_like_the_single_file(tmp_path: Path, default_d
     index = {"metadata": {}, "weight_map": {n: f for f, ms in shards.items() for n in ms}}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     ids = list(range(40, 80))
-    sharded = load_model(tmp_path, dtype="float32")
-    single = load_model(default_dir, dtype="float32")
+    sharded = load_model(tmp_path, dtype="float32", device="cpu")
+    single = load_model(default_dir, dtype="float32", device="cpu")
     assert torch.equal(forward_logits(sharded, ids), forward_logits(single, ids))
 
     (tmp_path / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="model-00002-of-00002.safetensors"):
-        load_model(tmp_path)
+        load_model(tmp_path, dtype="auto", device="cpu")
 
 
 def _copy_without(src: Path, dst: Path, *missing: str) -> Path:
@@ -155,15 +155,15 @@ def _copy_without(src: Path, dst: Path, *missing: str) -> Path:
 
 def test_missing_files_give_clear_errors(tmp_path: Path, default_dir: Path) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        load_model(tmp_path / "nowhere")
+        load_model(tmp_path / "nowhere", dtype="auto", device="cpu")
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        load_model(_copy_without(default_dir, tmp_path / "a", "config.json"))
+        load_model(_copy_without(default_dir, tmp_path / "a", "config.json"), dtype="auto", device="cpu")
     with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
-        load_model(_copy_without(default_dir, tmp_path / "b", "tokenizer.json"))
+        load_model(_copy_without(default_dir, tmp_path / "b", "tokenizer.json"), dtype="auto", device="cpu")
     no_weights = _copy_without(default_dir, tmp_path / "c", "model.safetensors")
     (no_weights / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors weights \(found pytorch_model.bin"):
-        load_model(no_weights)
+        load_model(no_weights, dtype="auto", device="cpu")
 
 
 def test_bad_config_and_weights_are_named(tmp_path: Path, default_dir: Path) -> None:
@@ -171,13 +171,13 @@ def test_bad_config_and_weights_are_named(tmp_path: Path, default_dir: Path) -> 
     cfg = json.loads((broken / "config.json").read_text())
     (broken / "config.json").write_text(json.dumps({**cfg, "architectures": ["FalconForCausalLM"]}))
     with pytest.raises(ValueError, match="FalconForCausalLM"):
-        load_model(broken)
+        load_model(broken, dtype="auto", device="cpu")
     shapes = _copy_without(default_dir, tmp_path / "shape")
     (shapes / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 512}))
     with pytest.raises(
         ValueError, match=r"mlp\.\w+_proj\.weight. has shape \((688, 256|256, 688)\), expected"
     ):
-        load_model(shapes)
+        load_model(shapes, dtype="auto", device="cpu")
 
 
 def test_auto_dtype_follows_the_checkpoint_but_not_fp16_on_cpu() -> None:
@@ -198,7 +198,7 @@ def test_cli_model_init_writes_a_loadable_model(
     out = capsys.readouterr().out
     assert "model.safetensors" in out and "config.json" in out
     assert (target / "model.safetensors").read_bytes() == (default_dir / "model.safetensors").read_bytes()
-    assert load_model(target).config.num_layers == 4
+    assert load_model(target, dtype="auto", device="cpu").config.num_layers == 4
     assert cli_main(["model", "init", str(target)]) == 1
     assert "--force" in capsys.readouterr().err
     assert cli_main(["model", "init", str(target), "--force"]) == 0

@@ -18,7 +18,7 @@ NUM_BLOCKS = 32
 @pytest.fixture(scope="module")
 def tiny() -> LoadedModel:
     """The embedded default model (built once into the user cache)."""
-    return load_model(None)
+    return load_model(None, dtype="auto", device="cpu")
 
 
 def _runner(loaded: LoadedModel) -> ModelRunner:
@@ -33,6 +33,7 @@ def _runner(loaded: LoadedModel) -> ModelRunner:
         loaded.dtype,
         torch.device("cpu"),
         "torch",
+        seed=0,
     )
 
 

@@ -77,7 +77,7 @@ def _save_hf_model(root: Path, variant: str) -> Any:
 def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Pair:
     root = tmp_path_factory.mktemp(request.param)
     hf = _save_hf_model(root, request.param)
-    return Pair(load_model(root, dtype="float32"), hf, root)
+    return Pair(load_model(root, dtype="float32", device="cpu"), hf, root)
 
 
 class PagedSequences:
@@ -120,7 +120,8 @@ def run_logits(
     """Logits of every token of one flat batch."""
     positions, meta = paged.batch(spans)
     hidden = model(torch.tensor(ids), positions, paged.kv_caches, meta)
-    return model.compute_logits(hidden)
+    logits: torch.Tensor = model.compute_logits(hidden)
+    return logits
 
 
 def prompt_ids(n: int, seed: int) -> list[int]:
@@ -139,7 +140,7 @@ def test_full_sequence_logits_match_hf(pair: Pair) -> None:
 
 def test_sliding_window_matters_for_mistral(tmp_path: Path) -> None:
     hf = _save_hf_model(tmp_path, "mistral")
-    ours = load_model(tmp_path, dtype="float32")
+    ours = load_model(tmp_path, dtype="float32", device="cpu")
     assert ours.config.sliding_window == 8
     full = build_model(replace(ours.config, sliding_window=None), torch.float32, torch.device("cpu"))
     full.load_weights(hf.state_dict().items())  # type: ignore[operator]
@@ -196,7 +197,7 @@ def test_batched_flat_forward_equals_separate_forwards(pair: Pair) -> None:
 
 @pytest.mark.parametrize("dtype_name,dtype", [("bfloat16", torch.bfloat16), ("float16", torch.float16)])
 def test_half_precision_loads_and_runs(pair: Pair, dtype_name: str, dtype: torch.dtype) -> None:
-    half = load_model(pair.path, dtype=dtype_name)
+    half = load_model(pair.path, dtype=dtype_name, device="cpu")
     assert half.dtype == dtype
     assert all(p.dtype == dtype for p in half.model.parameters())
     ids = prompt_ids(24, seed=4)

@@ -7,9 +7,9 @@ import pytest
 from engine.kv_cache import BlockPool
 from engine.llm import LLM
 from engine.request import Request, RequestMeta, SamplingParams
-from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sim.simulator import SimConfig, SimRequest, Simulator
-from fairness.fcfs import FCFSPolicy
+from tests.defaults import fcfs, scheduler_config
 
 PROMPTS = [f"prompt {i}: the batch never waits" for i in range(4)]
 PARAMS = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -67,10 +67,10 @@ def test_every_preemption_records_reason_mode_victim_and_cost(mode: str) -> None
 
 
 def _admitted_with_watermark(watermark: int) -> tuple[int, Scheduler]:
-    cfg = SchedulerConfig(
+    cfg = scheduler_config(
         max_num_batched_tokens=256, max_num_seqs=16, max_model_len=512, watermark_blocks=watermark
     )
-    s = Scheduler(cfg, BlockPool(16, 4, enable_prefix_caching=False), FCFSPolicy())
+    s = Scheduler(cfg, BlockPool(16, 4, enable_prefix_caching=False), fcfs())
     for i in range(6):
         s.add(Request(f"r{i}", [1] * 8, SamplingParams(max_tokens=8), RequestMeta()), 0.0)
     out = s.schedule(0.0)

@@ -23,13 +23,13 @@ def _logits(rows: int, seed: int = 0) -> torch.Tensor:
 def test_greedy_rows_are_the_argmax() -> None:
     logits = _logits(8)
     requests = [_request(f"r{i}", temperature=0.0) for i in range(8)]
-    assert Sampler().sample(logits, requests) == [int(torch.argmax(row)) for row in logits]
+    assert Sampler(0).sample(logits, requests) == [int(torch.argmax(row)) for row in logits]
 
 
 def test_greedy_rows_in_a_mixed_batch_stay_argmax() -> None:
     logits = _logits(6, seed=1)
     requests = [_request(f"r{i}", temperature=0.0 if i % 2 else 1.0, seed=i) for i in range(6)]
-    tokens = Sampler().sample(logits, requests)
+    tokens = Sampler(0).sample(logits, requests)
     assert [tokens[i] for i in (1, 3, 5)] == [int(torch.argmax(logits[i])) for i in (1, 3, 5)]
 
 
@@ -37,8 +37,8 @@ def test_top_k_one_and_tiny_top_p_equal_greedy() -> None:
     logits = _logits(16, seed=2)
     want = [int(torch.argmax(row)) for row in logits]
     for limit in ({"top_k": 1}, {"top_p": 1e-6}):
-        requests = [_request(f"r{i}", temperature=1.5, seed=i, **limit) for i in range(16)]  # type: ignore[arg-type]
-        assert Sampler().sample(logits, requests) == want, limit
+        requests = [_request(f"r{i}", temperature=1.5, seed=i, **limit) for i in range(16)]
+        assert Sampler(0).sample(logits, requests) == want, limit
 
 
 def _draws(sampler: Sampler, logits: torch.Tensor, requests: list[Request], target: str, n: int) -> list[int]:
@@ -73,8 +73,8 @@ def test_seeded_sampling_ignores_batch_composition_and_row_order() -> None:
 
 def test_different_seeds_give_different_sequences() -> None:
     row = (_logits(1, seed=3)[0] / 3).unsqueeze(0)
-    a = _draws(Sampler(), row, [_request("a", temperature=1.0, seed=1)], "a", 30)
-    b = _draws(Sampler(), row, [_request("a", temperature=1.0, seed=2)], "a", 30)
+    a = _draws(Sampler(0), row, [_request("a", temperature=1.0, seed=1)], "a", 30)
+    b = _draws(Sampler(0), row, [_request("a", temperature=1.0, seed=2)], "a", 30)
     assert a != b
 
 
@@ -89,7 +89,7 @@ def test_temperature_scales_the_distribution() -> None:
     critical = 16.27  # chi-square, 3 degrees of freedom, p = 0.001
     for temperature in (1.0, 2.0, 0.5):
         request = _request("t", temperature=temperature, seed=11)
-        tokens = Sampler().sample(logits, [request] * len(logits))
+        tokens = Sampler(0).sample(logits, [request] * len(logits))
         counts = torch.bincount(torch.tensor(tokens), minlength=4).float()
         want = base ** (1 / temperature)
         want = want / want.sum()
@@ -102,7 +102,7 @@ def test_temperature_scales_the_distribution() -> None:
 def test_top_p_keeps_only_the_nucleus() -> None:
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     logits = probs.log().unsqueeze(0).repeat(3000, 1)
-    tokens = Sampler().sample(logits, [_request("p", temperature=1.0, top_p=0.7, seed=3)] * 3000)
+    tokens = Sampler(0).sample(logits, [_request("p", temperature=1.0, top_p=0.7, seed=3)] * 3000)
     counts = torch.bincount(torch.tensor(tokens), minlength=4).float()
     assert counts[2:].sum() == 0  # 0.5 + 0.3 already reach 0.7
     share = counts[0] / counts.sum()

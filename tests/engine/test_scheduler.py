@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from engine.kv_cache import BlockPool
 from engine.request import FinishReason, Request, RequestMeta, RequestState, SamplingParams
-from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from fairness.fcfs import FCFSPolicy
+from engine.scheduler import Scheduler, SchedulerOutput
+from tests.defaults import fcfs, scheduler_config
 
 EOS = 0
 
@@ -23,10 +23,10 @@ EOS = 0
 def make_scheduler(
     num_blocks: int = 64, block_size: int = 4, budget: int = 32, seats: int = 8, watermark: int = 0
 ) -> Scheduler:
-    cfg = SchedulerConfig(
+    cfg = scheduler_config(
         max_num_batched_tokens=budget, max_num_seqs=seats, max_model_len=4096, watermark_blocks=watermark
     )
-    return Scheduler(cfg, BlockPool(num_blocks, block_size), FCFSPolicy())
+    return Scheduler(cfg, BlockPool(num_blocks, block_size, True), fcfs())
 
 
 def make_request(

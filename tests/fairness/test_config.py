@@ -32,7 +32,7 @@ def test_the_engine_config_holds_the_fairness_config_itself() -> None:
 
 
 def test_a_registered_policy_is_accepted_and_built(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Lottery(FCFSPolicy):
+    class Lottery(FCFSPolicy[Any]):
         """A stand-in new policy: the registry line is all it needs."""
 
     with pytest.raises(ValueError, match="lottery"):

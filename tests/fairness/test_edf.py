@@ -6,12 +6,13 @@ from typing import Any
 
 import pytest
 
-from fairness import DuplicateItemError, EDFPolicy, FCFSPolicy, VTCPolicy
+from fairness import DuplicateItemError, EDFPolicy, VTCPolicy
+from tests.defaults import fcfs, vtc
 from tests.fairness.stand_in import drain, job
 
 
 def test_deadlines_first_in_deadline_order_then_the_base_policy() -> None:
-    policy: EDFPolicy[Any] = EDFPolicy(FCFSPolicy())
+    policy: EDFPolicy[Any] = EDFPolicy(fcfs())
     policy.add(job("none1"), 0.0)
     policy.add(job("late", deadline=300.0), 0.0)
     policy.add(job("none2"), 0.0)
@@ -23,7 +24,7 @@ def test_deadlines_first_in_deadline_order_then_the_base_policy() -> None:
 
 
 def test_items_without_deadline_follow_vtc_order() -> None:
-    base: VTCPolicy[Any] = VTCPolicy()
+    base: VTCPolicy[Any] = vtc()
     policy: EDFPolicy[Any] = EDFPolicy(base)
     heavy = job("h0", "heavy")
     base.charge(heavy, 1000, 0, 0)
@@ -34,7 +35,7 @@ def test_items_without_deadline_follow_vtc_order() -> None:
 
 
 def test_remove_and_requeue_of_deadline_items() -> None:
-    policy: EDFPolicy[Any] = EDFPolicy(FCFSPolicy())
+    policy: EDFPolicy[Any] = EDFPolicy(fcfs())
     a, b = job("a", deadline=10.0), job("b", deadline=20.0)
     policy.add(a, 0.0)
     policy.add(b, 0.0)
@@ -47,7 +48,7 @@ def test_remove_and_requeue_of_deadline_items() -> None:
 
 
 def test_deadline_traffic_is_charged_to_the_key() -> None:
-    policy: EDFPolicy[Any] = EDFPolicy(VTCPolicy())
+    policy: EDFPolicy[Any] = EDFPolicy(vtc())
     item = job("d", "acme", deadline=5.0)
     policy.add(item, 0.0)
     policy.pop(item)
@@ -57,7 +58,7 @@ def test_deadline_traffic_is_charged_to_the_key() -> None:
 
 
 def test_victim_prefers_requests_without_a_deadline_then_the_latest_deadline() -> None:
-    policy: EDFPolicy[Any] = EDFPolicy(FCFSPolicy())
+    policy: EDFPolicy[Any] = EDFPolicy(fcfs())
     relaxed = job("r", arrival_time=1.0)
     urgent = job("u", deadline=10.0, arrival_time=5.0)
     patient = job("p", deadline=99.0, arrival_time=2.0)

@@ -7,11 +7,12 @@ from typing import Any
 import pytest
 
 from fairness import DuplicateItemError, FCFSPolicy, api_key_key
+from tests.defaults import COST
 from tests.fairness.stand_in import drain, job
 
 
 def test_admits_in_arrival_order_and_preempted_requests_first() -> None:
-    policy: FCFSPolicy[Any] = FCFSPolicy()
+    policy: FCFSPolicy[Any] = FCFSPolicy(COST)
     items = [job(f"r{i}", f"t{i % 3}") for i in range(6)]
     for item in items:
         policy.add(item, 0.0)
@@ -25,7 +26,7 @@ def test_admits_in_arrival_order_and_preempted_requests_first() -> None:
 
 
 def test_pop_of_a_non_head_item_and_remove_of_an_absent_one() -> None:
-    policy: FCFSPolicy[Any] = FCFSPolicy()
+    policy: FCFSPolicy[Any] = FCFSPolicy(COST)
     a, b, c = job("a"), job("b"), job("c")
     for item in (a, b, c):
         policy.add(item, 0.0)
@@ -36,7 +37,7 @@ def test_pop_of_a_non_head_item_and_remove_of_an_absent_one() -> None:
 
 
 def test_removals_do_not_keep_stale_entries_forever() -> None:
-    policy: FCFSPolicy[Any] = FCFSPolicy()
+    policy: FCFSPolicy[Any] = FCFSPolicy(COST)
     keep = job("keep")
     policy.add(keep, 0.0)
     for i in range(10_000):
@@ -48,14 +49,14 @@ def test_removals_do_not_keep_stale_entries_forever() -> None:
 
 
 def test_equal_items_are_distinct_requests() -> None:
-    policy: FCFSPolicy[Any] = FCFSPolicy()
+    policy: FCFSPolicy[Any] = FCFSPolicy(COST)
     policy.add(job("same"), 0.0)
     with pytest.raises(DuplicateItemError):
         policy.add(job("same"), 0.0)
 
 
 def test_victim_is_the_latest_arrival_of_the_lowest_class() -> None:
-    policy: FCFSPolicy[Any] = FCFSPolicy()
+    policy: FCFSPolicy[Any] = FCFSPolicy(COST)
     old_low = job("o", priority=2, arrival_time=1.0)
     new_low = job("n", priority=2, arrival_time=5.0)
     newest_high = job("h", priority=0, arrival_time=9.0)
@@ -66,7 +67,7 @@ def test_victim_is_the_latest_arrival_of_the_lowest_class() -> None:
 
 
 def test_service_is_charged_per_fairness_key() -> None:
-    policy: FCFSPolicy[Any] = FCFSPolicy(key_fn=api_key_key)
+    policy: FCFSPolicy[Any] = FCFSPolicy(COST, key_fn=api_key_key)
     k1, k2, bare = job("1", "acme", api_key_id="k1"), job("2", "acme", api_key_id="k2"), job("3", "acme")
     policy.charge(k1, 10, 0, 0)
     policy.charge(k2, 0, 5, 0)

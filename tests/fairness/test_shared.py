@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from fairness import EDFPolicy, FairnessError, PriorityPolicy, TokenCost, VTCPolicy
 from fairness.shared import RemoteService, class_counter, shares_counters, split_class_counter
+from tests.defaults import MAX_QUEUE_AGE_S, vtc
 from tests.fairness.stand_in import job
 
 TENANTS = ["a", "b", "c"]
@@ -149,7 +150,7 @@ def test_counters_are_charges_plus_local_lifts_plus_the_others_charges(
 
 
 def test_a_big_lift_on_one_engine_is_not_published_to_the_other() -> None:
-    one, two = VTCPolicy[Any](lift_allowance=0.0), VTCPolicy[Any](lift_allowance=0.0)
+    one, two = vtc(lift_allowance=0.0), vtc(lift_allowance=0.0)
     hog = job("h1", "hog")
     one.add(hog, 0.0)
     one.pop(hog)
@@ -165,7 +166,7 @@ def test_a_key_served_elsewhere_comes_back_with_that_service() -> None:
     """B was served 500 on the other engine: arriving here it queues behind A (100), not ahead of it."""
 
     def engine_with_a_backlogged() -> VTCPolicy[Any]:
-        policy = VTCPolicy[Any](lift_allowance=50.0)
+        policy = vtc(lift_allowance=50.0)
         first = job("a1", "A")
         policy.add(first, 0.0)
         policy.pop(first)
@@ -185,7 +186,7 @@ def test_a_key_served_elsewhere_comes_back_with_that_service() -> None:
 
 
 def test_priority_classes_share_per_class_and_edf_forwards() -> None:
-    policy = PriorityPolicy[Any](lambda: EDFPolicy(VTCPolicy[Any]()))
+    policy = PriorityPolicy[Any](lambda: EDFPolicy(vtc()), MAX_QUEUE_AGE_S)
     item = job("r1", "A", priority=1)
     policy.add(item, 0.0)
     policy.pop(item)

@@ -17,6 +17,7 @@ from fairness import (
     TokenCost,
     VTCPolicy,
 )
+from tests.defaults import COST, fcfs, vtc
 from tests.fairness.stand_in import Server, job, random_jobs
 
 MAX_IN, MAX_OUT, CAPACITY = 32, 32, 128
@@ -43,8 +44,8 @@ def worst_gap(policy: Any, seed: int, jobs: int = 150) -> float:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_vtc_keeps_two_backlogged_tenants_within_the_bound_where_fcfs_does_not(seed: int) -> None:
-    cost = TokenCost()
-    vtc_gap = worst_gap(VTCPolicy(cost), seed)
+    cost = COST
+    vtc_gap = worst_gap(vtc(cost), seed)
     fcfs_gap = worst_gap(FCFSPolicy(cost), seed)
     assert vtc_gap <= bound(cost)
     # FCFS serves tenant a's whole burst first: the gap grows with the trace, not with the batch.
@@ -53,7 +54,7 @@ def test_vtc_keeps_two_backlogged_tenants_within_the_bound_where_fcfs_does_not(s
 
 def test_bound_holds_with_other_token_prices() -> None:
     cost = TokenCost(w_in=2.0, w_out=1.0, w_cached=0.0)
-    assert worst_gap(VTCPolicy(cost), seed=7) <= bound(cost)
+    assert worst_gap(vtc(cost), seed=7) <= bound(cost)
 
 
 def run_weighted(policy: VTCPolicy[Any], weights: dict[str, float], steps: int, seed: int = 3) -> Server:
@@ -69,14 +70,14 @@ def run_weighted(policy: VTCPolicy[Any], weights: dict[str, float], steps: int, 
 
 
 def test_weighted_shares_converge_to_the_weight_ratio() -> None:
-    policy: VTCPolicy[Any] = VTCPolicy()
+    policy: VTCPolicy[Any] = vtc()
     run_weighted(policy, {"gold": 3.0, "free": 1.0}, steps=4000)
     service = policy.service()
     assert service["gold"] / service["free"] == pytest.approx(3.0, rel=0.05)
 
 
 def test_set_weight_changes_the_share_live() -> None:
-    policy: VTCPolicy[Any] = VTCPolicy()
+    policy: VTCPolicy[Any] = vtc()
     server = run_weighted(policy, {"gold": 1.0, "free": 1.0}, steps=1000)
     before = policy.service()
     assert before["gold"] / before["free"] == pytest.approx(1.0, rel=0.05)
@@ -89,7 +90,7 @@ def test_set_weight_changes_the_share_live() -> None:
 
 
 def test_idle_tenant_is_lifted_and_cannot_monopolise_when_it_returns() -> None:
-    cost = TokenCost()
+    cost = COST
     # An allowance of half the bound (one max request, U) keeps a returning key within the bound.
     policy: VTCPolicy[Any] = VTCPolicy(cost, lift_allowance=bound(cost) / 2)
     rng = random.Random(11)
@@ -134,7 +135,7 @@ def test_newcomer_is_lifted_to_the_smallest_backlogged_counter_and_never_lowered
 
 
 def test_with_nobody_backlogged_a_newcomer_starts_at_the_last_key_to_leave() -> None:
-    policy: VTCPolicy[Any] = VTCPolicy(lift_allowance=0.0)
+    policy: VTCPolicy[Any] = vtc(lift_allowance=0.0)
     first = job("a1", "a")
     policy.add(first, 0.0)
     policy.pop(first)  # a leaves the queue but keeps running
@@ -145,7 +146,7 @@ def test_with_nobody_backlogged_a_newcomer_starts_at_the_last_key_to_leave() -> 
 
 
 def test_long_prefill_is_charged_chunk_by_chunk_so_it_buys_no_free_pass() -> None:
-    policy: VTCPolicy[Any] = VTCPolicy()
+    policy: VTCPolicy[Any] = vtc()
     big, small = job("big", "a"), job("small", "b")
     policy.add(big, 0.0)
     policy.pop(big)
@@ -163,7 +164,7 @@ def test_long_prefill_is_charged_chunk_by_chunk_so_it_buys_no_free_pass() -> Non
 
 
 def test_weight_divides_the_counter_but_not_the_service() -> None:
-    policy: VTCPolicy[Any] = VTCPolicy(TokenCost(1.0, 2.0, 0.5))
+    policy: VTCPolicy[Any] = vtc(TokenCost(1.0, 2.0, 0.5))
     item = job("x", "a", weight=4.0)
     policy.add(item, 0.0)
     charged = policy.charge(item, 8, 2, 8)
@@ -173,7 +174,7 @@ def test_weight_divides_the_counter_but_not_the_service() -> None:
 
 
 def test_equal_counters_serve_keys_in_the_order_they_became_backlogged() -> None:
-    policy: VTCPolicy[Any] = VTCPolicy()
+    policy: VTCPolicy[Any] = vtc()
     for tenant in ["z", "m", "a"]:
         policy.add(job(f"{tenant}1", tenant), 0.0)
     order = []
@@ -185,7 +186,7 @@ def test_equal_counters_serve_keys_in_the_order_they_became_backlogged() -> None
 
 def test_a_key_alone_uses_the_whole_engine() -> None:
     steps = {}
-    for name, policy in (("vtc", VTCPolicy()), ("fcfs", FCFSPolicy())):
+    for name, policy in (("vtc", vtc()), ("fcfs", fcfs())):
         rng = random.Random(5)
         server = Server(policy, CAPACITY)
         for item in random_jobs("solo", 100, rng, MAX_IN, MAX_OUT):
@@ -197,7 +198,7 @@ def test_a_key_alone_uses_the_whole_engine() -> None:
 
 
 def test_preempted_item_returns_to_the_head_of_its_key() -> None:
-    policy: VTCPolicy[Any] = VTCPolicy()
+    policy: VTCPolicy[Any] = vtc()
     first, second = job("a1", "a"), job("a2", "a")
     policy.add(first, 0.0)
     policy.add(second, 0.0)
@@ -207,7 +208,7 @@ def test_preempted_item_returns_to_the_head_of_its_key() -> None:
 
 
 def test_victim_is_the_latest_request_of_the_most_served_key_in_the_lowest_class() -> None:
-    policy: VTCPolicy[Any] = VTCPolicy()
+    policy: VTCPolicy[Any] = vtc()
     heavy_old = job("h1", "heavy", arrival_time=1.0)
     heavy_new = job("h2", "heavy", arrival_time=2.0)
     light = job("l1", "light", arrival_time=3.0)
@@ -225,7 +226,7 @@ def test_victim_is_the_latest_request_of_the_most_served_key_in_the_lowest_class
 
 
 def test_bad_input_is_refused_with_a_specific_error() -> None:
-    policy: VTCPolicy[Any] = VTCPolicy()
+    policy: VTCPolicy[Any] = vtc()
     item = job("a1", "a")
     policy.add(item, 0.0)
     with pytest.raises(DuplicateItemError, match="a1"):
@@ -281,7 +282,7 @@ def steady_state_cost(policy: Any, waiting: int, keys: int, cycles: int = 400) -
     return count_policy_lines(cycles_of_admission) / cycles
 
 
-@pytest.mark.parametrize("make", [VTCPolicy, FCFSPolicy])
+@pytest.mark.parametrize("make", [vtc, fcfs])
 def test_admission_cost_does_not_grow_with_ten_times_more_waiting_items(make: Any) -> None:
     small = steady_state_cost(make(), waiting=500, keys=20)
     large = steady_state_cost(make(), waiting=5000, keys=20)
@@ -289,8 +290,8 @@ def test_admission_cost_does_not_grow_with_ten_times_more_waiting_items(make: An
 
 
 def test_vtc_admission_cost_does_not_grow_with_ten_times_more_keys() -> None:
-    small = steady_state_cost(VTCPolicy(), waiting=2000, keys=20)
-    large = steady_state_cost(VTCPolicy(), waiting=2000, keys=200)
+    small = steady_state_cost(vtc(), waiting=2000, keys=20)
+    large = steady_state_cost(vtc(), waiting=2000, keys=200)
     assert large <= 1.25 * small
 
 
@@ -319,4 +320,4 @@ def test_key_with_running_requests_is_lifted_less_its_allowance() -> None:
 def test_lift_allowance_must_be_finite_and_not_negative() -> None:
     for bad in (-1.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="lift_allowance"):
-            VTCPolicy(lift_allowance=bad)
+            VTCPolicy(COST, lift_allowance=bad)

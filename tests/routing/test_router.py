@@ -31,7 +31,7 @@ PREFIX = list(range(10, 74))  # 64 tokens: four full blocks of 16
 
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
-    return load_model(None)
+    return load_model(None, dtype="auto", device="cpu")
 
 
 @pytest.fixture()

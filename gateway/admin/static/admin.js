@@ -1,7 +1,7 @@
 // The dashboard: login, tenants (inline editing), API keys, usage and the audit log.
 
 import { LiveView } from "./live.js";
-import { ApiError, api, el, fillBody, num, session, when } from "./util.js";
+import { ApiError, api, el, fillBody, identities, num, session, when } from "./util.js";
 
 const $ = (id) => document.getElementById(id);
 const COUNT_FIELDS = ["tokens_per_minute", "tokens_per_day", "max_queued_requests"];
@@ -46,7 +46,8 @@ async function enter() {
   $("dashboard").hidden = false;
   $("logout").hidden = false;
   $("who").textContent = session.actor ? `as ${session.actor}` : "";
-  await Promise.all([refreshTenants(), refreshKeys(), refreshUsage(), refreshAudit()]);
+  await refreshTenants(); // first: the other tables name tenants from it
+  await Promise.all([refreshKeys(), refreshUsage(), refreshAudit()]);
   live = live || new LiveView(logout);
   await live.start();
 }
@@ -54,7 +55,7 @@ async function enter() {
 // -- tenants -----------------------------------------------------------------------------------------
 
 function countInput(name, value) {
-  return el("input", { name, type: "number", min: "0", step: "1", placeholder: "unlimited",
+  return el("input", { name, type: "number", min: "0", step: "1", placeholder: "∞", title: "empty: unlimited",
     value: value === null ? "" : String(value) });
 }
 
@@ -63,14 +64,16 @@ function tenantRow(t) {
     [...Array(10).keys()].map((c) => el("option", { value: String(c), selected: c === t.priority_class }, c)));
   const status = el("td", { class: "c-status" }, t.disabled ? "disabled" : "active");
   const row = el("tr", { dataset: { id: t.id, name: t.name }, class: t.disabled ? "disabled" : "" },
-    el("td", {}, el("strong", {}, t.name), el("div", { class: "muted small" }, t.id.slice(0, 8))),
+    el("td", { class: "c-name", title: `tenant id ${t.id}` }, el("strong", {}, t.name),
+      el("div", { class: "muted small" }, t.id.slice(0, 8))),
     el("td", {}, el("input", { name: "weight", type: "number", step: "any", min: "0", value: String(t.weight) })),
     el("td", {}, classSelect),
     ...COUNT_FIELDS.map((f) => el("td", {}, countInput(f, t[f]))),
     el("td", {}, el("input", { name: "cache_group", type: "text", maxlength: "64", placeholder: "own blocks",
+      title: "empty: its own prefix-cache blocks",
       value: t.cache_group ?? "" })),
     el("td", {}, t.active_keys ?? "–"),
-    el("td", { class: "c-waiting" }, "0"), el("td", { class: "c-running" }, "0"), el("td", { class: "c-service" }, "0"),
+    el("td", { class: "c-waiting" }, "–"), el("td", { class: "c-running" }, "–"), el("td", { class: "c-service" }, "–"),
     status,
     el("td", { class: "actions" },
       el("button", { type: "button", class: "save", on: { click: () => saveTenant(row, t) } }, "Save"),
@@ -126,12 +129,14 @@ async function toggleTenant(row, t) {
 async function refreshTenants(keepMsgFor, text) {
   try {
     tenants = (await api("GET", "/tenants")).tenants;
+    identities.learnTenants(tenants);
   } catch (err) {
     showError($("tenants-status"), err);
     return;
   }
   $("tenants-status").textContent = `${tenants.length} tenants`;
   fillBody($("tenants"), tenants.map(tenantRow));
+  if (live) live.fillTenantCells();
   if (keepMsgFor) {
     const msg = document.querySelector(`#tenants tr[data-id="${keepMsgFor}"] .row-msg`);
     if (msg) { msg.textContent = text; msg.className = "row-msg ok"; }
@@ -165,6 +170,7 @@ async function refreshKeys() {
   let keys;
   try {
     keys = (await api("GET", "/keys")).keys;
+    identities.learnKeys(keys);
   } catch (err) {
     showError($("new-key-error"), err);
     return;
@@ -210,6 +216,10 @@ async function refreshUsage() {
   const window_ = $("usage-window").value;
   try {
     const usage = await api("GET", `/usage?window=${encodeURIComponent(window_)}`);
+    if (!usage.tenants.length) {
+      fillBody($("usage"), [el("tr", {}, el("td", { colspan: "8", class: "muted" }, `no requests in the last ${window_}`))]);
+      return;
+    }
     fillBody($("usage"), usage.tenants.map((u) => el("tr", {},
       el("td", {}, u.tenant_name || u.tenant_id), el("td", {}, num(u.requests)),
       el("td", {}, Object.entries(u.requests_by_status).map(([s, n]) => `${s} ${n}`).join(", ")),
@@ -231,11 +241,12 @@ function describeChange(entry) {
 
 async function refreshAudit() {
   try {
-    const names = Object.fromEntries(tenants.map((t) => [t.id, t.name]));
     const { entries } = await api("GET", "/audit?limit=20");
     fillBody($("audit"), entries.map((a) => el("tr", {},
       el("td", {}, when(a.at)), el("td", {}, a.actor), el("td", {}, a.action),
-      el("td", {}, names[a.tenant_id] || a.tenant_id || "–"), el("td", { class: "change" }, describeChange(a)))));
+      el("td", { title: a.tenant_id ? `tenant id ${a.tenant_id}` : "" },
+        a.tenant_id ? identities.describe(a.tenant_id).name : "–"),
+      el("td", { class: "change" }, describeChange(a)))));
   } catch (err) {
     fillBody($("audit"), [el("tr", {}, el("td", { colspan: "5", class: "error" }, err.message))]);
   }

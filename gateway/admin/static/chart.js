@@ -1,7 +1,7 @@
 // The fairness picture: each tenant's share of charged service (solid) next to its weight share (dashed),
 // drawn as inline SVG. The container's data-* attributes expose what is drawn, for tests and scripts.
 
-import { PALETTE, clock, el, pct } from "./util.js";
+import { PALETTE, clock, el, identities, pct } from "./util.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 const W = 1100;
@@ -21,14 +21,9 @@ export class ShareChart {
     this.container = container;
     this.legend = legend;
     this.points = [];
-    this.names = {};
     this.colors = {};
     this.span = 300;
     this.updates = 0;
-  }
-
-  setNames(names) {
-    this.names = names;
   }
 
   setSpan(seconds) {
@@ -57,7 +52,15 @@ export class ShareChart {
   }
 
   label(key) {
-    return this.names[key] || `${key.slice(0, 8)}…`;
+    return identities.describe(key).name;
+  }
+
+  // The tooltip of a series: who it is (name, then the id), and where it stands in the newest point.
+  tooltip(key, latest) {
+    const who = identities.describe(key);
+    const now = latest && latest.share[key] !== undefined
+      ? `: ${pct(latest.share[key])} of service · weight share ${pct(latest.weight_share[key])}` : "";
+    return `${who.name} (${who.id})${now}`;
   }
 
   render() {
@@ -80,8 +83,12 @@ export class ShareChart {
     }
     const keys = [];
     for (const p of view) for (const k of Object.keys(p.share)) if (!keys.includes(k)) keys.push(k);
+    const latest = view[view.length - 1];
     for (const key of keys) {
       const color = this.color(key);
+      const series = svg("g", { "data-tenant": key });
+      series.append(svg("title"));
+      series.firstChild.textContent = this.tooltip(key, latest);
       for (const [field, cls] of [["weight_share", "weight-line"], ["share", "share-line"]]) {
         let d = "";
         let prev = null;
@@ -91,11 +98,12 @@ export class ShareChart {
           d += `${prev === null || p.t - prev > GAP_S ? "M" : "L"}${x(p.t).toFixed(1)},${y(v).toFixed(1)}`;
           prev = p.t;
         }
-        if (d) root.append(svg("path", { d, stroke: color, class: cls, "data-tenant": key }));
+        if (d) series.append(svg("path", { d, stroke: color, class: cls }));
       }
       // Mark the newest share so a series that has only just started is visible too.
       const last = [...view].reverse().find((p) => p.share[key] !== undefined);
-      if (last) root.append(svg("circle", { cx: x(last.t), cy: y(last.share[key]), r: 4, fill: color }));
+      if (last) series.append(svg("circle", { cx: x(last.t), cy: y(last.share[key]), r: 4, fill: color }));
+      root.append(series);
     }
     if (!view.length) {
       const t = svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "empty" });
@@ -122,7 +130,7 @@ export class ShareChart {
     ds.latestWeight = JSON.stringify(weights);
     ds.latestT = latest ? String(latest.t) : "";
     const items = latest
-      ? Object.keys(latest.share).map((k) => el("span", { class: "legend-item" },
+      ? Object.keys(latest.share).map((k) => el("span", { class: "legend-item", title: identities.describe(k).id },
         el("span", { class: "swatch", dataset: { color: this.color(k) } }),
         `${this.label(k)}: ${pct(latest.share[k])} of service · weight share ${pct(latest.weight_share[k])}`))
       : [el("span", { class: "muted" }, "idle")];

@@ -2,7 +2,7 @@
 // travels as a header (EventSource cannot send headers, and a token in a query string ends up in logs).
 
 import { ShareChart } from "./chart.js";
-import { api, authHeaders, clock, el, fillBody, num, session } from "./util.js";
+import { api, authHeaders, clock, el, fillBody, identities, num, session } from "./util.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -11,7 +11,7 @@ export class LiveView {
     this.chart = new ShareChart($("share-chart"), $("share-legend"));
     this.onAuthLost = onAuthLost;
     this.controller = null;
-    this.names = {};
+    this.tenantStats = [];
     $("chart-span").addEventListener("change", (e) => this.chart.setSpan(Number(e.target.value)));
   }
 
@@ -77,8 +77,7 @@ export class LiveView {
   }
 
   apply(snap) {
-    this.names = Object.fromEntries(snap.tenants.map((t) => [t.id, t.name]));
-    this.chart.setNames(this.names);
+    identities.learnTenants(snap.tenants);
     $("model").textContent = `${snap.model}${snap.alive ? "" : " — engine down"}${snap.draining ? " — draining" : ""}`;
     const e = snap.engine;
     $("g-waiting").textContent = num(e.waiting);
@@ -91,13 +90,8 @@ export class LiveView {
     $("g-iter").textContent = `${num(e.iteration_seconds * 1000, 1)} ms`;
     $("g-decode").textContent = num(e.decode_tokens_per_s);
     $("g-live").textContent = num(snap.live_requests);
-    for (const t of snap.tenants) {
-      const row = document.querySelector(`#tenants tr[data-id="${t.id}"]`);
-      if (!row) continue;
-      row.querySelector(".c-waiting").textContent = num(t.waiting);
-      row.querySelector(".c-running").textContent = num(t.running);
-      row.querySelector(".c-service").textContent = num(t.service);
-    }
+    this.tenantStats = snap.tenants;
+    this.fillTenantCells();
     this.engines(snap.engines || []);
     this.rejections(snap.rejections);
     fillBody($("iterations"), snap.iterations.slice(0, 12).map((it) => el("tr", {},
@@ -105,6 +99,17 @@ export class LiveView {
       el("td", {}, it.prefill_tokens), el("td", {}, it.decode_tokens),
       el("td", {}, `${it.kv_blocks_used}/${it.kv_blocks_free}`), el("td", {}, it.preemptions),
       el("td", {}, num(it.seconds * 1000, 1)))));
+  }
+
+  // The live columns of the tenants table, from the newest snapshot (also after the table is rebuilt).
+  fillTenantCells() {
+    for (const t of this.tenantStats) {
+      const row = document.querySelector(`#tenants tr[data-id="${t.id}"]`);
+      if (!row) continue;
+      row.querySelector(".c-waiting").textContent = num(t.waiting);
+      row.querySelector(".c-running").textContent = num(t.running);
+      row.querySelector(".c-service").textContent = num(t.service);
+    }
   }
 
   engines(rows) {
@@ -129,7 +134,7 @@ export class LiveView {
       ? reasons.map(([r, n]) => el("span", { class: "chip" }, `${r}: ${n}`))
       : [el("span", { class: "muted" }, "no rejections since start")]));
     fillBody($("rejections"), rej.recent.slice(0, 15).map((r) => el("tr", { title: r.message },
-      el("td", {}, clock(r.at)), el("td", {}, this.names[r.tenant_id] || r.tenant_id || "–"),
+      el("td", {}, clock(r.at)), el("td", { title: r.tenant_id || "" }, r.tenant_id ? identities.describe(r.tenant_id).name : "–"),
       el("td", {}, r.reason), el("td", {}, r.status),
       el("td", {}, r.retry_after_s === null ? "–" : `${r.retry_after_s} s`))));
   }

@@ -73,10 +73,36 @@ export function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+// Each cell gets its column's header as data-label: below 1024 px the rows wrap and show it (admin.css).
 export function fillBody(table, rows) {
-  const tbody = table.tBodies[0];
-  tbody.replaceChildren(...rows);
+  const heads = [...table.tHead.rows[0].cells].map((th) => th.textContent.trim());
+  for (const row of rows) {
+    [...row.cells].forEach((td, i) => { if (heads[i] && td.colSpan === 1) td.dataset.label = heads[i]; });
+  }
+  table.tBodies[0].replaceChildren(...rows);
 }
+
+// Who a fairness key is, for people: tenants by name, API keys by tenant and prefix, users as tenant/user.
+// Names learnt once are kept, so a series still reads by name after its tenant leaves the snapshot.
+export const identities = {
+  tenants: {},
+  keys: {},
+  learnTenants(rows) {
+    for (const t of rows) this.tenants[t.id] = t.name;
+  },
+  learnKeys(rows) {
+    for (const k of rows) this.keys[k.id] = { tenant: k.tenant_id, prefix: k.prefix };
+  },
+  // {name, id}: the name a person reads, and the key itself (shown on hover).
+  describe(key) {
+    const tenant = (id) => this.tenants[id] || `tenant ${id.slice(0, 8)}…`;
+    if (key in this.tenants) return { name: this.tenants[key], id: `tenant id ${key}` };
+    if (key in this.keys) return { name: `${tenant(this.keys[key].tenant)} · key ${this.keys[key].prefix}…`, id: `API key id ${key}` };
+    const cut = key.indexOf("/");
+    if (cut > 0) return { name: `${tenant(key.slice(0, cut))} / ${key.slice(cut + 1)}`, id: `user ${key}` };
+    return { name: `${key.slice(0, 8)}…`, id: key };
+  },
+};
 
 export function when(iso) {
   if (!iso) return "never";

@@ -26,7 +26,7 @@ PROMPTS = ["The batch never waits.", "Fair share", "x", "\u00e9t\u00e9 \u2603"]
 
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
-    return load_model(None)
+    return load_model(None, dtype="auto", device="cpu")
 
 
 def engine_config() -> EngineConfig:

@@ -27,7 +27,7 @@ from engine import (
     RequestOutput,
     SamplingParams,
 )
-from engine.boundary.process_engine import FrontChannel
+from engine.boundary.zmq_channel import ZmqFrontChannel
 from engine.loader import default_model_dir
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -52,12 +52,9 @@ def started(cfg: EngineConfig) -> tuple[ProcessEngine, int]:
     return engine, new[0]
 
 
-TRANSPORTS = ["zmq", "pipe"]
-
-
-@pytest.fixture(scope="module", params=TRANSPORTS)
-def engine(request: pytest.FixtureRequest) -> Iterator[ProcessEngine]:
-    eng, _ = started(config(transport=request.param))
+@pytest.fixture(scope="module")
+def engine() -> Iterator[ProcessEngine]:
+    eng, _ = started(config())
     yield eng
     eng.shutdown()
 
@@ -266,9 +263,8 @@ def test_duplicate_live_id_is_refused(engine: ProcessEngine) -> None:
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_killed_worker_fails_in_flight_streams(transport: str) -> None:
-    engine, pid = started(config(transport=transport))
+def test_killed_worker_fails_in_flight_streams() -> None:
+    engine, pid = started(config())
     try:
 
         async def scenario() -> None:
@@ -293,9 +289,8 @@ def test_killed_worker_fails_in_flight_streams(transport: str) -> None:
         engine.shutdown(timeout_s=5)
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_restart_replaces_a_dead_worker_and_leaves_a_live_one_alone(transport: str) -> None:
-    engine, pid = started(config(transport=transport))
+def test_restart_replaces_a_dead_worker_and_leaves_a_live_one_alone() -> None:
+    engine, pid = started(config())
     try:
         engine.restart()  # alive: nothing happens
         assert engine._proc is not None and engine._proc.pid == pid
@@ -330,13 +325,12 @@ def test_restart_replaces_a_dead_worker_and_leaves_a_live_one_alone(transport: s
         engine.shutdown(timeout_s=5)
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_a_failed_pipe_under_a_live_worker_fails_streams_and_kills_the_worker(transport: str) -> None:
-    engine, pid = started(config(transport=transport))
+def test_a_failed_pipe_under_a_live_worker_fails_streams_and_kills_the_worker() -> None:
+    engine, pid = started(config())
 
     channel = engine._channel
     assert channel is not None
-    real: FrontChannel = channel  # typed, not narrowed: the class body below sees it
+    real: ZmqFrontChannel = channel  # typed, not narrowed: the class body below sees it
 
     class BrokenPipeEnd:
         """The worker's channel as seen after a read error: the worker lives on, but nothing more can arrive."""
@@ -372,9 +366,8 @@ def test_a_failed_pipe_under_a_live_worker_fails_streams_and_kills_the_worker(tr
         engine.shutdown(timeout_s=5)
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_shutdown_cancels_in_flight_requests(transport: str) -> None:
-    engine, pid = started(config(transport=transport))
+def test_shutdown_cancels_in_flight_requests() -> None:
+    engine, pid = started(config())
 
     async def scenario() -> RequestOutput:
         stream = engine.generate(

@@ -90,7 +90,7 @@ def test_close_removes_the_sockets_files_and_a_closed_channel_refuses_sends() ->
 
 
 def test_garbage_on_a_live_engines_sockets_costs_no_request() -> None:
-    engine = ProcessEngine(EngineConfig(num_kv_blocks=64, max_num_batched_tokens=64, transport="zmq"))
+    engine = ProcessEngine(EngineConfig(num_kv_blocks=64, max_num_batched_tokens=64))
     engine.start()
     assert isinstance(engine._channel, ZmqFrontChannel)
     ch = engine._channel

@@ -31,6 +31,7 @@ from engine.remote.curve import ClusterKey, ClusterKeyError, create_key_file
 from engine.remote.messages import Announce, FromServer, Hello
 from engine.remote.server import EngineServer
 from gateway.settings import GatewaySettings
+from tests.defaults import GATEWAY_TIMEOUT_S, GRACE_PERIOD_S, HEARTBEAT_TIMEOUT_S
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
@@ -45,7 +46,13 @@ def key_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def keyed_engine(key_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
     config = EngineConfig(num_kv_blocks=64, cache_dir=str(tmp_path_factory.mktemp("models")))
-    server = EngineServer(config, "tcp://127.0.0.1:0", cluster_key=ClusterKey.load(key_dir / "ours"))
+    server = EngineServer(
+        config,
+        "tcp://127.0.0.1:0",
+        GATEWAY_TIMEOUT_S,
+        GRACE_PERIOD_S,
+        cluster_key=ClusterKey.load(key_dir / "ours"),
+    )
     server.start()
     serving = threading.Thread(target=server.run, daemon=True)
     serving.start()
@@ -64,7 +71,9 @@ def generate(engine: RemoteEngine, prompt: str, request_id: str) -> list[Request
 
 def test_a_gateway_with_the_key_is_served_the_same_tokens(keyed_engine: EngineServer, key_dir: Path) -> None:
     want = LLM(None, num_kv_blocks=64).generate(["over curve"], GREEDY)[0]
-    engine = RemoteEngine(keyed_engine.address, cluster_key=ClusterKey.load(key_dir / "ours"))
+    engine = RemoteEngine(
+        keyed_engine.address, HEARTBEAT_TIMEOUT_S, cluster_key=ClusterKey.load(key_dir / "ours")
+    )
     try:
         engine.start()
         outs = generate(engine, "over curve", "keyed-1")
@@ -79,7 +88,7 @@ def test_a_gateway_without_the_key_is_refused_in_the_handshake(
     keyed_engine: EngineServer, key_dir: Path, which: str
 ) -> None:
     key = None if which == "no key" else ClusterKey.load(key_dir / "theirs")
-    engine = RemoteEngine(keyed_engine.address, cluster_key=key)
+    engine = RemoteEngine(keyed_engine.address, HEARTBEAT_TIMEOUT_S, cluster_key=key)
     engine.start_timeout_s = 120.0  # the refusal must come from the handshake, long before this
     try:
         with pytest.raises(EngineStartError, match="same --cluster-key"):
@@ -200,7 +209,7 @@ def test_the_handshake_names_no_tenant(keyed_engine: EngineServer, key_dir: Path
     """A peer's Hello is answered with the engine's figures, but nothing about tenants, even once the
     engine has served one (the iteration reports of a joined gateway carry those)."""
     key = ClusterKey.load(key_dir / "ours")
-    engine = RemoteEngine(keyed_engine.address, cluster_key=key)
+    engine = RemoteEngine(keyed_engine.address, HEARTBEAT_TIMEOUT_S, cluster_key=key)
     try:
         engine.start()
         generate(engine, "a tenant's work", "named-1")

@@ -13,6 +13,7 @@ from engine.sim.cluster import ClusterConfig
 from engine.sim.cluster_report import cluster_scenario, dynamo_config, jain_index
 from engine.sim.shared import EngineView, RouteWeights, SharedVTC, others_service, pick_engine
 from gateway.cli import main
+from tests.defaults import COST, LIFT
 
 
 @cache
@@ -65,7 +66,7 @@ def _request(name: str, tenant: str, weight: float = 1.0) -> Request:
 
 
 def test_remote_service_reorders_a_shared_vtc_and_is_replaced_not_added_twice() -> None:
-    policy = SharedVTC()
+    policy = SharedVTC(COST, LIFT)
     policy.add(_request("a0", "A"), 0.0)
     policy.add(_request("b0", "B"), 0.0)
     first = policy.peek(0.0)

@@ -21,7 +21,7 @@ from tests.gateway.conftest import Server, engine_config, start_server, wait_for
 def routed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict[str, AsyncEngine]]]:
     """A gateway whose engine is a router over e0 and e1 (in-process engines on the embedded model)."""
     cfg = engine_config(tmp_path_factory.mktemp("routed-models"))
-    loaded = load_model(None)
+    loaded = load_model(None, dtype="auto", device="cpu")
     engines = {key: AsyncEngine(cfg, engine=LLMEngine(cfg, loaded=loaded)) for key in ("e0", "e1")}
     router = EngineRouter(engines)
     router.start()

@@ -1,5 +1,5 @@
-"""Revocation and disabling reach every replica within 1 s over Redis pub/sub (two real `fairserve serve`
-processes on one database and one Redis; the key cache TTL is 5 s, so the TTL alone could not do it)."""
+"""Revocation and disabling reach every replica over Redis pub/sub (two real `fairserve serve` processes on
+one database and one Redis; the key cache TTL is an hour, so the TTL alone could not do it)."""
 
 from __future__ import annotations
 
@@ -23,13 +23,19 @@ def _refused_within(client: httpx.Client, key: str, deadline_s: float) -> float 
     return None
 
 
-def test_revoke_and_disable_on_one_replica_refused_by_the_other_within_1s(
+# B caches verified keys far longer than any test runs: only the announcement can make it refuse a key, so
+# the test needs no clock (how fast the announcement travels is a measurement, not an assert).
+CACHE_TTL = ("--key-cache-ttl-s", "3600")
+ANNOUNCED_WITHIN_S = 30.0  # a bound for a loaded machine, not a figure
+
+
+def test_revoke_and_disable_on_one_replica_are_refused_by_the_other_before_its_cache_expires(
     tmp_path: Path, redis_url: str
 ) -> None:
     db = f"sqlite:///{tmp_path / 'shared.db'}"
-    a = ServeProcess(tmp_path / "a", "--db", db, "--redis", redis_url)
+    a = ServeProcess(tmp_path / "a", "--db", db, "--redis", redis_url, *CACHE_TTL)
     try:
-        b = ServeProcess(tmp_path / "b", "--db", db, "--redis", redis_url)
+        b = ServeProcess(tmp_path / "b", "--db", db, "--redis", redis_url, *CACHE_TTL)
     except BaseException:
         a.stop()
         raise
@@ -42,22 +48,22 @@ def test_revoke_and_disable_on_one_replica_refused_by_the_other_within_1s(
             name = f"t-{uuid.uuid4().hex[:8]}"
             assert on_a.post("/admin/api/tenants", json={"name": name}).status_code == 201
             keys = [on_a.post(f"/admin/api/tenants/{name}/keys", json={}).json() for _ in range(2)]
-            for k in keys:  # B has both keys cached now (for its 5 s TTL)
+            for k in keys:  # B has both keys cached now (for its hour-long TTL)
                 assert (
                     on_b.get("/v1/models", headers={"Authorization": f"Bearer {k['secret']}"}).status_code
                     == 200
                 )
             revoked = on_a.post(f"/admin/api/keys/{keys[0]['key']['id']}/revoke")
             assert revoked.status_code == 200
-            took = _refused_within(on_b, keys[0]["secret"], 1.0)
-            assert took is not None, "B still accepted the revoked key 1 s after the revocation on A"
+            took = _refused_within(on_b, keys[0]["secret"], ANNOUNCED_WITHIN_S)
+            assert took is not None, "B still accepted the key revoked on A"
             assert (
                 on_b.get("/v1/models", headers={"Authorization": f"Bearer {keys[1]['secret']}"}).status_code
                 == 200
             )
             assert on_a.post(f"/admin/api/tenants/{name}/disable").status_code == 200
-            took = _refused_within(on_b, keys[1]["secret"], 1.0)
-            assert took is not None, "B still accepted a disabled tenant's key 1 s after disabling it on A"
+            took = _refused_within(on_b, keys[1]["secret"], ANNOUNCED_WITHIN_S)
+            assert took is not None, "B still accepted a key of the tenant disabled on A"
             # The CLI (another process again) announces its changes too when given --redis.
             assert on_a.post(f"/admin/api/tenants/{name}/enable").status_code == 200
             third = on_a.post(f"/admin/api/tenants/{name}/keys", json={}).json()
@@ -83,8 +89,8 @@ def test_revoke_and_disable_on_one_replica_refused_by_the_other_within_1s(
                 timeout=60,
             )
             assert cli.returncode == 0, cli.stderr
-            took = _refused_within(on_b, third["secret"], 1.0)
-            assert took is not None, "B still accepted a key revoked by the CLI 1 s later"
+            took = _refused_within(on_b, third["secret"], ANNOUNCED_WITHIN_S)
+            assert took is not None, "B still accepted a key revoked by the CLI"
     finally:
         b.stop()
         a.stop()

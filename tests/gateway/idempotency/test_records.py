@@ -6,6 +6,7 @@ import asyncio
 import json
 import threading
 import uuid
+from typing import Any
 
 import httpx
 
@@ -47,7 +48,7 @@ def test_memory_store_states_and_ttl() -> None:
     asyncio.run(scenario())
 
 
-def _post(server: Server, tenant: str, key: str, body: dict, **headers: str) -> httpx.Response:
+def _post(server: Server, tenant: str, key: str, body: dict[str, Any], **headers: str) -> httpx.Response:
     with httpx.Client(base_url=server.url, timeout=60) as c:
         return c.post(
             "/v1/completions",

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 import httpx
 
 from tests.gateway.conftest import Server, wait_for
 
 
-def _long(server: Server, **kw: object) -> dict:
+def _long(server: Server, **kw: object) -> dict[str, Any]:
     return {"model": server.model, "prompt": "a long one", "max_tokens": 300, "ignore_eos": True, **kw}
 
 

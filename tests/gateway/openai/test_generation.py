@@ -6,6 +6,7 @@ import math
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -15,7 +16,7 @@ from gateway.settings import GatewaySettings
 from tests.gateway.conftest import Hogs, Server, start_server, wait_for
 
 
-def _body(server: Server, **kw: object) -> dict:
+def _body(server: Server, **kw: object) -> dict[str, Any]:
     return {"model": server.model, "prompt": "hello", "max_tokens": 2, **kw}
 
 

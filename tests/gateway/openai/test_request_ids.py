@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import threading
 import uuid
+from typing import Any
 
 import httpx
 
 from tests.gateway.conftest import Server, wait_for
 
 
-def _body(server: Server, **kw: object) -> dict:
+def _body(server: Server, **kw: object) -> dict[str, Any]:
     return {"model": server.model, "prompt": "hello", "max_tokens": 2, **kw}
 
 

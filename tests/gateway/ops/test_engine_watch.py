@@ -8,7 +8,6 @@ import signal
 from pathlib import Path
 
 import httpx
-import pytest
 
 from gateway.ops.engine_watch import restart_delay
 from tests.gateway.conftest import wait_for
@@ -45,9 +44,8 @@ def engine_workers(pid: int) -> list[int]:
     return workers
 
 
-@pytest.mark.parametrize("transport", ["zmq", "pipe"])
-def test_a_killed_worker_fails_its_streams_and_is_replaced(tmp_path: Path, transport: str) -> None:
-    serve = ServeProcess(tmp_path, "--max-num-seqs", "4", "--transport", transport)
+def test_a_killed_worker_fails_its_streams_and_is_replaced(tmp_path: Path) -> None:
+    serve = ServeProcess(tmp_path, "--max-num-seqs", "4")
     try:
         headers = serve.headers(serve.banner["api_key"])
         with httpx.Client(base_url=serve.url, timeout=60) as client:

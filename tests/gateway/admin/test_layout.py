@@ -1,0 +1,144 @@
+"""What a person sees on /admin, in a real headless Chromium: tenants named in the chart, nothing overflowing.
+
+The chart's legend and tooltips name tenants (a hover shows the id); every table and button stays inside its
+card from 1024 px wide up, and below 1024 px each table row wraps instead of running off the card.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.gateway.admin.conftest import Load
+from tests.gateway.conftest import Server, wait_for
+
+WIDE = (1367, 1024)  # a laptop and the narrowest width at which tables keep their columns
+NARROW = 800  # a tablet: rows wrap
+SHOTS = Path(__file__).resolve().parents[3] / "artifacts"  # the repository's (ignored) artifacts/
+
+# Every visible button and table that sticks out of its card's content box (by more than half a pixel), and whether the
+# page scrolls sideways.
+OVERFLOW_JS = """() => {
+  const out = [];
+  for (const card of document.querySelectorAll('#dashboard .card')) {
+    const box = card.getBoundingClientRect();
+    const pad = getComputedStyle(card);  // the content box: nothing may sit in the card's padding either
+    const c = { left: box.left + parseFloat(pad.paddingLeft), right: box.right - parseFloat(pad.paddingRight),
+      top: box.top + parseFloat(pad.paddingTop), bottom: box.bottom - parseFloat(pad.paddingBottom) };
+    const title = card.querySelector('h2') ? card.querySelector('h2').textContent : '?';
+    for (const node of card.querySelectorAll('button, table')) {
+      if (!node.getClientRects().length) continue;
+      const b = node.getBoundingClientRect();
+      if (b.left < c.left - 0.5 || b.right > c.right + 0.5 || b.top < c.top - 0.5 || b.bottom > c.bottom + 0.5) {
+        out.push(`${title}: ${node.tagName.toLowerCase()} '${node.textContent.trim().slice(0, 20)}' `
+          + `[${b.left.toFixed(0)}, ${b.right.toFixed(0)}] outside [${c.left.toFixed(0)}, ${c.right.toFixed(0)}]`);
+      }
+    }
+  }
+  const doc = document.documentElement;
+  if (doc.scrollWidth > window.innerWidth) out.push(`page scrolls sideways: ${doc.scrollWidth} > ${window.innerWidth}`);
+  return out;
+}"""
+
+# How many distinct lines the cells of each tenants row sit on (1 = the row reads as a table row).
+ROW_LINES_JS = """() => [...document.querySelectorAll('#tenants tbody tr')].map((tr) =>
+  new Set([...tr.cells].map((td) => Math.round(td.getBoundingClientRect().top))).size)"""
+
+LEGEND_JS = """() => [...document.querySelectorAll('#share-legend .legend-item')].map((item) =>
+  ({ text: item.textContent, title: item.title }))"""
+
+SERIES_TITLES_JS = """() => Object.fromEntries([...document.querySelectorAll('#share-chart g[data-tenant]')]
+  .map((g) => [g.dataset.tenant, g.querySelector('title').textContent]))"""
+
+# The page's own module (same URL, same instance): how it names a fairness key for people.
+DESCRIBE_JS = """async (keys) => {
+  const { identities } = await import('/admin/static/util.js');
+  return keys.map((k) => identities.describe(k));
+}"""
+
+
+@pytest.fixture
+def page(server: Server, browser: Any) -> Iterator[Any]:
+    """A dashboard tab already holding the admin token (as after a login), at the widest width tested."""
+    context = browser.new_context(viewport={"width": WIDE[0], "height": 900})
+    token = json.dumps(server.state.admin_token)
+    context.add_init_script(f"sessionStorage.setItem('fairserve.admin_token', {token})")
+    tab = context.new_page()
+    tab.set_default_timeout(30_000)
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        yield tab
+        assert not errors, errors
+    finally:
+        context.close()
+
+
+def _shot(page: Any, width: int) -> None:
+    SHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"admin-layout-{width}.png"), full_page=True)
+
+
+def test_chart_names_tenants_and_every_table_fits_its_card(server: Server, page: Any) -> None:
+    suffix = uuid.uuid4().hex[:6]
+    names = [f"legend-{suffix}-a", f"legend-{suffix}-b"]
+    for name in names:
+        server.add_tenant(name)
+    ids = {name: server.tenants[name].id for name in names}
+    page.goto(f"{server.url}/admin")
+    page.wait_for_selector("#dashboard", state="visible")
+    page.wait_for_function("() => document.getElementById('conn').textContent === 'live'")
+    # More streams than engine slots (8): both tenants backlogged, both charged service within the window.
+    with Load(server, [server.keys[n] for n in names], per_tenant=5, max_tokens=32):
+        page.wait_for_function(
+            "(names) => { const d = JSON.parse(document.getElementById('share-chart').dataset.latest || '{}');"
+            " return names.every((n) => (d[n] || 0) > 0)"
+            " && Number(document.getElementById('share-chart').dataset.points) >= 3; }",
+            arg=names,
+            timeout=45_000,
+        )
+        legend = {item["title"]: item["text"] for item in page.evaluate(LEGEND_JS)}
+        titles = page.evaluate(SERIES_TITLES_JS)
+        # Fairness keys that are not tenants (the api_key and user domains) read by tenant name too.
+        key = server.state.store.list_keys(names[0])[0]
+        others = page.evaluate(DESCRIBE_JS, [f"{ids[names[0]]}/alice", key.id])
+        # A saved row carries its longest message ("saved · scheduler updated") beside its buttons.
+        row = f"#tenants tr[data-name='{names[1]}']"
+        page.fill(f"{row} [name=weight]", "1.5")
+        page.click(f"{row} button.save")
+        page.wait_for_function(
+            f"() => document.querySelector(\"{row} .row-msg\").textContent.includes('scheduler updated')"
+        )
+        lines: dict[int, list[int]] = {}
+        overflow: dict[int, list[str]] = {}
+        for width in (*WIDE, NARROW):
+            page.set_viewport_size({"width": width, "height": 900})
+            page.wait_for_function(f"() => window.innerWidth === {width}")
+            _shot(page, width)
+            overflow[width] = page.evaluate(OVERFLOW_JS)
+            lines[width] = page.evaluate(ROW_LINES_JS)
+
+    # Legend and tooltips name the tenants; the hover (title) shows the id.
+    for name, tenant_id in ids.items():
+        assert legend[f"tenant id {tenant_id}"].startswith(f"{name}: "), legend
+        assert titles[tenant_id].startswith(f"{name} (tenant id {tenant_id})"), titles
+    assert others == [
+        {"name": f"{names[0]} / alice", "id": f"user {ids[names[0]]}/alice"},
+        {"name": f"{names[0]} · key {key.prefix}…", "id": f"API key id {key.id}"},
+    ]
+    # No series is labelled by a bare id prefix when the tenant has a name.
+    assert not [t for t in legend.values() if re.match(r"[0-9a-f]{8}…", t)], legend
+
+    # Every button and table inside its card, at every width; no sideways scrolling.
+    assert overflow == {width: [] for width in (*WIDE, NARROW)}, overflow
+    # Each tenant's row keeps its columns on one line from 1024 px up, and wraps below.
+    for width in WIDE:
+        assert lines[width] and set(lines[width]) == {1}, (width, lines[width])
+    assert lines[NARROW] and min(lines[NARROW]) > 1, lines[NARROW]
+    wait_for(lambda: server.state.engine.stats().running == 0, 60, "load to drain")
