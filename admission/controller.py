@@ -69,8 +69,10 @@ class AdmissionController:
         now: float,
         stats: LoadStats,
         tenant_queue_bound: int | None = None,
+        weight: float = 1.0,
     ) -> Admitted | Rejection:
-        """Admit (taking a queue slot) or reject with status 408, 429 or 503 and a retry estimate."""
+        """Admit (taking a queue slot, perhaps pushing out over-share work) or reject with status 408, 429
+        or 503 and a retry estimate."""
         if deadline is not None and deadline <= now:
             return Rejection(408, "deadline_passed", f"deadline passed {(now - deadline) * 1000:.0f} ms ago")
         est = estimate(
@@ -89,21 +91,39 @@ class AdmissionController:
                 retry_after_s=self.retry_after(wait),
                 estimated_start_ms=start_ms,
             )
-        slot = self.queues.try_enter(tenant_id, prompt_tokens, tenant_queue_bound)
+        slot = self.queues.try_enter(tenant_id, prompt_tokens, tenant_queue_bound, weight)
         if isinstance(slot, QueueFull):
             wait = drain_seconds(stats, slot.excess_tokens, slot.excess_requests, self.settings.priors)
             if slot.scope == "tenant":
                 return Rejection(429, "tenant_queue_full", slot.message, self.retry_after(wait), start_ms)
+            if slot.scope == "share":
+                return Rejection(429, "over_share", slot.message, self.retry_after(wait), start_ms)
             return Rejection(503, "overloaded", slot.message, self.retry_after(wait), start_ms)
         return Admitted(slot, start_ms)
 
-    def shed(self, stats: LoadStats) -> Rejection | None:
-        """Cheap early refusal when the global request bound is already reached (before parsing a body)."""
+    def pushed_out(self, slot: QueueSlot, stats: LoadStats) -> Rejection:
+        """The answer to a request pushed out of the full queue by a tenant under its share: 429, retry
+        once the queue has drained by this request's work."""
+        wait = drain_seconds(stats, slot.tokens, 1, self.settings.priors)
+        return Rejection(
+            429,
+            "pushed_out",
+            "the server queue is full and this tenant is over its share of it; "
+            "a tenant under its share took this request's place",
+            self.retry_after(wait),
+        )
+
+    def shed(self, stats: LoadStats, tenant_id: str, weight: float = 1.0) -> Rejection | None:
+        """Cheap early refusal (before parsing a body) when the global request bound is reached and this
+        tenant could not push anyone out: one more request would put it over its share."""
         bounds = self.settings.bounds
-        queued = self.queues.queued()
-        if queued < bounds.max_queued_requests:
+        if self.queues.could_enter(tenant_id, weight):
             return None
+        queued = self.queues.queued()
         wait = drain_seconds(stats, 0, queued + 1 - bounds.max_queued_requests, self.settings.priors)
+        if self.queues.queued(tenant_id) > 0:  # its own queued work already holds its share
+            message = f"server queue is full ({queued} requests queued) and this tenant is at its share of it"
+            return Rejection(429, "over_share", message, self.retry_after(wait))
         return Rejection(
             503, "overloaded", f"server queue is full ({queued} requests queued)", self.retry_after(wait)
         )

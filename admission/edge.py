@@ -28,6 +28,7 @@ class AdmissionAsk:
     arrival: float
     limits: QuotaLimits
     tenant_queue_bound: int | None = None
+    weight: float = 1.0  # the tenant's share of the queue bounds is proportional to it
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,12 @@ class EdgeAdmission:
         """The tenant's quota state without counting anything; None for a tenant without quotas."""
         return await self.quota.peek(tenant_id, limits) if limits.windows() else None
 
-    async def shed(self, stats: LoadStats, tenant_id: str, limits: QuotaLimits) -> Rejection | None:
-        """Refuse before the body is read when the global request bound is already reached."""
-        shed = self.controller.shed(stats)
+    async def shed(
+        self, stats: LoadStats, tenant_id: str, limits: QuotaLimits, weight: float = 1.0
+    ) -> Rejection | None:
+        """Refuse before the body is read when the global request bound is reached and this tenant is at
+        its share of it."""
+        shed = self.controller.shed(stats, tenant_id, weight)
         return None if shed is None else replace(shed, quota=await self.peek(tenant_id, limits))
 
     async def admit(self, ask: AdmissionAsk, stats: LoadStats) -> Admission | Rejection:
@@ -70,6 +74,7 @@ class EdgeAdmission:
             ask.arrival,
             stats,
             ask.tenant_queue_bound,
+            ask.weight,
         )
         if isinstance(verdict, Rejection):
             return replace(verdict, quota=await self.peek(ask.tenant_id, ask.limits))
@@ -80,6 +85,10 @@ class EdgeAdmission:
         except BaseException:
             verdict.slot.release()
             raise
+        if verdict.slot.pushed_out:  # a tenant under its share took the place while Redis answered
+            if quota.allowed and quota.reservation_id is not None:
+                await self.quota.settle(ask.tenant_id, quota.reservation_id, 0, ask.limits)
+            return self.controller.pushed_out(verdict.slot, stats)
         if quota.allowed:
             return Admission(verdict.slot, verdict.estimated_start_ms, quota)
         verdict.slot.release()

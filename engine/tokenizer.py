@@ -6,6 +6,7 @@ which round-trips any UTF-8 text exactly.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -140,6 +141,17 @@ class Tokenizer:
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else str(self._tk.id_to_token(token_id) or "")
+
+    @functools.cached_property
+    def longest_token_bytes(self) -> int:
+        """An upper bound on the UTF-8 bytes of text one token can cover: a text of B bytes encodes to at
+        least B / this many tokens, which proves some prompts too long without encoding them.
+
+        The longest vocabulary entry in UTF-8 (byte-level and byte-fallback spellings only overstate the
+        bytes they stand for), times 4 when a normalizer could shrink the text before it is split.
+        """
+        longest = max((len(t.encode("utf-8")) for t in self._tk.get_vocab(with_added_tokens=True)), default=1)
+        return max(longest, 1) * (4 if self._tk.normalizer is not None else 1)
 
 
 class IncrementalDetokenizer:

@@ -21,6 +21,7 @@ from gateway.edge.errors import APIError, error_response
 from gateway.edge.middleware import EdgeMiddleware
 from gateway.openai import cancel as cancel_routes
 from gateway.openai import routes as openai_routes
+from gateway.openai.generation import refuse_spent_tenant
 from gateway.ops import routes as ops_routes
 from gateway.ops.engine_watch import keep_engine_alive
 from gateway.ops.produced import confirm, keep_engines_billed, remote_engines
@@ -89,7 +90,9 @@ def create_app(
 
     return Starlette(
         routes=[*openai_routes.routes, *cancel_routes.routes, *ops_routes.routes, *admin_routes.routes],
-        middleware=[Middleware(EdgeMiddleware, max_body_bytes=settings.max_body_bytes)],
+        middleware=[
+            Middleware(EdgeMiddleware, max_body_bytes=settings.max_body_bytes, early=refuse_spent_tenant)
+        ],
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _server_error},
         lifespan=lifespan,
     )

@@ -30,7 +30,7 @@ from admission.feasibility import RatePriors
 from admission.queues import QueueBounds
 from billing import LedgerConfig, default_db_url
 from engine.config import EngineConfig
-from engine.remote.address import check_address
+from engine.remote.address import check_address, is_loopback
 from engine.remote.curve import ClusterKey
 from fairness import policy_entry
 from routing.config import RoutingSettings
@@ -160,7 +160,8 @@ class GatewaySettings(StorageSettings, ProcessSettings):
     )
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="largest request body accepted")
     max_queued_requests: int = Field(default=256, ge=1, description="global admission queue bound")
-    max_queued_tokens: int = Field(default=131072, ge=1, description="global bound on queued prompt tokens")
+    # A tenant's default 64 requests at a 2,048-token context fill half of this, never all (admission/queues.py).
+    max_queued_tokens: int = Field(default=262144, ge=1, description="global bound on queued prompt tokens")
     default_tenant_queued_requests: int = Field(
         default=64, ge=1, description="queue bound of a tenant that sets none"
     )
@@ -202,6 +203,41 @@ class GatewaySettings(StorageSettings, ProcessSettings):
         gt=0,
         description="failed authentications per second a client address may sustain",
         json_schema_extra={"flags": ["--auth-failure-rate"]},
+    )
+    # Refused work charged to its tenant (gateway/openai/refusal_budget.py): a burst, then a rate.
+    refusal_burst: int = Field(
+        default=20, ge=1, description="refused requests a tenant may make at once before 429"
+    )
+    refusal_rate_per_s: float = Field(
+        default=2.0, gt=0, description="refused requests per second a tenant may sustain"
+    )
+    tokenize_concurrency_per_tenant: int = Field(
+        default=2, ge=1, description="large prompts of one tenant tokenised off the event loop at once"
+    )
+    # Connections (gateway/edge/connections.py): what a client may hold open before its key is known.
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="seconds a request's headers may take to arrive before its connection is closed",
+        json_schema_extra={"flags": ["--header-timeout"]},
+    )
+    keep_alive_timeout_s: float = Field(
+        default=5.0,
+        ge=1,
+        le=300,
+        description="seconds an idle keep-alive connection is kept open",
+        json_schema_extra={"flags": ["--keep-alive-timeout"]},
+    )
+    max_unkeyed_connections_per_address: int = Field(
+        default=256,
+        ge=1,
+        description="open connections a client address may hold before one of them carries a valid key",
+    )
+    forwarded_allow_ips: str = Field(
+        default="",
+        description="comma-separated proxy addresses whose X-Forwarded-For/-Proto are trusted "
+        "(default none: the TCP peer is the client)",
     )
     demo_tenant: str = Field(default="demo", description="tenant given a key on a deployment's first start")
     metrics_tenants: int = Field(default=50, ge=0, description="tenants given their own metric labels")
@@ -295,6 +331,13 @@ class EngineServerSettings(ProcessSettings):
         description="tcp://HOST:PORT to serve gateways on "
         "(port 0 picks a free one); without --cluster-key anyone who reaches it can submit work",
     )
+    # Without a key the port takes work, as any tenant at any weight, from whoever reaches it: refused on a
+    # non-loopback address unless the operator says so (gateway/cli/engine.py).
+    insecure_no_cluster_key: bool = Field(
+        default=False,
+        description="listen on a non-loopback address without --cluster-key (anyone who reaches the port "
+        "can submit work as any tenant)",
+    )
     # The engine aborts the requests of a gateway it has not heard from for this long: a dead gateway must
     # not keep the engine computing for nobody. Gateways ping every 0.1 s.
     gateway_timeout_s: float = Field(
@@ -310,6 +353,20 @@ class EngineServerSettings(ProcessSettings):
     def _listen_address(cls, value: str) -> str:
         check_address(value, bind=True)
         return value
+
+    @model_validator(mode="after")
+    def _closed_by_default(self) -> EngineServerSettings:
+        if (
+            self.cluster_key_file is None
+            and not self.insecure_no_cluster_key
+            and not is_loopback(self.listen)
+        ):
+            raise ValueError(
+                f"listen: {self.listen} is not a loopback address and no --cluster-key is given: anyone who "
+                "reaches the port could submit work as any tenant. Give --cluster-key FILE (the same file to "
+                "every gateway), or --insecure-no-cluster-key if a network boundary keeps others out"
+            )
+        return self
 
 
 def raw_sources(config_file: Path | None) -> dict[str, dict[str, Any]]:

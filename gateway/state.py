@@ -24,6 +24,7 @@ from gateway.edge.auth import ensure_admin_token, ensure_metrics_token
 from gateway.edge.auth_guard import FailureBudget
 from gateway.edge.key_events import KeyEvents
 from gateway.idempotency.records import IdempotencyStore, make_idempotency_store
+from gateway.openai.refusal_budget import RefusalBudget
 from gateway.openai.runs import RunRegistry
 from gateway.ops.metrics import GatewayMetrics, TenantLabels
 from gateway.ops.tracing import GatewayTracing, make_gateway_tracing
@@ -67,9 +68,14 @@ class GatewayState:
     tracing: GatewayTracing | None = None  # OpenTelemetry spans (gateway/ops/tracing.py); None: off
     _tenants_at: float = 0.0
     edge: EdgeAdmission = field(init=False)  # admission and quota behind one call (admission/edge.py)
+    refusals: RefusalBudget = field(init=False)  # refused work charged to its tenant
 
     def __post_init__(self) -> None:
         self.edge = EdgeAdmission(self.admission, self.quota)
+        s = self.settings
+        self.refusals = RefusalBudget(
+            s.refusal_burst, s.refusal_rate_per_s, s.tokenize_concurrency_per_tenant
+        )
 
     def refresh_tenant_labels(self, force: bool = False) -> None:
         """Re-read configured tenants for metric labels (cheap, at most every few seconds)."""

@@ -18,6 +18,10 @@ from engine.outputs import EngineStats, OutputDelta
 from engine.request import RequestMeta, SamplingParams
 from engine.trace import IterationTrace
 
+# The integers a msgspec frame can carry: int64 and uint64. Every integer a request can set is checked
+# against these at the edge (gateway/openai/schemas.py), so none fails in the encoder instead.
+WIRE_INT_MIN, WIRE_INT_MAX = -(2**63), 2**64 - 1
+
 
 class EngineDeadError(RuntimeError):
     """The engine loop has stopped; no request can make progress."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 
 def check_address(address: str, bind: bool = False) -> str:
     """Raise ValueError unless `address` is tcp://HOST:PORT (port 0 only where binding: any free port)."""
@@ -18,3 +20,15 @@ def bindable(listen: str) -> str:
     check_address(listen, bind=True)
     host, _, port = listen.rpartition(":")
     return f"{host}:{'*' if port == '0' else port}"
+
+
+def is_loopback(address: str) -> bool:
+    """True when tcp://HOST:PORT binds only this host's loopback (a name other than localhost, `*` or a
+    wildcard address may be reachable from elsewhere)."""
+    host = address.removeprefix("tcp://").rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

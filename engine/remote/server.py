@@ -21,6 +21,7 @@ gateway that submitted a request can abort it.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import queue
 import signal
@@ -40,7 +41,7 @@ from engine.boundary.messages import Abort, IterationReport, StopLoop, Submit, S
 from engine.boundary.worker import EngineLoop, default_worker_threads
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.outputs import OutputDelta
+from engine.outputs import EngineStats, OutputDelta
 from engine.remote.accounting import ProducedBook
 from engine.remote.address import bindable
 from engine.remote.curve import ClusterKey, serve_securely
@@ -212,7 +213,7 @@ class EngineServer:
             engine.pool.block_size,
             engine.pool.num_blocks,
             self.config.caps.model_dump(),
-            link.latest_stats,
+            _without_tenants(link.latest_stats),
             self._tokenizer_files if want_tokenizer else {},
         )
 
@@ -336,3 +337,9 @@ class GatewayInbox:
         elif isinstance(msg, Abort) and self._owners.get(msg.request_id) != peer:
             return  # not this gateway's request (or already over)
         self._pending.append(msg)
+
+
+def _without_tenants(stats: EngineStats) -> EngineStats:
+    """The stats a Hello is answered with: nothing about tenants (who they are, what they run), which a
+    peer gets only with the iteration reports of the requests it submits, once it has joined."""
+    return dataclasses.replace(stats, waiting_by_tenant={}, running_by_tenant={}, service={})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import threading
 import time
@@ -25,6 +26,7 @@ MIN_SAMPLE_INTERVAL_S = 0.5
 SHARE_WINDOW_S = 30.0  # each share point is the split of service charged over the trailing window
 TENANTS_MAX_AGE_S = 1.0
 RECENT_ITERATIONS = 20
+OTHER_KEYS_SHOWN = 50  # fairness keys that are not tenants (users, API keys) listed by service
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,13 @@ def engine_rows(state: GatewayState) -> list[dict[str, Any]]:
     return [{**asdict(load), "kv_use": load.kv_use} for load in engine_loads(state.engine)]
 
 
+def _other_service(service: Mapping[str, float], tenants: Mapping[str, Tenant]) -> dict[str, float]:
+    """Fairness keys that are not tenant ids (api_key or user domains, or a deleted tenant): the most served
+    OTHER_KEYS_SHOWN of them, so the view and its history stay bounded however many keys the engine holds."""
+    others = ((k, v) for k, v in service.items() if k not in tenants)
+    return dict(heapq.nlargest(OTHER_KEYS_SHOWN, others, key=lambda kv: kv[1]))
+
+
 def live_snapshot(state: GatewayState, live: LiveRuntime, history_points: int) -> dict[str, Any]:
     """Engine gauges, per-tenant queues and service, rejections, recent iterations and share history."""
     stats = state.engine.stats()
@@ -154,7 +163,8 @@ def live_snapshot(state: GatewayState, live: LiveRuntime, history_points: int) -
     now = time.time()
     by_id = {t.id: t for t in tenants}
     weights = {t.id: t.weight for t in tenants}
-    live.history.observe(now, stats.service, weights)
+    other = _other_service(stats.service, by_id)
+    live.history.observe(now, {k: v for k, v in stats.service.items() if k in by_id} | other, weights)
     enabled_weight = sum(t.weight for t in tenants if not t.disabled) or 1.0
     rows = [
         {
@@ -170,8 +180,6 @@ def live_snapshot(state: GatewayState, live: LiveRuntime, history_points: int) -
         }
         for t in tenants
     ]
-    # Fairness keys that are not tenant ids (api_key or user domains, or a deleted tenant).
-    other = {k: v for k, v in stats.service.items() if k not in by_id}
     return {
         "time": now,
         "model": state.engine.model_name,
@@ -200,6 +208,7 @@ def live_snapshot(state: GatewayState, live: LiveRuntime, history_points: int) -
         "engines": engine_rows(state),
         "tenants": rows,
         "other_service": other,
+        "other_keys": sum(1 for k in stats.service if k not in by_id),
         "rejections": {"by_reason": rejections_by_reason(state), "recent": state.rejections.as_json(30)},
         "iterations": [asdict(tr) for tr in reversed(state.engine.recent_traces(RECENT_ITERATIONS))],
         "share": {

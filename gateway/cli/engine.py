@@ -6,7 +6,9 @@ them with a retryable 503), live ones get `--grace-period` to finish, then the e
 signal stops at once.
 
 With `--cluster-key FILE` (created 0600 when missing) the port speaks CurveZMQ and admits only gateways
-started with the same file (engine/remote/curve.py); without it, anyone who reaches the port can submit work.
+started with the same file (engine/remote/curve.py). Without it, anyone who reaches the port can submit work
+as any tenant: so it is refused on a non-loopback address unless `--insecure-no-cluster-key` is given, and
+warned about on loopback.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from engine.remote.curve import ClusterKey, ClusterKeyError, create_key_file
 from engine.remote.server import EngineServer
 from gateway.settings import EngineServerSettings, settings_error_text
 from gateway.settings_flags import add_knob_flags, load_from_args
+
+log = logging.getLogger(__name__)
 
 # An engine's Redis (the shared fair-share counters) is `--redis` here, as the gateway's is in `serve`.
 _ALIASES = {"redis_url": "--redis"}
@@ -49,6 +53,12 @@ def run_engine(args: argparse.Namespace) -> int:
         print(f"fairserve engine: invalid settings:\n{settings_error_text(exc)}", file=sys.stderr)
         return 2
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    if settings.cluster_key_file is None:
+        log.warning(
+            "no --cluster-key: any process that reaches %s can submit work as any tenant%s",
+            settings.listen,
+            " (--insecure-no-cluster-key)" if settings.insecure_no_cluster_key else " on this host",
+        )
     key = None
     if settings.cluster_key_file is not None:
         if create_key_file(settings.cluster_key_file):

@@ -15,6 +15,7 @@ from billing import BillingStore, Database
 from engine import EngineStartError
 from gateway.app import create_app
 from gateway.edge.auth import ensure_admin_token, ensure_demo_key, ensure_metrics_token
+from gateway.edge.connections import server_config
 from gateway.settings import GatewaySettings, settings_error_text
 from gateway.settings_flags import add_knob_flags, settings_from_args
 from gateway.state import start_gateway_engine
@@ -100,8 +101,9 @@ def serve(args: argparse.Namespace) -> int:
         print(f"fairserve serve: {exc}", file=sys.stderr)
         return STARTUP_FAILURE
     app = create_app(settings, engine, owns_engine=True)
-    config = uvicorn.Config(
+    config = server_config(
         app,
+        settings,
         host=settings.host,
         port=settings.port,
         log_level="warning",

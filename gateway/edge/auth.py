@@ -14,6 +14,7 @@ from starlette.requests import Request
 
 from billing import ApiKeyInfo, BillingStore, KeyCache, StoreUnavailable, Tenant, TenantExists
 from gateway.edge.auth_guard import FailureBudget
+from gateway.edge.connections import prove_connection
 from gateway.edge.errors import APIError
 
 ADMIN_TOKEN_FILE = "admin_token"
@@ -56,6 +57,7 @@ async def authenticate(
     token = bearer(request)
     known, found = (False, None) if token is None else keys.peek(token)
     if found is not None:
+        prove_connection(request.scope)
         return Caller(*found)
     address = _client_address(request)
     wait = budget.retry_after(address)
@@ -76,6 +78,7 @@ async def authenticate(
                 503, "the key store is unavailable", "store_unavailable", headers={"Retry-After": "1"}
             ) from None
     if found is not None:
+        prove_connection(request.scope)
         return Caller(*found)
     budget.charge(address)
     if failures is not None:

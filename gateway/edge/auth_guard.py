@@ -7,8 +7,9 @@ so a paying tenant behind the same address is not refused. Hand-written rather t
 bounded dict of two floats per address with no I/O, and per process on purpose (a shared store would put a
 network round trip back on the failure path this exists to make cheap).
 
-The address is the TCP peer: behind a reverse proxy every caller shares the proxy's budget, so size it
-for that or rate-limit at the proxy (X-Forwarded-For is not trusted: any caller can send one).
+The address is the trusted client address: the TCP peer, or, from a proxy named in `--forwarded-allow-ips`,
+the address that proxy put in X-Forwarded-For (uvicorn's proxy headers rewrite the scope's client). From
+any other peer X-Forwarded-For is ignored: any caller can send one (docs/gateway.md, "Connections").
 """
 
 from __future__ import annotations

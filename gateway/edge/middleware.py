@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from billing.fields import REQUEST_ID_MAX
-from gateway.edge.errors import error_body
+from gateway.edge.errors import APIError, error_body
 
+EARLY_REFUSAL_HOLD_S = 1.0
 _VALID_ID = re.compile(rf"^[A-Za-z0-9._:\-]{{1,{REQUEST_ID_MAX}}}$")
 
 
@@ -26,9 +29,14 @@ class EdgeMiddleware:
     refused with 413 before any JSON parsing or authentication work.
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_body_bytes: int, early: Callable[[Scope], APIError | None] | None = None
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        # A refusal decided from the headers alone (a tenant whose refusal budget is spent): answered with
+        # `Connection: close` before any of the body is read.
+        self.early = early
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -55,6 +63,13 @@ class EdgeMiddleware:
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             await self._too_large(send_with_id)
+            return
+        refusal = self.early(scope) if self.early is not None else None
+        if refusal is not None:
+            # Held for up to a second first (a tarpit): a client that ignores Retry-After and resends at
+            # once costs a sleeping coroutine per second, not a request's CPU each time.
+            await asyncio.sleep(min(float(refusal.headers.get("Retry-After", "1")), EARLY_REFUSAL_HOLD_S))
+            await self._refuse(send_with_id, refusal)
             return
         chunks: list[bytes] = []
         size = 0
@@ -83,17 +98,22 @@ class EdgeMiddleware:
         await self.app(scope, replay, send_with_id)
 
     async def _too_large(self, send: Send) -> None:
-        body = json.dumps(
-            error_body(413, f"request body exceeds {self.max_body_bytes} bytes", "request_too_large")
-        ).encode()
+        message = f"request body exceeds {self.max_body_bytes} bytes"
+        await self._refuse(send, APIError(413, message, "request_too_large"))
+
+    async def _refuse(self, send: Send, err: APIError) -> None:
+        """Answer `err` and close the connection: the body it leaves unread must not be parsed as a request."""
+        body = json.dumps(error_body(err.status, err.message, err.code, err.param)).encode()
+        extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in err.headers.items()]
         await send(
             {
                 "type": "http.response.start",
-                "status": 413,
+                "status": err.status,
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
                     (b"connection", b"close"),
+                    *extra,
                 ],
             }
         )

@@ -89,6 +89,7 @@ class RequestContext:
             self.arrival,
             self.limits,
             self.caller.tenant.max_queued_requests,
+            self.caller.tenant.weight,
         )
 
     def meta(self) -> RequestMeta:
@@ -181,7 +182,9 @@ async def read_request(request: Request, state: GatewayState, caller: Caller, ch
     body = rp.parse_body(raw, chat)
     if not state.engine.is_alive or state.engine_failed:
         raise APIError(503, "the engine is not running", "engine_unavailable", headers={"Retry-After": "1"})
-    inputs = await rp.engine_input_async(body, state.engine)
+    inputs = await rp.engine_input_async(
+        body, state.engine, lambda: state.refusals.tokenizing(caller.tenant.id)
+    )
     fp = fingerprint(request.url.path, json.loads(raw)) if ident.idempotency_key is not None else None
     return RequestContext(
         caller=caller,

@@ -9,12 +9,12 @@ import time
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Scope
 
 from admission.controller import Rejection
 from admission.edge import Admission
 from engine import OutputStream
-from gateway.edge.auth import authenticate
+from gateway.edge.auth import Caller, authenticate
 from gateway.edge.errors import APIError
 from gateway.idempotency.claim import KeyClaim
 from gateway.openai.context import RequestContext, quota_limits, read_request
@@ -63,10 +63,12 @@ async def _generation(request: Request, chat: bool, trace: RequestTrace | None) 
             ),
         )
     caller = await authenticate(request, state.keys, state.auth_budget, state.metrics.auth_failures)
-    shed = await state.edge.shed(state.engine.stats(), caller.tenant.id, quota_limits(caller))
+    shed = await state.edge.shed(
+        state.engine.stats(), caller.tenant.id, quota_limits(caller), caller.tenant.weight
+    )
     if shed is not None:  # before the body is read: an overloaded server spends nothing more on it
         raise rejected(state, caller.tenant.id, shed)
-    ctx = await read_request(request, state, caller, chat)
+    ctx = await _read_charged(request, state, caller, chat)
     if trace is not None:
         trace.identify(ctx)
     async with KeyClaim(state, ctx) as claim:
@@ -91,6 +93,48 @@ async def _generation(request: Request, chat: bool, trace: RequestTrace | None) 
     if verdict.quota_unenforced:
         headers[QUOTA_STATUS_HEADER] = "unenforced; reason=backend_unavailable"  # failed open: say so
     return RunResponse(run, headers)
+
+
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+def _spent(state: GatewayState, tenant_id: str) -> APIError | None:
+    """429 `too_many_refusals` (counted) while the tenant's refusal budget is spent."""
+    wait = state.refusals.retry_after(tenant_id)
+    if wait is None:
+        return None
+    message = "too many refused requests from this tenant; fix the requests before retrying"
+    err = APIError(429, message, "too_many_refusals", headers={"Retry-After": str(wait)})
+    return refused(state, tenant_id, err)
+
+
+def refuse_spent_tenant(scope: Scope) -> APIError | None:
+    """EdgeMiddleware's check before a body is read: a generation request whose key is in the cache and
+    whose tenant has spent its refusal budget is refused without reading (or parsing) the body."""
+    state: GatewayState | None = getattr(scope["app"].state, "gateway", None)
+    if state is None or scope.get("path") not in GENERATION_PATHS:
+        return None
+    header = next((v for k, v in scope["headers"] if k == b"authorization"), b"").decode("latin-1")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    found = state.keys.peek(token.strip())[1]
+    return None if found is None else _spent(state, found[0].id)
+
+
+async def _read_charged(request: Request, state: GatewayState, caller: Caller, chat: bool) -> RequestContext:
+    """`read_request`, refused with 429 at once while the tenant's refusal budget is spent, and charging
+    the budget for every request it refuses (a 400): refused work costs its sender."""
+    spent = _spent(state, caller.tenant.id)
+    if spent is not None:
+        raise spent
+    tenant_id = caller.tenant.id
+    try:
+        return await read_request(request, state, caller, chat)
+    except APIError as err:
+        if err.status == 400:
+            state.refusals.charge(tenant_id)
+        raise
 
 
 async def _check_request_id(state: GatewayState, ctx: RequestContext) -> None:
@@ -140,6 +184,9 @@ def _start(
     )
     run.submitted_at = time.perf_counter()
     feed = RunFeed(run, admission.slot.start, lambda outcome: _record(state, ctx, outcome, run))
+    admission.slot.on_push_out = lambda slot: run.push_out(
+        rejected(state, ctx.tenant_id, state.admission.pushed_out(slot, state.engine.stats()))
+    )
     stream: OutputStream | None = None
     meta = ctx.meta()
     if trace is not None:  # the engine's spans descend from this one (engine/tracing.py)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -16,8 +18,9 @@ from engine.limits import RequestCaps
 from gateway.edge.errors import APIError
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, first_error
 
-_TOKEN_ID = re.compile(rf"^[A-Za-z0-9._:\-/]{{1,{TASK_ID_MAX}}}$")
-assert TASK_ID_MAX == WORKFLOW_RUN_ID_MAX  # one pattern caps both headers
+# X-Task-Id and X-Workflow-Run-Id are stored in the ledger's columns of those names: capped at their width.
+_ID_CAPS = {"x-task-id": TASK_ID_MAX, "x-workflow-run-id": WORKFLOW_RUN_ID_MAX}
+_TOKEN_ID = re.compile(r"^[A-Za-z0-9._:\-/]+$")
 # Text prompts longer than this are tokenised on a worker thread, not on the event loop: the byte-level
 # tokenizer costs about a microsecond per byte here, so a 256 KiB prompt would hold every other
 # request's I/O for a quarter of a second. Below it the thread hop costs more than the work.
@@ -39,12 +42,10 @@ def _optional_id(request: Request, header: str) -> str | None:
     value = request.headers.get(header)
     if value is None:
         return None
-    if not _TOKEN_ID.match(value):
+    cap = _ID_CAPS[header]
+    if len(value) > cap or not _TOKEN_ID.match(value):
         raise APIError(
-            400,
-            f"{header} must be 1-{TASK_ID_MAX} characters of letters, digits and ._:-/",
-            "invalid_header",
-            header,
+            400, f"{header} must be 1-{cap} characters of letters, digits and ._:-/", "invalid_header", header
         )
     return value
 
@@ -100,12 +101,36 @@ class EngineInput:
 
 
 async def engine_input_async(
-    body: CompletionRequest | ChatCompletionRequest, engine: EngineClient
+    body: CompletionRequest | ChatCompletionRequest,
+    engine: EngineClient,
+    gate: Callable[[], AbstractAsyncContextManager[None]] | None = None,
 ) -> EngineInput:
-    """`engine_input`, with a large text prompt tokenised off the event loop."""
-    if _text_chars(body) > TOKENIZE_INLINE_CHARS:
+    """`engine_input`, with a large text prompt proved too long by its size alone (no tokenising), or
+    tokenised off the event loop inside `gate` (the tenant's bound on concurrent tokenisations)."""
+    if _text_chars(body) <= TOKENIZE_INLINE_CHARS:
+        return engine_input(body, engine)
+    if isinstance(body, CompletionRequest) and isinstance(body.prompt, str):
+        size_proof(body.prompt, engine, "prompt")
+    if gate is None:
         return await asyncio.to_thread(engine_input, body, engine)
-    return engine_input(body, engine)
+    async with gate():
+        return await asyncio.to_thread(engine_input, body, engine)
+
+
+def size_proof(text: str, engine: EngineClient, field_name: str) -> None:
+    """400 `context_length_exceeded` for a text whose UTF-8 size alone proves it cannot fit: every token
+    covers at most `longest_token_bytes`, so B bytes are at least B / that many tokens."""
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    per_token = engine.tokenizer.longest_token_bytes
+    limit = engine.max_model_len
+    if size > (limit - 1) * per_token:
+        raise APIError(
+            400,
+            f"{field_name} is {size} bytes, at least {-(-size // per_token)} tokens (a token covers at most "
+            f"{per_token} bytes); this model's context is {limit} tokens",
+            "context_length_exceeded",
+            field_name,
+        )
 
 
 def _text_chars(body: CompletionRequest | ChatCompletionRequest) -> int:
@@ -167,7 +192,10 @@ def _tokens(
     if isinstance(body, ChatCompletionRequest):
         try:
             caps.check_prompt_text("".join(m.text() for m in body.messages), "messages")
-            ids = tok.encode_chat([{"role": m.role, "content": m.text()} for m in body.messages])
+            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            if _text_chars(body) > TOKENIZE_INLINE_CHARS:  # rendering is cheap; encoding is what it spares
+                size_proof(tok.apply_chat_template(messages), engine, "messages")
+            ids = tok.encode_chat(messages)
         except ValueError as exc:  # InvalidRequestError (over the cap) or a chat template refusal
             raise APIError(400, str(exc), "invalid_value", "messages") from None
         max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"

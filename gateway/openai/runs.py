@@ -151,6 +151,15 @@ class Run:
             self.cancelled_by = reason
             self.abort(reason)
 
+    def push_out(self, error: APIError) -> None:
+        """A tenant under its share took this queued request's place: abort it in the engine and answer
+        its readers `error` (a 429) now, unless output has already started."""
+        if self.started or self.done:
+            return
+        self.cancel("pushed_out")
+        self.error = error
+        self.notify()
+
     def reader_left(self) -> None:
         """A reader went away; with none left, nobody wants the tokens (a keyed run: unless a retry comes)."""
         self.readers -= 1
@@ -219,7 +228,8 @@ class RunFeed:
         if not out.finished:
             run.notify()
             return
-        run.final = _final(run, out)
+        if run.error is None:  # else already answered (pushed out): nothing to keep for a replay
+            run.final = _final(run, out)
         reason = out.finish_reason or FinishReason.ERROR
         self._end(Outcome(_STATUS[reason], out.finish_reason, out.metrics, run.cancelled_by))
 

@@ -7,12 +7,20 @@ accepted when they hold the value that means "feature off", so an unchanged clie
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from billing.fields import MODEL_MAX
+from engine.boundary.messages import WIRE_INT_MAX, WIRE_INT_MIN
 from engine.request import SamplingParams
+
+# Every integer a body can carry fits the engine's wire types (a 400 naming the field, not a 500 in the
+# encoder).
+WireInt = Annotated[int, Field(ge=WIRE_INT_MIN, le=WIRE_INT_MAX)]
+# `user` becomes a fairness key (--fairness-key user) and a label of the engine's state: bounded like the
+# ledger's identifier columns.
+USER_MAX_CHARS = 128
 
 
 class _Strict(BaseModel):
@@ -58,18 +66,18 @@ class _Sampling(_Strict):
     """Fields shared by both endpoints."""
 
     model: str = Field(min_length=1, max_length=MODEL_MAX)
-    max_tokens: int | None = None
+    max_tokens: WireInt | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
-    n: int | None = None
-    seed: int | None = None
+    top_k: WireInt | None = None
+    n: WireInt | None = None
+    seed: WireInt | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[WireInt] | None = None
     ignore_eos: bool = False
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: str | None = Field(default=None, max_length=USER_MAX_CHARS)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
@@ -124,10 +132,10 @@ class _Sampling(_Strict):
 class CompletionRequest(_Sampling):
     """`POST /v1/completions`."""
 
-    prompt: str | list[int] | list[str]
-    logprobs: int | None = None
+    prompt: str | list[WireInt] | list[str]
+    logprobs: WireInt | None = None
     echo: bool = False
-    best_of: int | None = None
+    best_of: WireInt | None = None
     suffix: str | None = None
 
     @field_validator("prompt")
@@ -170,9 +178,9 @@ class ChatCompletionRequest(_Sampling):
     """`POST /v1/chat/completions`."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: WireInt | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: WireInt | None = None
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto"] | None = None

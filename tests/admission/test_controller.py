@@ -40,16 +40,23 @@ def test_feasible_deadline_admits_and_takes_slot() -> None:
     assert c.queues.queued("a") == 0
 
 
-def test_tenant_queue_429_global_503() -> None:
+def test_tenant_queue_429_push_out_then_global_503() -> None:
     c = controller(max_queued_requests=3, default_tenant_queued_requests=2)
     held = [c.admit("a", 1, 1, None, NOW, Stats()) for _ in range(2)]
     assert all(isinstance(h, Admitted) for h in held)
     over = c.admit("a", 1, 1, None, NOW, Stats())
     assert isinstance(over, Rejection) and over.status == 429 and over.code == "tenant_queue_full"
     assert isinstance(c.admit("b", 1, 1, None, NOW, Stats()), Admitted)
-    glob = c.admit("c", 1, 1, None, NOW, Stats())
+    # Full (3 of 3): c is under its share (1 of 3), a is over it (2 of 1): a's newest request makes room.
+    assert isinstance(c.admit("c", 1, 1, None, NOW, Stats()), Admitted)
+    first, newest = (h.slot for h in held if isinstance(h, Admitted))
+    assert newest.pushed_out and not first.pushed_out and c.queues.queued("a") == 1
+    # Every backlogged tenant is at its share now: a fourth tenant gets the 503.
+    glob = c.admit("d", 1, 1, None, NOW, Stats())
     assert isinstance(glob, Rejection) and glob.status == 503 and glob.code == "overloaded"
     assert glob.retry_after_s is not None and glob.retry_after_s >= 1
+    pushed = c.pushed_out(newest, Stats(waiting=1, waiting_tokens=1000, prefill_tokens_per_s=1000.0))
+    assert (pushed.status, pushed.code) == (429, "pushed_out") and pushed.retry_after_s is not None
 
 
 def test_retry_after_tracks_drain_estimate() -> None:
@@ -63,9 +70,10 @@ def test_retry_after_tracks_drain_estimate() -> None:
 
 def test_shed_only_when_global_request_bound_reached() -> None:
     c = controller(max_queued_requests=2)
-    assert c.shed(Stats()) is None
+    assert c.shed(Stats(), "c") is None
     held = [c.admit(t, 1, 1, None, NOW, Stats()) for t in ("a", "b")]
     assert all(isinstance(h, Admitted) for h in held)
-    out = c.shed(Stats(waiting=2, waiting_tokens=2000, prefill_tokens_per_s=1000.0))
+    assert c.shed(Stats(), "a") is not None  # at its share (1 of 1)
+    out = c.shed(Stats(waiting=2, waiting_tokens=2000, prefill_tokens_per_s=1000.0), "c")
     assert isinstance(out, Rejection) and out.code == "overloaded" and out.retry_after_s == 1
     assert c.queues.queued() == 2  # shedding takes no slot

@@ -109,7 +109,9 @@ def test_deadline_and_queue_refusals_carry_the_quota_state_without_reserving() -
         held = await edge.admit(_ask(10), Stats())
         assert isinstance(held, Admission)
         full = await edge.admit(_ask(10), Stats())
-        assert isinstance(full, Rejection) and full.code == "overloaded" and full.quota is not None
+        # The same tenant over its share of the full queue: its own doing, a 429.
+        assert isinstance(full, Rejection) and full.code == "over_share" and full.quota is not None
+        assert full.status == 429
         assert full.quota.remaining == 90  # the refused request reserved nothing
         shed = await edge.shed(Stats(), "t", LIMITS)
         assert shed is not None and shed.quota is not None and shed.quota.remaining == 90

@@ -21,6 +21,7 @@ from sqlalchemy import text
 from billing import BillingStore, Tenant
 from engine import AsyncEngine, EngineClient, EngineConfig
 from gateway.app import create_app
+from gateway.edge.connections import server_config
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 
@@ -102,7 +103,7 @@ def start_server(settings: GatewaySettings, engine: EngineClient | None) -> Serv
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    config = server_config(app, settings, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()
@@ -224,3 +225,24 @@ class Hogs:
             t.join(60)
         engine = self.server.state.engine
         wait_for(lambda: engine.stats().running == 0 and engine.stats().waiting == 0, 30, "engine to drain")
+
+
+@pytest.fixture()
+def gateway(server: Server) -> Iterator[Callable[..., Server]]:
+    """Start gateways on the suite's engine and database with the given settings; stopped at the end."""
+    started: list[Server] = []
+
+    def start(**fields: Any) -> Server:
+        engine = server.state.engine
+        assert isinstance(engine, AsyncEngine)
+        settings = GatewaySettings(
+            data_dir=server.state.settings.data_dir, port=0, engine=engine.config, **fields
+        )
+        srv = start_server(settings, engine)
+        srv.keys, srv.tenants = server.keys, server.tenants
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop()

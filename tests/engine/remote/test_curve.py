@@ -28,6 +28,7 @@ from engine.boundary.messages import Submit
 from engine.boundary.process_engine import EngineStartError
 from engine.remote.client import RemoteEngine
 from engine.remote.curve import ClusterKey, ClusterKeyError, create_key_file
+from engine.remote.messages import Announce, FromServer, Hello
 from engine.remote.server import EngineServer
 from gateway.settings import GatewaySettings
 from tests.defaults import GATEWAY_TIMEOUT_S, GRACE_PERIOD_S, HEARTBEAT_TIMEOUT_S
@@ -202,3 +203,37 @@ def test_the_engine_command_refuses_a_bad_key_file(tmp_path: Path) -> None:
         timeout=120,
     )
     assert run.returncode == 2 and "cluster_key_file" in run.stderr and "40 Z85" in run.stderr
+
+
+def test_the_handshake_names_no_tenant(keyed_engine: EngineServer, key_dir: Path) -> None:
+    """A peer's Hello is answered with the engine's figures, but nothing about tenants, even once the
+    engine has served one (the iteration reports of a joined gateway carry those)."""
+    key = ClusterKey.load(key_dir / "ours")
+    engine = RemoteEngine(keyed_engine.address, HEARTBEAT_TIMEOUT_S, cluster_key=key)
+    try:
+        engine.start()
+        generate(engine, "a tenant's work", "named-1")
+    finally:
+        engine.shutdown()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = (
+        key.engine_public,
+        key.gateway_public,
+        key.gateway_secret,
+    )
+    try:
+        sock.connect(keyed_engine.address)
+        sock.send(msgspec.msgpack.encode(Hello("peer-1")))
+        decoder = msgspec.msgpack.Decoder(FromServer)
+        assert sock.poll(30_000), "no answer to the Hello within 30 s"
+        announce = decoder.decode(sock.recv())
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+    assert isinstance(announce, Announce) and announce.model_name
+    stats = announce.stats
+    assert stats.service == {} and stats.waiting_by_tenant == {} and stats.running_by_tenant == {}
+    link = keyed_engine._link  # the engine's own latest stats do name tenant t, which it served
+    assert link is not None and "t" in link.latest_stats.service

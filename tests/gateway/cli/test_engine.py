@@ -79,3 +79,26 @@ def test_engine_settings_read_the_same_environment_and_file_as_serve(
     serve_toml.write_text('engines = ["tcp://127.0.0.1:7001"]\n')
     serve = GatewaySettings.load({"data_dir": str(tmp_path)}, serve_toml)
     assert serve.engines == ["tcp://127.0.0.1:7001"] and serve.engine.max_num_seqs == 5
+
+
+@pytest.mark.parametrize("listen", ["tcp://0.0.0.0:0", "tcp://*:0", "tcp://10.1.2.3:7001", "tcp://[::]:0"])
+def test_a_non_loopback_port_without_a_cluster_key_is_refused(
+    listen: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["engine", "--listen", listen, "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--cluster-key" in err and "--insecure-no-cluster-key" in err
+    allowed = EngineServerSettings.load({"listen": listen, "insecure_no_cluster_key": True})
+    keyed = EngineServerSettings.load({"listen": listen, "cluster_key_file": tmp_path / "key"})
+    assert allowed.listen == keyed.listen == listen
+
+
+def test_loopback_without_a_cluster_key_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with socket.socket() as taken:  # a taken port: the command stops right after the warning
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["engine", "--listen", f"tcp://127.0.0.1:{port}", "--data-dir", str(tmp_path)]) == 1
+    assert any("no --cluster-key" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")

@@ -1,0 +1,230 @@
+"""Fair at the door: an equal-weight tenant's success rate and latency beside each flood of issue #25.
+
+    .venv/bin/python -m bench.door            # about 1-2 minutes
+    .venv/bin/python -m bench.door --quick    # a few seconds per phase (the test's run)
+
+Starts `fairserve serve` (a subprocess, its engine in its own process) with two tenants of weight 1, then
+alternates phases in one run: tenant A alone (4 closed-loop clients, 100-token prompts, max_tokens=1),
+then A beside one flood, for each flood in turn. The floods run in a child process:
+
+- queue: tenant B, 140 clients of 2,047-token prompts (max_tokens=1), within its own 200-request bound
+  (above the default 64, so that B alone can fill the 262,144-token bound, as 64 did the old 131,072);
+- refusable: tenant B, 4 clients posting 256 KiB text prompts that can only be refused;
+- slow_headers: 300 connections from 127.0.0.2 sending a request's headers one byte a second (each one
+  the server closes is reopened half a second later);
+- spoofed_xff: 4 clients from 127.0.0.3 with bad keys and a random X-Forwarded-For on each request.
+
+Reported per flood: A's success rate and p50 latency as a ratio to the alone phases (alternation keeps the
+machine's drift out of the ratio), what the flood got back, the slow connections the server closed and the
+spoofed requests answered 429. The server runs with `--header-timeout 2` so a short phase sees the timeout
+act (the default is 10 s); everything else is the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from typing import Any
+
+import httpx
+
+FLOODS = ("queue", "refusable", "slow_headers", "spoofed_xff")
+
+
+def start_server(data_dir: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """`fairserve serve --port 0`, its banner (url, api_key, admin_token) once it listens."""
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data-dir", data_dir]
+    proc = subprocess.Popen(
+        [*cmd, "--header-timeout", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    banner: dict[str, str] = {}
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        key, sep, value = line.strip().partition(": ")
+        if sep:
+            banner[key] = value
+        if key == "admin_token":
+            return proc, banner
+    raise RuntimeError("fairserve serve did not start")
+
+
+def make_tenant(url: str, admin_token: str, name: str, **fields: Any) -> str:
+    """Create a tenant of weight 1 through the admin API; returns its key."""
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=30) as c:
+        tenant = c.post("/admin/api/tenants", json={"name": name, "weight": 1.0, **fields}).json()
+        return str(c.post(f"/admin/api/tenants/{tenant['id']}/keys", json={"name": "bench"}).json()["secret"])
+
+
+async def _loop(
+    client: httpx.AsyncClient, until: float, body: Any, headers: Any, out: list[tuple[int, float]]
+) -> None:
+    """One closed-loop client: POST until `until`, recording (status, seconds); status 0 for an error."""
+    while time.monotonic() < until:
+        start = time.perf_counter()
+        try:
+            content, given = body(), {"Content-Type": "application/json", **headers()}
+            resp = await client.post("/v1/completions", content=content, headers=given)
+            out.append((resp.status_code, time.perf_counter() - start))
+        except httpx.HTTPError:
+            out.append((0, time.perf_counter() - start))
+
+
+async def clients(
+    url: str, n: int, seconds: float, body: Any, headers: Any, source: str | None = None
+) -> list[tuple[int, float]]:
+    """`n` closed-loop clients for `seconds`, from `source` (a local address) if given."""
+    out: list[tuple[int, float]] = []
+    transport = httpx.AsyncHTTPTransport(local_address=source) if source else None
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits, transport=transport) as client:
+        until = time.monotonic() + seconds
+        await asyncio.gather(*(_loop(client, until, body, headers, out) for _ in range(n)))
+    return out
+
+
+async def slow_headers(url: str, n: int, seconds: float) -> Counter[str]:
+    """`n` connections from 127.0.0.2 sending header bytes one a second; each one the server closes is
+    counted and replaced."""
+    host, port = url.removeprefix("http://").split(":")
+    counts: Counter[str] = Counter()
+    until = time.monotonic() + seconds
+
+    async def one() -> None:
+        while time.monotonic() < until:
+            try:
+                reader, writer = await asyncio.open_connection(host, int(port), local_addr=("127.0.0.2", 0))
+            except OSError:
+                counts["connect_failed"] += 1
+                await asyncio.sleep(0.1)  # pacing a refused reconnect, not waiting for a condition
+                continue
+            counts["opened"] += 1
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            try:
+                while time.monotonic() < until:
+                    writer.write(b"a")
+                    await writer.drain()
+                    if await asyncio.wait_for(reader.read(1), 1.0) == b"":
+                        counts["closed_by_server"] += 1
+                        break
+            except TimeoutError:
+                pass  # the phase ended while the connection was still open
+            except OSError:
+                counts["closed_by_server"] += 1
+            finally:
+                writer.close()
+            await asyncio.sleep(
+                0.5
+            )  # reopening half a second after a close: a holding attack, not an accept flood
+
+    await asyncio.gather(*(one() for _ in range(n)))
+    return counts
+
+
+def flood(kind: str, url: str, key: str, seconds: float, results: Any) -> None:
+    """Child process: run one flood for `seconds` and put what it got back on `results`."""
+    if kind == "slow_headers":
+        results.put(dict(asyncio.run(slow_headers(url, 300, seconds))))
+        return
+    model = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"][0]["id"]
+    auth = {"Authorization": f"Bearer {key}"}
+    n, source = 4, None
+    prompt: str | list[int] = "x" * (256 * 1024)  # refusable: only a refusal can answer these
+    if kind == "queue":
+        n, prompt = 140, [65] * 2047
+    elif kind == "spoofed_xff":
+        n, source, prompt = 4, "127.0.0.3", "x"
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 1}).encode()  # encoded once
+
+    def headers() -> dict[str, str]:  # spoofed: a bad key, each request claiming another client address
+        if kind != "spoofed_xff":
+            return auth
+        return {"Authorization": "Bearer fs-bad", "X-Forwarded-For": f"10.{random.randrange(1 << 16)}.0.1"}
+
+    out = asyncio.run(clients(url, n, seconds, lambda: body, headers, source))
+    results.put(dict(Counter(str(status) for status, _ in out)))
+
+
+def phase(url: str, a_key: str, model: str, seconds: float, kind: str | None, b_key: str) -> dict[str, Any]:
+    """Tenant A for `seconds`, alone or beside the flood `kind` (in a child process)."""
+    results: Any = mp.get_context("spawn").Queue()
+    child = None
+    if kind is not None:
+        child = mp.get_context("spawn").Process(target=flood, args=(kind, url, b_key, seconds + 1.0, results))
+        child.start()
+        time.sleep(1.0)  # the flood's warm-up (a phase boundary, not a synchronisation)
+    body = json.dumps({"model": model, "prompt": [65] * 100, "max_tokens": 1}).encode()
+    auth = {"Authorization": f"Bearer {a_key}"}
+    out = asyncio.run(clients(url, 4, seconds, lambda: body, lambda: auth))
+    got = {} if child is None else results.get(timeout=seconds + 120)
+    if child is not None:
+        child.join(30)
+    ok = [s for status, s in out if status == 200]
+    return {"sent": len(out), "ok": len(ok), "p50_s": statistics.median(ok) if ok else None, "flood": got}
+
+
+def run(seconds: float, rounds: int, floods: tuple[str, ...] = FLOODS) -> dict[str, Any]:
+    """Alternate A alone and A beside each flood, `rounds` times; the report per flood."""
+    with tempfile.TemporaryDirectory() as data_dir:
+        proc, banner = start_server(data_dir)
+        try:
+            url = banner["url"]
+            a_key = make_tenant(url, banner["admin_token"], "door-a")
+            b_key = make_tenant(url, banner["admin_token"], "door-b", max_queued_requests=200)
+            model = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {a_key}"}).json()
+            name = model["data"][0]["id"]
+            alone: list[dict[str, Any]] = []
+            beside: dict[str, list[dict[str, Any]]] = {k: [] for k in floods}
+            for _ in range(rounds):
+                for kind in floods:
+                    alone.append(phase(url, a_key, name, seconds, None, b_key))
+                    beside[kind].append(phase(url, a_key, name, seconds, kind, b_key))
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    return report(alone, beside)
+
+
+def report(alone: list[dict[str, Any]], beside: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Success rate and p50 ratio per flood, and what each flood got back (summed over rounds)."""
+    base = statistics.median(p["p50_s"] for p in alone if p["p50_s"] is not None)
+    out: dict[str, Any] = {"alone": {"p50_ms": round(base * 1e3, 2), "ok": sum(p["ok"] for p in alone)}}
+    for kind, phases in beside.items():
+        sent, ok = sum(p["sent"] for p in phases), sum(p["ok"] for p in phases)
+        p50s = [p["p50_s"] for p in phases if p["p50_s"] is not None]
+        flood_got: Counter[str] = Counter()
+        for p in phases:
+            flood_got.update(p["flood"])
+        out[kind] = {
+            "success_rate": round(ok / sent, 4) if sent else None,
+            "p50_ratio": round(statistics.median(p50s) / base, 2) if p50s else None,
+            "sent": sent,
+            "flood": dict(flood_got),
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run and print the JSON report."""
+    p = argparse.ArgumentParser(prog="python -m bench.door", description=__doc__.split("\n\n")[0])
+    p.add_argument("--phase", type=float, default=6.0, help="seconds per phase")
+    p.add_argument("--rounds", type=int, default=1, help="alternations of alone/flood per flood")
+    p.add_argument("--quick", action="store_true", help="1.5-second phases, one round (for a test)")
+    p.add_argument("--floods", default=",".join(FLOODS), help="which floods, comma-separated")
+    args = p.parse_args(argv)
+    floods = tuple(f for f in args.floods.split(",") if f in FLOODS)
+    result = run(1.5 if args.quick else args.phase, 1 if args.quick else args.rounds, floods)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Refused work is charged to its sender: a per-tenant budget of refusals, and a per-tenant bound on the
+prompts being tokenised off the event loop at once.
+
+A request that can only be refused (a prompt over the context, a bad field) still costs the server its
+body, its parsing and perhaps its tokenisation, and writes no ledger row and spends no quota. Each one
+is charged here to its tenant: a token bucket (`burst`, refilled at `rate_per_s`, the same bucket as the
+per-address authentication failures, gateway/edge/auth_guard.py) that, once empty, answers the tenant's
+next requests 429 + Retry-After before their bodies are parsed. The tokenisation bound keeps one tenant's
+large prompts from taking every worker thread (and the GIL time they need) from the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+from gateway.edge.auth_guard import FailureBudget
+
+
+class RefusalBudget:
+    """Per tenant: refusals allowed (a token bucket) and concurrent off-loop tokenisations (a semaphore)."""
+
+    def __init__(self, burst: int, rate_per_s: float, tokenize_concurrency: int) -> None:
+        if tokenize_concurrency < 1:
+            raise ValueError("tokenize_concurrency must be >= 1")
+        self.budget = FailureBudget(burst, rate_per_s)
+        self.tokenize_concurrency = tokenize_concurrency
+        self._gates: dict[str, tuple[asyncio.Semaphore, int]] = {}  # tenant -> (semaphore, users)
+
+    def retry_after(self, tenant_id: str) -> int | None:
+        """Whole seconds until the tenant may be refused again, or None while it has budget left."""
+        return self.budget.retry_after(tenant_id)
+
+    def charge(self, tenant_id: str) -> None:
+        """Count one refused request of the tenant."""
+        self.budget.charge(tenant_id)
+
+    def tokenizing(self, tenant_id: str) -> AbstractAsyncContextManager[None]:
+        """Hold one of the tenant's tokenisation slots (waiting while all are taken)."""
+        return self._slot(tenant_id)
+
+    @asynccontextmanager
+    async def _slot(self, tenant_id: str) -> AsyncIterator[None]:
+        gate, users = self._gates.get(tenant_id) or (asyncio.Semaphore(self.tokenize_concurrency), 0)
+        self._gates[tenant_id] = (gate, users + 1)
+        try:
+            async with gate:
+                yield
+        finally:
+            gate, users = self._gates[tenant_id]
+            if users > 1:
+                self._gates[tenant_id] = (gate, users - 1)
+            else:  # nobody holds or waits for it: forget the tenant (the map stays bounded)
+                del self._gates[tenant_id]
+
+    def tokenizing_now(self, tenant_id: str) -> int:
+        """The tenant's tokenisations holding or waiting for a slot."""
+        return self._gates.get(tenant_id, (None, 0))[1]
