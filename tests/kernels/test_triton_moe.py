@@ -30,7 +30,7 @@ def test_matches_reference(
 ) -> None:
     x, w13, w2, weights, ids = _moe_inputs(tokens, hidden, inter, experts, top_k, seed=tokens)
     expected = fused_moe_ref(x, w13, w2, weights, ids)
-    got = fused_moe(*(t.to(device) for t in (x, w13, w2, weights, ids)))
+    got = fused_moe(x.to(device), w13.to(device), w2.to(device), weights.to(device), ids.to(device))
     torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-4)
 
 
@@ -39,7 +39,7 @@ def test_experts_nobody_picked_and_half_precision(device: torch.device) -> None:
     ids = torch.tensor([[0, 5]] * 9)  # experts 1..4 get no tokens
     weights = torch.full((9, 2), 0.5)
     expected = fused_moe_ref(x, w13, w2, weights, ids)
-    got = fused_moe(*(t.to(device) for t in (x, w13, w2, weights, ids)))
+    got = fused_moe(x.to(device), w13.to(device), w2.to(device), weights.to(device), ids.to(device))
     torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-4)
     # Triton's interpreter computes bfloat16 through numpy, which has no such type: bf16 on CUDA only.
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
