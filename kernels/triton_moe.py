@@ -43,6 +43,7 @@ def _grouped_gemm_kernel(
     stride_om,
     A_ROW_DIVISOR: tl.constexpr,
     SCALE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -69,10 +70,10 @@ def _grouped_gemm_kernel(
             mask=(cols[None, :] < N) & (ks[:, None] < K),
             other=0.0,
         )
-        # ieee: fp32 weights stay fp32 (no TF32), so the kernel agrees with the torch path to rounding.
-        acc = tl.dot(a, w.to(a.dtype), acc, input_precision="ieee")
+        # ieee for fp32: fp32 weights stay fp32 (no TF32), so the kernel agrees with the torch path to rounding.
+        acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PRECISION)
     if SCALE:
-        acc *= tl.load(weights_ptr + pairs, mask=valid, other=0.0).to(tl.float32)[:, None]
+        acc = acc * tl.load(weights_ptr + pairs, mask=valid, other=0.0).to(tl.float32)[:, None]
     tl.store(
         out_ptr + pairs[:, None] * stride_om + cols[None, :],
         acc.to(out_ptr.dtype.element_ty),
@@ -130,6 +131,7 @@ def _grouped_gemm(
         out.stride(0),
         A_ROW_DIVISOR=row_divisor,
         SCALE=weights is not None,
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",  # as kernels/triton_attention.py
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
