@@ -1,8 +1,8 @@
 """Engine throughput on CPU: fairserve `LLM.generate` against transformers `generate()` and `generate_batch()`.
 
-One run, one random-weight Llama loaded by both sides from the same directory, one workload of mixed
-prompt and output lengths (each spread over >= 10x), greedy with EOS ignored so every system produces
-exactly the requested tokens. Peers run one after another in this process with the same torch
+One run, one random-weight model (a Llama, or `--arch qwen3|qwen3_moe|gemma3`) loaded by both
+sides from the same directory, one workload of mixed prompt and output lengths (each spread over
+>= 10x), greedy with EOS ignored so every system produces exactly the requested tokens. Peers run one after another in this process with the same torch
 thread count, each after its own warm-up. Throughput is useful output tokens / wall seconds:
 
 - fairserve: `engine.LLM.generate` (continuous batching, chunked prefill, paged KV cache);
@@ -34,18 +34,7 @@ from typing import Any
 
 import torch
 
-PAD_ID = 258  # the byte tokenizer's <pad>
-# A bigger random Llama than the embedded default (written on demand): ~25M parameters.
-SMALL_GEOMETRY: dict[str, Any] = {
-    "hidden_size": 512,
-    "intermediate_size": 1376,
-    "num_hidden_layers": 8,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "head_dim": 64,
-    "vocab_size": 262,
-    "max_position_embeddings": 2048,
-}
+from bench.small_models import ARCHES, PAD_ID, write_small_model
 
 
 @dataclass
@@ -99,27 +88,8 @@ def make_workload(
     return Workload(prompts, outputs)
 
 
-def write_small_model(path: Path) -> None:
-    """Save the SMALL_GEOMETRY random Llama (float32) with transformers, plus the byte tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from engine.tokenizer import write_byte_tokenizer
-
-    config = LlamaConfig(
-        **SMALL_GEOMETRY,
-        bos_token_id=256,
-        eos_token_id=257,
-        pad_token_id=PAD_ID,
-        tie_word_embeddings=False,
-        initializer_range=0.05,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    write_byte_tokenizer(path)
-
-
 def load_hf(model_dir: Path) -> Any:
-    """transformers' LlamaForCausalLM on the same directory, float32, with EOS switched off."""
+    """transformers' model of the same directory (any architecture), float32, with EOS switched off."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -270,7 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--model",
         default="small",
-        help="'default' (embedded tiny model), 'small' (~25M random Llama), or a model directory",
+        help="'default' (embedded tiny model), 'small' (~25M random model of --arch), or a model directory",
+    )
+    parser.add_argument(
+        "--arch", default="llama", choices=list(ARCHES), help="the architecture of --model small"
     )
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, nargs=2, default=(8, 256), metavar=("MIN", "MAX"))
@@ -311,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             model_dir = default_model_dir()
         elif args.model == "small":
             model_dir = Path(tmp)
-            write_small_model(model_dir)
+            write_small_model(model_dir, args.arch)
         else:
             model_dir = Path(args.model)
         runs: dict[str, Callable[[Workload], int]] = {}
@@ -331,8 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             runs[label] = hf_continuous_runner(hf, args.hf_num_blocks, args.hf_max_batch_tokens)
         results = measure(runs, workload, warmup, args.repeats)
     header = (
-        f"## Engine throughput, CPU ({args.threads} torch threads): {params / 1e6:.1f}M-param random Llama "
-        f"({args.model}), fp32, {args.num_requests} requests, prompts {args.prompt_len[0]}-{args.prompt_len[1]} "
+        f"## Engine throughput, CPU ({args.threads} torch threads): {params / 1e6:.1f}M-param random "
+        f"{args.arch if args.model == 'small' else 'model'} ({args.model}), fp32, {args.num_requests} requests, prompts {args.prompt_len[0]}-{args.prompt_len[1]} "
         f"tokens, outputs {args.output_len[0]}-{args.output_len[1]} tokens, greedy, EOS ignored"
     )
     if any(r.system == "fairserve" for r in results):
@@ -342,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps(
             {
                 "model": args.model,
+                "arch": args.arch,
                 "params": params,
                 "threads": args.threads,
                 "torch": torch.__version__,

@@ -24,6 +24,10 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     backend: str = "torch"
+    # Sliding-window layers of a model that also has full-attention layers keep their KV in a pool of
+    # their own whose blocks are freed once they fall behind the window (engine/window_cache.py); this
+    # is that pool's layout of the same batch. None: every layer uses the fields above.
+    window_group: AttentionMetadata | None = None
 
 
 StoreFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]

@@ -119,6 +119,10 @@ class LLMEngine:
             self.device,
             resolve_backend(config.attention_backend, self.device),
             config.seed,
+            # Sliding layers free blocks behind their window only without prefix caching (engine/window_cache.py).
+            window_seats=None
+            if config.enable_prefix_caching
+            else (config.max_num_seqs, config.max_num_batched_tokens),
         )
         self.scheduler.swap_out = self._swap_out
         self.scheduler.swap_in = self._swap_in

@@ -84,7 +84,7 @@ def load_model(
         )
     torch_dtype = resolve_dtype(dtype, hf_config, device)
     model = build_model(cfg, torch_dtype, torch.device(device))
-    cast(CausalLM, model).load_weights(_iter_tensors(weight_files))  # every registered model has it
+    cast(CausalLM, model).load_weights(iter_tensors(weight_files))  # every registered model has it
     name = DEFAULT_MODEL_NAME if path is None else root.resolve().name
     return LoadedModel(model=model, config=cfg, tokenizer=tokenizer, path=root, dtype=torch_dtype, name=name)
 
@@ -122,7 +122,8 @@ def safetensors_files(root: Path) -> list[Path]:
     return files
 
 
-def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every checkpoint tensor in the shards, one at a time."""
     # One tensor at a time, so peak memory stays near the model size rather than twice it.
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 import numpy as np
@@ -12,10 +12,12 @@ from torch import nn
 
 from engine.attention import AttentionMetadata, KVCache
 from engine.input_batch import BlockTableRows
+from engine.models.config import ModelConfig
 from engine.models.protocol import CausalLM
 from engine.request import Request
 from engine.sampler import Sampler
 from engine.scheduler import SchedulerOutput
+from engine.window_cache import WindowBlocks, pool_blocks
 
 
 def _token_slice(request: Request, start: int, end: int) -> list[int]:
@@ -50,6 +52,8 @@ class HostBatch:
     sample_rows: list[int]
     sampling: list[Request]  # the requests of `sample_rows`, fixed here (the scheduler moves on meanwhile)
     placeholders: bool  # some ids are still in flight (async scheduling): -(1 + row of the previous samples)
+    window_slots: torch.Tensor | None = None  # the sliding-window group's layout (engine/window_cache.py)
+    window_table: torch.Tensor | None = None
 
 
 @dataclass
@@ -76,20 +80,37 @@ class ModelRunner:
         device: torch.device,
         backend: str,
         seed: int,
+        window_seats: tuple[int, int] | None = None,
     ) -> None:
         self.model = model
         self.block_size = block_size
         self.device = device
         self.backend = backend
+        # window_seats (max_num_seqs, max_num_batched_tokens), given when prefix caching is off: a model
+        # mixing sliding-window and full layers keeps the sliding layers' KV in a pool that frees blocks
+        # behind the window (engine/window_cache.py); the BlockPool's blocks back the other layers.
+        self.window_layers, window = _mixed_window_layers(model, num_layers) if window_seats else ([], 0)
+        self.windows: WindowBlocks | None = None
+        if self.window_layers and window_seats:
+            size = pool_blocks(window, block_size, *window_seats)
+            kv_shape = (num_kv_heads, head_dim)
+            self.windows = WindowBlocks(
+                window, block_size, len(self.window_layers), kv_shape, dtype, device, size
+            )
+        self.main_layers = [i for i in range(num_layers) if i not in self.window_layers]
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         self.kv_caches: list[KVCache] = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(num_layers)
+            if i in self.main_layers
+            else (torch.empty(0), torch.empty(0))
+            for i in range(num_layers)
         ]
+        self._sync_window_caches()
         self.sampler = Sampler(seed)
         self.timing = RunnerTiming()
         self.block_rows = BlockTableRows()
         self._swapped: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._swapped_windows: dict[str, tuple[list[int], list[KVCache]]] = {}
 
     def prepare(
         self, out: SchedulerOutput, block_tables: dict[str, list[int]]
@@ -107,8 +128,40 @@ class ModelRunner:
         lists = [block_tables[i] for i in ids]
         table = self.block_rows.gather(self.block_rows.rows(ids, lists), max(map(len, lists), default=1))
         if out.num_batched_tokens == len(chunks):
-            return self._prepare_one_token_each(out, table)
-        return self._prepare_chunks(out, torch.from_numpy(table))
+            batch = self._prepare_one_token_each(out, table)
+        else:
+            batch = self._prepare_chunks(out, torch.from_numpy(table))
+        if self.windows is not None:
+            batch.window_slots, batch.window_table = self._window_layout(out, batch, self.windows)
+        return batch
+
+    def _window_layout(
+        self, out: SchedulerOutput, batch: HostBatch, windows: WindowBlocks
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sliding-window group's slots and block table for the batch, freeing what fell behind."""
+        scheduled = {c.request.request_id for c in out.chunks}
+        for victim, record in out.preempted:
+            # Recompute restarts it from 0 (a claim from 0 starts afresh anyway); a swap already saved and
+            # freed its blocks, and may have restored them within this very step.
+            if record.mode == "recompute" and victim.request_id not in scheduled:
+                windows.release(victim.request_id)
+        windows.trim_idle(scheduled)
+        rows = [windows.claim(c.request.request_id, c.start, c.start + c.length) for c in out.chunks]
+        table = np.zeros((len(rows), max(map(len, rows), default=1)), dtype=np.int64)
+        for r, row in enumerate(rows):
+            table[r, : len(row)] = row
+        self._sync_window_caches()
+        positions = batch.positions.numpy()
+        token_rows = np.repeat(np.arange(len(rows)), np.diff(batch.starts.numpy()))
+        bs = self.block_size
+        slots = table[token_rows, positions // bs] * bs + positions % bs
+        return torch.from_numpy(slots), torch.from_numpy(table)
+
+    def _sync_window_caches(self) -> None:
+        """Point the sliding layers at the window pool's tensors (new ones after it grew)."""
+        if self.windows is not None:
+            for layer, cache in zip(self.window_layers, self.windows.caches, strict=True):
+                self.kv_caches[layer] = cache
 
     def _prepare_chunks(self, out: SchedulerOutput, table_t: torch.Tensor) -> HostBatch:
         """Any mix of prefill chunks and decodes."""
@@ -187,6 +240,10 @@ class ModelRunner:
             max_seq_len=int(batch.seq_lens.max()) if len(batch.seq_lens) else 0,
             backend=self.backend,
         )
+        if batch.window_slots is not None and batch.window_table is not None:
+            meta.window_group = replace(
+                meta, slot_mapping=batch.window_slots.to(dev), block_tables=batch.window_table.to(dev)
+            )
         ids = batch.ids.to(dev)
         if batch.placeholders:
             # Async scheduling: a token sampled by the previous forward is still a placeholder in the host
@@ -236,28 +293,57 @@ class ModelRunner:
     def swap_out(self, request: Request, block_ids: list[int]) -> int:
         """Copy a request's computed blocks to host memory; returns bytes moved."""
         ids = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        saved = [(k[ids].to("cpu", copy=True), v[ids].to("cpu", copy=True)) for k, v in self.kv_caches]
+        main = [self.kv_caches[i] for i in self.main_layers]
+        saved = [(k[ids].to("cpu", copy=True), v[ids].to("cpu", copy=True)) for k, v in main]
         self._swapped[request.request_id] = saved
-        return sum(k.numel() * k.element_size() * 2 for k, _ in saved)
+        if self.windows is not None:
+            self._swapped_windows[request.request_id] = self.windows.save(request.request_id)
+        return self._swapped_size(request.request_id)
 
     def swap_in(self, request: Request, block_ids: list[int]) -> int:
         """Copy a swapped request's blocks back into freshly allocated blocks; returns bytes moved."""
+        moved = self._swapped_size(request.request_id)
         saved = self._swapped.pop(request.request_id)
         ids = torch.tensor(block_ids[: saved[0][0].shape[0]], dtype=torch.long, device=self.device)
-        for (k, v), (sk, sv) in zip(self.kv_caches, saved, strict=True):
+        for (k, v), (sk, sv) in zip([self.kv_caches[i] for i in self.main_layers], saved, strict=True):
             k[ids] = sk.to(self.device)
             v[ids] = sv.to(self.device)
-        return sum(k.numel() * k.element_size() * 2 for k, _ in saved)
+        window = self._swapped_windows.pop(request.request_id, None)
+        if self.windows is not None and window is not None:
+            self.windows.restore(request.request_id, *window)
+            self._sync_window_caches()
+        return moved
 
     def forget(self, request_id: str) -> None:
         """A request ended: free its block-table row and any swapped copy."""
         self.block_rows.forget(request_id)
         self._swapped.pop(request_id, None)
+        self._swapped_windows.pop(request_id, None)
+        if self.windows is not None:
+            self.windows.release(request_id)
 
     def drop_swapped(self, request_id: str) -> None:
         """Forget a swapped copy whose request ended while swapped out."""
         self._swapped.pop(request_id, None)
+        self._swapped_windows.pop(request_id, None)
 
     def swapped_bytes(self) -> int:
         """Host bytes currently holding swapped blocks."""
-        return sum(k.numel() * k.element_size() * 2 for saved in self._swapped.values() for k, _ in saved)
+        return sum(self._swapped_size(request_id) for request_id in self._swapped)
+
+    def _swapped_size(self, request_id: str) -> int:
+        window = self._swapped_windows.get(request_id)
+        copies = self._swapped.get(request_id, []) + (window[1] if window else [])
+        return sum(k.numel() * k.element_size() * 2 for k, _ in copies)
+
+
+def _mixed_window_layers(model: nn.Module, num_layers: int) -> tuple[list[int], int]:
+    """The sliding-window layers of a model that also has full-attention ones, and their window (else none:
+    a model whose every layer slides keeps them all in the BlockPool)."""
+    config = getattr(model, "config", None)
+    if not isinstance(config, ModelConfig):
+        return [], 0
+    sliding = [i for i in range(num_layers) if config.window(i) is not None]
+    if not 0 < len(sliding) < num_layers or config.sliding_window is None:
+        return [], 0
+    return sliding, config.sliding_window

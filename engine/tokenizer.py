@@ -9,17 +9,20 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import tokenizers
 from jinja2 import TemplateError
+from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 BYTE_SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>")
 
-# The template used when a model ships none: "<|role|>\ncontent\n" per message, then "<|assistant|>\n".
-FALLBACK_CHAT_TEMPLATE = (
+# The embedded byte tokenizer's own chat template (written into its tokenizer_config.json, so the default
+# model chats): "<|role|>\ncontent\n" per message, then "<|assistant|>\n".
+BYTE_CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
@@ -46,8 +49,13 @@ class Tokenizer:
         self.chat_template = chat_template
         self._add_bos = add_bos_token
         self.vocab_size: int = tk.get_vocab_size(with_added_tokens=True)
-        self._template_env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        # The environment transformers renders chat templates in: loop controls, its tojson, strftime_now.
+        self._template_env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        )
         self._template_env.globals["raise_exception"] = _raise_template_error
+        self._template_env.globals["strftime_now"] = _strftime_now
+        self._template_env.filters["tojson"] = _tojson
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:
@@ -108,7 +116,8 @@ class Tokenizer:
         return None if result is None else int(result)
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """Render messages with the model's chat template (sandboxed jinja2), or the fallback template."""
+        """Render messages with the model's own chat template (sandboxed jinja2); NoChatTemplateError when
+        the model ships none (a guessed format would prompt it in a way it was never trained on)."""
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise ValueError(f"messages[{i}] must be an object with a string 'role'")
@@ -116,8 +125,13 @@ class Tokenizer:
             "bos_token": self._token_text(self.bos_token_id),
             "eos_token": self._token_text(self.eos_token_ids[0] if self.eos_token_ids else None),
         }
+        if not self.chat_template:
+            raise NoChatTemplateError(
+                "this model has no chat template (tokenizer_config.json 'chat_template' or chat_template.jinja): "
+                "use /v1/completions, or add the model's template to its directory"
+            )
         try:
-            template = self._template_env.from_string(self.chat_template or FALLBACK_CHAT_TEMPLATE)
+            template = self._template_env.from_string(self.chat_template)
             return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **special)
         except TemplateError as exc:
             raise ValueError(f"chat template failed: {exc}") from exc
@@ -282,7 +296,7 @@ def byte_tokenizer_config() -> dict[str, Any]:
         "pad_token": "<|pad|>",
         "add_bos_token": True,
         "model_max_length": 2048,
-        "chat_template": FALLBACK_CHAT_TEMPLATE,
+        "chat_template": BYTE_CHAT_TEMPLATE,
     }
 
 
@@ -314,5 +328,26 @@ def read_json(path: Path) -> dict[str, Any]:
     return loaded if isinstance(loaded, dict) else {}
 
 
+class NoChatTemplateError(ValueError):
+    """The model directory has no chat template, so a chat cannot be rendered as the model expects."""
+
+
 def _raise_template_error(message: str) -> None:
     raise TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # transformers' tojson: plain json.dumps (jinja2's own escapes <, >, & and ' for HTML).
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )

@@ -1,6 +1,6 @@
 """GPU kernel benchmark: decode attention bandwidth and prefill-chunk TFLOP/s against torch SDPA in the same run.
 
-Run by experiments/gpu_check.sh on a CUDA machine (H200 targets: 4.8 TB/s HBM). Prints Markdown tables and
+Run by bench/gpu_check.sh on a CUDA machine (H200 targets: 4.8 TB/s HBM). Prints Markdown tables and
 writes JSON to --out (default $OUT/gpu_kernels.json, else ./artifacts/gpu_kernels.json).
 """
 

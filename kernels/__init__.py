@@ -1,4 +1,4 @@
-"""Attention kernels: Triton for CUDA, torch reference twins for CPU and for tests. Imports nothing of ours.
+"""Attention and fused-MoE kernels: Triton for CUDA, torch reference twins for CPU and for tests. Imports nothing of ours.
 
 `store_kv` and `paged_attention` (the Triton kernels) are imported on first use, so `import kernels`
 works where Triton is absent and TRITON_INTERPRET can still be set before they are built.

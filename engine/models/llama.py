@@ -1,74 +1,37 @@
-"""Llama-family decoder (Llama, Qwen2, Mistral) over a flat token batch and a paged KV cache.
+"""Llama-family decoder (Llama, Qwen2, Mistral, Qwen3, Qwen3-MoE) over a flat token batch and a paged KV cache.
 
 Tokens of every sequence in the batch are laid end to end (no padding); `positions` says where
 each token sits in its own sequence, and `AttentionMetadata` says which cache slots it reads and
 writes. q/k/v and gate/up projections are fused into one matmul each; `load_weights` maps the
-Hugging Face checkpoint names onto the fused shards.
+Hugging Face checkpoint names onto the fused shards. Config-driven options: q/k/v bias, per-layer
+sliding windows, Qwen3's q/k norms, Qwen3-MoE's routed experts on its sparse layers.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionMetadata, KVCache, paged_attention
 from engine.models.config import ModelConfig
-
-
-class RMSNorm(nn.Module):
-    """Root-mean-square norm computed in float32, weight applied in the model dtype (as HF does)."""
-
-    def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(size, dtype=dtype, device=device))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalise the last dimension of x."""
-        if x.dtype == torch.float32:
-            return F.rms_norm(
-                x, self.weight.shape, self.weight, self.eps
-            )  # one fused kernel, same math in fp32
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
-
-
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies of the rotary embedding, with linear or llama3 scaling applied."""
-    dim = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    scaling = cfg.rope_scaling
-    if scaling is None:
-        return inv_freq
-    factor = float(scaling["factor"])
-    if scaling["rope_type"] == "linear":
-        return inv_freq / factor
-    # llama3: keep high frequencies, divide low ones by `factor`, interpolate in between.
-    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-    old_len = float(scaling["original_max_position_embeddings"])
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-    smooth = (old_len / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
-    return torch.where(medium, smoothed, scaled)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """HF's rotary convention (halves of the head dimension pair up): x*cos + rotate_half(x)*sin.
-
-    `signed_sin` carries rotate_half's minus sign on its first half, so the rotation is one roll.
-    """
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+from engine.models.layers import (
+    RMSNorm,
+    WeightTargets,
+    activation,
+    apply_rope,
+    linear,
+    linear_targets,
+    norm_class,
+    rope_inv_freq,
+    rope_tables,
+)
+from engine.models.moe import SparseMoeBlock
 
 
 class LlamaAttention(nn.Module):
-    """Grouped-query self-attention with fused qkv, RoPE and the paged attention call."""
+    """Grouped-query self-attention with fused qkv, optional q/k norms, RoPE and the paged attention call."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
@@ -76,12 +39,16 @@ class LlamaAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.scale = cfg.head_dim**-0.5
-        self.sliding_window = cfg.sliding_window
-        self.qkv_proj = _linear(
+        self.scale = cfg.attn_scale or cfg.head_dim**-0.5
+        self.sliding_window = cfg.window(layer_idx)
+        self.soft_cap = cfg.attn_soft_cap
+        self.qkv_proj = linear(
             cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.attention_bias, dtype, device
         )
-        self.o_proj = _linear(self.q_size, cfg.hidden_size, cfg.o_proj_bias, dtype, device)
+        self.o_proj = linear(self.q_size, cfg.hidden_size, cfg.o_proj_bias, dtype, device)
+        norm = norm_class(cfg)
+        self.q_norm = norm(cfg.head_dim, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
+        self.k_norm = norm(cfg.head_dim, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
 
     def forward(
         self,
@@ -94,39 +61,82 @@ class LlamaAttention(nn.Module):
         """x: [N, hidden]; cos/sin: [N, 1, head_dim] in x's dtype (sin sign-folded, see apply_rope)."""
         heads = self.num_heads + self.num_kv_heads
         qkv = self.qkv_proj(x).view(-1, heads + self.num_kv_heads, self.head_dim)
-        # q and k heads are adjacent in the fused projection: rotate them in one pass.
-        qk = apply_rope(qkv[:, :heads], cos, sin)
+        if self.q_norm is not None and self.k_norm is not None:
+            qk = torch.cat(
+                (self.q_norm(qkv[:, : self.num_heads]), self.k_norm(qkv[:, self.num_heads : heads])), 1
+            )
+        else:
+            qk = qkv[:, :heads]
+        # q and k heads are adjacent: rotate them in one pass.
+        qk = apply_rope(qk, cos, sin)
         q, k, v = qk[:, : self.num_heads], qk[:, self.num_heads :], qkv[:, heads:]
-        out = paged_attention(q, k, v, kv_cache, meta, scale=self.scale, sliding_window=self.sliding_window)
+        if self.sliding_window is not None and meta.window_group is not None:
+            meta = (
+                meta.window_group
+            )  # this layer's KV lives in the window-sized pool (engine/window_cache.py)
+        out = paged_attention(
+            q,
+            k,
+            v,
+            kv_cache,
+            meta,
+            scale=self.scale,
+            sliding_window=self.sliding_window,
+            soft_cap=self.soft_cap,
+        )
         projected: torch.Tensor = self.o_proj(out.reshape(-1, self.q_size))
         return projected
 
+    def weight_targets(self, prefix: str) -> WeightTargets:
+        """HF q/k/v/o projections (and q/k norms) onto the fused parameters."""
+        q, kv = self.q_size, self.kv_size
+        targets = linear_targets(f"{prefix}.q_proj", self.qkv_proj, 0, q)
+        targets |= linear_targets(f"{prefix}.k_proj", self.qkv_proj, q, kv)
+        targets |= linear_targets(f"{prefix}.v_proj", self.qkv_proj, q + kv, kv)
+        targets |= linear_targets(f"{prefix}.o_proj", self.o_proj, 0, self.o_proj.out_features)
+        if self.q_norm is not None and self.k_norm is not None:
+            targets[f"{prefix}.q_norm.weight"] = (self.q_norm.weight, 0, self.head_dim)
+            targets[f"{prefix}.k_norm.weight"] = (self.k_norm.weight, 0, self.head_dim)
+        return targets
+
 
 class LlamaMLP(nn.Module):
-    """SwiGLU feed-forward with fused gate/up projection."""
+    """Gated feed-forward (SwiGLU, or GELU-tanh for Gemma) with fused gate/up projection."""
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.intermediate_size = cfg.intermediate_size
-        self.gate_up_proj = _linear(cfg.hidden_size, 2 * cfg.intermediate_size, cfg.mlp_bias, dtype, device)
-        self.down_proj = _linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, dtype, device)
+        self.act = cfg.hidden_act
+        self.gate_up_proj = linear(cfg.hidden_size, 2 * cfg.intermediate_size, cfg.mlp_bias, dtype, device)
+        self.down_proj = linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """down(silu(gate(x)) * up(x))."""
+        """down(act(gate(x)) * up(x))."""
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        down: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        down: torch.Tensor = self.down_proj(activation(self.act, gate) * up)
         return down
+
+    def weight_targets(self, prefix: str) -> WeightTargets:
+        """HF gate/up/down projections onto the fused parameters."""
+        inter = self.intermediate_size
+        targets = linear_targets(f"{prefix}.gate_proj", self.gate_up_proj, 0, inter)
+        targets |= linear_targets(f"{prefix}.up_proj", self.gate_up_proj, inter, inter)
+        return targets | linear_targets(f"{prefix}.down_proj", self.down_proj, 0, self.down_proj.out_features)
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm attention and MLP blocks, each with a residual connection."""
+    """Pre-norm attention and MLP (dense or routed experts) blocks, each with a residual connection."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        norm = norm_class(cfg)
+        self.hidden_size = cfg.hidden_size
+        self.input_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.self_attn = LlamaAttention(cfg, layer_idx, dtype, device)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.mlp = LlamaMLP(cfg, dtype, device)
+        self.post_attention_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.mlp: LlamaMLP | SparseMoeBlock = (
+            SparseMoeBlock(cfg, dtype, device) if cfg.is_sparse(layer_idx) else LlamaMLP(cfg, dtype, device)
+        )
 
     def forward(
         self,
@@ -141,37 +151,42 @@ class LlamaDecoderLayer(nn.Module):
         mlp: torch.Tensor = self.mlp(self.post_attention_layernorm(h))
         return h + mlp
 
+    def weight_targets(self, prefix: str) -> WeightTargets:
+        """This layer's HF tensor names onto its parameters."""
+        targets = self.self_attn.weight_targets(f"{prefix}.self_attn") | self.mlp.weight_targets(
+            f"{prefix}.mlp"
+        )
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            targets[f"{prefix}.{name}.weight"] = (getattr(self, name).weight, 0, self.hidden_size)
+        return targets
+
 
 class LlamaForCausalLM(nn.Module):
     """The whole decoder: embeddings, layers, final norm and LM head, over a flat batch."""
 
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
+    layer_class: type[LlamaDecoderLayer] = LlamaDecoderLayer
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.config = cfg
         self.dtype = dtype
-        # An uninitialised weight (the loader fills it) handed in directly, not skip_init: see _linear.
+        # An uninitialised weight (the loader fills it) handed in directly, not skip_init: see layers.linear.
         self.embed_tokens = nn.Embedding(
             cfg.vocab_size,
             cfg.hidden_size,
             _weight=torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device),
         )
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, dtype, device) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.lm_head = _linear(cfg.hidden_size, cfg.vocab_size, False, dtype, device)
+        self.layers = nn.ModuleList(self.layer_class(cfg, i, dtype, device) for i in range(cfg.num_layers))
+        self.norm: RMSNorm = norm_class(cfg)(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.lm_head = linear(cfg.hidden_size, cfg.vocab_size, False, dtype, device)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        # cos/sin for every position in float32, cast to the model dtype per forward like HF does;
-        # sin carries rotate_half's sign on its first half (see apply_rope).
-        inv_freq = rope_inv_freq(cfg)
-        freqs = torch.outer(torch.arange(cfg.max_position_embeddings).float(), inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("rope_cos", emb.cos().to(device), persistent=False)
-        half = emb.shape[-1] // 2
-        sign = torch.cat((-torch.ones(half), torch.ones(emb.shape[-1] - half)))
-        self.register_buffer("rope_sin", (emb.sin() * sign).to(device), persistent=False)
+        inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        cos, sin = rope_tables(inv_freq, cfg.max_position_embeddings, device)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
 
     def forward(
         self,
@@ -196,9 +211,10 @@ class LlamaForCausalLM(nn.Module):
         logits: torch.Tensor = self.lm_head(hidden)
         return logits.float()
 
+    @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named checkpoint tensors into the (fused) parameters; raise on missing/mis-shaped ones."""
-        targets = self._weight_targets()
+        targets = self.weight_targets()
         loaded: set[str] = set()
         for name, tensor in named_tensors:
             if name.endswith("rotary_emb.inv_freq"):
@@ -215,18 +231,17 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(
                     f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, expected {expected}"
                 )
-            with torch.no_grad():
-                param[start : start + size].copy_(tensor)
+            param[start : start + size].copy_(tensor)
             loaded.add(name)
         missing = sorted(set(targets) - loaded)
         if missing:
             more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
             raise ValueError(f"checkpoint is missing tensors: {', '.join(missing[:5])}{more}")
 
-    def _weight_targets(self) -> dict[str, tuple[torch.Tensor, int, int]]:
+    def weight_targets(self) -> WeightTargets:
         """HF tensor name -> (our parameter, first row, number of rows) it fills."""
         cfg = self.config
-        targets: dict[str, tuple[torch.Tensor, int, int]] = {
+        targets: WeightTargets = {
             "model.embed_tokens.weight": (self.embed_tokens.weight, 0, cfg.vocab_size),
             "model.norm.weight": (self.norm.weight, 0, cfg.hidden_size),
         }
@@ -234,41 +249,5 @@ class LlamaForCausalLM(nn.Module):
             targets["lm_head.weight"] = (self.lm_head.weight, 0, cfg.vocab_size)
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, LlamaDecoderLayer)
-            p = f"model.layers.{i}."
-            attn, mlp = layer.self_attn, layer.mlp
-            q, kv = attn.q_size, attn.kv_size
-            suffixes = ("weight", "bias") if cfg.attention_bias else ("weight",)
-            for suffix in suffixes:
-                fused = getattr(attn.qkv_proj, suffix)
-                targets[f"{p}self_attn.q_proj.{suffix}"] = (fused, 0, q)
-                targets[f"{p}self_attn.k_proj.{suffix}"] = (fused, q, kv)
-                targets[f"{p}self_attn.v_proj.{suffix}"] = (fused, q + kv, kv)
-            for suffix in ("weight", "bias") if cfg.o_proj_bias else ("weight",):
-                targets[f"{p}self_attn.o_proj.{suffix}"] = (getattr(attn.o_proj, suffix), 0, cfg.hidden_size)
-            inter = cfg.intermediate_size
-            for suffix in ("weight", "bias") if cfg.mlp_bias else ("weight",):
-                targets[f"{p}mlp.gate_proj.{suffix}"] = (getattr(mlp.gate_up_proj, suffix), 0, inter)
-                targets[f"{p}mlp.up_proj.{suffix}"] = (getattr(mlp.gate_up_proj, suffix), inter, inter)
-                targets[f"{p}mlp.down_proj.{suffix}"] = (getattr(mlp.down_proj, suffix), 0, cfg.hidden_size)
-            targets[f"{p}input_layernorm.weight"] = (layer.input_layernorm.weight, 0, cfg.hidden_size)
-            targets[f"{p}post_attention_layernorm.weight"] = (
-                layer.post_attention_layernorm.weight,
-                0,
-                cfg.hidden_size,
-            )
+            targets |= layer.weight_targets(f"model.layers.{i}")
         return targets
-
-
-class _UninitialisedLinear(nn.Linear):
-    """nn.Linear whose parameters are allocated but not initialised: load_weights fills every one of them.
-
-    Not torch.nn.utils.skip_init: that runs the random init on the meta device, through torch's Python
-    reference implementations, which cost about a second of every engine worker start (docs/engine.md).
-    """
-
-    def reset_parameters(self) -> None:
-        """Nothing: the weights come from the checkpoint or the seeded default model."""
-
-
-def _linear(n_in: int, n_out: int, bias: bool, dtype: torch.dtype, device: torch.device) -> nn.Linear:
-    return _UninitialisedLinear(n_in, n_out, bias=bias, dtype=dtype, device=device)

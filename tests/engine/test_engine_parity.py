@@ -50,11 +50,26 @@ class Reference:
         return self.memo[key]
 
 
-@pytest.fixture(scope="module", params=["LlamaConfig", "Qwen2Config"])
+# The config class of each architecture and what its small random config adds to COMMON.
+ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", {}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        {"head_dim": 16, "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2},
+    ),
+    # Layer 0 slides over 12 tokens, layer 1 is global: prompts and outputs run well past the window.
+    "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": 12, "sliding_window_pattern": 2}),
+}
+
+
+@pytest.fixture(scope="module", params=list(ARCHITECTURES))
 def reference(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Reference:
     root = tmp_path_factory.mktemp(request.param)
     torch.manual_seed(7)
-    cfg = getattr(transformers, request.param)(**COMMON)
+    config_cls, extra = ARCHITECTURES[request.param]
+    cfg = getattr(transformers, config_cls)(**COMMON, **extra)
     hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0

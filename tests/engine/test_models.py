@@ -1,4 +1,4 @@
-"""Model forward parity with `transformers` for Llama, Qwen2 and Mistral over the paged flat-batch path."""
+"""Model forward parity with `transformers` for every registered architecture over the paged flat-batch path."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from engine.attention import AttentionMetadata
-from engine.loader import LoadedModel, load_model
+from engine.loader import LoadedModel, iter_tensors, load_model, safetensors_files
 from engine.models import ModelConfig, build_model
 from engine.tokenizer import write_byte_tokenizer
 
@@ -46,7 +46,33 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "qwen2": ("Qwen2Config", {}),
     "mistral": ("MistralConfig", {"sliding_window": 8}),
+    "qwen3-tied": ("Qwen3Config", {"head_dim": 16, "tie_word_embeddings": True}),
+    # Layer 0 routes (norm_topk_prob), layer 1 is dense (mlp_only_layers).
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        {
+            "head_dim": 16,
+            "moe_intermediate_size": 32,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "norm_topk_prob": True,
+            "mlp_only_layers": [1],
+        },
+    ),
+    # Layer 0 slides (window 8, local RoPE base), layer 1 is global; final logits soft-capped.
+    "gemma3": (
+        "Gemma3TextConfig",
+        {
+            "head_dim": 16,
+            "sliding_window": 8,
+            "sliding_window_pattern": 2,
+            "query_pre_attn_scalar": 16,
+            "final_logit_softcapping": 10.0,
+        },
+    ),
 }
+# Saved in small shards with an index, as large checkpoints are.
+SHARDED = ("qwen3_moe", "gemma3")
 
 
 @dataclass
@@ -68,7 +94,7 @@ def _save_hf_model(root: Path, variant: str) -> Any:
         for name, p in hf.named_parameters():
             if name.endswith("norm.weight") or name.endswith(".bias"):
                 p.add_(torch.randn_like(p) * 0.1)
-    hf.save_pretrained(root)
+    hf.save_pretrained(root, max_shard_size="100KB" if variant in SHARDED else "5GB")
     write_byte_tokenizer(root)
     return hf.eval()
 
@@ -215,7 +241,9 @@ def test_half_precision_loads_and_runs(pair: Pair, dtype_name: str, dtype: torch
 
 
 def test_unsupported_architecture_is_named() -> None:
-    with pytest.raises(ValueError, match="GPT2LMHeadModel"):
+    with pytest.raises(
+        ValueError, match="GPT2LMHeadModel.*supported: .*Qwen3MoeForCausalLM.*Gemma3ForCausalLM"
+    ):
         ModelConfig.from_hf_config({"architectures": ["GPT2LMHeadModel"], "hidden_size": 64})
     with pytest.raises(ValueError, match="rope_scaling type 'yarn'"):
         ModelConfig.from_hf_config(
@@ -243,7 +271,8 @@ def test_unsupported_architecture_is_named() -> None:
 
 def test_load_weights_rejects_missing_and_misshaped_tensors(pair: Pair) -> None:
     cfg = pair.ours.config
-    state = dict(pair.hf.state_dict())
+    # The checkpoint's names (transformers' in-memory MoE names fuse the experts; files list them one by one).
+    state = dict(iter_tensors(safetensors_files(pair.path)))
     model = build_model(cfg, torch.float32, torch.device("cpu"))
     missing = {k: v for k, v in state.items() if k != "model.layers.1.mlp.up_proj.weight"}
     with pytest.raises(ValueError, match=r"missing tensors: model\.layers\.1\.mlp\.up_proj\.weight"):
@@ -254,3 +283,43 @@ def test_load_weights_rejects_missing_and_misshaped_tensors(pair: Pair) -> None:
         model.load_weights(bad.items())  # type: ignore[operator]
     with pytest.raises(ValueError, match="unexpected checkpoint tensor 'model.layers.9.foo'"):
         model.load_weights([*state.items(), ("model.layers.9.foo", torch.zeros(1))])  # type: ignore[operator]
+
+
+def test_new_architectures_read_their_options(tmp_path: Path) -> None:
+    """The config fields each new architecture needs reach ModelConfig (and sharded checkpoints load)."""
+    moe = load_model(_saved(tmp_path / "moe", "qwen3_moe"), dtype="float32", device="cpu").config
+    assert (moe.architecture, moe.num_experts, moe.num_experts_per_tok, moe.norm_topk_prob) == (
+        "qwen3_moe",
+        4,
+        2,
+        True,
+    )
+    assert [moe.is_sparse(i) for i in range(2)] == [True, False] and moe.qk_norm
+    assert len(list((tmp_path / "moe").glob("model-*.safetensors"))) > 1
+    gemma = load_model(_saved(tmp_path / "gemma", "gemma3"), dtype="float32", device="cpu").config
+    assert gemma.layer_types == ["sliding_attention", "full_attention"]
+    assert [gemma.window(i) for i in range(2)] == [8, None]
+    assert gemma.local_rope_theta == 10000.0 and gemma.rope_theta == 1_000_000.0
+    assert gemma.embed_scale == 8.0 and gemma.attn_scale == 0.25 and gemma.final_soft_cap == 10.0
+    assert gemma.hidden_act == "gelu_pytorch_tanh" and gemma.tie_word_embeddings
+
+
+def test_sparse_step_picks_the_routed_layers() -> None:
+    base = {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "vocab_size": 10,
+        "hidden_size": 8,
+        "intermediate_size": 16,
+    }
+    d = base | {"num_hidden_layers": 4, "num_attention_heads": 2, "num_experts": 4, "num_experts_per_tok": 2}
+    cfg = ModelConfig.from_hf_config(
+        d | {"moe_intermediate_size": 4, "decoder_sparse_step": 2, "mlp_only_layers": [3]}
+    )
+    assert [cfg.is_sparse(i) for i in range(4)] == [False, True, False, False]
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        ModelConfig.from_hf_config(d | {"moe_intermediate_size": 4, "num_experts_per_tok": 5})
+
+
+def _saved(root: Path, variant: str) -> Path:
+    _save_hf_model(root, variant)
+    return root

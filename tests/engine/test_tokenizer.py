@@ -10,7 +10,13 @@ import tokenizers
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from engine.tokenizer import BYTE_SPECIAL_TOKENS, Tokenizer, byte_tokenizer_config, write_byte_tokenizer
+from engine.tokenizer import (
+    BYTE_SPECIAL_TOKENS,
+    NoChatTemplateError,
+    Tokenizer,
+    byte_tokenizer_config,
+    write_byte_tokenizer,
+)
 
 
 @pytest.fixture(scope="module")
@@ -145,16 +151,12 @@ def test_detokenizer_uses_prompt_context_for_leading_spaces(tmp_path: Path) -> N
     assert tok.detokenizer(prompt).push(tok.encode("world")) == " world"
 
 
-def test_fallback_chat_template_renders(tmp_path: Path) -> None:
+def test_a_model_without_a_chat_template_is_refused_not_guessed(tmp_path: Path) -> None:
     write_byte_tokenizer(tmp_path)  # no tokenizer_config.json: no template
     tok = Tokenizer.from_dir(tmp_path)
     assert tok.chat_template is None
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "héllo"}]
-    assert tok.apply_chat_template(messages) == "<|system|>\nbe brief\n<|user|>\nhéllo\n<|assistant|>\n"
-    assert (
-        tok.apply_chat_template(messages, add_generation_prompt=False)
-        == "<|system|>\nbe brief\n<|user|>\nhéllo\n"
-    )
+    with pytest.raises(NoChatTemplateError, match="no chat template.*/v1/completions"):
+        tok.encode_chat([{"role": "user", "content": "hi"}])
 
 
 def test_byte_tokenizer_chat_template_uses_role_tokens(tok: Tokenizer) -> None:

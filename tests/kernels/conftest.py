@@ -17,7 +17,7 @@ import torch
 ON_CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 if not ON_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
-    for name in ("kernels.triton_store", "kernels.triton_attention"):
+    for name in ("kernels.triton_store", "kernels.triton_attention", "kernels.triton_moe"):
         module = sys.modules.get(name)
         if module is not None:
             importlib.reload(module)

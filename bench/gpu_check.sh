@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one prepared GPU check (an H200; well under 10 minutes): kernel correctness on CUDA against the
-# torch reference (bf16 included), decode bandwidth and prefill TFLOP/s against SDPA, and engine
-# decode throughput against transformers. Results (Markdown + JSON) go to $OUT, else ./artifacts.
-# Usage: bash experiments/gpu_check.sh [--quick]      (PYTHON=... to pick the interpreter)
+# torch reference (bf16 included), decode bandwidth and prefill TFLOP/s against SDPA, the fused-MoE
+# kernel against its torch path, and engine decode throughput against transformers. Results (Markdown + JSON) go to $OUT, else ./artifacts.
+# Usage: bash bench/gpu_check.sh [--quick]      (PYTHON=... to pick the interpreter)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="${OUT:-./artifacts}"
@@ -31,6 +31,7 @@ nvidia-smi -L || true
 $PYTHON -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
 step kernel_tests 200 $PYTHON -m pytest tests/kernels -q -p no:cacheprovider -o addopts="" -rs
 step gpu_kernels 200 $PYTHON -m experiments.gpu_kernels --out "$OUT_DIR/gpu_kernels.json" $QUICK
+step gpu_moe 90 $PYTHON -m experiments.gpu_moe --out "$OUT_DIR/gpu_moe.json" $QUICK
 if [ "$QUICK" != "--quick" ]; then
     step gpu_engine 180 $PYTHON -m experiments.gpu_engine --out "$OUT_DIR/gpu_engine.json"
 fi

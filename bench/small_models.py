@@ -1,0 +1,67 @@
+"""Small random-weight models of each architecture the engine runs, saved with transformers for the CPU benches.
+
+One geometry (~25M parameters for the dense ones) with each architecture's own extras: Qwen3's q/k
+norms, Qwen3-MoE's routed experts (8 experts, top 2, every layer sparse), Gemma 3's interleaved
+sliding-window layers (window 128, one global layer in four).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PAD_ID = 258  # the byte tokenizer's <pad>
+SMALL_GEOMETRY: dict[str, Any] = {
+    "hidden_size": 512,
+    "intermediate_size": 1376,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "vocab_size": 262,
+    "max_position_embeddings": 2048,
+}
+# transformers config class and what each architecture adds to SMALL_GEOMETRY.
+ARCHES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", {}),
+    "qwen3": ("Qwen3Config", {}),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        {"moe_intermediate_size": 344, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True},
+    ),
+    "gemma3": (
+        "Gemma3TextConfig",
+        {
+            "sliding_window": 128,
+            "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+            "query_pre_attn_scalar": 64,
+        },
+    ),
+}
+
+
+def write_small_model(path: Path, arch: str = "llama") -> None:
+    """Save the SMALL_GEOMETRY random model of `arch` (float32) with transformers, plus the byte tokenizer."""
+    import transformers
+
+    from engine.tokenizer import write_byte_tokenizer
+
+    config_cls, extra = ARCHES[arch]
+    geometry = dict(SMALL_GEOMETRY)
+    if "layer_types" in extra:
+        repeats = geometry["num_hidden_layers"] // len(extra["layer_types"])
+        extra = extra | {"layer_types": extra["layer_types"] * repeats}
+    config = getattr(transformers, config_cls)(
+        **geometry,
+        **extra,
+        bos_token_id=256,
+        eos_token_id=257,
+        pad_token_id=PAD_ID,
+        tie_word_embeddings=False,
+        initializer_range=0.05,
+    )
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    write_byte_tokenizer(path)

@@ -1,0 +1,100 @@
+"""Gemma 3 text decoder: the Llama decoder with Gemma's differences, over the same flat batch and paged cache.
+
+- sliding-window and global layers interleave (`ModelConfig.layer_types`), each kind with its own
+  RoPE base (`local_rope_theta` for the sliding ones, unscaled);
+- embeddings are scaled by sqrt(hidden); norms are (1 + w) RMSNorms; q/k heads are normed before
+  RoPE; the attention scale is query_pre_attn_scalar ** -0.5, with tanh soft-capping when configured;
+- each block is sandwiched: a norm before and after attention, and before and after the GELU-tanh MLP.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention import AttentionMetadata, KVCache
+from engine.models.config import ModelConfig
+from engine.models.layers import RMSNorm, WeightTargets, norm_class, rope_inv_freq, rope_tables
+from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+
+
+class Gemma3DecoderLayer(LlamaDecoderLayer):
+    """Pre- and post-norms around both attention and MLP."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__(cfg, layer_idx, dtype, device)
+        norm = norm_class(cfg)
+        self.pre_feedforward_layernorm: RMSNorm = norm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.post_feedforward_layernorm: RMSNorm = norm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.sliding = cfg.window(layer_idx) is not None
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """One sandwich-normed block; cos/sin are this layer kind's (local or global) RoPE tables."""
+        attn = self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
+        h = h + self.post_attention_layernorm(attn)
+        out: torch.Tensor = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        return out
+
+    def weight_targets(self, prefix: str) -> WeightTargets:
+        """The Llama layer's names plus the two feed-forward norms."""
+        targets = super().weight_targets(prefix)
+        for name in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
+            targets[f"{prefix}.{name}.weight"] = (getattr(self, name).weight, 0, self.hidden_size)
+        return targets
+
+
+class Gemma3ForCausalLM(LlamaForCausalLM):
+    """Scaled embeddings, two RoPE tables (global and local), optional final logit soft-capping."""
+
+    local_cos: torch.Tensor
+    local_sin: torch.Tensor
+    layer_class = Gemma3DecoderLayer
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__(cfg, dtype, device)
+        local = rope_inv_freq(cfg.head_dim, cfg.local_rope_theta or cfg.rope_theta, None)
+        cos, sin = rope_tables(local, cfg.max_position_embeddings, device)
+        self.register_buffer("local_cos", cos, persistent=False)
+        self.register_buffer("local_sin", sin, persistent=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        attn_meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """input_ids, positions: [N]; returns final hidden [N, hidden]."""
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"expected {len(self.layers)} KV caches, got {len(kv_caches)}")
+        h = self.embed_tokens(input_ids)
+        # HF multiplies by sqrt(hidden) rounded to the model dtype.
+        h = h * torch.tensor(self.config.embed_scale or 1.0, dtype=h.dtype)
+        ropes = {
+            False: (
+                self.rope_cos[positions].to(h.dtype).unsqueeze(1),
+                self.rope_sin[positions].to(h.dtype).unsqueeze(1),
+            ),
+            True: (
+                self.local_cos[positions].to(h.dtype).unsqueeze(1),
+                self.local_sin[positions].to(h.dtype).unsqueeze(1),
+            ),
+        }
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            assert isinstance(layer, Gemma3DecoderLayer)
+            cos, sin = ropes[layer.sliding]
+            h = layer(h, cos, sin, kv_cache, attn_meta)
+        normed: torch.Tensor = self.norm(h)
+        return normed
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits in float32, soft-capped when final_logit_softcapping is set."""
+        logits = self.lm_head(hidden).float()
+        cap = self.config.final_soft_cap
+        return logits if cap is None else torch.tanh(logits / cap) * cap

@@ -1,0 +1,115 @@
+"""Building blocks the decoders share: norms, rotary tables, activations and uninitialised linears."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.config import ModelConfig
+
+# HF tensor name -> (our parameter, first row, number of rows) it fills.
+WeightTargets = dict[str, tuple[torch.Tensor, int, int]]
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in float32, weight applied in the model dtype (as HF Llama does)."""
+
+    def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(size, dtype=dtype, device=device))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise the last dimension of x."""
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one fused kernel, same math
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's norm: the stored weight is an offset, (1 + w) scales, all in float32 before the cast back."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise the last dimension of x."""
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, object] | None) -> torch.Tensor:
+    """Inverse frequencies of the rotary embedding, with linear or llama3 scaling applied."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling is None:
+        return inv_freq
+    factor = float(str(scaling["factor"]))
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    # llama3: keep high frequencies, divide low ones by `factor`, interpolate in between.
+    low, high = float(str(scaling["low_freq_factor"])), float(str(scaling["high_freq_factor"]))
+    old_len = float(str(scaling["original_max_position_embeddings"]))
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(
+    inv_freq: torch.Tensor, max_positions: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sign-folded sin for every position, float32 (cast to the model dtype per forward, as HF does)."""
+    freqs = torch.outer(torch.arange(max_positions).float(), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    half = emb.shape[-1] // 2
+    sign = torch.cat((-torch.ones(half), torch.ones(emb.shape[-1] - half)))
+    return emb.cos().to(device), (emb.sin() * sign).to(device)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """HF's rotary convention (halves of the head dimension pair up): x*cos + rotate_half(x)*sin.
+
+    `signed_sin` carries rotate_half's minus sign on its first half, so the rotation is one roll.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+
+
+def activation(name: str, x: torch.Tensor) -> torch.Tensor:
+    """The gated MLP's activation: SiLU (Llama, Qwen) or tanh-approximated GELU (Gemma)."""
+    if name == "gelu_pytorch_tanh":
+        return F.gelu(x, approximate="tanh")
+    return F.silu(x)
+
+
+def norm_class(cfg: ModelConfig) -> type[RMSNorm]:
+    """The RMSNorm flavour of an architecture."""
+    return GemmaRMSNorm if cfg.architecture == "gemma3" else RMSNorm
+
+
+class _UninitialisedLinear(nn.Linear):
+    """nn.Linear whose parameters are allocated but not initialised: load_weights fills every one of them.
+
+    Not torch.nn.utils.skip_init: that runs the random init on the meta device, through torch's Python
+    reference implementations, which cost about a second of every engine worker start (docs/engine.md).
+    """
+
+    def reset_parameters(self) -> None:
+        """Nothing: the weights come from the checkpoint or the seeded default model."""
+
+
+def linear(n_in: int, n_out: int, bias: bool, dtype: torch.dtype, device: torch.device) -> nn.Linear:
+    """An uninitialised nn.Linear (see _UninitialisedLinear)."""
+    return _UninitialisedLinear(n_in, n_out, bias=bias, dtype=dtype, device=device)
+
+
+def linear_targets(prefix: str, layer: nn.Linear, start: int, rows: int) -> WeightTargets:
+    """Targets of one HF linear (`prefix`.weight and, when the layer has one, `prefix`.bias) in a fused layer."""
+    targets: WeightTargets = {f"{prefix}.weight": (layer.weight, start, rows)}
+    if layer.bias is not None:
+        targets[f"{prefix}.bias"] = (layer.bias, start, rows)
+    return targets

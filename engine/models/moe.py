@@ -1,0 +1,53 @@
+"""Qwen3-MoE's routed-expert MLP: a router picks top_k experts per token, their SwiGLU outputs are mixed.
+
+Expert weights are held fused, [experts, 2 * inter, hidden] (gate rows then up rows) and
+[experts, hidden, inter], the layout of the fused-MoE kernels: the torch path on CPU
+(kernels/moe_reference.py) and one Triton grouped GEMM per projection on CUDA (kernels/triton_moe.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.config import ModelConfig
+from engine.models.layers import WeightTargets
+from kernels.moe_reference import fused_moe_ref, route
+
+
+class SparseMoeBlock(nn.Module):
+    """Router plus experts; each token's output is the routing-weighted sum of its top_k experts' MLPs."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.num_experts, self.top_k = cfg.num_experts, cfg.num_experts_per_tok
+        self.normalise = cfg.norm_topk_prob
+        self.inter = cfg.moe_intermediate_size
+        hidden = cfg.hidden_size
+        # Allocated, not initialised: load_weights fills every expert.
+        self.gate = nn.Parameter(torch.empty(self.num_experts, hidden, dtype=dtype, device=device))
+        self.w13 = nn.Parameter(
+            torch.empty(self.num_experts, 2 * self.inter, hidden, dtype=dtype, device=device)
+        )
+        self.w2 = nn.Parameter(torch.empty(self.num_experts, hidden, self.inter, dtype=dtype, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [N, hidden] -> [N, hidden]."""
+        weights, ids = route(F.linear(x, self.gate), self.top_k, self.normalise)
+        if x.is_cuda:
+            from kernels.triton_moe import fused_moe
+
+            return fused_moe(x, self.w13, self.w2, weights, ids)
+        return fused_moe_ref(x, self.w13, self.w2, weights, ids)
+
+    def weight_targets(self, prefix: str) -> WeightTargets:
+        """HF names: `mlp.gate.weight` and `mlp.experts.<e>.{gate,up,down}_proj.weight`."""
+        hidden = self.w2.shape[1]
+        targets: WeightTargets = {f"{prefix}.gate.weight": (self.gate, 0, self.num_experts)}
+        for e in range(self.num_experts):
+            p = f"{prefix}.experts.{e}"
+            targets[f"{p}.gate_proj.weight"] = (self.w13[e], 0, self.inter)
+            targets[f"{p}.up_proj.weight"] = (self.w13[e], self.inter, self.inter)
+            targets[f"{p}.down_proj.weight"] = (self.w2[e], 0, hidden)
+        return targets

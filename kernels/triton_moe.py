@@ -1,0 +1,201 @@
+# Triton kernels are a DSL: `triton.jit` is untyped and kernel arguments take Triton's own annotations.
+# mypy: allow-untyped-defs, allow-incomplete-defs, allow-untyped-decorators
+"""Triton fused MoE: one grouped GEMM launch per projection over every (token, expert) pair of a batch.
+
+Twin of `kernels.moe_reference.fused_moe_ref` (layouts there). The (token, k) pairs are sorted by
+expert and each expert's run is padded to a multiple of BLOCK_M (`align_by_expert`), so every
+BLOCK_M-row tile of the sorted list belongs to one expert: a program loads that expert's weight tile
+and multiplies the gathered rows by it (`_grouped_gemm_kernel`). The first launch computes gate|up for
+each pair, the second the down projection scaled by the routing weight; the top_k rows of a token are
+summed at the end.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels.checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    KernelInputError,
+    check_dtype,
+    check_rank,
+    check_same_device,
+    is_interpreted,
+)
+
+
+@triton.jit
+def _grouped_gemm_kernel(
+    a_ptr,
+    w_ptr,
+    out_ptr,
+    weights_ptr,
+    sorted_pairs_ptr,
+    tile_experts_ptr,
+    num_pairs,
+    N,
+    K,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_om,
+    A_ROW_DIVISOR: tl.constexpr,
+    SCALE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """out[pair] = a[pair // A_ROW_DIVISOR] @ w[expert].T (times the pair's routing weight when SCALE)."""
+    tile = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(tile_experts_ptr + tile)
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(sorted_pairs_ptr + rows)
+    valid = pairs < num_pairs  # padding entries hold num_pairs
+    a_rows = pairs // A_ROW_DIVISOR
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(
+            a_ptr + a_rows[:, None] * stride_am + ks[None, :],
+            mask=valid[:, None] & (ks[None, :] < K),
+            other=0.0,
+        )
+        w = tl.load(
+            w_ptr + expert * stride_we + cols[None, :] * stride_wn + ks[:, None],
+            mask=(cols[None, :] < N) & (ks[:, None] < K),
+            other=0.0,
+        )
+        # ieee for fp32: fp32 weights stay fp32 (no TF32), so the kernel agrees with the torch path to rounding.
+        acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PRECISION)
+    if SCALE:
+        acc = acc * tl.load(weights_ptr + pairs, mask=valid, other=0.0).to(tl.float32)[:, None]
+    tl.store(
+        out_ptr + pairs[:, None] * stride_om + cols[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=valid[:, None] & (cols[None, :] < N),
+    )
+
+
+def align_by_expert(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted pair ids padded per expert to a multiple of block_m with num_pairs, expert of each tile)."""
+    flat = topk_ids.reshape(-1).long()
+    num_pairs = flat.numel()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts)
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_starts = torch.cumsum(padded, 0) - padded
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(num_pairs, device=flat.device) - starts[flat[order]]
+    total = int(padded.sum())
+    sorted_pairs = torch.full((total,), num_pairs, dtype=torch.int64, device=flat.device)
+    sorted_pairs[padded_starts[flat[order]] + rank] = order
+    tile_experts = torch.repeat_interleave(torch.arange(num_experts, device=flat.device), padded // block_m)
+    return sorted_pairs, tile_experts
+
+
+def _grouped_gemm(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    sorted_pairs: torch.Tensor,
+    tile_experts: torch.Tensor,
+    num_pairs: int,
+    row_divisor: int,
+    weights: torch.Tensor | None,
+    block_m: int,
+) -> torch.Tensor:
+    n, k = w.shape[1], w.shape[2]
+    out = torch.empty(num_pairs, n, dtype=a.dtype, device=a.device)
+    block_n = min(64, max(16, triton.next_power_of_2(n)))
+    block_k = min(64, max(16, triton.next_power_of_2(k)))
+    grid = (tile_experts.numel(), triton.cdiv(n, block_n))
+    _grouped_gemm_kernel[grid](
+        a,
+        w,
+        out,
+        weights if weights is not None else a,
+        sorted_pairs,
+        tile_experts,
+        num_pairs,
+        n,
+        k,
+        a.stride(0),
+        w.stride(0),
+        w.stride(1),
+        out.stride(0),
+        A_ROW_DIVISOR=row_divisor,
+        SCALE=weights is not None,
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",  # as kernels/triton_attention.py
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+    )
+    return out
+
+
+def fused_moe(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    block_m: int = 16,
+) -> torch.Tensor:
+    """Routed-expert SwiGLU MLP of every token (see `fused_moe_ref`), as two grouped GEMM launches."""
+    _check_moe_args(hidden, w13, w2, topk_weights, topk_ids)
+    check_same_device(
+        {"hidden": hidden, "w13": w13, "w2": w2, "topk_weights": topk_weights, "topk_ids": topk_ids},
+        is_interpreted(_grouped_gemm_kernel),
+    )
+    num_tokens, top_k = topk_ids.shape
+    if num_tokens == 0:
+        return torch.zeros_like(hidden)
+    num_pairs = num_tokens * top_k
+    inter = w2.shape[2]
+    hidden = hidden.contiguous()
+    sorted_pairs, tile_experts = align_by_expert(topk_ids, w13.shape[0], block_m)
+    gate_up = _grouped_gemm(hidden, w13, sorted_pairs, tile_experts, num_pairs, top_k, None, block_m)
+    act = (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]).contiguous()
+    weights = topk_weights.reshape(-1).contiguous()
+    down = _grouped_gemm(act, w2, sorted_pairs, tile_experts, num_pairs, 1, weights, block_m)
+    return down.view(num_tokens, top_k, -1).sum(dim=1)
+
+
+def _check_moe_args(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> None:
+    for name, tensor, rank in (
+        ("hidden", hidden, 2),
+        ("w13", w13, 3),
+        ("w2", w2, 3),
+        ("topk_ids", topk_ids, 2),
+    ):
+        check_rank(name, tensor, rank)
+    for name, tensor in (("hidden", hidden), ("w13", w13), ("w2", w2), ("topk_weights", topk_weights)):
+        check_dtype(name, tensor, FLOAT_DTYPES)
+    check_dtype("topk_ids", topk_ids, INDEX_DTYPES)
+    experts, two_inter, size = w13.shape
+    if size != hidden.shape[1] or two_inter % 2 or w2.shape != (experts, size, two_inter // 2):
+        raise KernelInputError(
+            f"w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} do not fit hidden {tuple(hidden.shape)}: "
+            "expected w13 [E, 2I, H] and w2 [E, H, I]"
+        )
+    if topk_weights.shape != topk_ids.shape or topk_ids.shape[0] != hidden.shape[0]:
+        raise KernelInputError(
+            f"topk_weights {tuple(topk_weights.shape)} and topk_ids {tuple(topk_ids.shape)} must both be "
+            f"[num_tokens={hidden.shape[0]}, top_k]"
+        )
+    if w13.stride(2) != 1 or w2.stride(2) != 1:
+        raise KernelInputError("w13 and w2 must be contiguous in their last dimension")
