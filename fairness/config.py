@@ -50,8 +50,8 @@ class FairnessConfig(BaseModel):
         default=1024,
         ge=1,
         le=1 << 20,
-        description="flows (users, workflow runs, API keys) a tenant/<flow> key remembers per tenant; "
-        "beyond it idle ones are forgotten, then new ones share the tenant's unnamed flow",
+        description="flows (users, workflow runs, API keys) a tenant/<flow> key, or keys a flat user/api_key "
+        "key, remembers per tenant; beyond it idle ones are forgotten, then new ones count as the tenant",
     )
 
     @field_validator("policy")

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Generic
 
 from fairness.base import T
+from fairness.bounded import BoundedVTCPolicy
 from fairness.cost import TokenCost, check_weight
 from fairness.keys import FLOW_SEPARATOR, KeyFn, tenant_key, user_flow
 from fairness.victim import lowest_class, preemptible
@@ -42,9 +43,14 @@ def build_vtc(
     flow_fn: KeyFn | None,
     max_flows_per_tenant: int,
 ) -> VTCPolicy[Any] | FlowVTCPolicy[Any]:
-    """The registry's "vtc": flat VTC over `key_fn`, or two-level (tenant, then `flow_fn`) when a flow is given."""
-    if flow_fn is None:
+    """The registry's "vtc": flat VTC over `key_fn` (bounded per tenant for a client-chosen key), or two-level
+    (tenant, then `flow_fn`) when a flow is given."""
+    if flow_fn is None and key_fn is tenant_key:
         return VTCPolicy(cost, key_fn, lift_allowance=lift_allowance)
+    if flow_fn is None:  # a flat client-chosen key (user, api_key): bounded per tenant like flows
+        return BoundedVTCPolicy(
+            cost, key_fn, lift_allowance=lift_allowance, max_keys_per_tenant=max_flows_per_tenant
+        )
     return FlowVTCPolicy(
         cost, flow_fn, lift_allowance=lift_allowance, max_flows_per_tenant=max_flows_per_tenant
     )

@@ -20,13 +20,13 @@ from engine import EngineConfig
 from fairness import FairnessConfig
 
 
-def serve(key: str, tmp: Path) -> LocalServer:
+def serve(key: str, tmp: Path, max_flows_per_tenant: int = 1024) -> LocalServer:
     config = EngineConfig(
         max_num_seqs=8,
         max_num_batched_tokens=256,
         num_kv_blocks=512,
         cache_dir=str(tmp / "model"),
-        fairness=FairnessConfig(key=key),  # type: ignore[arg-type]
+        fairness=FairnessConfig(key=key, max_flows_per_tenant=max_flows_per_tenant),  # type: ignore[arg-type]
     )
     return start_local_server(config, tmp, [("A", 1.0), ("B", 1.0)])
 
@@ -128,3 +128,21 @@ def test_an_agents_queued_fan_out_does_not_delay_its_tenants_chat(tmp: Path) -> 
     print(f"\nagent calls completed before the chat: {counts}")
     assert counts["tenant"] >= 16  # FIFO inside the tenant: nearly all its queued agent calls go first
     assert counts["tenant/workflow"] <= 8  # at most the calls already running, plus the chat's fair turn
+
+
+def test_a_flat_user_key_remembers_at_most_the_cap_of_invented_names(tmp: Path) -> None:
+    """`--fairness-key user`: 40 invented user names over HTTP leave at most 4 user counters in the engine."""
+    server = serve("user", tmp, max_flows_per_tenant=4)
+    try:
+        tenant_id = server.state.store.get_tenant("A").id  # type: ignore[union-attr]
+        headers = {"Authorization": f"Bearer {server.keys['A']}"}
+        with httpx.Client(base_url=server.url, timeout=60.0) as client:
+            for i in range(40):
+                resp = client.post(
+                    "/v1/completions", json=body(server, 1, user=f"sybil-{i}"), headers=headers
+                )
+                assert resp.status_code == 200, resp.text
+        user_keys = [k for k in server.engine.stats().service if k.startswith(f"{tenant_id}/")]
+        assert 1 <= len(user_keys) <= 4, user_keys
+    finally:
+        server.stop()
