@@ -70,5 +70,8 @@ def test_a_forgotten_key_returns_with_the_counter_it_would_have_had() -> None:
 def test_the_registry_bounds_flat_user_and_api_key_keys_only() -> None:
     """`--fairness-key user|api_key` get the bounded policy; `tenant` keeps plain VTC."""
     for key, bounded_kind in (("user", True), ("api_key", True), ("tenant", False)):
-        policy = make_policy(FairnessConfig(key=key, priority_classes=False, max_flows_per_tenant=4))
+        config = FairnessConfig.model_validate(
+            {"key": key, "priority_classes": False, "max_flows_per_tenant": 4}
+        )
+        policy = make_policy(config)
         assert isinstance(policy, BoundedVTCPolicy) is bounded_kind, key
