@@ -129,7 +129,11 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AsyncEngine]:
 @pytest.fixture(scope="session")
 def server(engine: AsyncEngine, data_dir: Path) -> Iterator[Server]:
     """The shared gateway, with tenants alice, bob, a small-quota tenant and a one-request queue tenant."""
-    settings = GatewaySettings(data_dir=data_dir, port=0, engine=engine.config, key_cache_ttl_s=0.5)
+    # Many tests send deliberate bad requests as alice, so the shared server's refusal budget is wide;
+    # the budget itself is tested on gateways of its own (tests/gateway/openai/test_refusal_budget.py).
+    settings = GatewaySettings(
+        data_dir=data_dir, port=0, engine=engine.config, key_cache_ttl_s=0.5, refusal_burst=100_000
+    )
     srv = start_server(settings, engine)
     srv.add_tenant("alice")
     srv.add_tenant("bob")
