@@ -142,6 +142,9 @@ class RequestMeta:
     # group (the tenant's own id unless an admin put it in a named group) and the same cache_salt.
     cache_group: str | None = None
     cache_salt: str | None = None
+    # Leading prompt tokens that equal a registered public prefix (engine/public_prefixes.py), set only by
+    # the gateway, which alone holds the registry: blocks wholly inside them are keyed publicly.
+    public_prefix_tokens: int = 0
     api_key_id: str | None = None
     user: str | None = None
     task_id: str | None = None
@@ -182,6 +185,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
+    num_public_cached_tokens: int = 0  # the part of num_cached_tokens that hit public-prefix blocks
     state: RequestState = RequestState.WAITING
     finish_reason: FinishReason | None = None
     # Tokens charged to the fairness policy: prompt positions are charged once, even if recomputed.
@@ -227,6 +231,10 @@ class Request:
     def prefix_root(self) -> bytes:
         """Where this request's prefix-cache keys chain from: its cache group and salt (engine/kv_cache.py)."""
         return prefix_root(self.meta.tenant_id, self.meta.cache_group, self.meta.cache_salt)
+
+    def public_blocks(self, block_size: int) -> int:
+        """Prompt blocks keyed in the public namespace: those wholly inside the public prefix."""
+        return max(0, min(self.meta.public_prefix_tokens, len(self.prompt_token_ids))) // block_size
 
     @property
     def arrival_time(self) -> float:
