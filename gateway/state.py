@@ -28,6 +28,7 @@ from gateway.openai.refusal_budget import RefusalBudget
 from gateway.openai.runs import RunRegistry
 from gateway.ops.metrics import GatewayMetrics, TenantLabels
 from gateway.ops.tracing import GatewayTracing, make_gateway_tracing
+from gateway.prefixes import PrefixRegistry
 from gateway.settings import GatewaySettings
 from routing import EngineRouter, engine_loads
 
@@ -69,6 +70,7 @@ class GatewayState:
     _tenants_at: float = 0.0
     edge: EdgeAdmission = field(init=False)  # admission and quota behind one call (admission/edge.py)
     refusals: RefusalBudget = field(init=False)  # refused work charged to its tenant
+    prefixes: PrefixRegistry = field(init=False)  # public prompt prefixes (gateway/prefixes.py)
 
     def __post_init__(self) -> None:
         self.edge = EdgeAdmission(self.admission, self.quota)
@@ -76,6 +78,11 @@ class GatewayState:
         self.refusals = RefusalBudget(
             s.refusal_burst, s.refusal_rate_per_s, s.tokenize_concurrency_per_tenant
         )
+        self.prefixes = PrefixRegistry(self.db)
+        try:
+            self.prefixes.reload()
+        except Exception:  # serve without public prefixes rather than not at all; the refresh retries
+            log.warning("could not load public prefixes", exc_info=True)
 
     def refresh_tenant_labels(self, force: bool = False) -> None:
         """Re-read configured tenants for metric labels (cheap, at most every few seconds)."""
