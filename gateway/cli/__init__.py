@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "gateway.cli.model",  # model init
     "gateway.cli.billing",  # db, tenants, keys, usage
     "gateway.cli.sim",  # sim
+    "gateway.cli.prefixes",  # prefixes add|list|remove
 )
 # Layers above the gateway (bench) plug their subcommands in through this entry-point group, so the
 # gateway never imports them.
