@@ -83,6 +83,20 @@ def chain_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
     return hashlib.blake2b(parent + array("q", tokens).tobytes(), digest_size=_DIGEST).digest()
 
 
+def block_keys(
+    token_ids: Sequence[int], blocks: int, block_size: int, root: bytes, public_blocks: int
+) -> list[bytes]:
+    """Keys of the first `blocks` full blocks of `token_ids`, chained as `match_prefix` chains them."""
+    keys: list[bytes] = []
+    parent = first_parent(root, public_blocks)
+    for i in range(blocks):
+        if i == public_blocks and i:
+            parent = private_parent(root, parent)
+        parent = chain_hash(parent, token_ids[i * block_size : (i + 1) * block_size])
+        keys.append(parent)
+    return keys
+
+
 class BlockPool:
     """Fixed pool of `num_blocks` blocks of `block_size` token slots."""
 

@@ -206,6 +206,9 @@ class Request:
     # 1 while a token of this request is being sampled by a forward still in flight (async scheduling,
     # engine/async_scheduler.py): the last output id is then a placeholder, -(1 + its row in that step's samples).
     num_output_placeholders: int = 0
+    # Prefix-cache keys of the prompt's full blocks, computed once when a locality policy first asks
+    # (engine/policy.py, `cached_blocks_probe`).
+    prompt_block_keys: list[bytes] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
