@@ -22,13 +22,11 @@ def _scheduler() -> Scheduler:
     return Scheduler(cfg, BlockPool(64, BLOCK, True), fcfs())
 
 
-def _serve(s: Scheduler, rid: str, tenant: str, suffix: list[int], public: int, **meta: str) -> Request:
-    request = Request(
-        rid,
-        SYSTEM + suffix,
-        SamplingParams(max_tokens=1),
-        RequestMeta(tenant_id=tenant, public_prefix_tokens=public, **meta),
-    )
+def _serve(
+    s: Scheduler, rid: str, tenant: str, suffix: list[int], public: int, cache_salt: str | None = None
+) -> Request:
+    meta = RequestMeta(tenant_id=tenant, public_prefix_tokens=public, cache_salt=cache_salt)
+    request = Request(rid, SYSTEM + suffix, SamplingParams(max_tokens=1), meta)
     s.add(request)
     while not request.is_finished:
         run_step(s)
