@@ -35,49 +35,38 @@ class PublicPrefix:
     token_ids: tuple[int, ...]
 
 
-def common_run(prompt: Sequence[int], prefix: Sequence[int]) -> int:
-    """Length of the longest common leading run of `prompt` and `prefix` (slice compares, C speed)."""
-    hi = min(len(prompt), len(prefix))
-    if list(prompt[:hi]) == list(prefix[:hi]):
-        return hi
-    lo = 0  # prompt[:lo] == prefix[:lo] holds, prompt[:hi] == prefix[:hi] does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if list(prompt[:mid]) == list(prefix[:mid]):
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 class PublicPrefixIndex:
     """The registered prefixes by model, and `match`: how many leading prompt tokens are public."""
 
     def __init__(self, prefixes: Iterable[PublicPrefix] = ()) -> None:
-        self._by_model: dict[str, list[tuple[int, ...]]] = {}
+        self._by_model: dict[str, list[list[int]]] = {}
         self.replace(prefixes)
 
     def replace(self, prefixes: Iterable[PublicPrefix]) -> None:
         """Swap in a new registry (after a change or a reload); longest prefixes are tried first."""
-        by_model: dict[str, list[tuple[int, ...]]] = {}
+        by_model: dict[str, list[list[int]]] = {}
         for p in prefixes:
-            by_model.setdefault(p.model, []).append(p.token_ids)
+            by_model.setdefault(p.model, []).append(list(p.token_ids))
         for ids in by_model.values():
             ids.sort(key=len, reverse=True)
         self._by_model = by_model
 
     def match(self, model: str, prompt: Sequence[int]) -> int:
-        """Leading prompt tokens inside a registered prefix of `model` that the prompt starts with (0: none)."""
-        best = 0
+        """Leading prompt tokens inside a registered prefix of `model` that the prompt starts with (0: none).
+
+        At most two list compares per registered prefix (C speed, stopping at the first difference):
+        the whole prefix, then the prefix less its last token.
+        """
+        head = list(prompt[: len(self._by_model[model][0])]) if self._by_model.get(model) else []
         for ids in self._by_model.get(model, ()):
-            if len(ids) <= best:
-                break
-            if not prompt or len(prompt) < len(ids) - BOUNDARY_SLACK or prompt[0] != ids[0]:
+            n = len(ids)
+            if not head or head[0] != ids[0] or len(head) < n - BOUNDARY_SLACK:
                 continue
-            run = common_run(prompt, ids)
-            if run >= len(ids) - BOUNDARY_SLACK and run > best:
-                best = run
-        return best
+            if head[:n] == ids:
+                return n
+            if head[: n - BOUNDARY_SLACK] == ids[: n - BOUNDARY_SLACK]:
+                return n - BOUNDARY_SLACK
+        return 0
 
     def __len__(self) -> int:
         return sum(len(ids) for ids in self._by_model.values())

@@ -3,11 +3,8 @@ every block after it stays keyed by tenant, cache group and salt; and the gatewa
 
 from __future__ import annotations
 
-from hypothesis import given
-from hypothesis import strategies as st
-
 from engine.kv_cache import BlockPool
-from engine.public_prefixes import PublicPrefix, PublicPrefixIndex, common_run
+from engine.public_prefixes import PublicPrefix, PublicPrefixIndex
 from engine.request import Request, RequestMeta, SamplingParams
 from engine.scheduler import Scheduler
 from tests.defaults import fcfs, scheduler_config
@@ -72,10 +69,3 @@ def test_index_matches_the_whole_prefix_less_a_boundary_token() -> None:
     assert index.match("other-model", SYSTEM + [1]) == 0
     assert index.match("m", [1, 2, 3, 4]) == 3
     assert index.match("m", []) == 0
-
-
-@given(st.lists(st.integers(0, 3), max_size=12), st.lists(st.integers(0, 3), max_size=12))
-def test_common_run_is_the_longest_equal_lead(a: list[int], b: list[int]) -> None:
-    n = common_run(a, b)
-    assert a[:n] == b[:n]
-    assert n == min(len(a), len(b)) or a[n] != b[n]
