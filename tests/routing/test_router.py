@@ -117,6 +117,7 @@ def test_a_registered_prompt_is_spread_by_load_not_pinned(engines: dict[str, Asy
         public = RequestMeta(tenant_id="a", public_prefix_tokens=len(PREFIX))
         first = router.submit(PREFIX + [1, 2, 3], greedy(2), public, "p1")
         home = router.engine_of("p1")
+        assert home is not None
         await drain(first)
         other = next(k for k in engines if k != home)
         hog = engines[home].submit([5, 6, 7], greedy(1500), RequestMeta(tenant_id="c"), "hog")
