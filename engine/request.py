@@ -239,6 +239,10 @@ class Request:
         """Prompt blocks keyed in the public namespace: those wholly inside the public prefix."""
         return max(0, min(self.meta.public_prefix_tokens, len(self.prompt_token_ids))) // block_size
 
+    def cache_chain(self, block_size: int) -> tuple[bytes, int]:
+        """(root, public blocks): how this request's prefix-cache keys chain (engine/kv_cache.py)."""
+        return self.prefix_root, self.public_blocks(block_size)
+
     @property
     def arrival_time(self) -> float:
         """Arrival time from the metadata (the fairness item protocol)."""
