@@ -1,23 +1,12 @@
 """Billing under chaos: 2 gateways + 2 engines on PostgreSQL with Redis, killed and restarted under load.
 
-`python -m bench.billing_chaos [--requests 20000] [--clients 12] [--db URL]`. Real processes (`fairserve
-engine` x2, `fairserve serve --engine A --engine B --redis` x2, a private redis-server), one tenant, every
-request with its own X-Request-Id; a share of them with an Idempotency-Key and retried (same key, next
-X-Attempt) when cut off; a share of streams left mid-way by the client; a share cancelled by the server
-(POST /v1/requests/{id}/cancel). At 20%, 40% and 60% of the requests: kill -9 of an engine (restarted on
-its port), kill -9 of a gateway (restarted on its data dir), and a Redis restart. Then it waits for the engines'
-records of dead gateways to be billed and prints, from the ledger and the engines' own counters:
+    .venv/bin/python -m bench.billing_chaos [--requests 20000] [--clients 12] [--seed N] [--db URL]
 
-- double charges: idempotency keys with more than one `completed` row (must be 0);
-- answered unbilled: requests whose whole reply a client read and that have no row (must be 0);
-- quarantined rows (must be 0);
-- the ledger's completion tokens and the engines' produced ones: equal once the tokens of requests that
-  were running on the killed engine (rows `error` no engine finished: its count died with it) are set aside;
-- delivered vs produced tokens of the client disconnects.
-
-The process helpers are the test suite's own (tests/gateway/serve_process.py,
-tests/engine/remote/engine_process.py, bench/redis_server.py). A shortened run is
-tests/bench/test_billing_chaos.py.
+Real processes (the test suite's own helpers), one tenant; keyed retries, client disconnects and server
+cancels among the requests; kill -9 of an engine, of a gateway and a Redis restart at 20%, 40% and 60% of
+them. Prints the figures as JSON: double charges, answered unbilled and quarantined rows must be 0, and the
+ledger's completion tokens must equal the engines' produced ones (docs/billing.md, "Chaos benchmark").
+A shortened run is tests/bench/test_billing_chaos.py.
 """
 
 from __future__ import annotations
@@ -38,12 +27,13 @@ import httpx
 import psycopg
 from sqlalchemy import text
 
-from bench.redis_server import RedisServer
 from billing import BillingStore, Database
 from engine.remote.client import RemoteEngine
+from engine.remote.messages import Produced
 from gateway.ops.produced import engine_totals
 from tests.engine.remote.engine_process import EngineProcess
 from tests.gateway.serve_process import ServeProcess
+from tests.redis_server import RedisServer
 
 PG_ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
 ENGINE_ARGS = ("--max-num-seqs", "8", "--num-kv-blocks", "512")
@@ -275,7 +265,8 @@ def _chaos(cluster: Cluster, load: Load, figures: Figures) -> list[threading.Thr
     return restarts
 
 
-def _engine_produced(cluster: Cluster, since: float) -> int:
+def _engine_books(cluster: Cluster, since: float) -> list[Produced]:
+    """Every engine's produced-token totals since `since` and its count of unconfirmed records."""
     answers = []
     for e in cluster.engines:
         remote = RemoteEngine(e.address, heartbeat_timeout_s=5.0)
@@ -284,19 +275,7 @@ def _engine_produced(cluster: Cluster, since: float) -> int:
             answers.append(remote.produced_now(since))
         finally:
             remote.shutdown(timeout_s=1.0)
-    return engine_totals(answers).get(cluster.tenant_id, {}).get("completion_tokens", 0)
-
-
-def _unconfirmed(cluster: Cluster) -> int:
-    total = 0
-    for e in cluster.engines:
-        remote = RemoteEngine(e.address, heartbeat_timeout_s=5.0)
-        try:
-            remote.start()
-            total += remote.produced_now(0.0).unconfirmed
-        finally:
-            remote.shutdown(timeout_s=1.0)
-    return total
+    return answers
 
 
 def _engine_finished(tmp: Path) -> set[str]:
@@ -359,10 +338,12 @@ def run(total: int, clients: int, seed: int, db_url: str | None) -> Figures:
             for t in [*load.threads, *restarts]:
                 t.join()
             deadline = time.monotonic() + SETTLE_S  # dead gateways' requests billed by the live ones
-            while _unconfirmed(cluster) and time.monotonic() < deadline:
+            books = _engine_books(cluster, since)
+            while sum(a.unconfirmed for a in books) and time.monotonic() < deadline:
                 time.sleep(0.5)
-            produced = _engine_produced(cluster, since)
-            load.figures.unconfirmed_at_end = _unconfirmed(cluster)
+                books = _engine_books(cluster, since)
+            produced = engine_totals(books).get(cluster.tenant_id, {}).get("completion_tokens", 0)
+            load.figures.unconfirmed_at_end = sum(a.unconfirmed for a in books)
         finally:
             cluster.close()
         figures = load.figures

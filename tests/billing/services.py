@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.redis_server import RedisServer, redis_server_binary
+from tests.redis_server import RedisServer, redis_server_binary
 
 PG_HOST, PG_PORT = "127.0.0.1", 5432
 REDIS_URL = "redis://127.0.0.1:6379/0"
