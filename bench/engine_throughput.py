@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from bench.markdown import table
 from bench.small_models import ARCHES, PAD_ID, write_small_model
 
 
@@ -230,13 +231,13 @@ def measure(
 
 def markdown(results: list[Result], header: str) -> str:
     """The results as a Markdown table, ratios of fairserve over each peer."""
-    ours = next(r for r in results if r.system == "fairserve")
-    lines = [header, "", "| system | output tokens | seconds | output tok/s | fairserve speed-up |"]
-    lines += ["|---|---:|---:|---:|---:|"] + [
-        f"| {r.system} | {r.output_tokens} | {r.seconds:.2f} | {r.tokens_per_s:.1f} | {ours.tokens_per_s / r.tokens_per_s:.2f}x |"
+    ours = next(r for r in results if r.system == "fairserve").tokens_per_s
+    rows = (
+        f"{r.system} | {r.output_tokens} | {r.seconds:.2f} | {r.tokens_per_s:.1f} | {ours / r.tokens_per_s:.2f}x"
         for r in results
-    ]
-    return "\n".join(lines)
+    )
+    columns = "system | output tokens | seconds | output tok/s | fairserve speed-up"
+    return "\n".join([header, "", *table(columns, "lrrrr", rows)])
 
 
 def main(argv: list[str] | None = None) -> int:
