@@ -18,24 +18,22 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 from sqlalchemy import text
 
 from billing import BillingStore, Database
 from engine.remote.client import RemoteEngine
 from engine.remote.messages import Produced
 from gateway.ops.produced import engine_totals
+from tests.billing.services import fresh_pg_database
 from tests.engine.remote.engine_process import EngineProcess
 from tests.gateway.serve_process import ServeProcess
 from tests.redis_server import RedisServer
 
-PG_ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
 ENGINE_ARGS = ("--max-num-seqs", "8", "--num-kv-blocks", "512")
 SETTLE_S = 60.0  # dead gateways' records are billed after 10 s; bound for every quiet wait
 
@@ -236,18 +234,6 @@ class Load:
             pass
 
 
-def _fresh_pg() -> tuple[str, Callable[[], None]]:
-    name = f"fairserve_chaos_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-
-    def drop() -> None:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}", drop
-
-
 def _chaos(cluster: Cluster, load: Load, figures: Figures) -> list[threading.Thread]:
     """The three faults, each when its share of the requests has been sent; the restarts of a killed
     gateway or engine run on threads of their own, so the next fault still lands under load."""
@@ -322,10 +308,10 @@ def _ledger(cluster: Cluster, load: Load, figures: Figures) -> None:
 
 
 def run(total: int, clients: int, seed: int, db_url: str | None) -> Figures:
-    """One chaos run; returns its figures."""
-    drop = None
+    """One chaos run (on a fresh PostgreSQL database unless `db_url` is given); returns its figures."""
     if db_url is None:
-        db_url, drop = _fresh_pg()
+        with fresh_pg_database("fairserve_chaos") as url:
+            return run(total, clients, seed, url)
     started = time.monotonic()
     since = time.time() - 3600
     with tempfile.TemporaryDirectory(prefix="billing-chaos-") as tmp:
@@ -352,8 +338,6 @@ def run(total: int, clients: int, seed: int, db_url: str | None) -> Figures:
         figures.quarantined = sum(
             len(list((Path(tmp) / f"gateway{i}").glob("ledger.quarantine/*.json"))) for i in range(2)
         )
-    if drop is not None:
-        drop()
     figures.seconds = round(time.monotonic() - started, 1)
     return figures
 

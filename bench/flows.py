@@ -146,14 +146,15 @@ def _epoch(value: Any) -> float:
     return float(value.timestamp())
 
 
-def serve(key: str, data_dir: Path) -> LocalServer:
-    """A gateway over a fresh 8-seat CPU engine keeping fair share per `key`; tenants A and B, weight 1."""
+def serve(key: str, data_dir: Path, **fairness: Any) -> LocalServer:
+    """A gateway over a fresh 8-seat CPU engine keeping fair share per `key` (and any other `fairness`
+    knobs); tenants A and B, weight 1."""
     config = EngineConfig(
         max_num_seqs=8,
         max_num_batched_tokens=256,
         num_kv_blocks=512,
         cache_dir=str(data_dir / "model"),
-        fairness=FairnessConfig(key=key),  # type: ignore[arg-type]
+        fairness=FairnessConfig(key=key, **fairness),  # type: ignore[arg-type]
     )
     return start_local_server(config, data_dir, [("A", 1.0), ("B", 1.0)])
 
