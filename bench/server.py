@@ -12,11 +12,17 @@ from pathlib import Path
 
 import uvicorn
 
-from billing import BillingStore
 from engine import AsyncEngine, EngineConfig, ProcessEngine
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -47,41 +53,31 @@ def start_local_server(
     data_dir: Path,
     tenants: Iterable[tuple[str, float]],
     engine: AsyncEngine | ProcessEngine | None = None,
-    timeout_s: float = 120.0,
-    max_queued_requests: int = 256,
 ) -> LocalServer:
     """Start a gateway on `config` (or on `engine`), then create each (tenant, weight) with a key."""
     if engine is None:
         engine = AsyncEngine(config)
         engine.start()
     settings = GatewaySettings(
-        data_dir=data_dir,
-        port=0,
-        engine=engine.config,
-        grace_period_s=2.0,
-        max_queued_requests=max_queued_requests,
+        data_dir=data_dir, port=0, engine=engine.config, grace_period_s=2.0, max_queued_requests=256
     )
     app = create_app(settings, engine)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
     server = uvicorn.Server(
         uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
     )
-    thread = threading.Thread(
-        target=lambda: asyncio.run(server.serve(sockets=[sock])), name="bench-gateway", daemon=True
-    )
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + 120.0
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             engine.shutdown()
             raise RuntimeError("the bench's gateway did not start")
         time.sleep(0.02)
     state: GatewayState = app.state.gateway
-    local = LocalServer(f"http://127.0.0.1:{port}", engine, server, thread, state)
-    store: BillingStore = state.store
+    local = LocalServer(f"http://127.0.0.1:{sock.getsockname()[1]}", engine, server, thread, state)
     for name, weight in tenants:
-        tenant = store.get_tenant(name) or store.create_tenant(name, weight=weight)
-        local.keys[name], _ = store.create_key(tenant.id, name="bench")
+        tenant = state.store.get_tenant(name) or state.store.create_tenant(name, weight=weight)
+        local.keys[name], _ = state.store.create_key(tenant.id, name="bench")
     return local
