@@ -140,13 +140,17 @@ class EngineServer:
         restore = self._install_signals()
         inbox = GatewayInbox(self._items, self._owners, self._reply, self._draining.is_set, self.produced)
         try:
-            EngineLoop(engine, inbox, self._publish).run()
+            self._make_loop(engine, inbox).run()
         finally:
             self._close(push, link, ctx, engine)
             for signum, handler in restore.items():
                 signal.signal(signum, handler)
             log.info("engine %s stopped", self.engine_id)
             self.stopped.set()
+
+    def _make_loop(self, engine: LLMEngine, inbox: GatewayInbox) -> EngineLoop:
+        """The loop this server runs (engine/remote/roles.py runs a prefill or decode engine's)."""
+        return EngineLoop(engine, inbox, self._publish)
 
     def stop(self) -> None:
         """End now: live requests end as cancelled (reason "shutdown"). Thread-safe."""

@@ -1,0 +1,200 @@
+"""Prefill and decode on separate `fairserve engine` processes (engine/disagg.py, routing/roles.py): the
+same greedy tokens and charges as one co-located engine, prefix hits on the prefill engine, cancellation
+in transfer, and the kill drills (a dead prefill or decode engine fails its requests retryably, and the
+prefill engine frees the KV it held for a decode engine that never pulled it)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from engine import LLM, EngineDeadError, FinishReason, RequestMeta, RequestOutput, SamplingParams
+from engine.remote.roles import RoleAwareEngine
+from routing.roles import DisaggRouter
+from tests.engine.remote.engine_process import EngineProcess
+
+COMMON = ("--num-kv-blocks", "96", "--max-num-batched-tokens", "64")
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+PROMPTS = [
+    "The batch never waits.",
+    "Fair share " * 30,  # longer than the token budget: a chunked prefill
+    "x",
+    "Prefill and decode apart, " * 8,
+]
+
+
+async def until(condition: Callable[[], Any], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineProcess, EngineProcess]]:
+    """A prefill engine (blocks of 16) and a decode engine (blocks of 8: the KV is re-cut on arrival)."""
+    prefill = EngineProcess(tmp_path_factory.mktemp("prefill"), *COMMON, "--role", "prefill")
+    decode = EngineProcess(
+        tmp_path_factory.mktemp("decode"), *COMMON, "--role", "decode", "--block-size", "8"
+    )
+    yield prefill, decode
+    prefill.stop()
+    decode.stop()
+
+
+def router(prefill: EngineProcess, decode: EngineProcess, timeout_s: float = 0.5) -> DisaggRouter:
+    engines = {p.address: RoleAwareEngine(p.address, timeout_s) for p in (prefill, decode)}
+    for engine in engines.values():
+        engine.start()
+    assert [e.role for e in engines.values()] == ["prefill", "decode"]
+    assert engines[prefill.address].kv_address.startswith("tcp://127.0.0.1:")
+    return DisaggRouter(
+        {prefill.address: engines[prefill.address]}, {decode.address: engines[decode.address]}
+    )
+
+
+async def run(
+    engine: DisaggRouter, prompt: str, params: SamplingParams, request_id: str, tenant: str = "t"
+) -> list[RequestOutput]:
+    ids = engine.tokenizer.encode(prompt)
+    return [o async for o in engine.generate(ids, params, RequestMeta(tenant_id=tenant), request_id)]
+
+
+def test_the_same_greedy_tokens_and_charges_as_one_colocated_engine(
+    pair: tuple[EngineProcess, EngineProcess],
+) -> None:
+    llm = LLM(None, num_kv_blocks=96, max_num_batched_tokens=64)
+    metas = [RequestMeta(tenant_id=f"t{i}") for i in range(len(PROMPTS))]
+    reference = llm.generate(PROMPTS, GREEDY, metas)
+    service = llm.engine.policy.service()  # each tenant ran one request
+
+    async def scenario() -> list[list[RequestOutput]]:
+        engine = router(*pair)
+        try:
+            return await asyncio.gather(
+                *(run(engine, p, GREEDY, f"parity-{i}", f"t{i}") for i, p in enumerate(PROMPTS))
+            )
+        finally:
+            engine.shutdown()
+
+    for i, outs in enumerate(asyncio.run(scenario())):
+        ref, last = reference[i], outs[-1]
+        assert list(last.token_ids) == list(ref.token_ids)
+        assert last.text == ref.text
+        assert last.finished and last.finish_reason is FinishReason.LENGTH
+        assert all(not o.finished for o in outs[:-1])
+        assert outs[0].new_token_ids == [ref.token_ids[0]]  # the first token, from the prefill engine
+        m = last.metrics
+        assert (m.prompt_tokens, m.completion_tokens) == (len(ref.prompt_token_ids), len(ref.token_ids))
+        assert m.charged_service == pytest.approx(service[f"t{i}"])  # each token charged once
+
+
+def test_prefix_hits_on_the_prefill_engine_still_count(pair: tuple[EngineProcess, EngineProcess]) -> None:
+    prompt = "A shared system prompt that fills several blocks. " * 4
+
+    async def scenario() -> tuple[list[RequestOutput], list[RequestOutput]]:
+        engine = router(*pair)
+        try:
+            first = await run(engine, prompt, GREEDY, "hit-1", "hits")
+            return first, await run(engine, prompt, GREEDY, "hit-2", "hits")
+        finally:
+            engine.shutdown()
+
+    first, second = asyncio.run(scenario())
+    assert first[-1].metrics.cached_tokens == 0
+    assert second[-1].metrics.cached_tokens >= 16
+    assert list(second[-1].token_ids) == list(first[-1].token_ids)
+
+
+def test_cancelled_in_transfer_and_a_pull_that_never_comes(
+    pair: tuple[EngineProcess, EngineProcess], tmp_path: Path
+) -> None:
+    """A decode engine told to pull from a socket that never answers: an abort ends the request as
+    cancelled in transfer; left alone, it fails retryably after the pull timeout."""
+    _, decode = pair
+    ctx: zmq.Context[Any] = zmq.Context()
+    silent = ctx.socket(zmq.ROUTER)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+
+    async def scenario() -> tuple[list[RequestOutput], BaseException | None, float]:
+        engine = RoleAwareEngine(decode.address, 0.5)
+        engine.start()
+        try:
+            ids = engine.tokenizer.encode("Where is my KV?")
+            meta = RequestMeta(tenant_id="t", kv_handoff=f"tcp://127.0.0.1:{port}")
+            stream = engine.submit(ids, GREEDY, meta, "in-transfer")
+            await until(lambda: silent.poll(0), 5, "the decode engine's pull")
+            assert engine.live_request("in-transfer") is not None
+            engine.abort("in-transfer")
+            cancelled = [o async for o in stream]
+            began = time.monotonic()
+            failure = None
+            try:
+                [o async for o in engine.generate(ids, GREEDY, meta, "never-pulled")]
+            except EngineDeadError as exc:
+                failure = exc
+            return cancelled, failure, time.monotonic() - began
+        finally:
+            engine.shutdown()
+            silent.close(linger=0)
+            ctx.term()
+
+    cancelled, failure, waited = asyncio.run(scenario())
+    assert cancelled[-1].finish_reason is FinishReason.CANCELLED
+    assert cancelled[-1].metrics.cancel_state == "transfer"
+    assert cancelled[-1].metrics.completion_tokens == 0
+    assert isinstance(failure, EngineDeadError) and "KV transfer failed" in str(failure)
+    assert waited >= 4.0  # the default --kv-pull-timeout (5 s), not at once
+
+
+def test_kill_drill_prefill_then_decode(tmp_path: Path) -> None:
+    """A frozen-then-killed prefill engine fails its requests retryably; so does a frozen decode engine,
+    and the prefill engine frees the KV it held for it after --kv-hold-timeout."""
+    prefill = EngineProcess(tmp_path / "p", *COMMON, "--role", "prefill", "--kv-hold-timeout", "1")
+    decode = EngineProcess(tmp_path / "d", *COMMON, "--role", "decode")
+    try:
+
+        async def scenario() -> tuple[list[BaseException | None], list[int]]:
+            engine = router(prefill, decode)
+            clients = engine.clients()
+            failures: list[BaseException | None] = []
+            used: list[int] = []
+            try:
+                assert (await run(engine, "warm up", GREEDY, "warm"))[-1].finished
+                await until(lambda: clients[0].stats().kv_blocks_used == 0, 5, "the warm-up's KV freed")
+                os.kill(decode.proc.pid, signal.SIGSTOP)
+                try:
+                    await run(engine, "The decode engine is gone. " * 3, GREEDY, "lost-decode")
+                    failures.append(None)
+                except EngineDeadError as exc:
+                    failures.append(exc)
+                used.append(clients[0].stats().kv_blocks_used)  # held for a pull that never comes
+                await until(lambda: clients[0].stats().kv_blocks_used == 0, 5, "the held KV freed")
+                used.append(clients[0].stats().kv_blocks_used)
+                decode.kill()
+                os.kill(prefill.proc.pid, signal.SIGSTOP)
+                try:
+                    await run(engine, "The prefill engine is gone.", GREEDY, "lost-prefill")
+                    failures.append(None)
+                except EngineDeadError as exc:
+                    failures.append(exc)
+                prefill.kill()
+                return failures, used
+            finally:
+                engine.shutdown()
+
+        failures, used = asyncio.run(scenario())
+        assert all(isinstance(f, EngineDeadError) for f in failures), failures
+        assert used[0] > 0 and used[1] == 0
+    finally:
+        prefill.kill()
+        decode.kill()
