@@ -17,6 +17,7 @@ import pytest
 import zmq
 
 from engine import LLM, EngineDeadError, FinishReason, RequestMeta, RequestOutput, SamplingParams
+from engine.remote.curve import ClusterKey, create_key_file, serve_securely
 from engine.remote.roles import RoleAwareEngine
 from routing.roles import DisaggRouter
 from tests.engine.remote.engine_process import EngineProcess
@@ -40,19 +41,33 @@ async def until(condition: Callable[[], Any], timeout: float, what: str) -> None
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineProcess, EngineProcess]]:
-    """A prefill engine (blocks of 16) and a decode engine (blocks of 8: the KV is re-cut on arrival)."""
-    prefill = EngineProcess(tmp_path_factory.mktemp("prefill"), *COMMON, "--role", "prefill")
+def key(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("key") / "cluster.key"
+    assert create_key_file(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def pair(
+    tmp_path_factory: pytest.TempPathFactory, key: Path
+) -> Iterator[tuple[EngineProcess, EngineProcess]]:
+    """A prefill engine (blocks of 16) and a decode engine (blocks of 8: the KV is re-cut on arrival),
+    with a cluster key: the KV travels over CurveZMQ."""
+    keyed = ("--cluster-key", str(key))
+    prefill = EngineProcess(tmp_path_factory.mktemp("prefill"), *COMMON, *keyed, "--role", "prefill")
     decode = EngineProcess(
-        tmp_path_factory.mktemp("decode"), *COMMON, "--role", "decode", "--block-size", "8"
+        tmp_path_factory.mktemp("decode"), *COMMON, *keyed, "--role", "decode", "--block-size", "8"
     )
     yield prefill, decode
     prefill.stop()
     decode.stop()
 
 
-def router(prefill: EngineProcess, decode: EngineProcess, timeout_s: float = 0.5) -> DisaggRouter:
-    engines = {p.address: RoleAwareEngine(p.address, timeout_s) for p in (prefill, decode)}
+def router(
+    prefill: EngineProcess, decode: EngineProcess, key: Path | None = None, timeout_s: float = 0.5
+) -> DisaggRouter:
+    cluster_key = ClusterKey.load(key) if key is not None else None
+    engines = {p.address: RoleAwareEngine(p.address, timeout_s, cluster_key) for p in (prefill, decode)}
     for engine in engines.values():
         engine.start()
     assert [e.role for e in engines.values()] == ["prefill", "decode"]
@@ -70,7 +85,7 @@ async def run(
 
 
 def test_the_same_greedy_tokens_and_charges_as_one_colocated_engine(
-    pair: tuple[EngineProcess, EngineProcess],
+    pair: tuple[EngineProcess, EngineProcess], key: Path
 ) -> None:
     llm = LLM(None, num_kv_blocks=96, max_num_batched_tokens=64)
     metas = [RequestMeta(tenant_id=f"t{i}") for i in range(len(PROMPTS))]
@@ -78,7 +93,7 @@ def test_the_same_greedy_tokens_and_charges_as_one_colocated_engine(
     service = llm.engine.policy.service()  # each tenant ran one request
 
     async def scenario() -> list[list[RequestOutput]]:
-        engine = router(*pair)
+        engine = router(*pair, key)
         try:
             return await asyncio.gather(
                 *(run(engine, p, GREEDY, f"parity-{i}", f"t{i}") for i, p in enumerate(PROMPTS))
@@ -98,11 +113,13 @@ def test_the_same_greedy_tokens_and_charges_as_one_colocated_engine(
         assert m.charged_service == pytest.approx(service[f"t{i}"])  # each token charged once
 
 
-def test_prefix_hits_on_the_prefill_engine_still_count(pair: tuple[EngineProcess, EngineProcess]) -> None:
+def test_prefix_hits_on_the_prefill_engine_still_count(
+    pair: tuple[EngineProcess, EngineProcess], key: Path
+) -> None:
     prompt = "A shared system prompt that fills several blocks. " * 4
 
     async def scenario() -> tuple[list[RequestOutput], list[RequestOutput]]:
-        engine = router(*pair)
+        engine = router(*pair, key)
         try:
             first = await run(engine, prompt, GREEDY, "hit-1", "hits")
             return first, await run(engine, prompt, GREEDY, "hit-2", "hits")
@@ -116,17 +133,18 @@ def test_prefix_hits_on_the_prefill_engine_still_count(pair: tuple[EngineProcess
 
 
 def test_cancelled_in_transfer_and_a_pull_that_never_comes(
-    pair: tuple[EngineProcess, EngineProcess], tmp_path: Path
+    pair: tuple[EngineProcess, EngineProcess], key: Path
 ) -> None:
     """A decode engine told to pull from a socket that never answers: an abort ends the request as
     cancelled in transfer; left alone, it fails retryably after the pull timeout."""
     _, decode = pair
     ctx: zmq.Context[Any] = zmq.Context()
     silent = ctx.socket(zmq.ROUTER)
+    auth = serve_securely(ctx, silent, ClusterKey.load(key))  # the decode engine must get through to it
     port = silent.bind_to_random_port("tcp://127.0.0.1")
 
     async def scenario() -> tuple[list[RequestOutput], BaseException | None, float]:
-        engine = RoleAwareEngine(decode.address, 0.5)
+        engine = RoleAwareEngine(decode.address, 0.5, ClusterKey.load(key))
         engine.start()
         try:
             ids = engine.tokenizer.encode("Where is my KV?")
@@ -146,6 +164,7 @@ def test_cancelled_in_transfer_and_a_pull_that_never_comes(
         finally:
             engine.shutdown()
             silent.close(linger=0)
+            auth.stop()
             ctx.term()
 
     cancelled, failure, waited = asyncio.run(scenario())
