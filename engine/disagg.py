@@ -55,6 +55,10 @@ class KVShipper(Protocol):
 class KVFetcher(Protocol):
     """A decode engine's puller: fetches a request's KV from a prefill engine's KV server."""
 
+    transfers: int  # pulls answered with KV so far, their seconds and bytes
+    transfer_s: float
+    transfer_bytes: int
+
     def fetch(self, source: str, request_id: str) -> None:
         """Start pulling; the answer comes back on the loop's inbox as a KVArrived."""
 
@@ -157,7 +161,12 @@ class HandoffLoop(EngineLoop):
     def _report(self, outputs: list[OutputDelta]) -> None:
         if self._holding:
             outputs = [self._hand_off(d) if d.request_id in self._holding else d for d in outputs]
-        super()._report(outputs)
+        self._published_at = time.monotonic()
+        stats = self.engine.stats()
+        if self.fetcher is not None:
+            stats.kv_transfers, stats.kv_transfer_s = self.fetcher.transfers, self.fetcher.transfer_s
+            stats.kv_transfer_bytes = self.fetcher.transfer_bytes
+        self.publish(IterationReport(outputs, stats, self._new_traces()))
 
     def _hand_off(self, delta: OutputDelta) -> OutputDelta:
         """End the request here with its first token, keeping its blocks for the decode engine."""
@@ -190,7 +199,7 @@ class HandoffLoop(EngineLoop):
             key = f"\0held:{request_id}"  # back under a name no request has, then freed as any table
             self.engine.pool.tables[key] = table
             self.engine.pool.free(key)
-            super()._report([])  # the gateways see the blocks back (an idle loop publishes nothing else)
+            self._report([])  # the gateways see the blocks back (an idle loop publishes nothing else)
 
     # -- decode: adopt what arrived -----------------------------------------------------------
     def _adopt(self, arrived: KVArrived) -> None:

@@ -180,6 +180,10 @@ class KVPuller:
         self._wake.connect(self._wake_addr)
         self._sources: dict[str, zmq.Socket[Any]] = {}
         self._waiting: dict[str, tuple[str, float]] = {}  # request id -> (source, deadline)
+        self._asked: dict[str, float] = {}  # request id -> when the pull was sent
+        self.transfers = 0  # pulls answered with KV, their seconds (ask to last frame) and bytes
+        self.transfer_s = 0.0
+        self.transfer_bytes = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fairserve-kv-puller", daemon=True)
         self._thread.start()
@@ -239,7 +243,9 @@ class KVPuller:
                 source, rid = self._asks.get_nowait()
             except queue.Empty:
                 return
-            self._waiting[rid] = (source, time.monotonic() + self._timeout_s)
+            now = time.monotonic()
+            self._waiting[rid] = (source, now + self._timeout_s)
+            self._asked[rid] = now
             self._socket(source).send(_ENCODER.encode(PullKV(rid)))
 
     def _receive(self, source: str, sock: zmq.Socket[Any]) -> None:
@@ -255,12 +261,19 @@ class KVPuller:
                 continue
             if self._waiting.pop(header.request_id, None) is None:
                 continue  # given up on already
-            self._arrived(_decode(source, header, frames[1:]))
+            arrived = _decode(source, header, frames[1:])
+            if arrived.blocks is not None:
+                self.transfers += 1
+                self.transfer_s += time.monotonic() - self._asked.pop(header.request_id, time.monotonic())
+                self.transfer_bytes += sum(len(f.buffer) for f in frames[1:])
+            self._asked.pop(header.request_id, None)
+            self._arrived(arrived)
 
     def _expire(self, now: float) -> None:
         late = [rid for rid, (_, deadline) in self._waiting.items() if deadline <= now]
         for rid in late:
             source, _ = self._waiting.pop(rid)
+            self._asked.pop(rid, None)
             error = f"no answer from the prefill engine at {source} within {self._timeout_s:.1f} s"
             self._arrived(KVArrived(rid, None, error=error))
 
