@@ -9,11 +9,13 @@ import asyncio
 import os
 import signal
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import zmq
 
 from engine import LLM, EngineDeadError, FinishReason, RequestMeta, RequestOutput, SamplingParams
@@ -217,3 +219,46 @@ def test_kill_drill_prefill_then_decode(tmp_path: Path) -> None:
     finally:
         prefill.kill()
         decode.kill()
+
+
+def test_both_parts_charge_one_fair_share_through_the_shared_counters(tmp_path: Path) -> None:
+    """With --redis on both engines, the service the two engines publish for a tenant adds up to what its
+    requests were charged: the prompt on the prefill engine, the output on the decode engine, once each."""
+    prefix = f"fs-disagg-{uuid.uuid4().hex}"
+    shared = ("--redis", "redis://127.0.0.1:6379/0", "--counter-sync-prefix", prefix)
+    prefill = EngineProcess(tmp_path / "p", *COMMON, *shared, "--role", "prefill")
+    decode = EngineProcess(tmp_path / "d", *COMMON, *shared, "--role", "decode")
+    client = redis.Redis.from_url("redis://127.0.0.1:6379/0", decode_responses=True)
+    try:
+
+        async def scenario() -> float:
+            engine = router(prefill, decode)
+            try:
+                outs = await asyncio.gather(
+                    *(run(engine, p, GREEDY, f"c-{i}", "a") for i, p in enumerate(PROMPTS))
+                )
+                # An engine publishes its counters at the start of a step (engine/counter_sync.py): another
+                # tenant's request, after the sync interval, makes both engines step and publish a's last.
+                await asyncio.sleep(0.3)
+                await run(engine, "z", GREEDY, "c-z", "z")
+                return sum(o[-1].metrics.charged_service for o in outs)
+            finally:
+                engine.shutdown()
+
+        charged = asyncio.run(scenario())
+
+        def published() -> dict[str, float]:
+            return {k: float(client.hget(k, "0:a") or 0) for k in client.scan_iter(f"{prefix}:service:*")}
+
+        deadline = time.monotonic() + 10
+        while not (len(published()) == 2 and sum(published().values()) == pytest.approx(charged)):
+            assert time.monotonic() < deadline, (published(), charged)
+            time.sleep(0.05)
+        parts = sorted(published().values())
+        assert parts[0] > 0  # each engine charged its part
+    finally:
+        prefill.stop()
+        decode.stop()
+        for key in client.scan_iter(f"{prefix}:*"):
+            client.delete(key)
+        client.close()
