@@ -134,6 +134,34 @@ def test_prefix_hits_on_the_prefill_engine_still_count(
     assert list(second[-1].token_ids) == list(first[-1].token_ids)
 
 
+def test_a_deadline_holds_across_the_parts_and_an_abort_reaches_the_decode_part(
+    pair: tuple[EngineProcess, EngineProcess], key: Path
+) -> None:
+    long = SamplingParams(max_tokens=700, temperature=0.0, ignore_eos=True)  # the decode cache: 768
+
+    async def scenario() -> tuple[list[RequestOutput], list[RequestOutput], bool]:
+        engine = router(*pair, key)
+        try:
+            ids = engine.tokenizer.encode("Until the deadline.")
+            meta = RequestMeta(tenant_id="t", deadline=time.time() + 1.0)
+            timed = [o async for o in engine.generate(ids, long, meta, "deadline")]
+            stream = engine.submit(ids, long, RequestMeta(tenant_id="t"), "aborted")
+            seen: list[RequestOutput] = []
+            async for out in stream:
+                seen.append(out)
+                if len(seen) == 3:  # decoding on the decode engine by now
+                    on_decode = engine.engine_of("aborted") == pair[1].address
+                    assert engine.abort("aborted")
+            return timed, seen, on_decode
+        finally:
+            engine.shutdown()
+
+    timed, aborted, on_decode = asyncio.run(scenario())
+    assert timed[-1].finish_reason is FinishReason.DEADLINE and 1 < len(timed[-1].token_ids) < 700
+    assert on_decode and aborted[-1].finish_reason is FinishReason.CANCELLED
+    assert aborted[-1].metrics.cancel_state == "decode" and len(aborted[-1].token_ids) < 700
+
+
 def test_cancelled_in_transfer_and_a_pull_that_never_comes(
     pair: tuple[EngineProcess, EngineProcess], key: Path
 ) -> None:
