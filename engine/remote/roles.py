@@ -109,4 +109,13 @@ class RoleAwareEngine(RemoteEngine):
     def _adopt(self, ann: Announce) -> None:
         super()._adopt(ann)
         if self._alive and self._engine_id == ann.engine_id:
-            self.role, self.kv_address = ann.role, ann.kv_address
+            self.role, self.kv_address = ann.role, reachable(ann.kv_address, self.address)
+
+
+def reachable(kv_address: str, engine_address: str) -> str:
+    """The KV address a decode engine can dial: an engine bound to a wildcard host (`--listen
+    tcp://0.0.0.0:5555`) announces that host, so the host the gateway reached the engine on stands in."""
+    host, sep, port = kv_address.removeprefix("tcp://").rpartition(":")
+    if not sep or host.strip("[]") not in ("0.0.0.0", "*", "::", ""):
+        return kv_address
+    return f"tcp://{engine_address.removeprefix('tcp://').rpartition(':')[0]}:{port}"

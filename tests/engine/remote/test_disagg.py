@@ -20,7 +20,7 @@ import zmq
 
 from engine import LLM, EngineDeadError, FinishReason, RequestMeta, RequestOutput, SamplingParams
 from engine.remote.curve import ClusterKey, create_key_file, serve_securely
-from engine.remote.roles import RoleAwareEngine
+from engine.remote.roles import RoleAwareEngine, reachable
 from routing.roles import DisaggRouter
 from tests.engine.remote.engine_process import EngineProcess
 
@@ -290,3 +290,9 @@ def test_both_parts_charge_one_fair_share_through_the_shared_counters(tmp_path: 
         for key in client.scan_iter(f"{prefix}:*"):
             client.delete(key)
         client.close()
+
+
+def test_a_wildcard_kv_address_is_dialled_on_the_engines_own_host() -> None:
+    assert reachable("tcp://0.0.0.0:7001", "tcp://10.0.0.5:5555") == "tcp://10.0.0.5:7001"
+    assert reachable("tcp://[::]:7001", "tcp://[fd00::5]:5555") == "tcp://[fd00::5]:7001"
+    assert reachable("tcp://10.0.0.9:7001", "tcp://10.0.0.5:5555") == "tcp://10.0.0.9:7001"
