@@ -29,7 +29,17 @@ def test_prefill_and_decode_engines_answer_and_survive_the_kill_drill(tmp_path: 
     serve: ServeProcess | None = None
     answered: dict[str, str] = {}  # request id -> the finish_reason its ledger row must have
     try:
-        serve = ServeProcess(tmp_path / "gateway", "--engine", prefill.address, "--engine", decode.address)
+        # A 2 s heartbeat timeout: the request sent right after the prefill engine freezes is in flight
+        # there (not refused at admission) even on a loaded machine.
+        serve = ServeProcess(
+            tmp_path / "gateway",
+            "--engine",
+            prefill.address,
+            "--engine",
+            decode.address,
+            "--engine-heartbeat-timeout",
+            "2",
+        )
         key = serve.banner["api_key"]
         with httpx.Client(base_url=serve.url, timeout=30, headers=serve.headers(key)) as client:
             model = client.get("/v1/models").json()["data"][0]["id"]

@@ -208,7 +208,7 @@ def test_cancelled_in_transfer_and_a_pull_that_never_comes(
 def test_kill_drill_prefill_then_decode(tmp_path: Path) -> None:
     """A frozen-then-killed prefill engine fails its requests retryably; so does a frozen decode engine,
     and the prefill engine frees the KV it held for it after --kv-hold-timeout."""
-    prefill = EngineProcess(tmp_path / "p", *COMMON, "--role", "prefill", "--kv-hold-timeout", "1")
+    prefill = EngineProcess(tmp_path / "p", *COMMON, "--role", "prefill", "--kv-hold-timeout", "3")
     decode = EngineProcess(tmp_path / "d", *COMMON, "--role", "decode")
     try:
 
@@ -227,7 +227,7 @@ def test_kill_drill_prefill_then_decode(tmp_path: Path) -> None:
                 except EngineDeadError as exc:
                     failures.append(exc)
                 used.append(clients[0].stats().kv_blocks_used)  # held for a pull that never comes
-                await until(lambda: clients[0].stats().kv_blocks_used == 0, 5, "the held KV freed")
+                await until(lambda: clients[0].stats().kv_blocks_used == 0, 10, "the held KV freed")
                 used.append(clients[0].stats().kv_blocks_used)
                 decode.kill()
                 os.kill(prefill.proc.pid, signal.SIGSTOP)
