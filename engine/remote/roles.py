@@ -82,6 +82,10 @@ class RoleServer(EngineServer):
                 if kv is not None:
                     kv.close()
 
+    def _drained(self) -> bool:
+        """A draining prefill engine also waits for the KV it holds to be pulled (or to expire)."""
+        return super()._drained() and (self.loop is None or not self.loop.held)
+
     def _make_loop(self, engine: LLMEngine, inbox: GatewayInbox) -> EngineLoop:
         self.loop = HandoffLoop(engine, inbox, self._publish, self.kv_server, self.kv_puller)
         return self.loop

@@ -138,7 +138,7 @@ class EngineServer:
         push.setsockopt(zmq.SNDHWM, 0)
         push.connect(self._outbox_addr)
         restore = self._install_signals()
-        inbox = GatewayInbox(self._items, self._owners, self._reply, self._draining.is_set, self.produced)
+        inbox = GatewayInbox(self._items, self._owners, self._reply, self._drained, self.produced)
         try:
             self._make_loop(engine, inbox).run()
         finally:
@@ -147,6 +147,10 @@ class EngineServer:
                 signal.signal(signum, handler)
             log.info("engine %s stopped", self.engine_id)
             self.stopped.set()
+
+    def _drained(self) -> bool:
+        """Draining, and nothing but live requests keeps the loop: it stops once none is left."""
+        return self._draining.is_set()
 
     def _make_loop(self, engine: LLMEngine, inbox: GatewayInbox) -> EngineLoop:
         """The loop this server runs (engine/remote/roles.py runs a prefill or decode engine's)."""

@@ -296,3 +296,32 @@ def test_a_wildcard_kv_address_is_dialled_on_the_engines_own_host() -> None:
     assert reachable("tcp://0.0.0.0:7001", "tcp://10.0.0.5:5555") == "tcp://10.0.0.5:7001"
     assert reachable("tcp://[::]:7001", "tcp://[fd00::5]:5555") == "tcp://[fd00::5]:7001"
     assert reachable("tcp://10.0.0.9:7001", "tcp://10.0.0.5:5555") == "tcp://10.0.0.9:7001"
+
+
+def test_a_draining_prefill_engine_waits_for_the_kv_it_holds(tmp_path: Path) -> None:
+    """SIGTERM while a decode engine has not pulled: the prefill engine stops only once the hold ends
+    (here: it expires, and says so), not at once with the KV its request still needs."""
+    prefill = EngineProcess(tmp_path / "p", *COMMON, "--role", "prefill", "--kv-hold-timeout", "2")
+    decode = EngineProcess(tmp_path / "d", *COMMON, "--role", "decode")
+    try:
+
+        async def scenario() -> BaseException | None:
+            engine = router(prefill, decode)
+            try:
+                os.kill(decode.proc.pid, signal.SIGSTOP)
+                try:
+                    await run(engine, "Held while draining. " * 3, GREEDY, "held")
+                except EngineDeadError as exc:
+                    return exc
+                return None
+            finally:
+                engine.shutdown()
+
+        failure = asyncio.run(scenario())
+        assert isinstance(failure, EngineDeadError)
+        prefill.terminate()
+        assert prefill.wait(30) == 0
+        assert any("was not pulled within" in line for line in prefill.output), prefill.output[-10:]
+    finally:
+        prefill.kill()
+        decode.kill()
