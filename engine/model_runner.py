@@ -314,6 +314,17 @@ class ModelRunner:
             self._sync_window_caches()
         return moved
 
+    # -- KV hand-off between engines (engine/disagg.py) ----------------------------------------
+    def read_blocks(self, block_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Host copies of K and V of these blocks in every block-pool layer: what a prefill engine ships."""
+        ids = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        main = [self.kv_caches[i] for i in self.main_layers]
+        return [(k.index_select(0, ids).cpu(), v.index_select(0, ids).cpu()) for k, v in main]
+
+    def stage_blocks(self, request_id: str, blocks: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Blocks that came from a prefill engine wait as a swapped-out copy; admission swaps them in."""
+        self._swapped[request_id] = blocks
+
     def forget(self, request_id: str) -> None:
         """A request ended: free its block-table row and any swapped copy."""
         self.block_rows.forget(request_id)

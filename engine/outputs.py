@@ -181,3 +181,7 @@ class EngineStats:
     counter_sync: str = "off"
     counter_sync_age_s: float = 0.0
     counter_sync_engines: int = 0
+    # Prefill and decode apart (engine/disagg.py): KV this decode engine pulled, and its time and bytes.
+    kv_transfers: int = 0
+    kv_transfer_s: float = 0.0
+    kv_transfer_bytes: int = 0

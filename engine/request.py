@@ -30,6 +30,9 @@ class FinishReason(enum.StrEnum):
     DEADLINE = "deadline"
     REJECTED = "rejected"
     ERROR = "error"
+    HANDOFF = (
+        "handoff"  # a prefill engine's part ended: the request goes on on a decode engine (engine/disagg.py)
+    )
 
 
 class InvalidRequestError(ValueError):
@@ -160,6 +163,9 @@ class RequestMeta:
     ledger_id: str | None = (
         None  # the caller's request id: the key of the ledger row the engine's record bills
     )
+    # Prefill and decode on separate engines (engine/disagg.py): HOLD asks a prefill engine to keep the KV
+    # after the first token for a decode engine; a tcp:// address tells a decode engine where to pull it.
+    kv_handoff: str | None = None
 
 
 @dataclass

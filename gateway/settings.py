@@ -348,6 +348,27 @@ class EngineServerSettings(ProcessSettings):
         json_schema_extra={"flags": ["--gateway-timeout"]},
     )
 
+    # Prefill and decode on separate engines (engine/disagg.py, docs/scale.md "Prefill and decode apart").
+    role: Literal["both", "prefill", "decode"] = Field(
+        default="both",
+        description="both: whole requests; prefill: prompts, then the KV goes to a decode engine; decode: "
+        "continues requests whose KV it pulls from a prefill engine",
+    )
+    kv_hold_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="a prefill engine frees the KV held for a decode engine that has not pulled it by then",
+        json_schema_extra={"flags": ["--kv-hold-timeout"]},
+    )
+    kv_pull_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=600,
+        description="a decode engine fails a request whose KV the prefill engine has not sent by then",
+        json_schema_extra={"flags": ["--kv-pull-timeout"]},
+    )
+
     @field_validator("listen")
     @classmethod
     def _listen_address(cls, value: str) -> str:

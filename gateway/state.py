@@ -19,6 +19,7 @@ from admission.redis_link import RedisLink, connect
 from billing import BillingStore, Database, KeyCache, Ledger, default_db_url
 from engine import EngineClient, engine_client
 from engine.remote.client import RemoteEngine, check_one_model
+from engine.remote.roles import RoleAwareEngine
 from gateway.admin.rejections import RejectionLog
 from gateway.edge.auth import ensure_admin_token, ensure_metrics_token
 from gateway.edge.auth_guard import FailureBudget
@@ -30,7 +31,8 @@ from gateway.ops.metrics import GatewayMetrics, TenantLabels
 from gateway.ops.tracing import GatewayTracing, make_gateway_tracing
 from gateway.prefixes import PrefixRegistry
 from gateway.settings import GatewaySettings
-from routing import EngineRouter, engine_loads
+from routing import engine_loads
+from routing.roles import role_router
 
 log = logging.getLogger(__name__)
 TENANT_REFRESH_S = 10.0
@@ -137,17 +139,18 @@ def gateway_engine(settings: GatewaySettings) -> EngineClient:
     # router (routing/router.py) picks one per request. Engines of different models are refused here.
     key = settings.cluster_key()
     remotes = [
-        RemoteEngine(address, settings.engine_heartbeat_timeout_s, key) for address in settings.engines
+        RoleAwareEngine(address, settings.engine_heartbeat_timeout_s, key) for address in settings.engines
     ]
     try:
         for remote in remotes:
             remote.start()
         check_one_model(remotes)
+        roles = {a: r.role for a, r in zip(settings.engines, remotes, strict=True)}  # prefill/decode: apart
+        return role_router(dict(zip(settings.engines, remotes, strict=True)), roles, settings.routing)
     except BaseException:
         for remote in remotes:
             remote.shutdown(timeout_s=1.0)
         raise
-    return EngineRouter(dict(zip(settings.engines, remotes, strict=True)), settings.routing)
 
 
 def start_gateway_engine(settings: GatewaySettings) -> EngineClient:

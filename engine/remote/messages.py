@@ -48,6 +48,8 @@ class Announce(msgspec.Struct, tag=True, array_like=True):
     caps: dict[str, int]  # engine.limits.RequestCaps fields (a pydantic model msgspec does not encode)
     stats: EngineStats
     tokenizer_files: dict[str, str] = {}  # file name -> text; empty unless the Hello asked
+    role: str = "both"  # prefill, decode or both (engine/remote/roles.py)
+    kv_address: str = ""  # a prefill engine's KV server, which decode engines pull from
 
 
 class Billed(msgspec.Struct, tag=True, array_like=True):

@@ -138,15 +138,23 @@ class EngineServer:
         push.setsockopt(zmq.SNDHWM, 0)
         push.connect(self._outbox_addr)
         restore = self._install_signals()
-        inbox = GatewayInbox(self._items, self._owners, self._reply, self._draining.is_set, self.produced)
+        inbox = GatewayInbox(self._items, self._owners, self._reply, self._drained, self.produced)
         try:
-            EngineLoop(engine, inbox, self._publish).run()
+            self._make_loop(engine, inbox).run()
         finally:
             self._close(push, link, ctx, engine)
             for signum, handler in restore.items():
                 signal.signal(signum, handler)
             log.info("engine %s stopped", self.engine_id)
             self.stopped.set()
+
+    def _drained(self) -> bool:
+        """Draining, and nothing but live requests keeps the loop: it stops once none is left."""
+        return self._draining.is_set()
+
+    def _make_loop(self, engine: LLMEngine, inbox: GatewayInbox) -> EngineLoop:
+        """The loop this server runs (engine/remote/roles.py runs a prefill or decode engine's)."""
+        return EngineLoop(engine, inbox, self._publish)
 
     def stop(self) -> None:
         """End now: live requests end as cancelled (reason "shutdown"). Thread-safe."""

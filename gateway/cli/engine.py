@@ -22,6 +22,7 @@ import zmq
 from pydantic import ValidationError
 
 from engine.remote.curve import ClusterKey, ClusterKeyError, create_key_file
+from engine.remote.roles import RoleServer
 from engine.remote.server import EngineServer
 from gateway.settings import EngineServerSettings, settings_error_text
 from gateway.settings_flags import add_knob_flags, load_from_args
@@ -30,6 +31,31 @@ log = logging.getLogger(__name__)
 
 # An engine's Redis (the shared fair-share counters) is `--redis` here, as the gateway's is in `serve`.
 _ALIASES = {"redis_url": "--redis"}
+
+
+def _server(settings: EngineServerSettings, key: ClusterKey | None) -> EngineServer:
+    """The engine server of this role: today's for `both`, a RoleServer for prefill or decode."""
+    produced = settings.data_dir / "produced.log"  # the engine's own billing record (accounting.py)
+    if settings.role == "both":
+        return EngineServer(
+            settings.engine,
+            settings.listen,
+            settings.gateway_timeout_s,
+            settings.grace_period_s,
+            cluster_key=key,
+            produced_path=produced,
+        )
+    return RoleServer(
+        settings.engine,
+        settings.listen,
+        settings.gateway_timeout_s,
+        settings.grace_period_s,
+        settings.role,
+        settings.kv_hold_timeout_s,
+        settings.kv_pull_timeout_s,
+        cluster_key=key,
+        produced_path=produced,
+    )
 
 
 def register(subparsers: Any) -> None:
@@ -72,14 +98,7 @@ def run_engine(args: argparse.Namespace) -> int:
         except ClusterKeyError as exc:
             print(f"fairserve engine: invalid settings:\ncluster_key_file: {exc}", file=sys.stderr)
             return 2
-    server = EngineServer(
-        settings.engine,
-        settings.listen,
-        settings.gateway_timeout_s,
-        settings.grace_period_s,
-        cluster_key=key,
-        produced_path=settings.data_dir / "produced.log",  # the engine's own billing record (accounting.py)
-    )
+    server = _server(settings, key)
     try:
         server.start()
     except zmq.ZMQError as exc:  # the address is taken, or not this host's
