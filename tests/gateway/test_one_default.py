@@ -44,7 +44,7 @@ NAMESAKES: dict[tuple[str, str], str] = {
     ("engine.sim.flows.fan_out", "*"): "a simulated scenario's own values (docs/sim.md)",
     ("engine.sim.scenarios.scale_scenario", "*"): "a simulated scenario's own values (docs/sim.md)",
     ("engine.sim.scenarios.scale_workload", "*"): "a simulated scenario's own values (docs/sim.md)",
-    ("engine.sim.simulator.SimConfig", "*"): "a simulated engine (`fairserve sim` flags), not a served one",
+    ("engine.sim.spec.SimConfig", "*"): "a simulated engine (`fairserve sim` flags), not a served one",
     ("engine.sim.cluster.ClusterConfig", "*"): "a simulated cluster (`fairserve sim --engines`)",
     ("gateway.settings_flags.knobs", "model"): "the tree class walked, not the model knob",
     ("gateway.settings_flags.add_knob_flags", "model"): "the tree class walked, not the model knob",
