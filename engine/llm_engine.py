@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections import deque
 from collections.abc import Iterable, Sequence
 from functools import partial
 from time import perf_counter  # bound here: tests replace this module's `time` with a fake clock
-from typing import Any, cast
+from typing import cast
 
 import torch
 
@@ -40,22 +39,20 @@ from engine.model_runner import ModelRunner, kv_block_bytes
 from engine.outputs import EngineStats, OutputDelta, RequestInfo, RequestMetrics, RequestOutput, text_in_loop
 from engine.overlap import OverlapExecutor
 from engine.policy import build_policy
+from engine.recorder import EngineRecorder
 from engine.request import (
     DuplicateRequestError,
     FinishReason,
     Request,
     RequestMeta,
-    RequestState,
     SamplingParams,
 )
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.stop import StopMatcher
 from engine.tokenizer import Detokenizer
-from engine.trace import IterationTrace, TraceWriter
+from engine.trace import IterationTrace
 from engine.tracing import make_engine_tracer
 from fairness.shared import SharedCounters
-
-_EWMA = 0.2
 
 
 class _Stream:
@@ -130,13 +127,10 @@ class LLMEngine:
         # Set by the engine loop (engine/boundary/worker.py): its front detokenizes every request without stop strings,
         # off this loop, and such a request's outputs here carry token ids and no text.
         self.front_detokenizes = False
-        self._trace_writer = TraceWriter(config.trace_path) if config.trace_path else None
-        self.traces: deque[IterationTrace] = deque(maxlen=512)
-        self._stats = EngineStats(
-            kv_blocks_total=num_blocks,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
+        self.recorder = EngineRecorder(
+            self.scheduler, self.pool, config.trace_path, config.max_num_batched_tokens, config.max_num_seqs
         )
+        self.traces = self.recorder.traces
         self._last_step: dict[
             str, tuple[int, float, float]
         ] = {}  # request -> (tokens, start, end) of its last iteration
@@ -357,92 +351,15 @@ class LLMEngine:
 
     def write_trace(self, trace: IterationTrace) -> None:
         """Append a finished trace row to the trace file, if one is configured."""
-        if self._trace_writer:
-            self._trace_writer.write(trace)
+        self.recorder.write(trace)
 
     def record_trace(self, out: SchedulerOutput, seconds: float, completions: int) -> IterationTrace:
-        trace = IterationTrace(
-            iteration=out.iteration,
-            time=time.time(),
-            waiting=self.scheduler.num_waiting,
-            running=len(self.scheduler.running),
-            prefill_tokens=out.prefill_tokens,
-            decode_tokens=out.decode_tokens,
-            kv_blocks_used=self.pool.num_used,
-            kv_blocks_free=self.pool.num_free,
-            preemptions=len(out.preempted),
-            completions=completions,
-            seconds=seconds,
-            cached_tokens=out.cached_tokens,
-            waiting_for_blocks=self.scheduler.waiting_for_blocks,
-        )
-        self.traces.append(trace)
-        s = self._stats
-        if out.chunks and seconds > 0:
-            s.iteration_seconds = (
-                seconds if s.iterations == 0 else (1 - _EWMA) * s.iteration_seconds + _EWMA * seconds
-            )
-            if out.prefill_tokens:
-                rate = out.prefill_tokens / seconds
-                s.prefill_tokens_per_s = (
-                    rate
-                    if not s.prefill_tokens_per_s
-                    else (1 - _EWMA) * s.prefill_tokens_per_s + _EWMA * rate
-                )
-            if out.decode_tokens:
-                rate = out.decode_tokens / seconds
-                s.decode_tokens_per_s = (
-                    rate if not s.decode_tokens_per_s else (1 - _EWMA) * s.decode_tokens_per_s + _EWMA * rate
-                )
-        s.batch_size = len(out.chunks)
-        s.iterations = out.iteration
-        return trace
+        """The trace row of the step that ran (engine/recorder.py)."""
+        return self.recorder.record(out, seconds, completions)
 
     def stats(self) -> EngineStats:
         """A fresh snapshot of queue, memory and rate figures."""
-        s = self._stats
-        waiting_by: dict[str, int] = {}
-        running_by: dict[str, int] = {}
-        waiting_tokens = 0
-        for r in self.scheduler.requests.values():
-            if r.state is RequestState.RUNNING:
-                running_by[r.meta.tenant_id] = running_by.get(r.meta.tenant_id, 0) + 1
-            else:
-                waiting_by[r.meta.tenant_id] = waiting_by.get(r.meta.tenant_id, 0) + 1
-                waiting_tokens += r.num_tokens - r.num_computed_tokens
-        sched = self.scheduler
-        return EngineStats(
-            alive=True,
-            waiting=sched.num_waiting,
-            running=len(sched.running),
-            waiting_by_tenant=waiting_by,
-            running_by_tenant=running_by,
-            waiting_tokens=waiting_tokens,
-            kv_blocks_used=self.pool.num_used,
-            kv_blocks_total=self.pool.num_blocks,
-            batch_size=s.batch_size,
-            prefill_tokens_per_s=s.prefill_tokens_per_s,
-            decode_tokens_per_s=s.decode_tokens_per_s,
-            iteration_seconds=s.iteration_seconds,
-            max_num_batched_tokens=self.config.max_num_batched_tokens,
-            max_num_seqs=self.config.max_num_seqs,
-            preemptions_total=sched.preemptions_total,
-            preemptions_by_kind={f"{r}/{m}": n for (r, m), n in sched.preemptions_by_kind.items()},
-            recomputed_tokens_total=sched.recomputed_tokens_total,
-            swapped_bytes_total=sched.swapped_bytes_total,
-            kv_alloc_failures=self.pool.alloc_failures,
-            deadline_misses=sum(sched.deadline_misses.values()),
-            waiting_for_blocks=sched.waiting_for_blocks,
-            service=dict(self.policy.service()),
-            iterations=s.iterations,
-            **self._sync_stats(),
-        )
-
-    def _sync_stats(self) -> dict[str, Any]:
-        if self.counter_sync is None:
-            return {}
-        state, age, engines = self.counter_sync.status()
-        return {"counter_sync": state, "counter_sync_age_s": age, "counter_sync_engines": engines}
+        return self.recorder.snapshot(self.policy, self.counter_sync)
 
     # -- swap preemption --------------------------------------------------------------------
     def _swap_out(self, request: Request) -> int:
@@ -470,7 +387,6 @@ class LLMEngine:
         self.executor.close()
         if self.counter_sync is not None:
             self.counter_sync.close()
-        if self._trace_writer:
-            self._trace_writer.close()
+        self.recorder.close()
         if self.tracer is not None:
             self.tracer.shutdown()
