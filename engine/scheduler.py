@@ -108,6 +108,10 @@ class Scheduler:
             request = self.requests.get(request_id)
             if request is None or request.is_finished:
                 continue
+            if request.meta.partial_at_deadline and request.output_token_ids:
+                self.finish(request, FinishReason.LENGTH, now)  # the tokens so far are the answer
+                out.finished.append(request)
+                continue
             self.deadline_misses["running" if request.state is RequestState.RUNNING else "waiting"] += 1
             self.deadline_wasted_tokens += request.num_computed_tokens
             self.finish(request, FinishReason.DEADLINE, now)

@@ -146,7 +146,12 @@ def rejections_by_reason(state: GatewayState) -> dict[str, int]:
 
 def engine_rows(state: GatewayState) -> list[dict[str, Any]]:
     """One row per engine behind the gateway (routing.engine_loads), with its KV share, for the API and the page."""
-    return [{**asdict(load), "kv_use": load.kv_use} for load in engine_loads(state.engine)]
+    rows = []
+    for load in engine_loads(state.engine):
+        rate = state.model_rates.rate(load.model or state.engine.model_name)
+        feasibility = {**asdict(rate), "source": rate.source}  # admission/model_feasibility.py
+        rows.append({**asdict(load), "kv_use": load.kv_use, "feasibility": feasibility})
+    return rows
 
 
 def _other_service(service: Mapping[str, float], tenants: Mapping[str, Tenant]) -> dict[str, float]:
