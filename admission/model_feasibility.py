@@ -20,16 +20,13 @@ LEARNING_RATE = 0.2  # weight of each new observation: about the last five snaps
 
 @dataclass
 class LearnedRate:
-    """One model's learned rates and how many observations they rest on (0: the priors)."""
+    """One model's rates, how many observations the learned ones rest on, and where these come from:
+    `measured` (its engines' own, now), `learned` (the mean of what they reported) or `prior`."""
 
     prefill_tokens_per_s: float
     iteration_s: float
     samples: int = 0
-
-    @property
-    def source(self) -> str:
-        """`prior` until the model has reported a measured rate, then `learned`."""
-        return "learned" if self.samples else "prior"
+    source: str = "prior"
 
 
 class ModelRates:
@@ -52,7 +49,8 @@ class ModelRates:
                 rate.prefill_tokens_per_s = keep * rate.prefill_tokens_per_s + (1 - keep) * prefill
                 rate.iteration_s = keep * rate.iteration_s + (1 - keep) * iteration
                 rate.samples += 1
-            return LearnedRate(rate.prefill_tokens_per_s, rate.iteration_s, rate.samples)
+                rate.source = "learned"
+            return LearnedRate(rate.prefill_tokens_per_s, rate.iteration_s, rate.samples, rate.source)
 
     def rate(self, model: str) -> LearnedRate:
         """What is known of `model` now (the priors for a model never observed)."""
@@ -60,13 +58,15 @@ class ModelRates:
             found = self._rates.get(model)
             if found is None:
                 return LearnedRate(self.priors.prefill_tokens_per_s, self.priors.iteration_seconds)
-            return LearnedRate(found.prefill_tokens_per_s, found.iteration_s, found.samples)
+            return LearnedRate(found.prefill_tokens_per_s, found.iteration_s, found.samples, found.source)
 
     def effective(self, model: str, stats: LoadStats) -> LearnedRate:
         """The rates an estimate of `model` uses now: its engines' measured ones, else the learned ones."""
         learned = self.observe(model, stats)
         if stats.prefill_tokens_per_s > 0 and stats.iteration_seconds > 0:
-            return LearnedRate(stats.prefill_tokens_per_s, stats.iteration_seconds, learned.samples)
+            return LearnedRate(
+                stats.prefill_tokens_per_s, stats.iteration_seconds, learned.samples, "measured"
+            )
         return learned
 
     def estimate(
@@ -98,8 +98,14 @@ class _Measured:
         self.max_num_seqs = stats.max_num_seqs
 
 
+# A truncated prompt is cut to fill this share of the time its deadline leaves for prefill, not all of it:
+# the estimate is a mean, and a prompt cut to fit it exactly would miss its deadline about half the time.
+TRUNCATE_HEADROOM = 0.8
+
+
 def prefill_budget(est: Estimate, rate: LearnedRate, max_tokens: int, seconds_left: float) -> int:
     """How many prompt tokens can be prefilled so that the request still finishes in `seconds_left`, its
-    start and `max_tokens` decode iterations counted (the estimate's own arithmetic); may be <= 0."""
+    start and `max_tokens` decode iterations counted (the estimate's own arithmetic), with
+    TRUNCATE_HEADROOM; may be <= 0."""
     spare = seconds_left - est.start_s - max_tokens * rate.iteration_s
-    return int(spare * rate.prefill_tokens_per_s)
+    return int(spare * TRUNCATE_HEADROOM * rate.prefill_tokens_per_s)

@@ -19,7 +19,7 @@ from starlette.responses import Response, StreamingResponse
 from billing import Tenant
 from gateway.admin.http import NO_STORE, jsonable, query_int, reply
 from gateway.state import GatewayState
-from routing import engine_loads
+from routing import engine_loads, model_client
 
 HISTORY_SAMPLES = 900  # at one sample a second: the last 15 minutes
 MIN_SAMPLE_INTERVAL_S = 0.5
@@ -148,8 +148,10 @@ def engine_rows(state: GatewayState) -> list[dict[str, Any]]:
     """One row per engine behind the gateway (routing.engine_loads), with its KV share, for the API and the page."""
     rows = []
     for load in engine_loads(state.engine):
-        rate = state.model_rates.rate(load.model or state.engine.model_name)
-        feasibility = {**asdict(rate), "source": rate.source}  # admission/model_feasibility.py
+        model = load.model or state.engine.model_name
+        serving = model_client(state.engine, model) or state.engine
+        # The rates admission estimates this engine's model by now (admission/model_feasibility.py).
+        feasibility = asdict(state.model_rates.effective(model, serving.stats()))
         rows.append({**asdict(load), "kv_use": load.kv_use, "feasibility": feasibility})
     return rows
 

@@ -51,34 +51,35 @@ async def admit(state: GatewayState, ctx: RequestContext) -> tuple[RequestContex
     engine = model_engine(state, ctx.served.model)
     now = time.time()
     if ctx.deadline is None or ctx.deadline <= now:  # none to meet, or already passed (408 below)
-        return ctx, await state.edge.admit(ctx.admission_ask(), engine.stats())
+        stats = engine.stats()
+        state.model_rates.observe(ctx.served.model, stats)  # every admission teaches the model's rates
+        return _costed(state, ctx), await state.edge.admit(ctx.admission_ask(), stats)
     left = ctx.deadline - now
     prompt, max_tokens = len(ctx.inputs.prompt_token_ids), ctx.inputs.params.max_tokens
     est = _estimate(state, ctx.served.model, engine, ctx, prompt, max_tokens)
     chosen = policy(state, ctx)
-    served = replace(ctx.served, partial_at_deadline=chosen == "partial")
-    if est.finish_s <= left:
-        degraded = replace(ctx, served=served)
-    else:
-        found = _degrade(state, replace(ctx, served=served), chosen, est, left)
+    planned = replace(ctx, served=replace(ctx.served, partial_at_deadline=chosen == "partial"))
+    if est.finish_s > left:
+        found = _degrade(state, planned, chosen, est, left)
         if found is None:
-            return ctx, replace(
-                _infeasible(state, est, left), quota=await state.edge.peek(ctx.tenant_id, ctx.limits)
-            )
-        degraded = found
-    degraded = replace(
-        degraded,
-        served=replace(degraded.served, cost_factor=state.settings.models.cost_factor(degraded.served.model)),
-    )
-    ask = replace(
-        degraded.admission_ask(), deadline=None, prompt_tokens=len(degraded.inputs.prompt_token_ids)
-    )
-    verdict = await state.edge.admit(ask, model_engine(state, degraded.served.model).stats())
-    if degraded.served.degradation is not None and not isinstance(verdict, Rejection):
+            refusal = _infeasible(state, est, left)
+            return ctx, replace(refusal, quota=await state.edge.peek(ctx.tenant_id, ctx.limits))
+        planned = found
+    planned = _costed(state, planned)
+    # The deadline is decided: admission proper (queue bounds, quota) on the serving model's engines.
+    ask = replace(planned.admission_ask(), deadline=None, prompt_tokens=len(planned.inputs.prompt_token_ids))
+    verdict = await state.edge.admit(ask, model_engine(state, planned.served.model).stats())
+    kind = planned.served.degradation
+    if kind is not None and not isinstance(verdict, Rejection):
         state.metrics.labels.learn(ctx.tenant_id, ctx.caller.tenant.name)
-        label = state.metrics.labels.label(ctx.tenant_id)
-        state.metrics.degradations.labels(label, degraded.served.degradation).inc()
-    return degraded, verdict
+        state.metrics.degradations.labels(state.metrics.labels.label(ctx.tenant_id), kind).inc()
+    return planned, verdict
+
+
+def _costed(state: GatewayState, ctx: RequestContext) -> RequestContext:
+    """The request with its serving model's `--model-cost` factor, for its ledger charge."""
+    factor = state.settings.models.cost_factor(ctx.served.model)
+    return replace(ctx, served=replace(ctx.served, cost_factor=factor))
 
 
 def _degrade(
