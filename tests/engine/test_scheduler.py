@@ -163,6 +163,21 @@ def test_a_partial_request_ends_at_its_deadline_as_length_with_its_tokens() -> N
     assert s.pool.num_free == s.pool.num_blocks
 
 
+def test_a_partial_answer_leaves_one_step_before_its_deadline() -> None:
+    s = make_scheduler(budget=16, seats=2)
+    partial = make_request("partial", 4, 100, deadline=10.0)
+    partial.meta.partial_at_deadline = True
+    plain = make_request("plain", 4, 100, deadline=10.0)
+    s.add(partial)
+    s.add(plain)
+    for t in range(9):  # steps of one second
+        run_step(s, now=float(t))
+    out, _ = run_step(s, now=9.2)  # this step would end at 10.2: the partial answer is due now
+    assert [(r.request_id, r.finish_reason) for r in out.finished] == [("partial", FinishReason.LENGTH)]
+    out, _ = run_step(s, now=10.0)
+    assert [(r.request_id, r.finish_reason) for r in out.finished] == [("plain", FinishReason.DEADLINE)]
+
+
 def test_prefix_cache_hit_skips_prefill_and_counts_cached_tokens() -> None:
     s = make_scheduler(budget=64)
     shared = make_request("a", 20, 1)
