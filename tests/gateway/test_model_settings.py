@@ -61,3 +61,22 @@ def test_the_flags_repeat(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "models.fallback_models" in out and "a=b" in out and "b=c" in out
     assert main(["config", "show", "--fallback-model", "a=b", "--fallback-model", "b=a"]) == 2
     assert "models: Value error" not in capsys.readouterr().err
+
+
+def test_an_engine_serves_under_the_name_it_is_given(tmp_path: Path) -> None:
+    import argparse
+
+    from engine import EngineConfig, LLMEngine
+    from gateway.cli.engine import _ALIASES
+    from gateway.settings import EngineServerSettings
+    from gateway.settings_flags import add_knob_flags, load_from_args
+
+    parser = argparse.ArgumentParser()
+    add_knob_flags(parser, EngineServerSettings, _ALIASES)
+    args = parser.parse_args(["--model", str(tmp_path), "--served-model-name", "house"])
+    settings = load_from_args(
+        args, EngineServerSettings
+    )  # `fairserve engine --model DIR --served-model-name`
+    assert (settings.engine.model, settings.engine.served_model_name) == (str(tmp_path), "house")
+    engine = LLMEngine(EngineConfig(served_model_name="house", num_kv_blocks=16, cache_dir=str(tmp_path)))
+    assert engine.model_name == "house"
