@@ -2,24 +2,28 @@
 
 A request past its deadline leaves (`deadline`). A partial one (`RequestMeta.partial_at_deadline`, the
 gateway's `X-On-Infeasible: partial`) that has tokens leaves one step early, as `length`: the step now
-starting would end after its deadline, and its answer is due by then. A step's length is the time between
-the last two schedules while requests ran.
+starting would end after its deadline, and its answer is due by then. The coming step's length is taken
+as the longest of the last RECENT_STEPS (schedule to schedule, while requests ran): a step that admits a
+prefill lasts several decode steps, and an answer cut one decode step early would still come late.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Callable, Iterator
 
 from engine.request import FinishReason, Request
 
+RECENT_STEPS = 16
+
 
 class Deadlines:
-    """A heap of (deadline, request id) and the last step's length."""
+    """A heap of (deadline, request id) and the recent steps' lengths."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, str]] = []
-        self._step_s = 0.0
+        self._steps: deque[float] = deque(maxlen=RECENT_STEPS)
         self._step_at: float | None = None
 
     def add(self, deadline: float, request_id: str) -> None:
@@ -31,9 +35,9 @@ class Deadlines:
     ) -> Iterator[tuple[Request, FinishReason]]:
         """The live requests to end at a step starting `now`, and how each ends."""
         if self._step_at is not None and running:
-            self._step_s = max(now - self._step_at, 0.0)
+            self._steps.append(max(now - self._step_at, 0.0))
         self._step_at = now
-        step = self._step_s if running else 0.0
+        step = max(self._steps) if running and self._steps else 0.0
         not_yet: list[tuple[float, str]] = []
         while self._heap and self._heap[0][0] <= now + step:
             deadline, request_id = heapq.heappop(self._heap)
