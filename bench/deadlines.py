@@ -7,7 +7,7 @@ open-loop plan (Poisson arrivals, every request for `slow`, deadlines drawn from
 policy, policies in turn, for `rounds` rounds. Each answer is verified against what its headers claim,
 and counted good only when it arrives within its deadline: `full` (as asked), `fallback` (served by
 `fast`, and the body and X-Degraded say so), `partial` (finish_reason length, fewer tokens than asked,
-X-Degraded: partial). The rest is `rejected` (503 with Retry-After), `missed` (504, or an answer after its
+and X-Degraded: partial, or no header when its estimate fit and it was cut all the same). The rest is `rejected` (503 with Retry-After), `missed` (504, or an answer after its
 deadline) or `error`. SLO goodput is good answers per second of offered traffic.
 """
 
@@ -72,8 +72,13 @@ def verdict(resp: httpx.Response | None, req: dict[str, Any], elapsed_s: float) 
     choice, tokens = body["choices"][0], body["usage"]["completion_tokens"]
     if elapsed_s * 1000 > req["deadline_ms"]:
         return "missed"
-    if degraded is None:
-        return "full" if body["model"] == "slow" and tokens == req["max_tokens"] else "error"
+    if degraded is None and body["model"] == "slow" and tokens == req["max_tokens"]:
+        return "full"
+    if degraded is None:  # cut at its deadline although its estimate fit: its finish reason says so
+        ok = (
+            body["model"] == "slow" and choice["finish_reason"] == "length" and 0 < tokens < req["max_tokens"]
+        )
+        return "partial" if ok else "error"
     if degraded == "fallback; model=fast":
         return "fallback" if body["model"] == "fast" and tokens == req["max_tokens"] else "error"
     if degraded == "partial":

@@ -31,6 +31,8 @@ def test_each_answer_is_checked_against_what_it_claims() -> None:
     assert verdict(answer("slow", 7, **{"X-Degraded": "partial"}), REQ, 0.9) == "partial"
     assert verdict(answer("slow", 7, finish="stop", **{"X-Degraded": "partial"}), REQ, 0.9) == "error"
     assert verdict(answer("fast", 20), REQ, 0.2) == "error"  # another model, unannounced
+    assert verdict(answer("slow", 7), REQ, 0.9) == "partial"  # cut though its estimate fit: `length` says so
+    assert verdict(answer("slow", 7, finish="stop"), REQ, 0.9) == "error"
     assert verdict(httpx.Response(503, json={}, headers={"Retry-After": "1"}), REQ, 0.0) == "rejected"
     assert verdict(httpx.Response(503, json={}), REQ, 0.0) == "error"  # a refusal must say when to retry
     assert verdict(httpx.Response(504, json={}), REQ, 1.0) == "missed"
