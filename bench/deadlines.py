@@ -49,7 +49,7 @@ def build_model(root: Path, name: str) -> Path:
 def plan(rate: float, duration_s: float, seed: int) -> list[dict[str, Any]]:
     """Arrival offsets, prompt length, max_tokens and deadline of each request (the same for every policy)."""
     rng = random.Random(seed)
-    t, out = 0.0, []
+    t, out = 0.0, list[dict[str, Any]]()
     while True:
         t += rng.expovariate(rate)
         if t >= duration_s:

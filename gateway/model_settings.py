@@ -26,10 +26,13 @@ def _pair(text: str, what: str) -> tuple[str, str]:
 def one_local_model(data: Any) -> Any:
     """GatewaySettings' raw input with `--model DIR` given once moved to the engine's model (`engine.model`),
     as it always was; several stay in `models.local_models` (one local engine each)."""
-    models = data.get("models") if isinstance(data, dict) else None
-    local = models.get("local_models") if isinstance(models, dict) else None
-    engine = data.get("engine", {}) if isinstance(data, dict) else None
-    if isinstance(local, list) and len(local) == 1 and isinstance(engine, dict) and "model" not in engine:
+    if not isinstance(data, dict):
+        return data
+    models, engine = data.get("models"), data.get("engine", {})
+    if not isinstance(models, dict) or not isinstance(engine, dict) or "model" in engine:
+        return data
+    local = models.get("local_models")
+    if isinstance(local, list) and len(local) == 1:
         return {**data, "models": {**models, "local_models": []}, "engine": {**engine, "model": local[0]}}
     return data
 

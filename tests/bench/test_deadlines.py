@@ -12,24 +12,22 @@ from bench.deadlines import GOOD, plan, summary, verdict
 REQ = {"at": 0.0, "prompt": 40, "max_tokens": 20, "deadline_ms": 1000}
 
 
-def answer(
-    model: str, tokens: int, finish: str = "length", status: int = 200, **headers: str
-) -> httpx.Response:
+def answer(model: str, tokens: int, finish: str = "length", degraded: str | None = None) -> httpx.Response:
     body: dict[str, Any] = {
         "model": model,
         "choices": [{"finish_reason": finish}],
         "usage": {"completion_tokens": tokens},
     }
-    return httpx.Response(status, json=body, headers=headers)
+    return httpx.Response(200, json=body, headers={"X-Degraded": degraded} if degraded else {})
 
 
 def test_each_answer_is_checked_against_what_it_claims() -> None:
     assert verdict(answer("slow", 20), REQ, 0.5) == "full"
     assert verdict(answer("slow", 20), REQ, 1.5) == "missed"  # in full, but late
-    assert verdict(answer("fast", 20, **{"X-Degraded": "fallback; model=fast"}), REQ, 0.2) == "fallback"
-    assert verdict(answer("slow", 20, **{"X-Degraded": "fallback; model=fast"}), REQ, 0.2) == "error"
-    assert verdict(answer("slow", 7, **{"X-Degraded": "partial"}), REQ, 0.9) == "partial"
-    assert verdict(answer("slow", 7, finish="stop", **{"X-Degraded": "partial"}), REQ, 0.9) == "error"
+    assert verdict(answer("fast", 20, degraded="fallback; model=fast"), REQ, 0.2) == "fallback"
+    assert verdict(answer("slow", 20, degraded="fallback; model=fast"), REQ, 0.2) == "error"
+    assert verdict(answer("slow", 7, degraded="partial"), REQ, 0.9) == "partial"
+    assert verdict(answer("slow", 7, finish="stop", degraded="partial"), REQ, 0.9) == "error"
     assert verdict(answer("fast", 20), REQ, 0.2) == "error"  # another model, unannounced
     assert verdict(answer("slow", 7), REQ, 0.9) == "partial"  # cut though its estimate fit: `length` says so
     assert verdict(answer("slow", 7, finish="stop"), REQ, 0.9) == "error"
