@@ -1,23 +1,12 @@
 """Billing under chaos: 2 gateways + 2 engines on PostgreSQL with Redis, killed and restarted under load.
 
-`python -m bench.billing_chaos [--requests 20000] [--clients 12] [--db URL]`. Real processes (`fairserve
-engine` x2, `fairserve serve --engine A --engine B --redis` x2, a private redis-server), one tenant, every
-request with its own X-Request-Id; a share of them with an Idempotency-Key and retried (same key, next
-X-Attempt) when cut off; a share of streams left mid-way by the client; a share cancelled by the server
-(POST /v1/requests/{id}/cancel). At 20%, 40% and 60% of the requests: kill -9 of an engine (restarted on
-its port), kill -9 of a gateway (restarted on its data dir), and a Redis restart. Then it waits for the engines'
-records of dead gateways to be billed and prints, from the ledger and the engines' own counters:
+    .venv/bin/python -m bench.billing_chaos [--requests 20000] [--clients 12] [--seed N] [--db URL]
 
-- double charges: idempotency keys with more than one `completed` row (must be 0);
-- answered unbilled: requests whose whole reply a client read and that have no row (must be 0);
-- quarantined rows (must be 0);
-- the ledger's completion tokens and the engines' produced ones: equal once the tokens of requests that
-  were running on the killed engine (rows `error` no engine finished: its count died with it) are set aside;
-- delivered vs produced tokens of the client disconnects.
-
-The process helpers are the test suite's own (tests/gateway/serve_process.py,
-tests/engine/remote/engine_process.py, bench/redis_server.py). A shortened run is
-tests/bench/test_billing_chaos.py.
+Real processes (the test suite's own helpers), one tenant; keyed retries, client disconnects and server
+cancels among the requests; kill -9 of an engine, of a gateway and a Redis restart at 20%, 40% and 60% of
+them. Prints the figures as JSON: double charges, answered unbilled and quarantined rows must be 0, and the
+ledger's completion tokens must equal the engines' produced ones (docs/billing.md, "Chaos benchmark").
+A shortened run is tests/bench/test_billing_chaos.py.
 """
 
 from __future__ import annotations
@@ -29,23 +18,22 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 from sqlalchemy import text
 
-from bench.redis_server import RedisServer
 from billing import BillingStore, Database
 from engine.remote.client import RemoteEngine
+from engine.remote.messages import Produced
 from gateway.ops.produced import engine_totals
+from tests.billing.services import fresh_pg_database
 from tests.engine.remote.engine_process import EngineProcess
 from tests.gateway.serve_process import ServeProcess
+from tests.redis_server import RedisServer
 
-PG_ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
 ENGINE_ARGS = ("--max-num-seqs", "8", "--num-kv-blocks", "512")
 SETTLE_S = 60.0  # dead gateways' records are billed after 10 s; bound for every quiet wait
 
@@ -246,18 +234,6 @@ class Load:
             pass
 
 
-def _fresh_pg() -> tuple[str, Callable[[], None]]:
-    name = f"fairserve_chaos_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-
-    def drop() -> None:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}", drop
-
-
 def _chaos(cluster: Cluster, load: Load, figures: Figures) -> list[threading.Thread]:
     """The three faults, each when its share of the requests has been sent; the restarts of a killed
     gateway or engine run on threads of their own, so the next fault still lands under load."""
@@ -275,7 +251,8 @@ def _chaos(cluster: Cluster, load: Load, figures: Figures) -> list[threading.Thr
     return restarts
 
 
-def _engine_produced(cluster: Cluster, since: float) -> int:
+def _engine_books(cluster: Cluster, since: float) -> list[Produced]:
+    """Every engine's produced-token totals since `since` and its count of unconfirmed records."""
     answers = []
     for e in cluster.engines:
         remote = RemoteEngine(e.address, heartbeat_timeout_s=5.0)
@@ -284,19 +261,7 @@ def _engine_produced(cluster: Cluster, since: float) -> int:
             answers.append(remote.produced_now(since))
         finally:
             remote.shutdown(timeout_s=1.0)
-    return engine_totals(answers).get(cluster.tenant_id, {}).get("completion_tokens", 0)
-
-
-def _unconfirmed(cluster: Cluster) -> int:
-    total = 0
-    for e in cluster.engines:
-        remote = RemoteEngine(e.address, heartbeat_timeout_s=5.0)
-        try:
-            remote.start()
-            total += remote.produced_now(0.0).unconfirmed
-        finally:
-            remote.shutdown(timeout_s=1.0)
-    return total
+    return answers
 
 
 def _engine_finished(tmp: Path) -> set[str]:
@@ -343,10 +308,10 @@ def _ledger(cluster: Cluster, load: Load, figures: Figures) -> None:
 
 
 def run(total: int, clients: int, seed: int, db_url: str | None) -> Figures:
-    """One chaos run; returns its figures."""
-    drop = None
+    """One chaos run (on a fresh PostgreSQL database unless `db_url` is given); returns its figures."""
     if db_url is None:
-        db_url, drop = _fresh_pg()
+        with fresh_pg_database("fairserve_chaos") as url:
+            return run(total, clients, seed, url)
     started = time.monotonic()
     since = time.time() - 3600
     with tempfile.TemporaryDirectory(prefix="billing-chaos-") as tmp:
@@ -359,10 +324,12 @@ def run(total: int, clients: int, seed: int, db_url: str | None) -> Figures:
             for t in [*load.threads, *restarts]:
                 t.join()
             deadline = time.monotonic() + SETTLE_S  # dead gateways' requests billed by the live ones
-            while _unconfirmed(cluster) and time.monotonic() < deadline:
+            books = _engine_books(cluster, since)
+            while sum(a.unconfirmed for a in books) and time.monotonic() < deadline:
                 time.sleep(0.5)
-            produced = _engine_produced(cluster, since)
-            load.figures.unconfirmed_at_end = _unconfirmed(cluster)
+                books = _engine_books(cluster, since)
+            produced = engine_totals(books).get(cluster.tenant_id, {}).get("completion_tokens", 0)
+            load.figures.unconfirmed_at_end = sum(a.unconfirmed for a in books)
         finally:
             cluster.close()
         figures = load.figures
@@ -371,8 +338,6 @@ def run(total: int, clients: int, seed: int, db_url: str | None) -> Figures:
         figures.quarantined = sum(
             len(list((Path(tmp) / f"gateway{i}").glob("ledger.quarantine/*.json"))) for i in range(2)
         )
-    if drop is not None:
-        drop()
     figures.seconds = round(time.monotonic() - started, 1)
     return figures
 

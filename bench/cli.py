@@ -1,8 +1,8 @@
-"""`fairserve bench`: flags, options and entry points (plugged into `fairserve` via the fairserve.commands group).
+"""`fairserve bench`: its options, flags and entry points.
 
-The gateway must not import `bench/` (docs/architecture.md, "Layers"; an import-linter contract), so the subcommand is registered from
-here through the `fairserve.commands` entry point that `gateway/cli/__init__.py` loads; `python -m bench.cli`
-runs the same thing without the dispatcher.
+The gateway never imports `bench/` (an import-linter contract), so the subcommand is plugged into `fairserve`
+from here through the `fairserve.commands` entry point that `gateway/cli/__init__.py` loads;
+`python -m bench.cli` runs the same thing without the dispatcher.
 """
 
 from __future__ import annotations
@@ -11,63 +11,75 @@ import argparse
 import os
 import shlex
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bench.workloads import WORKLOADS
 
-if TYPE_CHECKING:
-    from bench.run import BenchOptions
+# Flags whose value the report writes as the environment variable that can hold it, never as given.
+SECRETS = {"api_key": "FAIRSERVE_API_KEY", "metrics_token": "FAIRSERVE_METRICS_TOKEN"}
+# `--quick`: the whole run fits in under two minutes on a 2-core machine.
+QUICK: dict[str, Any] = {"duration_s": 4.0, "sweep_rates": [4.0, 16.0, 32.0, 64.0], "sweep_duration_s": 2.5}
 
-API_KEY_ENV = "FAIRSERVE_API_KEY"
-METRICS_TOKEN_ENV = "FAIRSERVE_METRICS_TOKEN"
+
+@dataclass
+class BenchOptions:
+    """Everything one `fairserve bench` invocation does; defaults are the full run."""
+
+    url: str | None = None
+    api_key: str | None = None
+    metrics_token: str = ""  # with --url: the server's metrics (or admin) token, for /metrics
+    quick: bool = False
+    out: Path = Path("bench-report")
+    workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
+    seed: int = 0
+    duration_s: float = 20.0
+    rate_scale: float = 1.0  # multiplies every workload's default arrival rate
+    sweep_rates: list[float] = field(default_factory=lambda: [4.0, 8.0, 16.0, 24.0, 32.0, 48.0, 64.0])
+    sweep_duration_s: float = 10.0
+    sweep_workload: str = "chat"
+    policy_workload: str = "retrieval"
+    policy_rate: float = 16.0  # arrivals/s: busy enough that ordering and chunking matter
+    closed_loop_clients: int = 4
+    comparisons: bool = True
+    litellm_bin: str | None = None
+    command: str = "fairserve bench"
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad option."""
+        unknown = [w for w in self.workloads if w not in WORKLOADS]
+        if unknown:
+            raise ValueError(f"unknown workload {unknown[0]!r}; choose from {', '.join(WORKLOADS)}")
+        if self.duration_s <= 0 or self.sweep_duration_s <= 0:
+            raise ValueError("durations must be > 0")
+        if self.rate_scale <= 0 or any(r <= 0 for r in self.sweep_rates):
+            raise ValueError("rates must be > 0")
+        if self.url is not None and not self.api_key:
+            raise ValueError("--url needs --api-key")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The bench flags."""
-    p.add_argument(
-        "--url", default=None, help="a running server (default: start one in-process on a free port)"
-    )
-    p.add_argument("--api-key", default=None, help=f"tenant API key for --url (or ${API_KEY_ENV})")
-    p.add_argument(
-        "--metrics-token",
-        default=None,
-        help=f"the server's metrics (or admin) token for scraping /metrics of --url (or ${METRICS_TOKEN_ENV})",
-    )
-    p.add_argument("--quick", action="store_true", help="small sizes: the whole run takes under two minutes")
-    p.add_argument("--out", default="bench-report", help="directory for report.json, report.md and the PNGs")
-    p.add_argument(
-        "--workload",
-        nargs="+",
-        default=None,
-        metavar="NAME",
-        help=f"workloads to run (default: all of {', '.join(WORKLOADS)})",
-    )
-    p.add_argument("--duration", type=float, default=None, help="seconds of traffic per workload")
-    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every workload's arrival rate")
-    p.add_argument(
-        "--sweep-rates",
-        type=float,
-        nargs="+",
-        default=None,
-        metavar="RPS",
-        help="offered loads (arrivals/s) of the knee sweep",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--no-comparisons", action="store_true", help="skip the engine, policy and gateway comparisons"
-    )
-    p.add_argument(
+    a = p.add_argument
+    a("--quick", action="store_true", help="small sizes: the whole run takes under two minutes")
+    a("--url", help="a running server (default: start one in-process on a free port)")
+    a("--api-key", help=f"tenant API key for --url (or ${SECRETS['api_key']})")
+    a("--metrics-token", help=f"the metrics (or admin) token of --url (or ${SECRETS['metrics_token']})")
+    a("--out", default="bench-report", help="directory for report.json, report.md and the PNGs")
+    a("--workload", nargs="+", metavar="NAME", help=f"workloads (default: all of {', '.join(WORKLOADS)})")
+    a("--duration", type=float, help="seconds of traffic per workload")
+    a("--rate-scale", type=float, default=1.0, help="multiply every workload's arrival rate")
+    a("--sweep-rates", type=float, nargs="+", metavar="RPS", help="offered loads (arrivals/s) of the sweep")
+    a("--seed", type=int, default=0)
+    a("--no-comparisons", action="store_true", help="skip the engine, policy and gateway comparisons")
+    a(
         "--deadlines",
         action="store_true",
-        help="instead: tight, mixed deadlines over a slow and a fast model under X-On-Infeasible reject, "
-        "fallback and partial (bench/deadlines.py; --duration, --rate-scale, --seed apply)",
+        help="instead: tight, mixed deadlines over a slow and a fast model "
+        "under X-On-Infeasible reject, fallback and partial (bench/deadlines.py; --duration, --rate-scale, --seed)",
     )
-    p.add_argument(
-        "--litellm-bin",
-        default=None,
-        help="litellm executable for the gateway comparison (else FAIRSERVE_LITELLM_BIN, PATH)",
-    )
+    a("--litellm-bin", help="litellm executable, the gateway peer (else $FAIRSERVE_LITELLM_BIN, PATH)")
 
 
 def register(subparsers: Any) -> None:
@@ -83,54 +95,45 @@ def register(subparsers: Any) -> None:
 
 
 def retyped(args: argparse.Namespace) -> str:
-    """The invocation as a person would type it again; the API key is never written into the report."""
-    argv: list[str] = ["--quick"] if args.quick else []
-    for flag, value in (
-        ("--url", args.url),
-        ("--api-key", f"${API_KEY_ENV}" if args.api_key else None),
-        ("--metrics-token", f"${METRICS_TOKEN_ENV}" if args.metrics_token else None),
-        ("--out", args.out),
-        ("--duration", args.duration),
-        ("--seed", args.seed or None),
-        ("--litellm-bin", args.litellm_bin),
-    ):
-        if value is not None:
-            argv += [flag, str(value)]
-    if args.workload:
-        argv += ["--workload", *args.workload]
-    if args.rate_scale != 1.0:
-        argv += ["--rate-scale", f"{args.rate_scale:g}"]
-    if args.sweep_rates:
-        argv += ["--sweep-rates", *(f"{r:g}" for r in args.sweep_rates)]
-    if args.no_comparisons:
-        argv.append("--no-comparisons")
-    typed = shlex.join(argv).replace(f"'${API_KEY_ENV}'", f"${API_KEY_ENV}")
-    return "fairserve bench " + typed.replace(f"'${METRICS_TOKEN_ENV}'", f"${METRICS_TOKEN_ENV}")
+    """The invocation as a person would type it again: the flags not at their default, secrets as `$VARIABLE`."""
+    fresh = argparse.ArgumentParser()
+    add_arguments(fresh)
+    words = ["fairserve", "bench"]
+    for dest, default in vars(fresh.parse_args([])).items():
+        value, flag = getattr(args, dest), "--" + dest.replace("_", "-")
+        if value == default:
+            continue
+        if dest in SECRETS:
+            words += [flag, f"${SECRETS[dest]}"]
+        elif value is True:
+            words.append(flag)
+        else:
+            values = value if isinstance(value, list) else [value]
+            words += [flag, *(shlex.quote(f"{v:g}" if isinstance(v, float) else str(v)) for v in values)]
+    return " ".join(words)
 
 
 def options(args: argparse.Namespace) -> BenchOptions:
     """BenchOptions from parsed flags (not yet validated)."""
-    # Imported here: every `fairserve` command builds this parser, and bench.run pulls in matplotlib.
-    from bench.run import BenchOptions
-
-    overrides: dict[str, Any] = {
-        "url": args.url,
-        "api_key": args.api_key or os.environ.get(API_KEY_ENV),
-        "out": Path(args.out),
-        "metrics_token": args.metrics_token or os.environ.get(METRICS_TOKEN_ENV, ""),
-        "seed": args.seed,
-        "rate_scale": args.rate_scale,
-        "comparisons": not args.no_comparisons,
-        "litellm_bin": args.litellm_bin,
-        "command": retyped(args),
+    given: dict[str, Any] = {
+        "workloads": list(dict.fromkeys(args.workload)) if args.workload else None,
+        "duration_s": args.duration,
+        "sweep_rates": sorted(args.sweep_rates) if args.sweep_rates else None,
     }
-    if args.workload:
-        overrides["workloads"] = list(dict.fromkeys(args.workload))
-    if args.duration is not None:
-        overrides["duration_s"] = args.duration
-    if args.sweep_rates:
-        overrides["sweep_rates"] = sorted(args.sweep_rates)
-    return BenchOptions.quick_defaults(**overrides) if args.quick else BenchOptions(**overrides)
+    sizes = (QUICK if args.quick else {}) | {k: v for k, v in given.items() if v is not None}
+    return BenchOptions(
+        url=args.url,
+        api_key=args.api_key or os.environ.get(SECRETS["api_key"]),
+        metrics_token=args.metrics_token or os.environ.get(SECRETS["metrics_token"], ""),
+        quick=args.quick,
+        out=Path(args.out),
+        seed=args.seed,
+        rate_scale=args.rate_scale,
+        comparisons=not args.no_comparisons,
+        litellm_bin=args.litellm_bin,
+        command=retyped(args),
+        **sizes,
+    )
 
 
 DEADLINE_RATE = 1.0  # arrivals/s of the deadline workload, before --rate-scale: about what `slow` serves
@@ -153,7 +156,9 @@ def bench_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"fairserve bench: {exc}", file=sys.stderr)
         return 2
-    from bench.run import run_bench
+    from bench.run import (
+        run_bench,
+    )  # here: every `fairserve` command builds this parser; run pulls in matplotlib
 
     for kind, path in run_bench(opts).items():
         print(f"{kind}: {path}", flush=True)

@@ -7,14 +7,13 @@ with the latency at which it was obtained.
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from bench.litellm_peer import LiteLLMProxy, find_litellm
-from bench.loadgen import LoadResult, Outcome, Target, run_open_loop
+from bench.loadgen import Outcome, Target, run_load
 from bench.report import percentiles
 from bench.server import LocalServer
 from bench.workloads import SLO, LengthDist, PlannedRequest, Workload
@@ -45,21 +44,11 @@ def _fixed_rate_plan(rate: float, n: int) -> list[PlannedRequest]:
 
 def _lat(outcomes: list[Outcome]) -> dict[str, Any]:
     ok = [o for o in outcomes if o.accepted and o.finish_reason in ("length", "stop")]
-    ttft = percentiles([o.ttft for o in ok if o.ttft is not None])
-    e2e = percentiles([o.e2e for o in ok if o.e2e is not None])
-    return {
-        "measured": True,
-        "n": len(ok),
-        "failed": len(outcomes) - len(ok),
-        "ttft_p50_ms": _ms(ttft["p50"]),
-        "ttft_p99_ms": _ms(ttft["p99"]),
-        "e2e_p50_ms": _ms(e2e["p50"]),
-        "e2e_p99_ms": _ms(e2e["p99"]),
-    }
-
-
-def _ms(v: Any) -> float | None:
-    return None if v is None else float(v) * 1e3
+    row: dict[str, Any] = {"measured": True, "n": len(ok), "failed": len(outcomes) - len(ok)}
+    for name in ("ttft", "e2e"):
+        p = percentiles([v for o in ok if (v := getattr(o, name)) is not None])
+        row |= {f"{name}_{q}_ms": None if (v := p[q]) is None else v * 1e3 for q in ("p50", "p99")}
+    return row
 
 
 async def _inproc(engine: AsyncEngine | ProcessEngine, plan: list[PlannedRequest]) -> list[Outcome]:
@@ -83,14 +72,8 @@ async def _inproc(engine: AsyncEngine | ProcessEngine, plan: list[PlannedRequest
     return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(plan))))
 
 
-async def _outcomes(result: Awaitable[LoadResult]) -> list[Outcome]:
-    return (await result).outcomes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+async def _via(target: Target, plan: list[PlannedRequest]) -> list[Outcome]:
+    return (await run_load(target, PROBE, plan)).outcomes
 
 
 async def gateway_comparison(
@@ -111,31 +94,29 @@ async def gateway_comparison(
         "rounds": rounds,
         "shape": PROBE.description,
     }
-    warm = _fixed_rate_plan(rate, min(n, 10))
     target = Target(local.url, local.model, {}, key)
     paths: dict[str, Callable[[list[PlannedRequest]], Awaitable[list[Outcome]]]] = {
         "in_process": lambda p: _inproc(local.engine, p),
-        "fairserve_gateway": lambda p: _outcomes(run_open_loop(target, PROBE, p)),
+        "fairserve_gateway": lambda p: _via(target, p),
     }
     proxy: LiteLLMProxy | None = None
     binary = find_litellm(litellm_bin)
     if binary is None:
         rows["litellm_proxy"] = not_measured(
-            "litellm is not installed (pip install -e '.[bench]', or pass "
-            "--litellm-bin / FAIRSERVE_LITELLM_BIN)"
+            "litellm is not installed (pip install -e '.[bench]', or pass --litellm-bin / FAIRSERVE_LITELLM_BIN)"
         )
     else:
         try:
-            proxy = await asyncio.to_thread(LiteLLMProxy, binary, local.url, key, local.model, _free_port())
+            proxy = await asyncio.to_thread(LiteLLMProxy, binary, local.url, key, local.model)
         except (RuntimeError, OSError) as exc:
             rows["litellm_proxy"] = not_measured(f"litellm proxy did not start: {exc}")
         else:
             ll = Target(proxy.url, local.model, {}, proxy.master_key)
-            paths["litellm_proxy"] = lambda p: _outcomes(run_open_loop(ll, PROBE, p))
+            paths["litellm_proxy"] = lambda p: _via(ll, p)
     try:
         collected: dict[str, list[Outcome]] = {name: [] for name in paths}
         for run in paths.values():
-            await run(warm)
+            await run(_fixed_rate_plan(rate, min(n, 10)))  # warm-up
         for _ in range(rounds):
             for name, run in paths.items():
                 collected[name] += await run(plan)
@@ -147,10 +128,10 @@ async def gateway_comparison(
     for name in ("fairserve_gateway", "litellm_proxy"):
         r = rows[name]
         if r.get("measured") and r["n"] and base["n"]:
-            r["added_ttft_p50_ms"] = r["ttft_p50_ms"] - base["ttft_p50_ms"]
-            r["added_ttft_p99_ms"] = r["ttft_p99_ms"] - base["ttft_p99_ms"]
-            r["added_e2e_p50_ms"] = r["e2e_p50_ms"] - base["e2e_p50_ms"]
-            r["added_e2e_p99_ms"] = r["e2e_p99_ms"] - base["e2e_p99_ms"]
+            r |= {
+                f"added_{k}": r[k] - base[k]
+                for k in ("ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms")
+            }
     return rows
 
 
@@ -168,12 +149,14 @@ def policy_variants(base: EngineConfig) -> list[tuple[str, str, EngineConfig]]:
 
 
 def engine_comparison(cache_dir: str, quick: bool) -> dict[str, Any]:
-    """fairserve LLM.generate vs transformers generate() (static batches), with bench.engine_throughput's runners."""
-    try:
-        from bench import engine_throughput as et
-        from engine.loader import default_model_dir
-    except ImportError as exc:
-        return {"note": f"not measured: bench.engine_throughput unavailable ({exc})"}
+    """fairserve LLM.generate vs transformers generate() and generate_batch(), with bench.engine_throughput's runners.
+
+    generate_batch() is bounded to fairserve's token budget and ample blocks: left to size itself on CPU it
+    takes most of the RAM (14.7 GB here, OOM-killed next to the server).
+    """
+    from bench import engine_throughput as et
+    from engine.loader import default_model_dir
+
     n, prompts, outputs, repeats = (12, (8, 64), (4, 32), 2) if quick else (48, (8, 256), (8, 128), 3)
     header = {
         "model": "embedded default (fairserve-tiny, fp32)",
@@ -183,33 +166,17 @@ def engine_comparison(cache_dir: str, quick: bool) -> dict[str, Any]:
         "sampling": "greedy, EOS ignored",
         "mode": ("reduced" if quick else "full") + f", best of {repeats} interleaved rounds after a warm-up",
     }
-    rows: list[dict[str, Any]] = []
-    name = "transformers generate() (static batches of 8)"
-    # Left to size itself, transformers' continuous batching takes most of the RAM on CPU (14.7 GB here,
-    # OOM-killed next to the server): bounded to fairserve's own token budget and ample cache blocks.
-    batch_name = "transformers generate_batch() (continuous, 512-token budget)"
     try:
-        model_dir = Path(default_model_dir(cache_dir))
-        workload = et.make_workload(n, prompts, outputs, 0)
-        warmup = et.make_workload(4, (4, 16), (2, 4), 1)
-        hf = et.load_hf(model_dir)
-        runs = {
-            "fairserve": et.fairserve_runner(model_dir, 64, 512),
-            name: et.hf_static_runner(hf, 8),
-            batch_name: et.hf_continuous_runner(hf, num_blocks=4 * n, max_batch_tokens=512),
-        }
-        best = {r.system: (r.tokens_per_s, r.seconds) for r in et.measure(runs, workload, warmup, repeats)}
+        systems = ["fairserve", "generate", "generate_batch"]
+        runs, _ = et.runners(Path(default_model_dir(cache_dir)), systems, 8, (64, 512), (4 * n, 512))
+        workload, warmup = et.make_workload(n, prompts, outputs, 0), et.make_workload(4, (4, 16), (2, 4), 1)
+        results = et.measure(runs, workload, warmup, repeats)
     except Exception as exc:  # a peer's API or install problem must not sink the whole report
-        return {**header, "rows": rows, "note": f"not measured: {type(exc).__name__}: {str(exc)[:200]}"}
-    ours = best["fairserve"][0]
-    rows.append({"system": "fairserve", "tokens_per_s": ours, "seconds": best["fairserve"][1]})
-    for peer in (name, batch_name):
-        rows.append(
-            {
-                "system": peer,
-                "tokens_per_s": best[peer][0],
-                "seconds": best[peer][1],
-                "fairserve_speedup": ours / best[peer][0],
-            }
-        )
+        return {**header, "rows": [], "note": f"not measured: {type(exc).__name__}: {str(exc)[:200]}"}
+    ours = results[0].tokens_per_s
+    rows: list[dict[str, Any]] = [
+        {"system": r.system, "tokens_per_s": r.tokens_per_s, "seconds": r.seconds} for r in results
+    ]
+    for row in rows[1:]:
+        row["fairserve_speedup"] = ours / row["tokens_per_s"]
     return {**header, "rows": rows}

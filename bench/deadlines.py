@@ -16,11 +16,14 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import uvicorn
 
 from engine.loader import default_model_config, write_seeded_llama
 from engine.tokenizer import BYTE_SPECIAL_TOKENS
@@ -162,6 +165,34 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         cells = " | ".join(str(r[o]) for o in OUTCOMES)
         rows.append(f"| {p} | {r['offered']} | {cells} | {r['good_share']:.0%} | {r['goodput_rps']:.2f} |")
     return "\n".join(rows)
+
+
+def start_gateway(models: list[Path], data_dir: Path) -> tuple[str, str, uvicorn.Server, threading.Thread]:
+    """`serve --model fast --model slow --fallback-model slow=fast` in-process; its URL and a `bench` key."""
+    from gateway.app import create_app
+    from gateway.settings import GatewaySettings
+
+    local = {"local_models": [str(m) for m in models], "fallback_models": ["slow=fast"]}
+    # Infeasible deadlines are refused on purpose, by the dozen: no refusal budget.
+    settings = GatewaySettings.load(
+        {"data_dir": data_dir, "port": 0, "refusal_burst": 10**6, "models": local}
+    )
+    app = create_app(settings, None)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    )
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    started = time.monotonic()
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() - started > 300:
+            raise RuntimeError("the deadline bench's gateway did not start")
+        time.sleep(0.05)
+    store = app.state.gateway.store
+    key, _ = store.create_key((store.get_tenant("bench") or store.create_tenant("bench")).id, name="bench")
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", key, server, thread
 
 
 def run_deadlines(out: Path, rate: float, duration_s: float, rounds: int, seed: int) -> dict[str, Path]:

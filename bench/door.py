@@ -1,23 +1,11 @@
-"""Fair at the door: an equal-weight tenant's success rate and latency beside each flood of issue #25.
+"""Fair at the door (issue 25): an equal-weight tenant's success rate and latency beside each flood.
 
     .venv/bin/python -m bench.door            # about 1-2 minutes
     .venv/bin/python -m bench.door --quick    # a few seconds per phase (the test's run)
 
-Starts `fairserve serve` (a subprocess, its engine in its own process) with two tenants of weight 1, then
-alternates phases in one run: tenant A alone (4 closed-loop clients, 100-token prompts, max_tokens=1),
-then A beside one flood, for each flood in turn. The floods run in a child process:
-
-- queue: tenant B, 140 clients of 2,047-token prompts (max_tokens=1), within its own 200-request bound
-  (above the default 64, so that B alone can fill the 262,144-token bound, as 64 did the old 131,072);
-- refusable: tenant B, 4 clients posting 256 KiB text prompts that can only be refused;
-- slow_headers: 300 connections from 127.0.0.2 sending a request's headers one byte a second (each one
-  the server closes is reopened half a second later);
-- spoofed_xff: 4 clients from 127.0.0.3 with bad keys and a random X-Forwarded-For on each request.
-
-Reported per flood: A's success rate and p50 latency as a ratio to the alone phases (alternation keeps the
-machine's drift out of the ratio), what the flood got back, the slow connections the server closed and the
-spoofed requests answered 429. The server runs with `--header-timeout 2` so a short phase sees the timeout
-act (the default is 10 s); everything else is the default.
+A `fairserve serve` subprocess (`--header-timeout 2`) with two tenants of weight 1: tenant A alone, then
+beside one flood (in a child process), alternating, for each flood in turn. What each flood sends and
+what is reported: docs/gateway.md, "Benchmark: fair at the door".
 """
 
 from __future__ import annotations
@@ -28,33 +16,25 @@ import json
 import multiprocessing as mp
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from tests.gateway.serve_process import ServeProcess
+
 FLOODS = ("queue", "refusable", "slow_headers", "spoofed_xff")
 
 
-def start_server(data_dir: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
-    """`fairserve serve --port 0`, its banner (url, api_key, admin_token) once it listens."""
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data-dir", data_dir]
-    proc = subprocess.Popen(
-        [*cmd, "--header-timeout", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+def model_of(url: str, key: str) -> str:
+    """The served model's name."""
+    return str(
+        httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"][0]["id"]
     )
-    banner: dict[str, str] = {}
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        key, sep, value = line.strip().partition(": ")
-        if sep:
-            banner[key] = value
-        if key == "admin_token":
-            return proc, banner
-    raise RuntimeError("fairserve serve did not start")
 
 
 def make_tenant(url: str, admin_token: str, name: str, **fields: Any) -> str:
@@ -65,21 +45,21 @@ def make_tenant(url: str, admin_token: str, name: str, **fields: Any) -> str:
 
 
 async def _loop(
-    client: httpx.AsyncClient, until: float, body: Any, headers: Any, out: list[tuple[int, float]]
+    client: httpx.AsyncClient, until: float, body: bytes, headers: Any, out: list[tuple[int, float]]
 ) -> None:
     """One closed-loop client: POST until `until`, recording (status, seconds); status 0 for an error."""
     while time.monotonic() < until:
         start = time.perf_counter()
         try:
-            content, given = body(), {"Content-Type": "application/json", **headers()}
-            resp = await client.post("/v1/completions", content=content, headers=given)
+            given = {"Content-Type": "application/json", **headers()}
+            resp = await client.post("/v1/completions", content=body, headers=given)
             out.append((resp.status_code, time.perf_counter() - start))
         except httpx.HTTPError:
             out.append((0, time.perf_counter() - start))
 
 
 async def clients(
-    url: str, n: int, seconds: float, body: Any, headers: Any, source: str | None = None
+    url: str, n: int, seconds: float, body: bytes, headers: Any, source: str | None = None
 ) -> list[tuple[int, float]]:
     """`n` closed-loop clients for `seconds`, from `source` (a local address) if given."""
     out: list[tuple[int, float]] = []
@@ -121,9 +101,7 @@ async def slow_headers(url: str, n: int, seconds: float) -> Counter[str]:
                 counts["closed_by_server"] += 1
             finally:
                 writer.close()
-            await asyncio.sleep(
-                0.5
-            )  # reopening half a second after a close: a holding attack, not an accept flood
+            await asyncio.sleep(0.5)  # reopening half a second after a close: holding, not an accept flood
 
     await asyncio.gather(*(one() for _ in range(n)))
     return counts
@@ -134,8 +112,7 @@ def flood(kind: str, url: str, key: str, seconds: float, results: Any) -> None:
     if kind == "slow_headers":
         results.put(dict(asyncio.run(slow_headers(url, 300, seconds))))
         return
-    model = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"][0]["id"]
-    auth = {"Authorization": f"Bearer {key}"}
+    model, auth = model_of(url, key), {"Authorization": f"Bearer {key}"}
     n, source = 4, None
     prompt: str | list[int] = "x" * (256 * 1024)  # refusable: only a refusal can answer these
     if kind == "queue":
@@ -149,7 +126,7 @@ def flood(kind: str, url: str, key: str, seconds: float, results: Any) -> None:
             return auth
         return {"Authorization": "Bearer fs-bad", "X-Forwarded-For": f"10.{random.randrange(1 << 16)}.0.1"}
 
-    out = asyncio.run(clients(url, n, seconds, lambda: body, headers, source))
+    out = asyncio.run(clients(url, n, seconds, body, headers, source))
     results.put(dict(Counter(str(status) for status, _ in out)))
 
 
@@ -163,7 +140,7 @@ def phase(url: str, a_key: str, model: str, seconds: float, kind: str | None, b_
         time.sleep(1.0)  # the flood's warm-up (a phase boundary, not a synchronisation)
     body = json.dumps({"model": model, "prompt": [65] * 100, "max_tokens": 1}).encode()
     auth = {"Authorization": f"Bearer {a_key}"}
-    out = asyncio.run(clients(url, 4, seconds, lambda: body, lambda: auth))
+    out = asyncio.run(clients(url, 4, seconds, body, lambda: auth))
     got = {} if child is None else results.get(timeout=seconds + 120)
     if child is not None:
         child.join(30)
@@ -174,13 +151,12 @@ def phase(url: str, a_key: str, model: str, seconds: float, kind: str | None, b_
 def run(seconds: float, rounds: int, floods: tuple[str, ...] = FLOODS) -> dict[str, Any]:
     """Alternate A alone and A beside each flood, `rounds` times; the report per flood."""
     with tempfile.TemporaryDirectory() as data_dir:
-        proc, banner = start_server(data_dir)
+        server = ServeProcess(Path(data_dir), "--header-timeout", "2")
         try:
-            url = banner["url"]
-            a_key = make_tenant(url, banner["admin_token"], "door-a")
-            b_key = make_tenant(url, banner["admin_token"], "door-b", max_queued_requests=200)
-            model = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {a_key}"}).json()
-            name = model["data"][0]["id"]
+            url, admin = server.url, server.banner["admin_token"]
+            a_key = make_tenant(url, admin, "door-a")
+            b_key = make_tenant(url, admin, "door-b", max_queued_requests=200)
+            name = model_of(url, a_key)
             alone: list[dict[str, Any]] = []
             beside: dict[str, list[dict[str, Any]]] = {k: [] for k in floods}
             for _ in range(rounds):
@@ -188,8 +164,7 @@ def run(seconds: float, rounds: int, floods: tuple[str, ...] = FLOODS) -> dict[s
                     alone.append(phase(url, a_key, name, seconds, None, b_key))
                     beside[kind].append(phase(url, a_key, name, seconds, kind, b_key))
         finally:
-            proc.terminate()
-            proc.wait(60)
+            server.stop()
     return report(alone, beside)
 
 
@@ -200,9 +175,7 @@ def report(alone: list[dict[str, Any]], beside: dict[str, list[dict[str, Any]]])
     for kind, phases in beside.items():
         sent, ok = sum(p["sent"] for p in phases), sum(p["ok"] for p in phases)
         p50s = [p["p50_s"] for p in phases if p["p50_s"] is not None]
-        flood_got: Counter[str] = Counter()
-        for p in phases:
-            flood_got.update(p["flood"])
+        flood_got = sum((Counter(p["flood"]) for p in phases), Counter[str]())
         out[kind] = {
             "success_rate": round(ok / sent, 4) if sent else None,
             "p50_ratio": round(statistics.median(p50s) / base, 2) if p50s else None,

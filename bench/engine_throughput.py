@@ -1,19 +1,11 @@
 """Engine throughput on CPU: fairserve `LLM.generate` against transformers `generate()` and `generate_batch()`.
 
-One run, one random-weight model (a Llama, or `--arch qwen3|qwen3_moe|gemma3`) loaded by both
-sides from the same directory, one workload of mixed prompt and output lengths (each spread over
->= 10x), greedy with EOS ignored so every system produces exactly the requested tokens. Peers run one after another in this process with the same torch
-thread count, each after its own warm-up. Throughput is useful output tokens / wall seconds:
-
-- fairserve: `engine.LLM.generate` (continuous batching, chunked prefill, paged KV cache);
-- transformers `generate()`: static batches of `--batch-size` in arrival order, left padded with an
-  attention mask; each batch runs to its longest `max_new_tokens`, only requested tokens count;
-- transformers `generate_batch()`: its continuous-batching manager, fed through `add_request` so each
-  request carries its own `max_new_tokens` (`generate_batch` itself takes one length for all).
-
     .venv/bin/python -m bench.engine_throughput --out artifacts/engine_throughput.json
 
-Prints a Markdown table; writes JSON to --out.
+One random-weight model (`--arch`) loaded by every side from one directory, one workload of mixed prompt and
+output lengths, greedy with EOS ignored so every system produces exactly the requested tokens; peers run one
+after another in this process with the same torch threads, each after its own warm-up, best of `--repeats`
+interleaved rounds. Prints a Markdown table; writes JSON to --out. Method and results: docs/engine.md.
 """
 
 from __future__ import annotations
@@ -34,6 +26,7 @@ from typing import Any
 
 import torch
 
+from bench.markdown import table
 from bench.small_models import ARCHES, PAD_ID, write_small_model
 
 
@@ -48,10 +41,6 @@ class Workload:
     def output_tokens(self) -> int:
         """Useful output tokens of the whole workload."""
         return sum(self.max_tokens)
-
-    def head(self, n: int) -> Workload:
-        """The first n requests (used for warm-ups)."""
-        return Workload(self.prompts[:n], self.max_tokens[:n])
 
 
 @dataclass
@@ -195,6 +184,31 @@ def hf_continuous_runner(
     return run
 
 
+def runners(
+    model_dir: Path,
+    systems: list[str],
+    batch_size: int,
+    engine_limits: tuple[int, int],
+    hf_bounds: tuple[int | None, int | None] = (None, None),
+) -> tuple[dict[str, Callable[[Workload], int]], int]:
+    """The named systems' runners (fairserve, generate, generate_batch) and the model's parameter count.
+
+    `engine_limits` is fairserve's (max_num_seqs, max_num_batched_tokens); `hf_bounds` generate_batch()'s
+    (num_blocks, max_batch_tokens), None letting transformers size it from free memory.
+    """
+    runs: dict[str, Callable[[Workload], int]] = {}
+    if "fairserve" in systems:
+        runs["fairserve"] = fairserve_runner(model_dir, *engine_limits)
+    hf = load_hf(model_dir)
+    if "generate" in systems:
+        runs[f"transformers generate() (static, batch {batch_size})"] = hf_static_runner(hf, batch_size)
+    if "generate_batch" in systems:
+        blocks, tokens = hf_bounds
+        bounds = f", {tokens} batch tokens, {blocks} blocks" if (blocks, tokens) != (None, None) else ""
+        runs[f"transformers generate_batch() (continuous{bounds})"] = hf_continuous_runner(hf, blocks, tokens)
+    return runs, sum(p.numel() for p in hf.parameters())
+
+
 def measure(
     runs: dict[str, Callable[[Workload], int]], workload: Workload, warmup: Workload, repeats: int
 ) -> list[Result]:
@@ -217,19 +231,13 @@ def measure(
 
 def markdown(results: list[Result], header: str) -> str:
     """The results as a Markdown table, ratios of fairserve over each peer."""
-    ours = next(r for r in results if r.system == "fairserve")
-    lines = [
-        header,
-        "",
-        "| system | output tokens | seconds | output tok/s | fairserve speed-up |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        lines.append(
-            f"| {r.system} | {r.output_tokens} | {r.seconds:.2f} | {r.tokens_per_s:.1f} "
-            f"| {ours.tokens_per_s / r.tokens_per_s:.2f}x |"
-        )
-    return "\n".join(lines)
+    ours = next(r for r in results if r.system == "fairserve").tokens_per_s
+    rows = (
+        f"{r.system} | {r.output_tokens} | {r.seconds:.2f} | {r.tokens_per_s:.1f} | {ours / r.tokens_per_s:.2f}x"
+        for r in results
+    )
+    columns = "system | output tokens | seconds | output tok/s | fairserve speed-up"
+    return "\n".join([header, "", *table(columns, "lrrrr", rows)])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,37 +245,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
+    a = parser.add_argument
+    a(
         "--model",
         default="small",
-        help="'default' (embedded tiny model), 'small' (~25M random model of --arch), or a model directory",
+        help="'default' (embedded tiny), 'small' (~25M random --arch) or a directory",
     )
-    parser.add_argument(
-        "--arch", default="llama", choices=list(ARCHES), help="the architecture of --model small"
-    )
-    parser.add_argument("--num-requests", type=int, default=64)
-    parser.add_argument("--prompt-len", type=int, nargs=2, default=(8, 256), metavar=("MIN", "MAX"))
-    parser.add_argument("--output-len", type=int, nargs=2, default=(8, 128), metavar=("MIN", "MAX"))
-    parser.add_argument("--batch-size", type=int, default=16, help="static generate() batch size")
-    parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads, the same for every system")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=2, help="timed rounds per system; the best one counts")
-    parser.add_argument("--systems", default="fairserve,generate,generate_batch")
-    parser.add_argument(
-        "--hf-max-batch-tokens",
-        type=int,
-        default=None,
-        help="bound generate_batch()'s token budget (default: transformers sizes it from free memory)",
-    )
-    parser.add_argument(
-        "--hf-num-blocks",
-        type=int,
-        default=None,
-        help="bound generate_batch()'s KV cache blocks (default: transformers sizes it from free memory)",
-    )
-    parser.add_argument("--out", type=Path, default=Path("artifacts/engine_throughput.json"))
+    a("--arch", default="llama", choices=list(ARCHES), help="the architecture of --model small")
+    a("--num-requests", type=int, default=64)
+    a("--prompt-len", type=int, nargs=2, default=(8, 256), metavar=("MIN", "MAX"))
+    a("--output-len", type=int, nargs=2, default=(8, 128), metavar=("MIN", "MAX"))
+    a("--batch-size", type=int, default=16, help="static generate() batch size")
+    a("--max-num-seqs", type=int, default=64)
+    a("--max-num-batched-tokens", type=int, default=512)
+    a("--threads", type=int, default=2, help="torch threads, the same for every system")
+    a("--seed", type=int, default=0)
+    a("--repeats", type=int, default=2, help="timed rounds per system; the best one counts")
+    a("--systems", default="fairserve,generate,generate_batch")
+    sized = "(default: transformers sizes it from free memory)"
+    a("--hf-max-batch-tokens", type=int, help=f"bound generate_batch()'s token budget {sized}")
+    a("--hf-num-blocks", type=int, help=f"bound generate_batch()'s KV cache blocks {sized}")
+    a("--out", type=Path, default=Path("artifacts/engine_throughput.json"))
     args = parser.parse_args(argv)
     if args.num_requests < 2 or args.prompt_len[0] < 1 or args.output_len[0] < 1 or args.repeats < 1:
         parser.error("need >= 2 requests, lengths >= 1 and repeats >= 1")
@@ -287,21 +285,9 @@ def main(argv: list[str] | None = None) -> int:
             write_small_model(model_dir, args.arch)
         else:
             model_dir = Path(args.model)
-        runs: dict[str, Callable[[Workload], int]] = {}
-        if "fairserve" in systems:
-            runs["fairserve"] = fairserve_runner(model_dir, args.max_num_seqs, args.max_num_batched_tokens)
-        hf = load_hf(model_dir)
-        params = sum(p.numel() for p in hf.parameters())
-        if "generate" in systems:
-            runs[f"transformers generate() (static, batch {args.batch_size})"] = hf_static_runner(
-                hf, args.batch_size
-            )
-        if "generate_batch" in systems:
-            bounded = args.hf_max_batch_tokens is not None or args.hf_num_blocks is not None
-            label = "transformers generate_batch() (continuous" + (
-                f", {args.hf_max_batch_tokens} batch tokens, {args.hf_num_blocks} blocks)" if bounded else ")"
-            )
-            runs[label] = hf_continuous_runner(hf, args.hf_num_blocks, args.hf_max_batch_tokens)
+        limits = (args.max_num_seqs, args.max_num_batched_tokens)
+        bounds = (args.hf_num_blocks, args.hf_max_batch_tokens)
+        runs, params = runners(model_dir, systems, args.batch_size, limits, bounds)
         results = measure(runs, workload, warmup, args.repeats)
     header = (
         f"## Engine throughput, CPU ({args.threads} torch threads): {params / 1e6:.1f}M-param random "
@@ -311,28 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     if any(r.system == "fairserve" for r in results):
         print(markdown(results, header))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "model": args.model,
-                "arch": args.arch,
-                "params": params,
-                "threads": args.threads,
-                "torch": torch.__version__,
-                "machine": platform.processor() or platform.machine(),
-                "num_requests": args.num_requests,
-                "prompt_len": args.prompt_len,
-                "output_len": args.output_len,
-                "batch_size": args.batch_size,
-                "repeats": args.repeats,
-                "max_num_seqs": args.max_num_seqs,
-                "max_num_batched_tokens": args.max_num_batched_tokens,
-                "results": [asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in results],
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    setup = ["num_requests", "prompt_len", "output_len", "batch_size", "repeats"]
+    setup += ["max_num_seqs", "max_num_batched_tokens"]
+    machine = platform.processor() or platform.machine()
+    doc = {"model": args.model, "arch": args.arch, "params": params, "threads": args.threads}
+    doc |= {"torch": torch.__version__, "machine": machine} | {k: getattr(args, k) for k in setup}
+    doc["results"] = [asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in results]
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"\nwrote {args.out}")
     return 0
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from bench.server import free_port
+
 ENV_BIN = "FAIRSERVE_LITELLM_BIN"
 
 
@@ -38,17 +40,11 @@ class LiteLLMProxy:
     """A running `litellm --config` proxy whose one model forwards to fairserve's /v1 API."""
 
     def __init__(
-        self,
-        binary: str,
-        upstream_url: str,
-        upstream_key: str,
-        model: str,
-        port: int,
-        startup_timeout_s: float = 90.0,
+        self, binary: str, upstream_url: str, upstream_key: str, model: str, timeout_s: float = 90.0
     ) -> None:
         self.dir = tempfile.TemporaryDirectory(prefix="fairserve-litellm-")
         self.master_key = "sk-bench-" + secrets.token_urlsafe(24)
-        config = Path(self.dir.name) / "config.yaml"
+        config, port = Path(self.dir.name) / "config.yaml", free_port()
         # text-completion-openai: litellm's provider for an OpenAI-compatible /v1/completions upstream.
         config.write_text(
             "model_list:\n"
@@ -70,14 +66,10 @@ class LiteLLMProxy:
             "NO_DOCS": "True",
         }
         self.log = open(Path(self.dir.name) / "litellm.log", "w")  # noqa: SIM115 - lives as long as the proxy
-        self.proc = subprocess.Popen(
-            [binary, "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+        argv = [binary, "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + startup_timeout_s
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"litellm exited with {self.proc.returncode}: {self.tail()}")
@@ -88,7 +80,7 @@ class LiteLLMProxy:
                 pass
             time.sleep(0.2)
         self.stop()
-        raise RuntimeError(f"litellm did not answer within {startup_timeout_s:.0f}s")
+        raise RuntimeError(f"litellm did not answer within {timeout_s:.0f}s")
 
     def tail(self, n: int = 400) -> str:
         """The end of the proxy's log, for error messages."""

@@ -1,10 +1,10 @@
 """Open-loop HTTP load generator: sends a plan at its arrival times, whatever the responses do.
 
-Each request streams (SSE) so TTFT and TPOT are measured at the client. Agent tasks go through
-fairserve_client, as an agent would: their attempts run in parallel inside one `client.task()`,
-the first that finishes is kept and `task.cancel()` ends the rest (`POST /v1/tasks/{task_id}/cancel`). A closed-loop mode (a fixed number of clients that each wait
-for their answer before sending again) exists only as a labelled comparison: it offers less load as
-the server slows and so hides queue growth.
+Requests stream (SSE), so TTFT and TPOT are measured at the client. Agent tasks go through
+fairserve_client, as an agent would: their attempts run in parallel inside one `client.task()`, the first
+that finishes is kept and `task.cancel()` ends the rest. The closed loop (clients that each wait for their
+answer before sending again) is only a labelled comparison: it offers less load as the server slows and
+so hides queue growth.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import httpx2  # openai's own HTTP client, which the agent clients run on
@@ -23,6 +24,8 @@ import openai
 
 from bench.workloads import PlannedRequest, Workload
 from fairserve_client import AsyncFairServe, AsyncTask
+
+LIMITS = {"max_connections": 1000, "max_keepalive_connections": 200}
 
 
 @dataclass
@@ -86,6 +89,16 @@ class Outcome:
             return None
         return (self.end_at - self.first_token_at) / (self.completion_tokens - 1)
 
+    def saw(
+        self, t0: float, text: str | None, finish: str | None, usage: tuple[int, int, int] | None
+    ) -> None:
+        """Record one streamed chunk: its text (the first one times TTFT), finish reason and usage."""
+        if text and self.first_token_at is None:
+            self.first_token_at = time.perf_counter() - t0
+        self.finish_reason = finish or self.finish_reason
+        if usage is not None:
+            self.prompt_tokens, self.completion_tokens, self.cached_tokens = usage
+
 
 @dataclass
 class LoadResult:
@@ -97,74 +110,62 @@ class LoadResult:
     wall_s: float = 0.0  # until the last response ended
 
 
-def _client(target: Target, timeout_s: float) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
-    return httpx.AsyncClient(base_url=target.url, timeout=timeout_s, limits=limits)
-
-
-async def stream_one(
-    client: httpx.AsyncClient,
-    target: Target,
-    workload: Workload,
-    req: PlannedRequest,
-    attempt: int,
-    t0: float,
-) -> Outcome:
-    """Send one streaming completion and time it; errors become an Outcome, never an exception."""
-    request_id = f"bench-{uuid.uuid4().hex[:16]}"
-    out = Outcome(request_id, req.tenant, time.perf_counter() - t0, task_id=req.task_id, attempt=attempt)
-    body = {
+def _params(target: Target, workload: Workload, req: PlannedRequest, attempt: int) -> dict[str, Any]:
+    return {
         "model": target.model,
         "prompt": req.prompt,
         "max_tokens": req.max_tokens[attempt],
         "stream": True,
         "stream_options": {"include_usage": True},
         "temperature": workload.temperature,
-        "ignore_eos": workload.ignore_eos,
         "seed": req.seeds[attempt] if req.seeds else None,
     }
-    if workload.stop:
-        body["stop"] = list(workload.stop)
-    headers = {"Authorization": f"Bearer {target.key(req.tenant)}", "X-Request-Id": request_id}
-    if req.task_id:
-        headers["X-Task-Id"] = req.task_id
-        headers["X-Attempt"] = str(attempt)
+
+
+def _start(req: PlannedRequest, t0: float, task_id: str | None = None, attempt: int = 0) -> Outcome:
+    return Outcome(
+        f"bench-{uuid.uuid4().hex[:16]}",
+        req.tenant,
+        time.perf_counter() - t0,
+        task_id=task_id,
+        attempt=attempt,
+    )
+
+
+async def stream_one(
+    client: httpx.AsyncClient, target: Target, workload: Workload, req: PlannedRequest, t0: float
+) -> Outcome:
+    """Send one streaming completion and time it; errors become an Outcome, never an exception."""
+    out = _start(req, t0)
+    body = _params(target, workload, req, 0) | {"ignore_eos": True}
+    headers = {"Authorization": f"Bearer {target.key(req.tenant)}", "X-Request-Id": out.request_id}
     if workload.slo.deadline_s is not None:
         headers["X-Timeout-Ms"] = str(int(workload.slo.deadline_s * 1000))
     try:
         async with client.stream("POST", "/v1/completions", json=body, headers=headers) as resp:
             out.status = resp.status_code
             if resp.status_code != 200:
-                raw = await resp.aread()
-                out.error_code = _error_code(raw, resp.status_code)
-                out.end_at = time.perf_counter() - t0
-                return out
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                payload = line[6:]
-                if payload == "[DONE]":
-                    break
-                event = json.loads(payload)
-                if "error" in event:
-                    out.error_code = str(event["error"].get("code") or "stream_error")
-                    continue
-                choices = event.get("choices") or []
-                if choices and choices[0].get("text") and out.first_token_at is None:
-                    out.first_token_at = time.perf_counter() - t0
-                if choices and choices[0].get("finish_reason"):
-                    out.finish_reason = choices[0]["finish_reason"]
-                usage = event.get("usage")
-                if usage:
-                    out.prompt_tokens = int(usage.get("prompt_tokens", 0))
-                    out.completion_tokens = int(usage.get("completion_tokens", 0))
-                    out.cached_tokens = int(
-                        (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-                    )
+                out.error_code = _error_code(await resp.aread(), resp.status_code)
+            else:
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        _event(out, t0, json.loads(line[6:]))
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         out.error_code = f"client_{type(exc).__name__}"
     out.end_at = time.perf_counter() - t0
     return out
+
+
+def _event(out: Outcome, t0: float, event: dict[str, Any]) -> None:
+    if "error" in event:
+        out.error_code = str(event["error"].get("code") or "stream_error")
+        return
+    choice, usage = (event.get("choices") or [{}])[0], event.get("usage")
+    counts = None
+    if usage:
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        counts = (int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)), int(cached))
+    out.saw(t0, choice.get("text"), choice.get("finish_reason"), counts)
 
 
 def _error_code(raw: bytes, status: int) -> str:
@@ -184,9 +185,7 @@ class AgentClients:
     def of(self, tenant: str) -> AsyncFairServe:
         """The tenant's client (made on first use)."""
         if tenant not in self._clients:
-            http = openai.DefaultAsyncHttpxClient(
-                limits=httpx2.Limits(max_connections=1000, max_keepalive_connections=200)
-            )
+            http = openai.DefaultAsyncHttpxClient(limits=httpx2.Limits(**LIMITS))
             self._clients[tenant] = AsyncFairServe(
                 base_url=self.target.url + "/v1",
                 api_key=self.target.key(tenant),
@@ -206,39 +205,25 @@ async def _attempt(
     task: AsyncTask, target: Target, workload: Workload, req: PlannedRequest, attempt: int, t0: float
 ) -> Outcome:
     """One streamed attempt of an agent task through the client; errors become an Outcome, never an exception."""
-    request_id = f"bench-{uuid.uuid4().hex[:16]}"
-    out = Outcome(request_id, req.tenant, time.perf_counter() - t0, task_id=task.id, attempt=attempt)
+    out = _start(req, t0, task.id, attempt)
     client = task.client
     if workload.slo.deadline_s is not None:
         client = client.with_options(deadline_in=workload.slo.deadline_s)
-    extra: dict[str, object] = {"ignore_eos": workload.ignore_eos}
     try:
         stream = await client.completions.create(
-            model=target.model,
-            prompt=req.prompt,
-            max_tokens=req.max_tokens[attempt],
-            stream=True,
-            stream_options={"include_usage": True},
-            temperature=workload.temperature,
-            seed=req.seeds[attempt] if req.seeds else None,
-            stop=list(workload.stop) or None,
-            extra_body=extra,
-            extra_headers={"X-Request-Id": request_id, "X-Attempt": str(attempt)},
+            **_params(target, workload, req, attempt),
+            extra_body={"ignore_eos": True},
+            extra_headers={"X-Request-Id": out.request_id, "X-Attempt": str(attempt)},
         )
         out.status = stream.response.status_code
         async for chunk in stream:
-            choice = chunk.choices[0] if chunk.choices else None
-            if choice is not None and choice.text and out.first_token_at is None:
-                out.first_token_at = time.perf_counter() - t0
-            if choice is not None and choice.finish_reason:
-                out.finish_reason = choice.finish_reason
-            if chunk.usage is not None:
-                out.prompt_tokens, out.completion_tokens = (
-                    chunk.usage.prompt_tokens,
-                    chunk.usage.completion_tokens,
-                )
-                details = chunk.usage.prompt_tokens_details
-                out.cached_tokens = (details.cached_tokens or 0) if details is not None else 0
+            choice, usage = (chunk.choices[0] if chunk.choices else None), chunk.usage
+            counts = None
+            if usage is not None:
+                details = usage.prompt_tokens_details
+                cached = (details.cached_tokens or 0) if details is not None else 0
+                counts = (usage.prompt_tokens, usage.completion_tokens, cached)
+            out.saw(t0, choice and choice.text, choice and choice.finish_reason, counts)
     except openai.APIStatusError as exc:
         out.status = exc.status_code
         body = exc.body if isinstance(exc.body, dict) else {}
@@ -253,7 +238,7 @@ async def run_task(
     clients: AgentClients, target: Target, workload: Workload, req: PlannedRequest, t0: float
 ) -> list[Outcome]:
     """An agent task: all attempts at once in one `client.task()`, keep the first finished, cancel the rest."""
-    done_outcomes: list[Outcome] = []
+    outcomes: list[Outcome] = []
     winner: Outcome | None = None
     cancel_at: float | None = None
     async with clients.of(req.tenant).task(req.task_id) as task:
@@ -263,86 +248,68 @@ async def run_task(
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for finished in done:
-                o = finished.result()
-                done_outcomes.append(o)
+                outcomes.append(o := finished.result())
                 if winner is None and o.accepted and o.finish_reason in ("length", "stop"):
-                    winner = o
-                    o.kept = True
+                    winner, o.kept = o, True
             if winner is not None and cancel_at is None and pending:
                 cancel_at = time.perf_counter() - t0
                 # On failure the attempts still end on their own; the report shows them as not cancelled.
                 with contextlib.suppress(openai.APIError, httpx2.HTTPError):
                     await task.cancel()
-    for o in done_outcomes:
+    for o in outcomes:
         if not o.kept and cancel_at is not None and (o.end_at is None or o.end_at >= cancel_at):
             o.cancel_sent_at = cancel_at
-    return done_outcomes
+    return outcomes
 
 
-async def run_open_loop(
+async def run_load(
     target: Target,
     workload: Workload,
     planned: list[PlannedRequest],
-    on_done: Callable[[], None] | None = None,
+    on_done: Callable[[], object] | None = None,
+    clients: int = 0,
+    duration_s: float = 0.0,
     timeout_s: float = 120.0,
 ) -> LoadResult:
-    """Send every planned arrival at its offset, independent of responses; wait for all to end."""
+    """Open loop (`clients` 0): send every planned arrival at its offset, independent of responses.
+
+    COMPARISON ONLY with `clients` > 0: that many workers each send the next planned request when their
+    last one ended, for `duration_s`. Either way, wait for every request to end.
+    """
     result = LoadResult(started=time.time())
     agents = AgentClients(target, timeout_s)
-    async with _client(target, timeout_s) as client:
+    async with httpx.AsyncClient(
+        base_url=target.url, timeout=timeout_s, limits=httpx.Limits(**LIMITS)
+    ) as http:
         t0 = time.perf_counter()
-        tasks: list[asyncio.Task[list[Outcome]]] = []
 
         async def one(req: PlannedRequest) -> list[Outcome]:
             try:
                 if req.task_id is not None:
                     return await run_task(agents, target, workload, req, t0)
-                return [await stream_one(client, target, workload, req, 0, t0)]
+                return [await stream_one(http, target, workload, req, t0)]
             finally:
                 if on_done is not None:
                     on_done()
 
-        for req in planned:
-            delay = t0 + req.at - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(req)))
-        result.send_s = time.perf_counter() - t0
-        for batch in await asyncio.gather(*tasks):
-            result.outcomes.extend(batch)
-        result.wall_s = time.perf_counter() - t0
-    await agents.close()
-    return result
+        if clients:
+            queue = list(reversed(planned))
 
+            async def worker() -> None:
+                while queue and time.perf_counter() - t0 < duration_s:
+                    result.outcomes.extend(await one(queue.pop()))
 
-async def run_closed_loop(
-    target: Target,
-    workload: Workload,
-    planned: list[PlannedRequest],
-    clients: int,
-    duration_s: float,
-    on_done: Callable[[], None] | None = None,
-    timeout_s: float = 120.0,
-) -> LoadResult:
-    """COMPARISON ONLY: `clients` workers each send the next planned request when their last one ended."""
-    result = LoadResult(started=time.time())
-    queue = list(reversed(planned))
-    agents = AgentClients(target, timeout_s)
-    async with _client(target, timeout_s) as client:
-        t0 = time.perf_counter()
-
-        async def worker() -> None:
-            while queue and time.perf_counter() - t0 < duration_s:
-                req = queue.pop()
-                if req.task_id is not None:
-                    result.outcomes.extend(await run_task(agents, target, workload, req, t0))
-                else:
-                    result.outcomes.append(await stream_one(client, target, workload, req, 0, t0))
-                if on_done is not None:
-                    on_done()
-
-        await asyncio.gather(*(worker() for _ in range(clients)))
-        result.send_s = min(duration_s, time.perf_counter() - t0)
+            await asyncio.gather(*(worker() for _ in range(clients)))
+            result.send_s = min(duration_s, time.perf_counter() - t0)
+        else:
+            tasks: list[asyncio.Task[list[Outcome]]] = []
+            for req in planned:
+                if (delay := t0 + req.at - time.perf_counter()) > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(req)))
+            result.send_s = time.perf_counter() - t0
+            for batch in await asyncio.gather(*tasks):
+                result.outcomes.extend(batch)
         result.wall_s = time.perf_counter() - t0
     await agents.close()
     return result

@@ -47,30 +47,3 @@ def cost_per_outcome(outcomes: list[Outcome], workload: Workload, good: set[str]
             "retries": retries / len(tasks) if tasks else None,
         }
     return report
-
-
-def cost_lines(runs: list[dict[str, Any]]) -> list[str]:
-    """The report's Markdown table of cost per verified completion, and fan-out waste per task."""
-    lines = [
-        "| workload | tenant | verified completions | engine tokens | engine tokens per verified completion |",
-        "|---|---|---:|---:|---:|",
-    ]
-    notes: list[str] = []
-    for r in runs:
-        cost = r.get("cost_per_outcome")
-        if not cost:
-            continue
-        for name, t in cost["tenants"].items():
-            per = t["engine_tokens_per_verified"]
-            lines.append(
-                f"| {r['workload']} | {name} | {t['verified_completions']} | {t['engine_tokens']} | "
-                f"{'-' if per is None else f'{per:,.0f}'} |"
-            )
-        waste = cost.get("wasted_tokens_per_task")
-        if waste and waste["tasks"]:
-            notes.append(
-                f"- **{r['workload']}**: wasted engine tokens per task: {waste['cancelled_branches']:,.0f} in "
-                f"cancelled branches, {waste['retries']:,.0f} in retries (answers not kept), over "
-                f"{waste['tasks']} tasks."
-            )
-    return [*lines, "", *notes] if notes else lines

@@ -15,6 +15,13 @@ from matplotlib.patches import Patch  # noqa: E402
 from fairness import FairnessConfig  # noqa: E402
 
 
+def _save(fig: Any, path: Path, rect: tuple[float, float, float, float] = (0, 0, 1, 1)) -> Path:
+    fig.tight_layout(rect=rect)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def timeline(runs: list[dict[str, Any]], path: Path) -> Path:
     """Batch size, iteration time and KV occupancy over time, one row per workload."""
     fig, axes = plt.subplots(len(runs), 1, figsize=(9, 2.4 * len(runs)), squeeze=False)
@@ -38,10 +45,7 @@ def timeline(runs: list[dict[str, Any]], path: Path) -> Path:
             ax.legend(lines, [str(ln.get_label()) for ln in lines], loc="upper right", fontsize=8)
     axes[-1, 0].set_xlabel("time into the run (s)")
     fig.suptitle("Engine over time: batch size (seqs), KV occupancy (%), iteration time (ms), from /metrics")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def latency(runs: list[dict[str, Any]], path: Path) -> Path:
@@ -59,10 +63,7 @@ def latency(runs: list[dict[str, Any]], path: Path) -> Path:
         ax.set_title(f"{title} p50/p95/p99 (s; dashed: SLO)")
         ax.set_ylabel("seconds")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def knee(sweep: list[dict[str, Any]], capacity: dict[str, Any] | None, path: Path) -> Path:
@@ -91,10 +92,7 @@ def knee(sweep: list[dict[str, Any]], capacity: dict[str, Any] | None, path: Pat
     ax.set_ylabel("achieved (requests/s)")
     ax.set_title(f"Load sweep through the knee: {sweep[0]['workload'] if sweep else ''}")
     ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 BACKLOGGED = 0.5  # a tenant with requests waiting in at least this share of the samples is marked backlogged
@@ -156,7 +154,4 @@ def tenants(runs: list[dict[str, Any]], path: Path, engine: dict[str, Any] | str
     unit = f"service = {w_in:g} x prompt + {w_out:g} x output tokens"
     assumed_note = " (default weights assumed)" if assumed else ""
     fig.suptitle(f"Per tenant: share of offered vs charged service\nboth in {unit}{assumed_note}")
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path, rect=(0, 0.12, 1, 1))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -10,9 +11,10 @@ import numpy as np
 from bench.loadgen import LoadResult, Outcome
 from bench.outcome_cost import cost_per_outcome
 from bench.probe import Sample, Timeline, by_label, delta, total
-from bench.workloads import PlannedRequest, Workload, offered_tokens, offered_tokens_per_s
+from bench.workloads import PlannedRequest, Workload, offered_tokens
 
 COMPLETED = ("length", "stop")
+REFUSED = (429, 503, 408)  # the server said no: counted as rejected, not failed
 
 
 def percentiles(values: list[float]) -> dict[str, float | int | None]:
@@ -24,39 +26,28 @@ def percentiles(values: list[float]) -> dict[str, float | int | None]:
 
 
 def _counts(outcomes: list[Outcome]) -> dict[str, Any]:
-    rejected_by: dict[str, int] = {}
-    errors_by: dict[str, int] = {}
-    for o in outcomes:
-        if o.status in (429, 503, 408):
-            rejected_by[o.error_code or f"http_{o.status}"] = (
-                rejected_by.get(o.error_code or f"http_{o.status}", 0) + 1
-            )
-        elif not o.accepted:
-            key = o.error_code or f"http_{o.status}"
-            errors_by[key] = errors_by.get(key, 0) + 1
+    refused = Counter(o.error_code or f"http_{o.status}" for o in outcomes if o.status in REFUSED)
+    failed = Counter(
+        o.error_code or f"http_{o.status}" for o in outcomes if not o.accepted and o.status not in REFUSED
+    )
     accepted = [o for o in outcomes if o.accepted]
     completed = sum(1 for o in accepted if o.finish_reason in COMPLETED)
     cancelled = sum(1 for o in accepted if o.finish_reason == "cancelled")
     return {
         "sent": len(outcomes),
         "accepted": len(accepted),
-        "rejected": sum(rejected_by.values()),
-        "rejected_by_reason": dict(sorted(rejected_by.items())),
-        "failed": sum(errors_by.values()),
-        "failed_by_reason": dict(sorted(errors_by.items())),
+        "rejected": refused.total(),
+        "rejected_by_reason": dict(sorted(refused.items())),
+        "failed": failed.total(),
+        "failed_by_reason": dict(sorted(failed.items())),
         "completed": completed,
         "cancelled": cancelled,
         "ended_otherwise": len(accepted) - completed - cancelled,
     }
 
 
-def _latencies(outcomes: list[Outcome]) -> dict[str, Any]:
-    done = [o for o in outcomes if o.accepted and o.finish_reason in COMPLETED]
-    return {
-        "ttft": percentiles([o.ttft for o in done if o.ttft is not None]),
-        "tpot": percentiles([o.tpot for o in done if o.tpot is not None]),
-        "e2e": percentiles([o.e2e for o in done if o.e2e is not None]),
-    }
+def _latencies(done: list[Outcome], names: tuple[str, ...] = ("ttft", "tpot", "e2e")) -> dict[str, Any]:
+    return {name: percentiles([v for o in done if (v := getattr(o, name)) is not None]) for name in names}
 
 
 def _series_stats(timeline: Timeline) -> dict[str, Any]:
@@ -119,12 +110,11 @@ def _tenants(
             "noisy": t.noisy,
             "sent": len(mine),
             "completed": len(done),
-            "rejected": sum(1 for o in mine if o.status in (429, 503, 408)),
+            "rejected": sum(1 for o in mine if o.status in REFUSED),
             "good": sum(1 for o in done if o.request_id in good),
             "charged_service": svc,
             "service_share": (svc / all_service) if svc is not None and all_service else None,
-            "ttft": percentiles([o.ttft for o in done if o.ttft is not None]),
-            "e2e": percentiles([o.e2e for o in done if o.e2e is not None]),
+            **_latencies(done, ("ttft", "e2e")),
         }
     return out
 
@@ -172,9 +162,9 @@ def summarise(
     # Fan-out: only the kept attempt is a user-visible result; the losers are cancelled by design.
     useful = [o for o in done if o.kept] if workload.fanout > 1 else done
     good = {o.request_id for o in useful if workload.slo.met(o.ttft, o.tpot, o.e2e)}
-    prompt_tps, output_tps = offered_tokens_per_s(planned, duration_s)
-    d = delta(before, after)
-    server = _server(d, timeline)
+    server = _server(delta(before, after), timeline)
+    per_s = 1 / duration_s if duration_s > 0 else 0.0
+    prompt_tokens, output_tokens = offered_tokens(planned)
     return {
         "workload": workload.name,
         "mode": mode,
@@ -184,10 +174,10 @@ def summarise(
         "send_s": result.send_s,
         "window_s": wall,
         "offered": {
-            "requests_per_s": len(planned) / duration_s if duration_s else 0.0,  # arrivals (tasks)
-            "http_requests_per_s": counts["sent"] / duration_s if duration_s else 0.0,
-            "prompt_tokens_per_s": prompt_tps,
-            "output_tokens_per_s": output_tps,
+            "requests_per_s": len(planned) * per_s,  # arrivals (tasks)
+            "http_requests_per_s": counts["sent"] * per_s,
+            "prompt_tokens_per_s": prompt_tokens * per_s,
+            "output_tokens_per_s": output_tokens * per_s,
         },
         "counts": counts,
         "achieved": {
@@ -200,7 +190,7 @@ def summarise(
             "good": len(good),
             "useful": len(useful),
         },
-        "latency_s": _latencies(outcomes),
+        "latency_s": _latencies(done),
         "tenants": _tenants(outcomes, workload, server["charged_service_by_tenant"], good, planned, timeline),
         "server": server,
         "cancellation": _cancellation(outcomes, server["cancel_lag_tokens"]),

@@ -7,7 +7,6 @@ of requests (arrival offsets, tenant, prompt, max_tokens) that the open-loop gen
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -86,9 +85,7 @@ class Workload:
     prefix_share: float = 0.0  # fraction of requests that start with the shared prefix
     prefix_tokens: int = 0
     fanout: int = 1  # >1: each arrival is an agent task sending this many parallel attempts
-    temperature: float = 0.0
-    ignore_eos: bool = True  # outputs end at max_tokens, so the length distribution is what is served
-    stop: tuple[str, ...] = ()
+    temperature: float = 0.0  # every request ignores EOS: it ends at max_tokens, the declared length
     tenants: tuple[TenantTraffic, ...] = DEFAULT_TENANTS
     default_rate: float = 4.0  # arrivals/s used when the run does not set one
 
@@ -101,12 +98,7 @@ class Workload:
             "output_tokens": self.output.describe(),
             "prefix_sharing": {"share": self.prefix_share, "prefix_tokens": self.prefix_tokens},
             "fanout": self.fanout,
-            "sampling": {
-                "temperature": self.temperature,
-                "ignore_eos": self.ignore_eos,
-                "stop": list(self.stop),
-                "stop_condition": "max_tokens" if self.ignore_eos else "EOS or max_tokens",
-            },
+            "sampling": {"temperature": self.temperature, "ignore_eos": True, "stop_condition": "max_tokens"},
             "tenants": [asdict(t) for t in self.tenants],
             "slo": asdict(self.slo),
         }
@@ -238,16 +230,3 @@ def offered_tokens(planned: list[PlannedRequest]) -> tuple[int, int]:
     prompt = sum((len(p.prompt) + 1) * len(p.max_tokens) for p in planned)
     output = sum(sum(p.max_tokens) for p in planned)
     return prompt, output
-
-
-def offered_tokens_per_s(planned: list[PlannedRequest], duration_s: float) -> tuple[float, float]:
-    """Offered prompt and output tokens per second of a plan."""
-    if duration_s <= 0 or not planned:
-        return 0.0, 0.0
-    prompt, output = offered_tokens(planned)
-    return prompt / duration_s, output / duration_s
-
-
-def expected_arrivals(rate: float, duration_s: float) -> float:
-    """Mean number of arrivals of a run; used to size progress bars."""
-    return max(1.0, math.ceil(rate * duration_s))

@@ -3,7 +3,8 @@
 from billing.db import Database, default_db_url
 from billing.errors import BillingError, KeyNotFound, StoreUnavailable, TenantExists, TenantNotFound
 from billing.key_cache import KeyCache
-from billing.ledger import Ledger, LedgerConfig
+from billing.ledger import Ledger
+from billing.ledger_config import LedgerConfig
 from billing.records import (
     CANCEL_STATES,
     USAGE_STATUSES,

@@ -20,12 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
-from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import SQLAlchemyError
 from tenacity import RetryCallState, Retrying, wait_random_exponential
 
 from billing.db import Database
 from billing.journal import Journal
+from billing.ledger_config import LedgerConfig, spill_path
 from billing.ledger_metrics import ledger_metrics
 from billing.ledger_sql import permanent, write_batch
 from billing.quarantine import Quarantine, adopt_rejects, requeue
@@ -33,45 +33,6 @@ from billing.records import USAGE_STATUSES, UsageRecord
 from billing.spill import SpillFile, encode_row, read_batches
 
 log = logging.getLogger(__name__)
-
-
-class LedgerConfig(BaseModel):
-    """The ledger's knobs: a node of the settings tree (`[ledger]`, FAIRSERVE_LEDGER__*, `--ledger-*`)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    buffer_size: int = Field(
-        default=10_000, ge=1, description="usage rows buffered before they spill to disk"
-    )
-    batch_size: int = Field(default=500, ge=1, description="usage rows per SQL insert")
-    flush_interval_s: float = Field(default=0.5, gt=0, description="seconds between ledger writes")
-    spill_path: str | None = Field(
-        default=None, description="file of rows the buffer could not hold (default: <data_dir>/ledger.spill)"
-    )
-    max_backoff_s: float = Field(default=5.0, gt=0, description="longest wait between failed ledger writes")
-    data_dir: str | None = Field(
-        default=None, description="where the spill file goes when spill_path is unset"
-    )
-    journal: bool = Field(
-        default=True, description="journal each row before buffering it (<spill path minus suffix>.journal)"
-    )
-    journal_segment_bytes: int = Field(
-        default=4 << 20, ge=1, description="the live journal segment is closed past this size"
-    )
-    orphan_scan_s: float = Field(
-        default=5.0, gt=0, description="how often the writer looks for journals of gateways that died since"
-    )
-
-
-def _default_spill_path(db: Database, config: LedgerConfig) -> Path:
-    if config.spill_path:
-        return Path(config.spill_path)
-    if config.data_dir:
-        return Path(config.data_dir) / "ledger.spill"
-    database = db.url.database or ""
-    if db.dialect == "sqlite" and database and database != ":memory:" and not database.startswith("file:"):
-        return Path(database).expanduser().resolve().parent / "ledger.spill"
-    return Path("data") / "ledger.spill"
 
 
 class Ledger:
@@ -83,7 +44,7 @@ class Ledger:
         self.db = db
         self.config = config or LedgerConfig()
         self.metrics = ledger_metrics(registry)
-        self.spill = SpillFile(_default_spill_path(db, self.config))
+        self.spill = SpillFile(spill_path(db, self.config))
         self.quarantine = Quarantine(self.spill.path.with_suffix(".quarantine"))
         adopt_rejects(self.quarantine, self.spill.path.with_name(self.spill.path.name + ".rejected"))
         self.journal = Journal(self.spill.path.with_suffix(".journal")) if self.config.journal else None

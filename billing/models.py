@@ -1,4 +1,5 @@
-"""SQLAlchemy 2 models: tenants, api_keys, usage (one row per request), usage_daily rollups, audit_log."""
+"""SQLAlchemy 2 models: tenants, api_keys, usage (one row per request), usage_daily rollups, audit_log,
+public_prefixes."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    Text,
     TypeDecorator,
     UniqueConstraint,
 )
@@ -167,3 +169,18 @@ class AuditRow(Base):
     before: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     after: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+
+
+class PublicPrefixRow(Base):
+    """A prompt prefix an operator made public for one model: its blocks are shared by every tenant
+    (engine/public_prefixes.py). Token ids are stored, so every gateway matches the same prefix."""
+
+    __tablename__ = "public_prefixes"
+    __table_args__ = (UniqueConstraint("model", "name", name="uq_public_prefixes_model_name"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    model: Mapped[str] = mapped_column(String(width.MODEL_MAX), nullable=False)
+    name: Mapped[str] = mapped_column(String(128), nullable=False)
+    text: Mapped[str | None] = mapped_column(Text, nullable=True)
+    token_ids: Mapped[list[int]] = mapped_column(JSON, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)

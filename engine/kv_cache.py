@@ -9,6 +9,14 @@ it nothing about another tenant's prompts. The keys are cryptographic (not Pytho
 is neither collision-resistant nor meant for adversarial input: vLLM's CVE-2025-25183). Memory stays
 shared: isolation is in the keys, every block comes from one pool.
 
+Public prefixes (engine/public_prefixes.py): an operator may register a prompt prefix as public. The
+blocks of a request that lie wholly inside its public prefix (`public_blocks`, set by the gateway, which
+alone matches prompts against the registry) chain from `PUBLIC_ROOT` instead, so every tenant's request
+that starts with the prefix shares them; the first block after them chains from a digest of the
+request's own root *and* the last public key (`private_parent`), so everything after the prefix stays
+keyed by tenant, cache group and salt exactly as before. A request with no public prefix keys as it
+always did.
+
 A freed cached block goes to the tail of the free list with its key kept, and is reused by a later
 hit until it is evicted from the head for a fresh allocation (LRU).
 """
@@ -55,10 +63,38 @@ def prefix_root(tenant_id: str, cache_group: str | None = None, cache_salt: str 
     return h.digest()
 
 
+PUBLIC_ROOT = hashlib.blake2b(b"fairserve-prefix-v1:public", digest_size=_DIGEST).digest()
+
+
+def private_parent(root: bytes, last_public: bytes) -> bytes:
+    """The parent of a request's first block after its public prefix: its own root bound to the public
+    chain, so a private block is shared only within the root's group and only after the same prefix."""
+    return hashlib.blake2b(root + last_public, digest_size=_DIGEST).digest()
+
+
+def first_parent(root: bytes, public_blocks: int) -> bytes:
+    """Where block 0's key chains from: the public root when the request starts with public blocks."""
+    return PUBLIC_ROOT if public_blocks > 0 else root
+
+
 def chain_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
     """Key of a full block: BLAKE2b over its parent's key and its token ids, so equal keys mean equal prefixes
     under the same root."""
     return hashlib.blake2b(parent + array("q", tokens).tobytes(), digest_size=_DIGEST).digest()
+
+
+def block_keys(
+    token_ids: Sequence[int], blocks: int, block_size: int, root: bytes, public_blocks: int
+) -> list[bytes]:
+    """Keys of the first `blocks` full blocks of `token_ids`, chained as `match_prefix` chains them."""
+    keys: list[bytes] = []
+    parent = first_parent(root, public_blocks)
+    for i in range(blocks):
+        if i == public_blocks and i:
+            parent = private_parent(root, parent)
+        parent = chain_hash(parent, token_ids[i * block_size : (i + 1) * block_size])
+        keys.append(parent)
+    return keys
 
 
 class BlockPool:
@@ -93,9 +129,10 @@ class BlockPool:
 
     # -- prefix cache -----------------------------------------------------------------------
     def match_prefix(
-        self, token_ids: Sequence[int], root: bytes = DEFAULT_ROOT
+        self, token_ids: Sequence[int], root: bytes = DEFAULT_ROOT, public_blocks: int = 0
     ) -> tuple[list[int], list[bytes]]:
-        """Longest run of cached full blocks at the start of `token_ids` under `root`: (block ids, keys).
+        """Longest run of cached full blocks at the start of `token_ids` under `root` (the first
+        `public_blocks` under `PUBLIC_ROOT`): (block ids, keys).
 
         At least one token is always left uncached so the request has a position to sample from.
         """
@@ -103,9 +140,11 @@ class BlockPool:
             return [], []
         ids: list[int] = []
         hashes: list[bytes] = []
-        parent = root
+        parent = first_parent(root, public_blocks)
         max_blocks = (len(token_ids) - 1) // self.block_size
         for i in range(max_blocks):
+            if i == public_blocks and i:
+                parent = private_parent(root, parent)
             h = chain_hash(parent, token_ids[i * self.block_size : (i + 1) * self.block_size])
             block_id = self._cached.get(h)
             if block_id is None:
@@ -114,6 +153,14 @@ class BlockPool:
             hashes.append(h)
             parent = h
         return ids, hashes
+
+    def cached_blocks(self, keys: Sequence[bytes]) -> int:
+        """How many of a request's leading block keys (as `match_prefix` chains them) are cached now."""
+        cached = self._cached
+        for i, key in enumerate(keys):
+            if key not in cached:
+                return i
+        return len(keys)
 
     def attach_prefix(self, request_id: str, block_ids: list[int], hashes: list[bytes]) -> None:
         """Give a new request the matched cached blocks (reference counted, pulled off the free list)."""
@@ -148,18 +195,25 @@ class BlockPool:
         return True
 
     def commit_full_blocks(
-        self, request_id: str, token_ids: Sequence[int], num_computed: int, root: bytes = DEFAULT_ROOT
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        num_computed: int,
+        root: bytes = DEFAULT_ROOT,
+        public_blocks: int = 0,
     ) -> None:
         """Register the keys of blocks that became full and computed (chained from `root`, the request's
-        prefix_root), so later requests of the same cache group can share them."""
+        prefix_root, after its first `public_blocks` public ones), so later requests can share them."""
         if not self.enable_prefix_caching:
             return
         table = self.tables.get(request_id)
         if table is None:
             return
         full = min(num_computed // self.block_size, len(table.block_ids))
-        parent = table.hashes[-1] if table.hashes else root
+        parent = table.hashes[-1] if table.hashes else first_parent(root, public_blocks)
         for i in range(len(table.hashes), full):
+            if i == public_blocks and i:
+                parent = private_parent(root, parent)
             h = chain_hash(parent, token_ids[i * self.block_size : (i + 1) * self.block_size])
             table.hashes.append(h)
             parent = h

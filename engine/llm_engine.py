@@ -97,7 +97,7 @@ class LLMEngine:
         self.limits = RequestLimits(
             self.vocab_size, self.max_model_len, config.block_size, num_blocks, config.caps
         )
-        self.policy = build_policy(config.fairness)
+        self.policy = build_policy(config.fairness, self.pool)
         sched_cfg = SchedulerConfig(
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs,

@@ -42,6 +42,7 @@ class RequestMetrics(msgspec.Struct, array_like=True, gc=False):
     first_scheduled_time: float | None
     first_token_time: float | None
     finished_time: float | None
+    public_cached_tokens: int = 0  # the part of cached_tokens that hit public-prefix blocks (kv_cache.py)
 
     @classmethod
     def of(cls, request: Request) -> RequestMetrics:
@@ -59,6 +60,7 @@ class RequestMetrics(msgspec.Struct, array_like=True, gc=False):
             request.first_scheduled_time,
             request.first_token_time,
             request.finished_time,
+            request.num_public_cached_tokens,
         )
 
 

@@ -142,6 +142,9 @@ class RequestMeta:
     # group (the tenant's own id unless an admin put it in a named group) and the same cache_salt.
     cache_group: str | None = None
     cache_salt: str | None = None
+    # Leading prompt tokens that equal a registered public prefix (engine/public_prefixes.py), set only by
+    # the gateway, which alone holds the registry: blocks wholly inside them are keyed publicly.
+    public_prefix_tokens: int = 0
     api_key_id: str | None = None
     user: str | None = None
     task_id: str | None = None
@@ -185,6 +188,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
+    num_public_cached_tokens: int = 0  # the part of num_cached_tokens that hit public-prefix blocks
     state: RequestState = RequestState.WAITING
     finish_reason: FinishReason | None = None
     # Tokens charged to the fairness policy: prompt positions are charged once, even if recomputed.
@@ -205,6 +209,9 @@ class Request:
     # 1 while a token of this request is being sampled by a forward still in flight (async scheduling,
     # engine/async_scheduler.py): the last output id is then a placeholder, -(1 + its row in that step's samples).
     num_output_placeholders: int = 0
+    # Prefix-cache keys of the prompt's full blocks, computed once when a locality policy first asks
+    # (engine/policy.py, `cached_blocks_probe`).
+    prompt_block_keys: list[bytes] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -230,6 +237,14 @@ class Request:
     def prefix_root(self) -> bytes:
         """Where this request's prefix-cache keys chain from: its cache group and salt (engine/kv_cache.py)."""
         return prefix_root(self.meta.tenant_id, self.meta.cache_group, self.meta.cache_salt)
+
+    def public_blocks(self, block_size: int) -> int:
+        """Prompt blocks keyed in the public namespace: those wholly inside the public prefix."""
+        return max(0, min(self.meta.public_prefix_tokens, len(self.prompt_token_ids))) // block_size
+
+    def cache_chain(self, block_size: int) -> tuple[bytes, int]:
+        """(root, public blocks): how this request's prefix-cache keys chain (engine/kv_cache.py)."""
+        return self.prefix_root, self.public_blocks(block_size)
 
     @property
     def arrival_time(self) -> float:

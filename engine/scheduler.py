@@ -218,10 +218,8 @@ class Scheduler:
                 self.policy.pop(request)
                 self._enter_running(request)
                 continue
-            if self.pool.enable_prefix_caching:
-                hit_ids, hit_hashes = self.pool.match_prefix(request.all_token_ids, request.prefix_root)
-            else:
-                hit_ids, hit_hashes = [], []
+            chain = request.cache_chain(self.pool.block_size)  # ([], []) with prefix caching off
+            hit_ids, hit_hashes = self.pool.match_prefix(request.all_token_ids, *chain)
             cached = len(hit_ids) * self.pool.block_size
             length = min(request.num_tokens - cached, budget)
             blocks_from_free = sum(1 for b in hit_ids if self.pool.blocks[b].ref_count == 0)
@@ -239,6 +237,7 @@ class Scheduler:
             request.num_computed_tokens = cached
             if fresh:
                 request.num_cached_tokens = cached
+                request.num_public_cached_tokens = min(len(hit_ids), chain[1]) * self.pool.block_size
                 if cached:
                     out.cached_tokens += cached
                     request.charged_service += self.policy.charge(request, 0, 0, cached)
@@ -375,7 +374,8 @@ class Scheduler:
         computed = request.num_computed_tokens = chunk.start + chunk.length
         pool = self.pool
         if pool.enable_prefix_caching and (chunk.length > 1 or computed % pool.block_size == 0):
-            pool.commit_full_blocks(request.request_id, request.all_token_ids, computed, request.prefix_root)
+            root, public = request.cache_chain(pool.block_size)
+            pool.commit_full_blocks(request.request_id, request.all_token_ids, computed, root, public)
         return computed
 
     def check_stop(

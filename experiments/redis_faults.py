@@ -25,9 +25,9 @@ from typing import Any
 
 import httpx
 
-from bench.redis_server import RedisServer
 from billing import BillingStore, Database, default_db_url
 from experiments.gateway_overhead import Served, pct
+from tests.redis_server import RedisServer
 
 
 def _seed(data_dir: Path) -> str:

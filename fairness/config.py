@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -46,6 +47,15 @@ class FairnessConfig(BaseModel):
         description="service a key that becomes backlogged may keep below the backlogged minimum (vtc)",
     )
 
+    # vtc-locality's slack Δ (fairness/locality.py): 2048 is two 1,024-token prompts at w_in=1.
+    locality_slack: float = Field(
+        default=2048.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="vtc-locality: service a key may lead the least served one by and still be admitted for "
+        "its cached prefix blocks; the fairness bound grows by it",
+    )
+
     max_flows_per_tenant: int = Field(
         default=1024,
         ge=1,
@@ -64,6 +74,9 @@ class FairnessConfig(BaseModel):
     def _counters_can_grow(self) -> FairnessConfig:
         if self.w_in == 0 and self.w_out == 0:
             raise ValueError("w_in and w_out cannot both be 0: fairness counters would never grow")
+        if self.policy == "vtc-locality" and self.key != "tenant":
+            # A client-chosen or two-level key needs the bounded state of fairness/bounded.py and flows.py.
+            raise ValueError("policy vtc-locality keeps fair share per tenant only: use key tenant")
         if math.isnan(self.max_queue_age_s):
             raise ValueError("max_queue_age_s must be a number")
         return self
@@ -73,9 +86,12 @@ class FairnessConfig(BaseModel):
         return TokenCost(self.w_in, self.w_out, self.w_cached)
 
 
-def make_policy(config: FairnessConfig | None = None) -> Any:
+def make_policy(
+    config: FairnessConfig | None = None, cached_blocks: Callable[[Any], int] | None = None
+) -> Any:
     """Build the policy `config` describes: a registered base, optionally under EDF, optionally per priority class.
 
+    `cached_blocks` is the engine's probe of its KV pool, passed to a policy that ranks by locality.
     The result satisfies `fairness.base.SchedulingPolicy` and also offers `set_weight`, `counters`,
     `victim(running, for_item)` and `__contains__`.
     """
@@ -85,7 +101,8 @@ def make_policy(config: FairnessConfig | None = None) -> Any:
 
     def make_base() -> Any:
         entry = POLICIES[config.policy]
-        base: Any = entry.build(cost, key_fn, **entry.configure(config))
+        extra = {"cached_blocks": cached_blocks} if entry.uses_cached_blocks else {}
+        base: Any = entry.build(cost, key_fn, **entry.configure(config), **extra)
         return EDFPolicy(base) if config.edf else base
 
     if config.priority_classes:

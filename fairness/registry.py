@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fairness.fcfs import FCFSPolicy
 from fairness.flows import build_vtc
 from fairness.keys import flow_function
+from fairness.locality import build_locality_vtc
 
 if TYPE_CHECKING:
     from fairness.config import FairnessConfig
@@ -36,6 +37,9 @@ class PolicyEntry:
     # True when it keeps counters other engines' service can raise (fairness/shared.py), so engines
     # sharing a Redis keep one fair share (EngineConfig.redis_url); arrival order has nothing to share.
     shares_counters: bool = False
+    # True when `build` takes `cached_blocks` (item -> leading prompt blocks cached now): the engine's
+    # probe of its KV pool, for a policy that ranks by prefix locality (fairness/locality.py).
+    uses_cached_blocks: bool = False
 
 
 POLICIES: dict[str, PolicyEntry] = {
@@ -54,6 +58,19 @@ POLICIES: dict[str, PolicyEntry] = {
             shares_counters=True,
         ),
         PolicyEntry("fcfs", FCFSPolicy, False, "first come, first served across tenants"),
+        PolicyEntry(
+            "vtc-locality",
+            build_locality_vtc,
+            True,
+            "VTC that admits, among keys within locality_slack of the least served, the request with the "
+            "most cached prefix blocks (bound: VTC's + locality_slack)",
+            configure=lambda config: {
+                "lift_allowance": config.lift_allowance,
+                "locality_slack": config.locality_slack,
+            },
+            shares_counters=True,
+            uses_cached_blocks=True,
+        ),
     )
 }
 DEFAULT_POLICY = "vtc"

@@ -25,6 +25,7 @@ from gateway.openai.generation import refuse_spent_tenant
 from gateway.ops import routes as ops_routes
 from gateway.ops.engine_watch import keep_engine_alive
 from gateway.ops.produced import confirm, keep_engines_billed, remote_engines
+from gateway.prefixes import keep_prefixes_fresh
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState, build_state, close_state
 from routing import EngineRouter, ModelRouter
@@ -76,12 +77,14 @@ def create_app(
         if remote_engines(state.engine):  # their produced-token records: confirm and reconcile
             state.billed_ids = []
             billing = asyncio.create_task(keep_engines_billed(state))
+        prefixes = asyncio.create_task(keep_prefixes_fresh(state.prefixes))
         watch = None
         if state.owns_engine and settings.restart_engine and isinstance(state.engine, ProcessEngine):
             watch = asyncio.create_task(keep_engine_alive(state, state.engine))
         try:
             yield
         finally:
+            prefixes.cancel()
             if watch is not None:
                 watch.cancel()
             await drain(state, settings.grace_period_s)

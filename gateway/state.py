@@ -30,6 +30,7 @@ from gateway.openai.refusal_budget import RefusalBudget
 from gateway.openai.runs import RunRegistry
 from gateway.ops.metrics import GatewayMetrics, TenantLabels
 from gateway.ops.tracing import GatewayTracing, make_gateway_tracing
+from gateway.prefixes import PrefixRegistry
 from gateway.settings import GatewaySettings
 from routing import EngineRouter, ModelRouter, engine_loads
 
@@ -72,6 +73,7 @@ class GatewayState:
     edge: EdgeAdmission = field(init=False)  # admission and quota behind one call (admission/edge.py)
     refusals: RefusalBudget = field(init=False)  # refused work charged to its tenant
     model_rates: ModelRates = field(init=False)  # each model's learned rates (admission/model_feasibility.py)
+    prefixes: PrefixRegistry = field(init=False)  # public prompt prefixes (gateway/prefixes.py)
 
     def __post_init__(self) -> None:
         self.edge = EdgeAdmission(self.admission, self.quota)
@@ -80,6 +82,11 @@ class GatewayState:
         self.refusals = RefusalBudget(
             s.refusal_burst, s.refusal_rate_per_s, s.tokenize_concurrency_per_tenant
         )
+        self.prefixes = PrefixRegistry(self.db)
+        try:
+            self.prefixes.reload()
+        except Exception:  # serve without public prefixes rather than not at all; the refresh retries
+            log.warning("could not load public prefixes", exc_info=True)
 
     def refresh_tenant_labels(self, force: bool = False) -> None:
         """Re-read configured tenants for metric labels (cheap, at most every few seconds)."""

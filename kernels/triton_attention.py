@@ -17,16 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import (
-    FLOAT_DTYPES,
-    INDEX_DTYPES,
-    KernelInputError,
-    check_dtype,
-    check_rank,
-    check_same_device,
-    check_unit_last_stride,
-    is_interpreted,
-)
+from kernels.attention_args import check_attention_args
+from kernels.checks import check_same_device, is_interpreted
 from kernels.launch_heuristics import launch_config, num_sms
 
 LOG2E = 1.4426950408889634
@@ -232,61 +224,6 @@ def _reduce_splits_kernel(
     )
 
 
-def _check_attention_args(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-) -> None:
-    check_rank("query", query, 3)
-    check_rank("k_cache", k_cache, 4)
-    check_rank("v_cache", v_cache, 4)
-    check_rank("block_tables", block_tables, 2)
-    check_rank("query_start_loc", query_start_loc, 1)
-    check_rank("seq_lens", seq_lens, 1)
-    for name, tensor in (("query", query), ("k_cache", k_cache), ("v_cache", v_cache)):
-        check_dtype(name, tensor, FLOAT_DTYPES)
-        check_unit_last_stride(name, tensor)
-    for name, tensor in (
-        ("block_tables", block_tables),
-        ("query_start_loc", query_start_loc),
-        ("seq_lens", seq_lens),
-    ):
-        check_dtype(name, tensor, INDEX_DTYPES)
-    if not query_start_loc.is_contiguous() or not seq_lens.is_contiguous():
-        raise KernelInputError("query_start_loc and seq_lens must be contiguous")
-    if block_tables.numel() > 0 and block_tables.stride(1) != 1:
-        raise KernelInputError(f"block_tables rows must be contiguous, got strides {block_tables.stride()}")
-    if k_cache.shape != v_cache.shape:
-        raise KernelInputError(
-            f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must match"
-        )
-    if query.dtype != k_cache.dtype or k_cache.dtype != v_cache.dtype:
-        raise KernelInputError(
-            f"query, k_cache and v_cache must share a dtype, got {query.dtype}, {k_cache.dtype}, {v_cache.dtype}"
-        )
-    num_heads, head_dim = query.shape[1], query.shape[2]
-    num_kv_heads = k_cache.shape[2]
-    if k_cache.shape[3] != head_dim:
-        raise KernelInputError(f"query head_dim {head_dim} != cache head_dim {k_cache.shape[3]}")
-    if num_kv_heads < 1 or num_heads % num_kv_heads:
-        raise KernelInputError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
-    if head_dim > 256:
-        raise KernelInputError(f"head_dim {head_dim} > 256 is not supported")
-    num_seqs = seq_lens.shape[0]
-    if query_start_loc.shape[0] != num_seqs + 1:
-        raise KernelInputError(
-            f"query_start_loc needs num_seqs + 1 = {num_seqs + 1} entries, got {query_start_loc.shape[0]}"
-        )
-    if block_tables.shape[0] < num_seqs:
-        raise KernelInputError(f"block_tables has {block_tables.shape[0]} rows for {num_seqs} sequences")
-    if not scale > 0:
-        raise KernelInputError(f"scale must be > 0, got {scale}")
-
-
 def paged_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -308,7 +245,7 @@ def paged_attention(
     `max_query_len`/`max_seq_len` (host ints, e.g. from AttentionMetadata) pick the tiles and the
     split-K factor without a device sync; `num_splits`/`tile_n` override the heuristic.
     """
-    _check_attention_args(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
+    check_attention_args(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
     device = check_same_device(
         {
             "query": query,

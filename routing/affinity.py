@@ -1,8 +1,8 @@
 """Prefix affinity: the tenant-scoped digests of a prompt's first blocks, and what each engine was sent.
 
 The digests are the engine's own prefix-cache keys (engine/kv_cache.py: `prefix_root` of the tenant,
-cache group and salt, then `chain_hash` per full block), so a digest the router remembers for an
-engine names blocks that engine computed, and two tenants with the same prompt never share one: tenant
+cache group and salt, then `chain_hash` per full block; a public prefix's blocks are skipped), so a
+digest the router remembers for an engine names blocks that engine computed, and two tenants with the same prompt never share one: tenant
 B is not pulled toward the engine that holds tenant A's blocks, and routing reveals nothing of A's
 prompts to B. The router cannot see an engine's cache, only what it sent there; an evicted block is a
 missed hint, which costs a prefill and nothing else.
@@ -13,25 +13,26 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from engine.kv_cache import chain_hash, prefix_root
+from engine.kv_cache import block_keys, prefix_root
 from engine.request import RequestMeta
 
 
 def prefix_digests(
     prompt_token_ids: Sequence[int], meta: RequestMeta, block_size: int, blocks: int
 ) -> list[bytes]:
-    """Keys of the prompt's first `blocks` full blocks, as an engine with `block_size` caches them.
+    """Keys of the prompt's first `blocks` full blocks after its public ones, as an engine with
+    `block_size` caches them.
 
     Like `BlockPool.match_prefix`, a prompt's last token is never part of a cached block, so a prompt of
-    exactly n blocks contributes n - 1.
+    exactly n blocks contributes n - 1. Blocks of a public prefix (engine/public_prefixes.py) are left
+    out: every tenant's requests share them, so they would pin a registered prompt's whole traffic to
+    the engine that first computed it; any engine computes them once and keeps them hot. A registered
+    prompt is thus spread by load, and affinity follows only what comes after it.
     """
-    full = min((len(prompt_token_ids) - 1) // block_size, blocks)
-    parent = prefix_root(meta.tenant_id, meta.cache_group, meta.cache_salt)
-    keys = []
-    for i in range(max(full, 0)):
-        parent = chain_hash(parent, prompt_token_ids[i * block_size : (i + 1) * block_size])
-        keys.append(parent)
-    return keys
+    public = max(0, min(meta.public_prefix_tokens, len(prompt_token_ids))) // block_size
+    full = min((len(prompt_token_ids) - 1) // block_size, public + blocks)
+    root = prefix_root(meta.tenant_id, meta.cache_group, meta.cache_salt)
+    return block_keys(prompt_token_ids, max(full, 0), block_size, root, public)[public:]
 
 
 class DigestMemory:

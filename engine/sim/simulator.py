@@ -169,7 +169,7 @@ class Simulator:
         self.config = config = config or SimConfig()
         config.validate()
         self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.policy = policy if policy is not None else build_policy(config.fairness)
+        self.policy = policy if policy is not None else build_policy(config.fairness, self.pool)
         self.scheduler = (AsyncScheduler if config.async_scheduling else Scheduler)(
             SchedulerConfig(
                 max_num_batched_tokens=config.max_num_batched_tokens,

@@ -20,7 +20,7 @@ from billing import ApiKeyInfo, Tenant
 from billing.validation import TENANT_FIELDS, check_tenant_fields
 from gateway.admin.http import actor, in_store, json_object, query_int, reply
 from gateway.admin.live import runtime
-from gateway.cli.billing import parse_since
+from gateway.cli.arg_types import parse_since
 from gateway.edge.errors import APIError
 from gateway.state import GatewayState
 

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.admin.api import _when
-from gateway.cli.billing import parse_since
+from gateway.cli.arg_types import parse_since
 from gateway.ops import produced
 from gateway.state import GatewayState
 

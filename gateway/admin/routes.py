@@ -10,7 +10,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from gateway.admin import api, ledger_api, live
+from gateway.admin import api, ledger_api, live, prefixes
 from gateway.admin.http import AdminHandler, admin_endpoint
 from gateway.admin.live import engine_rows
 from gateway.state import GatewayState
@@ -78,4 +78,7 @@ routes: list[BaseRoute] = [
     _api("/ledger/quarantine", ledger_api.quarantine, "GET"),
     _api("/ledger/quarantine/requeue", ledger_api.requeue, "POST"),
     _api("/ledger/reconcile", ledger_api.reconcile, "GET"),
+    _api("/prefixes", prefixes.list_prefixes, "GET"),
+    _api("/prefixes", prefixes.add_prefix, "POST"),
+    _api("/prefixes/{ref}", prefixes.remove_prefix, "DELETE"),
 ]

@@ -13,8 +13,10 @@ COMMAND_MODULES = (
     "gateway.cli.engine",  # engine
     "gateway.cli.config",  # config show
     "gateway.cli.model",  # model init
-    "gateway.cli.billing",  # db, tenants, keys, usage
+    "gateway.cli.billing",  # db, tenants, keys
+    "gateway.cli.usage",  # usage [reconcile]
     "gateway.cli.sim",  # sim
+    "gateway.cli.prefixes",  # prefixes add|list|remove
 )
 # Layers above the gateway (bench) plug their subcommands in through this entry-point group, so the
 # gateway never imports them.

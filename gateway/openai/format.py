@@ -17,12 +17,17 @@ def openai_finish_reason(reason: FinishReason | None) -> str | None:
 
 
 def usage(m: RequestMetrics) -> dict[str, Any]:
-    """The `usage` object, with cached prompt tokens in OpenAI's details field."""
+    """The `usage` object, with cached prompt tokens in OpenAI's details field, split into hits on
+    public-prefix blocks (shared by every tenant) and on the caller's own cache group's blocks."""
     return {
         "prompt_tokens": m.prompt_tokens,
         "completion_tokens": m.completion_tokens,
         "total_tokens": m.prompt_tokens + m.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": m.cached_tokens},
+        "prompt_tokens_details": {
+            "cached_tokens": m.cached_tokens,
+            "public_cached_tokens": m.public_cached_tokens,
+            "private_cached_tokens": m.cached_tokens - m.public_cached_tokens,
+        },
     }
 
 

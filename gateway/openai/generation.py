@@ -193,6 +193,7 @@ def _start(
     )
     stream: OutputStream | None = None
     meta = ctx.meta()
+    meta.public_prefix_tokens = state.prefixes.match(ctx.body.model, ctx.inputs.prompt_token_ids)
     if trace is not None:  # the engine's spans descend from this one (engine/tracing.py)
         meta.traceparent = trace.traceparent()
     try:  # submitted here, not when the task below first runs: the engine sees it one loop pass sooner

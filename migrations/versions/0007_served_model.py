@@ -5,8 +5,11 @@ tenants.on_infeasible (a tenant's default X-On-Infeasible).
 fallback, partial or truncated (NULL: served as asked); `dropped_tokens` the prompt tokens truncation
 removed. `on_infeasible` NULL means the server's default.
 
+It runs after 0008_public_prefixes, which reached main first (both were written against 0006): a database
+already at 0008 gets this one on its next upgrade.
+
 Revision ID: 0007_served_model
-Revises: 0006_usage_workflow_run
+Revises: 0008_public_prefixes
 Create Date: 2026-12-01
 """
 
@@ -16,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0007_served_model"
-down_revision = "0006_usage_workflow_run"
+down_revision = "0008_public_prefixes"
 branch_labels = None
 depends_on = None
 

@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 
 from admission.breaker import BackendUnavailable
 from admission.redis_link import connect
-from bench.redis_server import RedisServer
 from tests.billing.services import private_redis
+from tests.redis_server import RedisServer
 
 
 @pytest.fixture()

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.gateway.serve_process import ServeProcess
 
 
 @dataclass
@@ -34,42 +31,11 @@ class LiveServer:
 @pytest.fixture(scope="module")
 def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """`fairserve serve --port 0` with embedded defaults; stopped with SIGTERM after the module."""
-    data_dir = tmp_path_factory.mktemp("serve-data")
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data-dir", str(data_dir)]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    banner: dict[str, str] = {}
-    ready = threading.Event()
-    lines: list[str] = []
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            key, sep, value = line.strip().partition(": ")
-            if sep and key in ("url", "api_key", "metrics_token", "admin_token"):
-                banner[key] = value
-                if key == "admin_token":
-                    ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
+    server = ServeProcess(tmp_path_factory.mktemp("serve-data"), timeout=180)
     try:
-        if not ready.wait(180) or "admin_token" not in banner:
-            raise AssertionError("fairserve serve did not start:\n" + "".join(lines[-40:]))
-        yield LiveServer(banner["url"], banner["api_key"], banner["metrics_token"], lines)
+        yield LiveServer(server.url, server.banner["api_key"], server.banner["metrics_token"], server.output)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        server.stop()
 
 
 def _ordered(p: dict[str, Any], where: str) -> None:

@@ -9,8 +9,8 @@ import os
 import pytest
 
 from bench.billing_chaos import run
-from bench.redis_server import redis_server_binary
 from tests.billing.services import PG_HOST, PG_PORT, require
+from tests.redis_server import redis_server_binary
 
 
 def test_billing_survives_chaos() -> None:

@@ -1,11 +1,12 @@
-"""Cost per verified completion and fan-out waste per task (bench/outcome_cost.py)."""
+"""Cost per verified completion and fan-out waste per task (bench/outcome_cost.py, rendered by bench/markdown.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from bench.loadgen import Outcome
-from bench.outcome_cost import cost_lines, cost_per_outcome
+from bench.markdown import cost_lines
+from bench.outcome_cost import cost_per_outcome
 from bench.workloads import WORKLOADS
 
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from billing import BillingStore, Database
-from tests.billing.services import PG_HOST, PG_PORT, require
+from tests.billing.services import PG_HOST, PG_PORT, fresh_pg_database, require
 
 
 @pytest.fixture
@@ -26,13 +24,8 @@ def sqlite_db(tmp_path: Path) -> Iterator[Database]:
 def pg_url() -> Iterator[str]:
     """URL of a uniquely named PostgreSQL database, created for this run and dropped after it."""
     require(PG_HOST, PG_PORT, "PostgreSQL")
-    name = f"fairserve_test_{uuid.uuid4().hex[:12]}"
-    admin = f"host={PG_HOST} port={PG_PORT} user=postgres dbname=test"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield f"postgresql+psycopg://postgres@{PG_HOST}:{PG_PORT}/{name}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_pg_database() as url:
+        yield url
 
 
 @pytest.fixture

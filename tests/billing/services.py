@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
-from bench.redis_server import RedisServer, redis_server_binary
+from tests.redis_server import RedisServer, redis_server_binary
 
 PG_HOST, PG_PORT = "127.0.0.1", 5432
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -43,3 +46,17 @@ def private_redis(path: Path) -> Iterator[RedisServer]:
     server = RedisServer(path)
     yield server
     server.stop()
+
+
+@contextlib.contextmanager
+def fresh_pg_database(prefix: str = "fairserve_test") -> Iterator[str]:
+    """A uniquely named database on the machine's PostgreSQL, dropped on exit; yields its SQLAlchemy URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = f"host={PG_HOST} port={PG_PORT} user=postgres dbname=test"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg://postgres@{PG_HOST}:{PG_PORT}/{name}"
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

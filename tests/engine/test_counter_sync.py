@@ -20,11 +20,11 @@ import pydantic
 import pytest
 import redis
 
-from bench.redis_server import RedisServer
 from engine import EngineConfig, EngineStats, LLMEngine, RequestMeta, SamplingParams
 from engine.loader import LoadedModel, load_model
 from fairness import FairnessConfig
 from tests.billing.services import REDIS_URL, private_redis, require
+from tests.redis_server import RedisServer
 
 Layout = dict[str, float]  # tenant -> weight: the tenants kept backlogged on one engine
 PARAMS = SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.0)

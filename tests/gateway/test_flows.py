@@ -15,20 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.server import LocalServer, start_local_server
-from engine import EngineConfig
-from fairness import FairnessConfig
-
-
-def serve(key: str, tmp: Path, max_flows_per_tenant: int = 1024) -> LocalServer:
-    config = EngineConfig(
-        max_num_seqs=8,
-        max_num_batched_tokens=256,
-        num_kv_blocks=512,
-        cache_dir=str(tmp / "model"),
-        fairness=FairnessConfig(key=key, max_flows_per_tenant=max_flows_per_tenant),  # type: ignore[arg-type]
-    )
-    return start_local_server(config, tmp, [("A", 1.0), ("B", 1.0)])
+from bench.flows import serve, tenant_service
+from bench.server import LocalServer
 
 
 @pytest.fixture()
@@ -48,15 +36,6 @@ def body(server: LocalServer, max_tokens: int, **extra: Any) -> dict[str, Any]:
     }
 
 
-def service_by_tenant(server: LocalServer) -> dict[str, float]:
-    ids = {server.state.store.get_tenant(n).id: n for n in server.keys}  # type: ignore[union-attr]
-    totals: dict[str, float] = {}
-    for key, value in server.engine.stats().service.items():
-        name = ids[key.split("/")[0]]
-        totals[name] = totals.get(name, 0.0) + value
-    return totals
-
-
 def test_24_users_of_one_tenant_get_what_one_user_of_another_gets(tmp: Path) -> None:
     server = serve("tenant/user", tmp)
     stop = asyncio.Event()
@@ -72,10 +51,10 @@ def test_24_users_of_one_tenant_get_what_one_user_of_another_gets(tmp: Path) -> 
             tasks = [asyncio.create_task(stream(client, "A", f"a{i}")) for i in range(24)]
             tasks += [asyncio.create_task(stream(client, "B", "b")) for _ in range(24)]
             deadline = time.monotonic() + 120
-            while sum(service_by_tenant(server).values()) < 6000:  # about 4 seconds of this engine
+            while sum(tenant_service(server).values()) < 6000:  # about 4 seconds of this engine
                 assert time.monotonic() < deadline, "the engine served too little"
                 await asyncio.sleep(0.05)
-            service = service_by_tenant(server)
+            service = tenant_service(server)
             stop.set()
             await asyncio.gather(*tasks)
             return service

@@ -16,11 +16,11 @@ import httpx
 import pytest
 import redis
 
-from bench.redis_server import RedisServer
 from billing import BillingStore, Database, default_db_url
 from tests.billing.services import private_redis
 from tests.gateway.conftest import wait_for
 from tests.gateway.serve_process import ServeProcess
+from tests.redis_server import RedisServer
 
 METERED_TPM = 10**9  # a quota that never denies: every request still reserves and settles in Redis
 

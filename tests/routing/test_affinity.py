@@ -54,3 +54,20 @@ def test_memory_matches_the_deepest_remembered_prefix_and_forgets_the_oldest() -
     assert len(memory) == 6 and memory.matched(one) == 3 and memory.matched(two) == 4
     memory.clear()
     assert memory.matched(two) == 0
+
+
+def test_public_blocks_are_left_out_so_a_registered_prompt_has_no_pull() -> None:
+    """Two tenants sending the registered prompt with their own suffixes share no digest, and the digests
+    start after the public blocks, chained as the engine chains them."""
+    public = list(range(100, 112))  # three blocks
+    tokens = public + list(range(1, 14))
+    meta = RequestMeta(tenant_id="a", public_prefix_tokens=len(public))
+    pool = BlockPool(64, BLOCK, True)
+    assert pool.allocate("r", len(tokens))
+    pool.commit_full_blocks("r", tokens, len(tokens), prefix_root("a"), public_blocks=3)
+    assert prefix_digests(tokens, meta, BLOCK, 2) == pool.tables["r"].hashes[3:5]
+    b = RequestMeta(tenant_id="b", public_prefix_tokens=len(public))
+    assert not set(prefix_digests(public + [7] * 9, b, BLOCK, 8)) & set(
+        prefix_digests(tokens, meta, BLOCK, 8)
+    )
+    assert prefix_digests(public + [9], b, BLOCK, 8) == []  # nothing after the prefix: no affinity at all

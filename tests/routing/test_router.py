@@ -109,6 +109,28 @@ def test_affinity_keeps_a_tenants_prefix_on_its_engine_and_never_pulls_another_t
     asyncio.run(asyncio.wait_for(scenario(), 60))
 
 
+def test_a_registered_prompt_is_spread_by_load_not_pinned(engines: dict[str, AsyncEngine]) -> None:
+    """The same tenant's prompt that pins it home while private goes to the idle engine once public."""
+    router = EngineRouter(engines)
+
+    async def scenario() -> None:
+        public = RequestMeta(tenant_id="a", public_prefix_tokens=len(PREFIX))
+        first = router.submit(PREFIX + [1, 2, 3], greedy(2), public, "p1")
+        home = router.engine_of("p1")
+        assert home is not None
+        await drain(first)
+        other = next(k for k in engines if k != home)
+        hog = engines[home].submit([5, 6, 7], greedy(1500), RequestMeta(tenant_id="c"), "hog")
+        await until(lambda: engines[home].stats().running >= 1, what="the hog to run")
+        public = RequestMeta(tenant_id="a", public_prefix_tokens=len(PREFIX))
+        second = router.submit(PREFIX + [4, 5, 6], greedy(2), public, "p2")
+        assert router.engine_of("p2") == other  # load decides: the public blocks pull nowhere
+        await drain(second)
+        hog.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
 def test_a_burst_spreads_before_any_engine_reports_it(engines: dict[str, AsyncEngine]) -> None:
     """Eight equal prompts of eight tenants submitted in one go: the router counts what it sent."""
     router = EngineRouter(engines)

@@ -1,6 +1,7 @@
 // The dashboard: login, tenants (inline editing), API keys, usage and the audit log.
 
 import { LiveView } from "./live.js";
+import { refreshPrefixes } from "./prefixes.js";
 import { ApiError, api, el, fillBody, identities, num, session, when } from "./util.js";
 
 const $ = (id) => document.getElementById(id);
@@ -47,7 +48,7 @@ async function enter() {
   $("logout").hidden = false;
   $("who").textContent = session.actor ? `as ${session.actor}` : "";
   await refreshTenants(); // first: the other tables name tenants from it
-  await Promise.all([refreshKeys(), refreshUsage(), refreshAudit()]);
+  await Promise.all([refreshKeys(), refreshUsage(), refreshAudit(), refreshPrefixes()]);
   live = live || new LiveView(logout);
   await live.start();
 }

@@ -32,6 +32,9 @@ ALL_ENDPOINTS = [
     ("POST", "/admin/api/keys/x/revoke"),
     ("GET", "/admin/api/usage"),
     ("GET", "/admin/api/audit"),
+    ("GET", "/admin/api/prefixes"),
+    ("POST", "/admin/api/prefixes"),
+    ("DELETE", "/admin/api/prefixes/x"),
 ]
 
 

@@ -15,10 +15,10 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from bench.redis_server import RedisServer
 from billing import BillingStore, Database, default_db_url
 from tests.billing.services import private_redis
 from tests.gateway.serve_process import ServeProcess
+from tests.redis_server import RedisServer
 
 LIMIT = 600
 MAX_TOKENS = 30
