@@ -197,26 +197,23 @@ def start_gateway(models: list[Path], data_dir: Path) -> tuple[str, str, uvicorn
 
 def run_deadlines(out: Path, rate: float, duration_s: float, rounds: int, seed: int) -> dict[str, Path]:
     """Build the models, start the gateway over both, run every policy `rounds` times; write the report."""
-    from bench.server import start_models_server
-
     out.mkdir(parents=True, exist_ok=True)
     models = [build_model(out / "models", name) for name in ("fast", "slow")]
-    server = start_models_server(models, out / "data", {"slow": "fast"})
+    url, key, server, thread = start_gateway(models, out / "data")
+    auth = {"Authorization": f"Bearer {key}"}
     try:
         planned = plan(rate, duration_s, seed)
         for model in ("fast", "slow", "fast", "slow"):  # both models measured before the first deadline
             body = {"model": model, "prompt": "warm " * 40, "max_tokens": 16}
-            auth = {"Authorization": f"Bearer {server.key}"}
-            httpx.post(
-                f"{server.url}/v1/completions", json=body, headers=auth, timeout=120
-            ).raise_for_status()
+            httpx.post(f"{url}/v1/completions", json=body, headers=auth, timeout=120).raise_for_status()
         counts = {p: dict.fromkeys(OUTCOMES, 0) for p in POLICIES}
         for r in range(rounds):
             for policy in POLICIES[r % len(POLICIES) :] + POLICIES[: r % len(POLICIES)]:  # rotate the order
-                for outcome, n in asyncio.run(run_policy(server.url, server.key, policy, planned)).items():
+                for outcome, n in asyncio.run(run_policy(url, key, policy, planned)).items():
                     counts[policy][outcome] += n
     finally:
-        server.stop()
+        server.should_exit = True  # the gateway drains and stops the engines it started
+        thread.join(60)
     results = {p: summary(c, duration_s * rounds) for p, c in counts.items()}
     (out / "deadlines.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "deadlines.md").write_text(table(results) + "\n")
