@@ -175,6 +175,23 @@ def test_truncate_drops_the_oldest_prompt_tokens_to_fit(two: Server) -> None:
     assert (row["degradation"], row["dropped_tokens"]) == ("truncated", dropped)
 
 
+def test_a_truncated_chat_keeps_its_system_message_and_latest_turns(two: Server) -> None:
+    system = {"role": "system", "content": "Answer in one word. " * 4}
+    turns = [{"role": ("user", "assistant")[i % 2], "content": f"turn {i} " * 25} for i in range(5)]
+    tokenizer = two.state.engine.tokenizer  # both models speak the byte tokenizer
+    lengths = {k: len(tokenizer.encode_chat([system, *turns[k:]])) for k in range(len(turns))}
+    rates = _rates(two)
+    timeout = str(int(_needs(rates["slow"], lengths[0] // 2, 4) * 1000))  # about half the chat's prefill
+    body = {"model": "slow", "messages": [system, *turns], "max_tokens": 4, "ignore_eos": True}
+    headers = two.headers("alice", **{"X-Timeout-Ms": timeout, "X-On-Infeasible": "truncate"})
+    resp = httpx.post(f"{two.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    assert resp.status_code == 200, resp.text
+    prompt = resp.json()["usage"]["prompt_tokens"]
+    kept_from = next(k for k, n in lengths.items() if n == prompt)  # the system message and turns[k:]
+    assert kept_from >= 1
+    assert resp.headers["x-degraded"] == f"truncated; dropped={lengths[0] - prompt}"
+
+
 def test_nothing_feasible_is_rejects_503_whatever_the_policy(two: Server) -> None:
     for policy in ("fallback", "partial", "truncate"):
         # 1 ms cannot hold even the first token of anything.
