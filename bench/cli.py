@@ -73,6 +73,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--sweep-rates", type=float, nargs="+", metavar="RPS", help="offered loads (arrivals/s) of the sweep")
     a("--seed", type=int, default=0)
     a("--no-comparisons", action="store_true", help="skip the engine, policy and gateway comparisons")
+    a(
+        "--deadlines",
+        action="store_true",
+        help="instead: tight, mixed deadlines over a slow and a fast model "
+        "under X-On-Infeasible reject, fallback and partial (bench/deadlines.py; --duration, --rate-scale, --seed)",
+    )
     a("--litellm-bin", help="litellm executable, the gateway peer (else $FAIRSERVE_LITELLM_BIN, PATH)")
 
 
@@ -130,8 +136,20 @@ def options(args: argparse.Namespace) -> BenchOptions:
     )
 
 
+DEADLINE_RATE = 1.0  # arrivals/s of the deadline workload, before --rate-scale: about what `slow` serves
+
+
 def bench_command(args: argparse.Namespace) -> int:
     """Run the bench; exit status 2 with a message on bad options."""
+    if args.deadlines:
+        from bench.deadlines import run_deadlines
+
+        duration = args.duration or (10.0 if args.quick else 20.0)
+        rounds = 1 if args.quick else 2
+        paths = run_deadlines(Path(args.out), DEADLINE_RATE * args.rate_scale, duration, rounds, args.seed)
+        for kind, path in paths.items():
+            print(f"{kind}: {path}", flush=True)
+        return 0
     opts = options(args)
     try:
         opts.validate()

@@ -25,6 +25,7 @@ UUID_MAX: Final = 36
 STATUS_MAX: Final = 16
 FINISH_REASON_MAX: Final = 16
 CANCEL_STATE_MAX: Final = 16
+DEGRADATION_MAX: Final = 16  # fallback | partial | truncated (gateway/openai/served.py)
 
 # usage column -> its maximum length, for the schema test and the quarantine's diagnosis.
 USAGE_STRING_WIDTHS: Final[dict[str, int]] = {
@@ -37,4 +38,6 @@ USAGE_STRING_WIDTHS: Final[dict[str, int]] = {
     "status": STATUS_MAX,
     "finish_reason": FINISH_REASON_MAX,
     "cancel_state": CANCEL_STATE_MAX,
+    "served_model": MODEL_MAX,
+    "degradation": DEGRADATION_MAX,
 }

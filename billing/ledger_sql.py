@@ -58,6 +58,7 @@ _PG_TYPES = {
     "preemptions": "int4",
     "recomputed_tokens": "int4",
     "delivered_tokens": "int4",
+    "dropped_tokens": "int4",
     "charged_service": "float8",
     "queue_ms": "float8",
     "ttft_ms": "float8",

@@ -72,6 +72,8 @@ class TenantRow(Base):
     max_queued_requests: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # Tenants with the same cache group share prefix-cache blocks; None: the tenant shares with nobody.
     cache_group: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Its requests' default X-On-Infeasible (reject | fallback | partial | truncate); None: the server's.
+    on_infeasible: Mapped[str | None] = mapped_column(String(16), nullable=True)
     disabled: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
@@ -130,6 +132,10 @@ class UsageRow(Base):
     finished_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     # Tokens produced are billed (completion_tokens); tokens delivered are kept alongside (migration 0005).
     delivered_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Several models and degraded deadlines (migration 0007).
+    served_model: Mapped[str | None] = mapped_column(String(width.MODEL_MAX), nullable=True)
+    degradation: Mapped[str | None] = mapped_column(String(width.DEGRADATION_MAX), nullable=True)
+    dropped_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
 
 
 class UsageDailyRow(Base):

@@ -29,6 +29,7 @@ class Tenant:
     created_at: datetime
     updated_at: datetime
     cache_group: str | None = None  # prefix-cache sharing group (engine/kv_cache.py); None: own blocks only
+    on_infeasible: str | None = None  # its requests' default X-On-Infeasible; None: the server's
 
 
 @dataclass
@@ -78,6 +79,11 @@ class UsageRecord:
     # Completion tokens handed to the client's connection; None where unknown (an interrupted request,
     # rows from before migration 0005). What is billed is completion_tokens: the tokens produced.
     delivered_tokens: int | None = None
+    # Several models (migration 0007): the model that served it (None: rows from before, the `model`), how
+    # its deadline degraded it (fallback | partial | truncated; None: served as asked), prompt tokens dropped.
+    served_model: str | None = None
+    degradation: str | None = None
+    dropped_tokens: int = 0
 
 
 # A journal or spill row written by an older fairserve may lack fields added since; these are the values
@@ -98,6 +104,9 @@ USAGE_DEFAULTS: dict[str, Any] = {
     "ttft_ms": None,
     "e2e_ms": None,
     "delivered_tokens": None,
+    "served_model": None,
+    "degradation": None,
+    "dropped_tokens": 0,
 }
 
 

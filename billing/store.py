@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.db import Database
+from billing.degradations import ServedSummary, served_by_tenant
 from billing.errors import KeyNotFound, TenantExists, TenantNotFound
 from billing.keys import display_prefix, generate_secret, hash_secret, hashes_match, is_well_formed
 from billing.models import ApiKeyRow, AuditRow, TenantRow, UsageDailyRow, UsageRow, utcnow
@@ -34,6 +35,7 @@ def _tenant(row: TenantRow) -> Tenant:
         tokens_per_day=row.tokens_per_day,
         max_queued_requests=row.max_queued_requests,
         cache_group=row.cache_group,
+        on_infeasible=row.on_infeasible,
         disabled=row.disabled,
         created_at=row.created_at,
         updated_at=row.updated_at,
@@ -105,6 +107,7 @@ class BillingStore:
         tokens_per_day: int | None = None,
         max_queued_requests: int | None = None,
         cache_group: str | None = None,
+        on_infeasible: str | None = None,
         actor: str = "cli",
     ) -> Tenant:
         """Create a tenant; raises TenantExists when the name is taken, ValueError on bad fields."""
@@ -117,6 +120,7 @@ class BillingStore:
                 "tokens_per_day": tokens_per_day,
                 "max_queued_requests": max_queued_requests,
                 "cache_group": cache_group,
+                "on_infeasible": on_infeasible,
             }
         )
         now = utcnow()
@@ -306,6 +310,11 @@ class BillingStore:
         """Per tenant: engine tokens finished in [since, until) and those cancelled or replaced by a retry."""
         with self._session() as session:
             return wasted_by_tenant(session, since, until)
+
+    def served_share(self, since: datetime, until: datetime | None = None) -> list[ServedSummary]:
+        """Per tenant: requests by serving model and by degradation, finished in [since, until)."""
+        with self._session() as session:
+            return served_by_tenant(session, since, until)
 
     def daily_usage(
         self, tenant_id: str | None = None, since: date | None = None, until: date | None = None

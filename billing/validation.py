@@ -14,7 +14,10 @@ TENANT_FIELDS = (
     "max_queued_requests",
     "disabled",
     "cache_group",
+    "on_infeasible",
 )
+# A tenant's default answer to an infeasible deadline (gateway/openai/degrade.py); None: the server's.
+ON_INFEASIBLE_VALUES = ("reject", "fallback", "partial", "truncate")
 MAX_CACHE_GROUP_LENGTH = 64
 MAX_NAME_LENGTH = 128
 MAX_PRIORITY_CLASS = 9
@@ -94,6 +97,12 @@ def check_tenant_fields(fields: dict[str, Any]) -> dict[str, Any]:
             clean[key] = check_priority_class(value)
         elif key == "cache_group":
             clean[key] = check_cache_group(value)
+        elif key == "on_infeasible":
+            if value is not None and value not in ON_INFEASIBLE_VALUES:
+                raise ValueError(
+                    f"on_infeasible must be one of {', '.join(ON_INFEASIBLE_VALUES)} or null, got {value!r}"
+                )
+            clean[key] = value
         elif key == "disabled":
             if not isinstance(value, bool):
                 raise ValueError(f"disabled must be a boolean, got {value!r}")

@@ -30,6 +30,12 @@ class EngineConfig(BaseModel):
     model: str | None = Field(
         default=None, description="Hugging Face model directory (default: the embedded model)"
     )
+    served_model_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="the name clients send as `model` (default: the model directory's name)",
+    )
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         default="auto",
         description="weight and activation dtype (auto: the checkpoint's, float16 read as float32 on CPU)",

@@ -83,7 +83,7 @@ class LLMEngine:
         )
         mc = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
-        self.model_name = self.loaded.name
+        self.model_name = config.served_model_name or self.loaded.name
         self.max_model_len = min(
             config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
         )

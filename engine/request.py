@@ -156,6 +156,9 @@ class RequestMeta:
     priority: int = 0
     weight: float = 1.0
     deadline: float | None = None
+    # At the deadline a request that has produced tokens ends as `length` with them (a controlled partial
+    # answer, X-On-Infeasible: partial) instead of `deadline`.
+    partial_at_deadline: bool = False
     arrival_time: float = field(default_factory=time.time)
     traceparent: str | None = (
         None  # W3C trace context of the gateway's span: the engine's spans descend from it

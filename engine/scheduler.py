@@ -8,11 +8,11 @@ new admissions in the order the fairness policy gives, while KV blocks allow.
 from __future__ import annotations
 
 import bisect
-import heapq
 import time
 from collections.abc import Mapping
 from operator import attrgetter
 
+from engine.deadlines import Deadlines
 from engine.kv_cache import BlockPool
 from engine.request import FinishReason, Preemption, Request, RequestState
 from engine.scheduler_output import ScheduledChunk, SchedulerConfig, SchedulerOutput, SwapFn
@@ -32,7 +32,7 @@ class Scheduler:
         self.policy = policy
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
-        self._deadlines: list[tuple[float, str]] = []
+        self._deadlines = Deadlines()
         self._pending_aborts: dict[str, tuple[str, float]] = {}
         self._decoding: list[Request] = []  # decodes scheduled this step and not yet charged
         self.iteration = 0
@@ -56,7 +56,7 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.policy.add(request, now)
         if request.meta.deadline is not None:
-            heapq.heappush(self._deadlines, (request.meta.deadline, request.request_id))
+            self._deadlines.add(request.meta.deadline, request.request_id)
 
     def abort(self, request_id: str, reason: str = "cancelled", signal_time: float | None = None) -> bool:
         """Mark a live request for cancellation at the next iteration boundary."""
@@ -102,15 +102,13 @@ class Scheduler:
         self._pending_aborts.clear()
 
     def expire_deadlines(self, now: float, out: SchedulerOutput) -> None:
-        """Requests past their absolute deadline leave now: queued ones unprefilled, running ones with their output."""
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, request_id = heapq.heappop(self._deadlines)
-            request = self.requests.get(request_id)
-            if request is None or request.is_finished:
-                continue
-            self.deadline_misses["running" if request.state is RequestState.RUNNING else "waiting"] += 1
-            self.deadline_wasted_tokens += request.num_computed_tokens
-            self.finish(request, FinishReason.DEADLINE, now)
+        """Requests past their absolute deadline leave now: queued ones unprefilled, running ones with their
+        output; partial ones with tokens a step early, as `length` (engine/deadlines.py)."""
+        for request, reason in self._deadlines.due(now, bool(self.running), self.requests.get):
+            if reason is FinishReason.DEADLINE:
+                self.deadline_misses["running" if request.state is RequestState.RUNNING else "waiting"] += 1
+                self.deadline_wasted_tokens += request.num_computed_tokens
+            self.finish(request, reason, now)
             out.finished.append(request)
 
     def schedule_running(self, now: float, out: SchedulerOutput, budget: int) -> int:

@@ -28,7 +28,7 @@ from gateway.ops.produced import confirm, keep_engines_billed, remote_engines
 from gateway.prefixes import keep_prefixes_fresh
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState, build_state, close_state
-from routing import EngineRouter
+from routing import EngineRouter, ModelRouter
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,9 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state = await asyncio.to_thread(build_state, settings, engine, owns_engine)
         app.state.gateway = state
-        if isinstance(state.engine, RemoteEngine | EngineRouter):  # heartbeats run on this loop from now
+        if isinstance(
+            state.engine, RemoteEngine | EngineRouter | ModelRouter
+        ):  # heartbeats run on this loop from now
             state.engine.bind(asyncio.get_running_loop())
         billing = None
         if remote_engines(state.engine):  # their produced-token records: confirm and reconcile

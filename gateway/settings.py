@@ -33,6 +33,7 @@ from engine.config import EngineConfig
 from engine.remote.address import check_address, is_loopback
 from engine.remote.curve import ClusterKey
 from fairness import policy_entry
+from gateway.model_settings import ModelSettings, one_local_model
 from routing.config import RoutingSettings
 
 ENV_PREFIX = "FAIRSERVE_"
@@ -256,6 +257,8 @@ class GatewaySettings(StorageSettings, ProcessSettings):
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     # How a gateway with several engines picks one per request (routing/score.py); inert with one engine.
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    # Several models, fallbacks, cost factors, the default X-On-Infeasible (gateway/model_settings.py).
+    models: ModelSettings = Field(default_factory=ModelSettings)
     # The engine loop in its own process (ProcessEngine) rather than a thread sharing the gateway's GIL:
     # on by measurement (docs/gateway.md, "Benchmark: gateway overhead").
     engine_process: bool = Field(default=True, description="run the engine loop in its own process")
@@ -278,6 +281,11 @@ class GatewaySettings(StorageSettings, ProcessSettings):
         description="seconds of silence after which an --engine counts as down",
         json_schema_extra={"flags": ["--engine-heartbeat-timeout"]},
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_model_is_the_engines(cls, data: Any) -> Any:
+        return one_local_model(data)
 
     @model_validator(mode="after")
     def _ledger_in_data_dir(self) -> GatewaySettings:

@@ -40,6 +40,8 @@ _QUALIFIED: dict[tuple[str, ...], str] = {
     # in `fairserve engine`, whose tree is EngineConfig alone, it is the only Redis and takes the short name.
     ("engine", "redis_url"): "--engine-redis",
     ("redis_url",): "--redis",
+    # `serve --model` repeats (models.local_models: one local engine per model); `fairserve engine` keeps it.
+    ("engine", "model"): "--engine-model",
 }
 # Subtrees whose flags carry the subtree's name (`--ledger-batch-size`): their leaf names say too little alone.
 _PREFIXED = {"ledger"}

@@ -13,25 +13,27 @@ from prometheus_client import start_http_server
 
 from admission.controller import AdmissionController
 from admission.edge import EdgeAdmission
+from admission.model_feasibility import ModelRates
 from admission.quota import QuotaStore, make_quota
 from admission.quota_redis import quota_metrics
 from admission.redis_link import RedisLink, connect
 from billing import BillingStore, Database, KeyCache, Ledger, default_db_url
-from engine import EngineClient, engine_client
-from engine.remote.client import RemoteEngine, check_one_model
+from engine import EngineClient, EngineStartError, engine_client
+from engine.remote.client import RemoteEngine
 from engine.remote.roles import RoleAwareEngine
 from gateway.admin.rejections import RejectionLog
 from gateway.edge.auth import ensure_admin_token, ensure_metrics_token
 from gateway.edge.auth_guard import FailureBudget
 from gateway.edge.key_events import KeyEvents
 from gateway.idempotency.records import IdempotencyStore, make_idempotency_store
+from gateway.model_engines import local_models
 from gateway.openai.refusal_budget import RefusalBudget
 from gateway.openai.runs import RunRegistry
 from gateway.ops.metrics import GatewayMetrics, TenantLabels
 from gateway.ops.tracing import GatewayTracing, make_gateway_tracing
 from gateway.prefixes import PrefixRegistry
 from gateway.settings import GatewaySettings
-from routing import engine_loads
+from routing import ModelRouter, engine_loads
 from routing.roles import role_router
 
 log = logging.getLogger(__name__)
@@ -72,10 +74,12 @@ class GatewayState:
     _tenants_at: float = 0.0
     edge: EdgeAdmission = field(init=False)  # admission and quota behind one call (admission/edge.py)
     refusals: RefusalBudget = field(init=False)  # refused work charged to its tenant
+    model_rates: ModelRates = field(init=False)  # each model's learned rates (admission/model_feasibility.py)
     prefixes: PrefixRegistry = field(init=False)  # public prompt prefixes (gateway/prefixes.py)
 
     def __post_init__(self) -> None:
         self.edge = EdgeAdmission(self.admission, self.quota)
+        self.model_rates = ModelRates(self.admission.settings.priors)
         s = self.settings
         self.refusals = RefusalBudget(
             s.refusal_burst, s.refusal_rate_per_s, s.tokenize_concurrency_per_tenant
@@ -132,11 +136,16 @@ def gateway_engine(settings: GatewaySettings) -> EngineClient:
     it, and it rejoins by itself after the engine comes back.
     """
     if not settings.engines:
+        if len(settings.models.local_models) > 1:
+            return local_models(settings)
         return engine_client(settings.engine, in_process=not settings.engine_process)
+    if settings.models.local_models:
+        raise EngineStartError("give --engine or several --model, not both")
     if len(settings.engines) == 1:
         return RemoteEngine(settings.engines[0], settings.engine_heartbeat_timeout_s, settings.cluster_key())
     # Several: each is reached first (its announce names the model and brings the tokenizer), then the
-    # router (routing/router.py) picks one per request. Engines of different models are refused here.
+    # router (routing/router.py) picks one per request: one router per model (routing/models.py), or a
+    # DisaggRouter over prefill and decode engines of one model (routing/roles.py).
     key = settings.cluster_key()
     remotes = [
         RoleAwareEngine(address, settings.engine_heartbeat_timeout_s, key) for address in settings.engines
@@ -144,9 +153,12 @@ def gateway_engine(settings: GatewaySettings) -> EngineClient:
     try:
         for remote in remotes:
             remote.start()
-        check_one_model(remotes)
-        roles = {a: r.role for a, r in zip(settings.engines, remotes, strict=True)}  # prefill/decode: apart
-        return role_router(dict(zip(settings.engines, remotes, strict=True)), roles, settings.routing)
+        engines = dict(zip(settings.engines, remotes, strict=True))
+        if len({remote.model_name for remote in remotes}) > 1:  # several models: one router per model
+            if any(remote.role != "both" for remote in remotes):
+                raise EngineStartError("prefill/decode engines (--role) serve one model behind a gateway")
+            return ModelRouter.of(engines.items(), settings.routing)
+        return role_router(engines, {a: r.role for a, r in engines.items()}, settings.routing)
     except BaseException:
         for remote in remotes:
             remote.shutdown(timeout_s=1.0)

@@ -27,6 +27,7 @@ class EngineLoad:
     leaving: bool = False  # removed from the rotation, finishing what it has
     address: str | None = None
     engine_id: str | None = None
+    model: str | None = None  # the model name the engine serves
 
     @classmethod
     def of(cls, key: str, client: Any, stats: EngineStats, **extra: Any) -> EngineLoad:
@@ -41,6 +42,7 @@ class EngineLoad:
             kv_blocks_total=stats.kv_blocks_total,
             address=_text(getattr(client, "address", None)),
             engine_id=_text(getattr(client, "engine_id", None)),
+            model=_text(getattr(client, "model_name", None)),
             **extra,
         )
 

@@ -61,7 +61,9 @@ class ProcessEngine(EngineFront):
         model_dir = default_model_dir(config.cache_dir) if config.model is None else Path(config.model)
         self.tokenizer = Tokenizer.from_dir(model_dir)
         # Provisional until the worker reports the engine's own figures at start().
-        self.model_name = DEFAULT_MODEL_NAME if config.model is None else model_dir.resolve().name
+        self.model_name = config.served_model_name or (
+            DEFAULT_MODEL_NAME if config.model is None else model_dir.resolve().name
+        )
         self.max_model_len = _context_length(model_dir, config.max_model_len)
         self._proc: BaseProcess | None = None
         self._channel: ZmqFrontChannel | None = None

@@ -24,7 +24,6 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -382,16 +381,6 @@ class RemoteEngine(EngineFront):
             Ping() if self._alive else Hello(self.gateway_id, want_tokenizer=not hasattr(self, "tokenizer"))
         )
         self._tick = loop.call_later(self._tick_s, self._on_tick)
-
-
-def check_one_model(engines: Sequence[EngineFront]) -> str:
-    """The one model every engine serves; ValueError naming them when they differ (a gateway serves one model
-    under one name, so engines of different models must not be mixed behind it)."""
-    names = {getattr(e, "model_name", "") for e in engines}
-    if len(names) != 1:
-        listed = ", ".join(f"{getattr(e, 'address', '?')}: {getattr(e, 'model_name', '')!r}" for e in engines)
-        raise ValueError(f"engines serve different models ({listed}); one gateway serves one model")
-    return names.pop()
 
 
 def tokenizer_from_files(files: dict[str, str]) -> Tokenizer:

@@ -59,6 +59,7 @@ def _tenant_json(t: Tenant, active_keys: int | None = None) -> dict[str, Any]:
         "tokens_per_day": t.tokens_per_day,
         "max_queued_requests": t.max_queued_requests,
         "cache_group": t.cache_group,
+        "on_infeasible": t.on_infeasible,
         "disabled": t.disabled,
         "created_at": t.created_at,
         "updated_at": t.updated_at,
@@ -230,7 +231,9 @@ async def usage(request: Request, state: GatewayState) -> Response:
         w.tenant_id: {**asdict(w), "wasted_share": w.wasted_share}
         for w in await in_store(state.store.wasted_share, since, until)
     }
-    return reply({"since": since, "until": until or now, "tenants": rows, "wasted": wasted})
+    # Serving model and degradations per tenant (billing/degradations.py, migration 0007).
+    served = {s.tenant_id: asdict(s) for s in await in_store(state.store.served_share, since, until)}
+    return reply({"since": since, "until": until or now, "tenants": rows, "wasted": wasted, "served": served})
 
 
 async def audit(request: Request, state: GatewayState) -> Response:

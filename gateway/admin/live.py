@@ -19,7 +19,7 @@ from starlette.responses import Response, StreamingResponse
 from billing import Tenant
 from gateway.admin.http import NO_STORE, jsonable, query_int, reply
 from gateway.state import GatewayState
-from routing import engine_loads
+from routing import engine_loads, model_client
 
 HISTORY_SAMPLES = 900  # at one sample a second: the last 15 minutes
 MIN_SAMPLE_INTERVAL_S = 0.5
@@ -146,7 +146,14 @@ def rejections_by_reason(state: GatewayState) -> dict[str, int]:
 
 def engine_rows(state: GatewayState) -> list[dict[str, Any]]:
     """One row per engine behind the gateway (routing.engine_loads), with its KV share, for the API and the page."""
-    return [{**asdict(load), "kv_use": load.kv_use} for load in engine_loads(state.engine)]
+    rows = []
+    for load in engine_loads(state.engine):
+        model = load.model or state.engine.model_name
+        serving = model_client(state.engine, model) or state.engine
+        # The rates admission estimates this engine's model by now (admission/model_feasibility.py).
+        feasibility = asdict(state.model_rates.effective(model, serving.stats()))
+        rows.append({**asdict(load), "kv_use": load.kv_use, "feasibility": feasibility})
+    return rows
 
 
 def _other_service(service: Mapping[str, float], tenants: Mapping[str, Tenant]) -> dict[str, float]:

@@ -30,7 +30,8 @@ from gateway.settings_flags import add_knob_flags, load_from_args
 log = logging.getLogger(__name__)
 
 # An engine's Redis (the shared fair-share counters) is `--redis` here, as the gateway's is in `serve`.
-_ALIASES = {"redis_url": "--redis"}
+# Its model is `--model`, which in `serve` repeats (one local engine per model).
+_ALIASES = {"redis_url": "--redis", "model": "--model"}
 
 
 def _server(settings: EngineServerSettings, key: ClusterKey | None) -> EngineServer:

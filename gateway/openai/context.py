@@ -28,6 +28,7 @@ from gateway.openai import parsing as rp
 from gateway.openai.format import Shape
 from gateway.openai.runs import Outcome, RunSpec
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.openai.served import ServedAs, model_engine, requested
 from gateway.state import GatewayState
 
 # Ledger columns that are the engine's RequestMetrics fields of the same name, and their value when the
@@ -58,6 +59,7 @@ class RequestContext:
     body: CompletionRequest | ChatCompletionRequest
     fingerprint: str | None  # of the endpoint and body, only with an Idempotency-Key
     inputs: rp.EngineInput
+    served: ServedAs  # the model that serves it and how (gateway/openai/degrade.py decides at admission)
 
     @property
     def tenant_id(self) -> str:
@@ -109,11 +111,12 @@ class RequestContext:
             cache_group=tenant.cache_group,
             cache_salt=self.body.cache_salt,
             ledger_id=self.request_id,
+            partial_at_deadline=self.served.partial_at_deadline,
         )
 
     def run_spec(self) -> RunSpec:
         """The shape of the response the Run produces."""
-        shape = Shape(self.chat, self.request_id, self.body.model, int(self.arrival))
+        shape = Shape(self.chat, self.request_id, self.served.model, int(self.arrival))
         return RunSpec(
             self.request_id,
             self.tenant_id,
@@ -133,6 +136,7 @@ class RequestContext:
         counts = (
             {name: getattr(m, name) for name in _METRIC_COLUMNS} if m is not None else dict(_METRIC_COLUMNS)
         )
+        counts["charged_service"] *= self.served.cost_factor  # the serving model's `--model-cost`
         return UsageRecord(
             request_id=self.request_id,
             tenant_id=self.tenant_id,
@@ -150,6 +154,9 @@ class RequestContext:
             created_at=datetime.fromtimestamp(self.arrival, UTC),
             finished_at=datetime.fromtimestamp(finished, UTC),
             delivered_tokens=delivered,
+            served_model=self.served.model,
+            degradation=self.served.degradation,
+            dropped_tokens=self.served.dropped,
         )
 
 
@@ -182,8 +189,9 @@ async def read_request(request: Request, state: GatewayState, caller: Caller, ch
     body = rp.parse_body(raw, chat)
     if not state.engine.is_alive or state.engine_failed:
         raise APIError(503, "the engine is not running", "engine_unavailable", headers={"Retry-After": "1"})
+    served = requested(request, body.model)  # 400 for a bad X-On-Infeasible
     inputs = await rp.engine_input_async(
-        body, state.engine, lambda: state.refusals.tokenizing(caller.tenant.id)
+        body, model_engine(state, body.model), lambda: state.refusals.tokenizing(caller.tenant.id)
     )
     fp = fingerprint(request.url.path, json.loads(raw)) if ident.idempotency_key is not None else None
     return RequestContext(
@@ -197,4 +205,5 @@ async def read_request(request: Request, state: GatewayState, caller: Caller, ch
         body=body,
         fingerprint=fp,
         inputs=inputs,
+        served=served,
     )

@@ -17,6 +17,7 @@ from engine import OutputStream
 from gateway.edge.auth import Caller, authenticate
 from gateway.edge.errors import APIError
 from gateway.idempotency.claim import KeyClaim
+from gateway.openai import degrade
 from gateway.openai.context import RequestContext, quota_limits, read_request
 from gateway.openai.refusals import quota_headers, refused, rejected
 from gateway.openai.responses import RunResponse
@@ -78,7 +79,9 @@ async def _generation(request: Request, chat: bool, trace: RequestTrace | None) 
             return claim.earlier_answer
         await _check_request_id(state, ctx)
         admitting_at = time.time_ns()
-        verdict = await state.edge.admit(ctx.admission_ask(), state.engine.stats())
+        ctx, verdict = await degrade.admit(
+            state, ctx
+        )  # per model; perhaps degraded (gateway/openai/degrade.py)
         if trace is not None:
             trace.admission(admitting_at, verdict)
         if isinstance(verdict, Rejection):
@@ -89,6 +92,7 @@ async def _generation(request: Request, chat: bool, trace: RequestTrace | None) 
         "X-Request-Id": ctx.request_id,
         **quota_headers(verdict.quota),
         "X-Estimated-Start-Ms": str(verdict.estimated_start_ms),
+        **degrade.headers(ctx),
     }
     if verdict.quota_unenforced:
         headers[QUOTA_STATUS_HEADER] = "unenforced; reason=backend_unavailable"  # failed open: say so
@@ -176,7 +180,7 @@ def _start(
 ) -> Run:
     """Submit the engine request and start the task that owns the run to its end."""
     spec = ctx.run_spec()
-    engine = state.engine
+    engine = degrade.engine_of(state, ctx)
     run = Run(
         spec,
         abort=lambda reason: engine.abort(spec.engine_id, reason),

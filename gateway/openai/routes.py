@@ -11,6 +11,7 @@ from gateway.edge.auth import authenticate
 from gateway.openai.generation import generation
 from gateway.openai.tasks import routes as task_routes
 from gateway.state import GatewayState
+from routing import served_models
 
 
 async def completions(request: Request) -> ASGIApp:
@@ -24,7 +25,7 @@ async def chat_completions(request: Request) -> ASGIApp:
 
 
 async def models(request: Request) -> JSONResponse:
-    """GET /v1/models: the one model this engine serves."""
+    """GET /v1/models: each model the engines behind this gateway serve, the default first."""
     state: GatewayState = request.app.state.gateway
     await authenticate(request, state.keys, state.auth_budget, state.metrics.auth_failures)
     return JSONResponse(
@@ -32,12 +33,13 @@ async def models(request: Request) -> JSONResponse:
             "object": "list",
             "data": [
                 {
-                    "id": state.engine.model_name,
+                    "id": client.model_name,
                     "object": "model",
                     "created": 0,
                     "owned_by": "fairserve",
-                    "max_model_len": state.engine.max_model_len,
+                    "max_model_len": client.max_model_len,
                 }
+                for client in served_models(state.engine)
             ],
         }
     )

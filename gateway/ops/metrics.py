@@ -195,6 +195,12 @@ class GatewayMetrics:
             registry=r,
         )
         self.tasks = TaskMetrics(r, labels.label)  # per-tenant task outcomes and waste (#28)
+        self.degradations = Counter(  # gateway/openai/degrade.py: kind = fallback | partial | truncated
+            "fairserve_degradations",
+            "Requests served degraded to meet their deadline",
+            ["tenant", "kind"],
+            registry=r,
+        )
         if stats is not None:
             r.register(_EngineCollector(stats, labels))
         if loads is not None:  # routing.EngineLoad rows, one per engine

@@ -23,7 +23,7 @@ from engine.remote.accounting import ProducedRecord
 from engine.remote.client import RemoteEngine
 from engine.remote.messages import Produced
 from gateway.state import GatewayState
-from routing import EngineRouter
+from routing import EngineRouter, ModelRouter
 
 log = logging.getLogger(__name__)
 RECONCILE_S = 2.0
@@ -35,7 +35,7 @@ def remote_engines(engine: EngineClient) -> list[RemoteEngine]:
     """The attached engines behind a gateway's engine client (none for an engine it runs itself)."""
     if isinstance(engine, RemoteEngine):
         return [engine]
-    if isinstance(engine, EngineRouter):
+    if isinstance(engine, EngineRouter | ModelRouter):
         return [c for c in engine.clients() if isinstance(c, RemoteEngine)]
     return []
 

@@ -1,7 +1,7 @@
 """public_prefixes: prompt prefixes an operator made shareable across tenants, per model.
 
 Revision ID: 0008_public_prefixes
-Revises: 0006_usage_workflow_run
+Revises: 0007_served_model
 Create Date: 2026-12-01
 """
 
@@ -12,7 +12,7 @@ from alembic import op
 
 revision = "0008_public_prefixes"
 # 0007 is another branch's; whoever merges both chains this one after it.
-down_revision = "0006_usage_workflow_run"
+down_revision = "0007_served_model"
 branch_labels = None
 depends_on = None
 

@@ -145,6 +145,39 @@ def test_deadline_expires_queued_and_running_requests() -> None:
     assert s.pool.num_free == s.pool.num_blocks
 
 
+def test_a_partial_request_ends_at_its_deadline_as_length_with_its_tokens() -> None:
+    s = make_scheduler(budget=8, seats=2)
+    partial = make_request("partial", 4, 100, deadline=10.0)
+    partial.meta.partial_at_deadline = True
+    s.add(partial)
+    late = make_request("unstarted", 4, 5, deadline=10.0)  # no token yet: nothing partial to give
+    late.meta.partial_at_deadline = True
+    for t in range(3):
+        run_step(s, now=float(t))
+    s.add(late)
+    out, _ = run_step(s, now=10.0)
+    reasons = {r.request_id: r.finish_reason for r in out.finished}
+    assert reasons == {"partial": FinishReason.LENGTH, "unstarted": FinishReason.DEADLINE}
+    assert 0 < len(partial.output_token_ids) < 100
+    assert s.deadline_misses == {"waiting": 1, "running": 0}  # an answer given is not a miss
+    assert s.pool.num_free == s.pool.num_blocks
+
+
+def test_a_partial_answer_leaves_one_step_before_its_deadline() -> None:
+    s = make_scheduler(budget=16, seats=2)
+    partial = make_request("partial", 4, 100, deadline=10.0)
+    partial.meta.partial_at_deadline = True
+    plain = make_request("plain", 4, 100, deadline=10.0)
+    s.add(partial)
+    s.add(plain)
+    for t in range(9):  # steps of one second
+        run_step(s, now=float(t))
+    out, _ = run_step(s, now=9.2)  # this step would end at 10.2: the partial answer is due now
+    assert [(r.request_id, r.finish_reason) for r in out.finished] == [("partial", FinishReason.LENGTH)]
+    out, _ = run_step(s, now=10.0)
+    assert [(r.request_id, r.finish_reason) for r in out.finished] == [("plain", FinishReason.DEADLINE)]
+
+
 def test_prefix_cache_hit_skips_prefill_and_counts_cached_tokens() -> None:
     s = make_scheduler(budget=64)
     shared = make_request("a", 20, 1)

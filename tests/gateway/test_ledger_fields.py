@@ -27,6 +27,8 @@ from tests.gateway.conftest import Server, start_server
 FROM_CALLER = {"request_id", "task_id", "workflow_run_id", "attempt", "model"}
 FROM_GATEWAY = {"tenant_id", "api_key_id", "status", "finish_reason", "cancel_state", "created_at"}
 FROM_GATEWAY |= {"finished_at", "queue_ms", "ttft_ms", "e2e_ms", "charged_service"}
+# The served model is a name an engine announced (the body's `model` must equal one, capped at MODEL_MAX).
+FROM_GATEWAY |= {"served_model", "degradation", "dropped_tokens"}
 FROM_ENGINE = {"prompt_tokens", "cached_tokens", "completion_tokens", "tokens_after_cancel"}
 FROM_ENGINE |= {"preemptions", "recomputed_tokens", "delivered_tokens"}
 # Headers and body fields the edge reads that do not reach the ledger (so no column bounds them).

@@ -60,6 +60,15 @@ function countInput(name, value) {
     value: value === null ? "" : String(value) });
 }
 
+// A tenant's default X-On-Infeasible; "" is none of its own (the server's default).
+const POLICIES = ["", "reject", "fallback", "partial", "truncate"];
+
+function policySelect(t) {
+  return el("select", { name: "on_infeasible", title: "what its requests get when their deadline cannot be met; "
+      + "their X-On-Infeasible header wins" },
+    POLICIES.map((p) => el("option", { value: p, selected: (t.on_infeasible ?? "") === p }, p || "server")));
+}
+
 function tenantRow(t) {
   const classSelect = el("select", { name: "priority_class" },
     [...Array(10).keys()].map((c) => el("option", { value: String(c), selected: c === t.priority_class }, c)));
@@ -72,7 +81,7 @@ function tenantRow(t) {
     ...COUNT_FIELDS.map((f) => el("td", {}, countInput(f, t[f]))),
     el("td", {}, el("input", { name: "cache_group", type: "text", maxlength: "64", placeholder: "own blocks",
       title: "empty: its own prefix-cache blocks",
-      value: t.cache_group ?? "" })),
+      value: t.cache_group ?? "" }), policySelect(t)),
     el("td", {}, t.active_keys ?? "–"),
     el("td", { class: "c-waiting" }, "–"), el("td", { class: "c-running" }, "–"), el("td", { class: "c-service" }, "–"),
     status,
@@ -93,6 +102,8 @@ function changedFields(row, t) {
   if (cls !== t.priority_class) out.priority_class = cls;
   const group = row.querySelector('[name="cache_group"]').value.trim() || null;
   if (group !== (t.cache_group ?? null)) out.cache_group = group;
+  const policy = row.querySelector('[name="on_infeasible"]').value || null;
+  if (policy !== (t.on_infeasible ?? null)) out.on_infeasible = policy;
   for (const f of COUNT_FIELDS) {
     const text = row.querySelector(`[name="${f}"]`).value.trim();
     const value = text === "" ? null : Number(text);
@@ -221,21 +232,31 @@ function wastedCell(w) {
   return el("td", { class: "wasted", title }, `${(100 * w.wasted_share).toFixed(1)}%`);
 }
 
+// Requests per serving model, and those degraded to meet a deadline (billing/degradations.py).
+function servedCell(s) {
+  if (!s) return el("td", {}, "–");
+  const models = Object.entries(s.by_model).map(([m, n]) => `${m} ${n}`).join(", ");
+  const degraded = Object.entries(s.degraded).map(([k, n]) => `${k} ${n}`).join(", ");
+  const dropped = s.dropped_tokens ? ` · ${num(s.dropped_tokens)} prompt tokens dropped` : "";
+  return el("td", { class: "c-served" }, models, degraded ? el("div", { class: "muted small" }, degraded + dropped) : null);
+}
+
 async function refreshUsage() {
   const window_ = $("usage-window").value;
   try {
     const usage = await api("GET", `/usage?window=${encodeURIComponent(window_)}`);
     if (!usage.tenants.length) {
-      fillBody($("usage"), [el("tr", {}, el("td", { colspan: "8", class: "muted" }, `no requests in the last ${window_}`))]);
+      fillBody($("usage"), [el("tr", {}, el("td", { colspan: "10", class: "muted" }, `no requests in the last ${window_}`))]);
       return;
     }
     fillBody($("usage"), usage.tenants.map((u) => el("tr", {},
       el("td", {}, u.tenant_name || u.tenant_id), el("td", {}, num(u.requests)),
       el("td", {}, Object.entries(u.requests_by_status).map(([s, n]) => `${s} ${n}`).join(", ")),
       el("td", {}, num(u.prompt_tokens)), el("td", {}, num(u.cached_tokens)), el("td", {}, num(u.completion_tokens)),
-      el("td", {}, num(u.charged_service, 1)), el("td", {}, num(u.preemptions)), wastedCell(usage.wasted[u.tenant_id]))));
+      el("td", {}, num(u.charged_service, 1)), el("td", {}, num(u.preemptions)), wastedCell(usage.wasted[u.tenant_id]),
+      servedCell(usage.served[u.tenant_id]))));
   } catch (err) {
-    fillBody($("usage"), [el("tr", {}, el("td", { colspan: "9", class: "error" }, err.message))]);
+    fillBody($("usage"), [el("tr", {}, el("td", { colspan: "10", class: "error" }, err.message))]);
   }
 }
 

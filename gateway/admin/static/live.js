@@ -6,6 +6,11 @@ import { api, authHeaders, clock, el, fillBody, identities, num, session } from 
 
 const $ = (id) => document.getElementById(id);
 
+function feasibilityText(f) {
+  if (!f) return "";
+  return `${Math.round(f.prefill_tokens_per_s)} prompt tokens/s, ${(1000 * f.iteration_s).toFixed(1)} ms per iteration (${f.source})`;
+}
+
 export class LiveView {
   constructor(onAuthLost) {
     this.chart = new ShareChart($("share-chart"), $("share-legend"));
@@ -112,14 +117,15 @@ export class LiveView {
     }
   }
 
-  engines(rows) {
+  engines(rows) { // each row names its model; hover it for the rates admission estimates that model by
     const up = rows.filter((e) => e.alive).length;
     $("engines-status").textContent = `${up} of ${rows.length} up`;
     fillBody($("engines"), rows.map((e) => {
       const fill = el("div");
       fill.style.width = `${(100 * e.kv_use).toFixed(1)}%`; // through the CSSOM: the page's CSP refuses inline styles
       return el("tr", { dataset: { key: e.key }, class: e.alive ? "" : "disabled" },
-        el("td", {}, el("strong", {}, e.key), e.address ? el("div", { class: "muted small" }, e.address) : null),
+        el("td", {}, el("strong", {}, e.key), e.address ? el("div", { class: "muted small" }, e.address) : null,
+          e.model ? el("div", { class: "muted small c-model", title: feasibilityText(e.feasibility) }, e.model) : null),
         el("td", { class: "c-status" }, e.alive ? (e.leaving ? "leaving" : "up") : "down"),
         el("td", { class: "c-waiting" }, num(e.waiting)), el("td", { class: "c-running" }, num(e.running)),
         el("td", { class: "c-kv" }, `${e.kv_blocks_used} / ${e.kv_blocks_total}`, el("div", { class: "bar" }, fill)),

@@ -70,13 +70,16 @@ def test_dashboard_end_to_end(server: Server, browser: Any) -> None:
         assert audit["actor"] == "admin:browser-test" and audit["after"]["weight"] == 3.0
         row = f"#tenants tr[data-name='{name}']"
         page.fill(f"{row} [name=cache_group]", "acme")  # share prefix-cache blocks with group acme
+        page.select_option(f"{row} [name=on_infeasible]", "fallback")  # its default X-On-Infeasible
         page.eval_on_selector(row, "r => r.dataset.stale = '1'")  # the save re-renders the row: wait for that
         page.click(f"{row} button.save")
         page.wait_for_function(
             f'() => {{ const r = document.querySelector("{row}"); '
             "return r && !r.dataset.stale && r.querySelector('.row-msg').textContent.includes('saved'); }"
         )
-        assert admin.get(f"/admin/api/tenants/{name}").json()["cache_group"] == "acme"
+        saved = admin.get(f"/admin/api/tenants/{name}").json()
+        assert (saved["cache_group"], saved["on_infeasible"]) == ("acme", "fallback")
+        assert page.eval_on_selector(f"{row} [name=on_infeasible]", "s => s.value") == "fallback"
         page.fill(f"{row} [name=weight]", "0")
         page.click(f"{row} button.save")
         page.wait_for_function(
@@ -110,6 +113,7 @@ def test_dashboard_end_to_end(server: Server, browser: Any) -> None:
                 "() => document.querySelector(\"#engines tr[data-key='local'] .c-running\")"
                 ".textContent !== '0'"
             )
+            assert page.inner_text("#engines tr[data-key='local'] .c-model") == server.model
             # A few more seconds of points so the screenshot shows lines, not dots.
             page.wait_for_function(
                 "() => Number(document.getElementById('share-chart').dataset.points) >= 5", timeout=30_000

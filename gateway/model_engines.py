@@ -1,0 +1,17 @@
+"""`serve --model A --model B`: one local engine per model behind a ModelRouter (routing/models.py)."""
+
+from __future__ import annotations
+
+from engine import EngineClient, engine_client
+from gateway.settings import GatewaySettings
+from routing import ModelRouter
+
+
+def local_models(settings: GatewaySettings) -> ModelRouter:
+    """An engine of its own (the settings' engine knobs, its own model) for each `models.local_models`
+    directory, grouped by the name each serves (its directory's name)."""
+    engines: list[tuple[str, EngineClient]] = []
+    for directory in settings.models.local_models:
+        config = settings.engine.model_copy(update={"model": directory, "served_model_name": None})
+        engines.append((directory, engine_client(config, in_process=not settings.engine_process)))
+    return ModelRouter.of(engines, settings.routing)

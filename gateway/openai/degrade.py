@@ -1,0 +1,185 @@
+"""What an infeasible deadline gets: reject (503), or a degraded answer the request (or its tenant) asked for.
+
+The request's deadline is checked against its model's own estimate (admission/model_feasibility.py: the
+model's live queue and learned rates). When it cannot be met, the policy decides (X-On-Infeasible, else the
+tenant's `on_infeasible`, else the server's `--on-infeasible`, `reject` by default):
+
+- `fallback`: the first model of `--fallback-model` chain that can meet it serves the request;
+- `partial`: admitted when its prefill and one token fit; the engine ends it at its deadline with the
+  tokens so far, finish_reason `length`;
+- `truncate`: the oldest prompt tokens are dropped so that the prefill fits (chat: the system messages
+  and the latest turns are kept, whole turns dropped oldest first);
+- nothing fits: `reject`'s 503 `deadline_infeasible` with Retry-After.
+
+Admission proper (queue bounds, quota) then runs on the serving model's engines with the deadline
+already decided. The policy is the caller's alone: a tenant's default reaches only its own requests.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from admission.controller import Rejection
+from admission.edge import Admission
+from admission.feasibility import Estimate
+from admission.model_feasibility import prefill_budget
+from engine import EngineClient
+from gateway.edge.errors import APIError
+from gateway.openai import parsing as rp
+from gateway.openai.context import RequestContext
+from gateway.openai.schemas import ChatCompletionRequest
+from gateway.openai.served import DEGRADED_HEADER, model_engine
+from gateway.state import GatewayState
+from routing import model_client
+
+
+def policy(state: GatewayState, ctx: RequestContext) -> str:
+    """The request's policy: its header, else its tenant's default, else the server's."""
+    return ctx.served.policy or ctx.caller.tenant.on_infeasible or state.settings.models.on_infeasible
+
+
+def _estimate(
+    state: GatewayState, model: str, engine: EngineClient, ctx: RequestContext, prompt: int, max_tokens: int
+) -> Estimate:
+    fair = state.admission.settings.fair_policy
+    return state.model_rates.estimate(model, engine.stats(), ctx.tenant_id, prompt, max_tokens, fair)
+
+
+async def admit(state: GatewayState, ctx: RequestContext) -> tuple[RequestContext, Admission | Rejection]:
+    """The request as it will be served (perhaps degraded) and admission's verdict on it."""
+    engine = model_engine(state, ctx.served.model)
+    now = time.time()
+    if ctx.deadline is None or ctx.deadline <= now:  # none to meet, or already passed (408 below)
+        stats = engine.stats()
+        state.model_rates.observe(ctx.served.model, stats)  # every admission teaches the model's rates
+        return _costed(state, ctx), await state.edge.admit(ctx.admission_ask(), stats)
+    left = ctx.deadline - now
+    prompt, max_tokens = len(ctx.inputs.prompt_token_ids), ctx.inputs.params.max_tokens
+    est = _estimate(state, ctx.served.model, engine, ctx, prompt, max_tokens)
+    chosen = policy(state, ctx)
+    planned = replace(ctx, served=replace(ctx.served, partial_at_deadline=chosen == "partial"))
+    if est.finish_s > left:
+        found = _degrade(state, planned, chosen, est, left)
+        if found is None:
+            refusal = _infeasible(state, est, left)
+            return ctx, replace(refusal, quota=await state.edge.peek(ctx.tenant_id, ctx.limits))
+        planned = found
+    planned = _costed(state, planned)
+    # The deadline is decided: admission proper (queue bounds, quota) on the serving model's engines.
+    ask = replace(planned.admission_ask(), deadline=None, prompt_tokens=len(planned.inputs.prompt_token_ids))
+    verdict = await state.edge.admit(ask, model_engine(state, planned.served.model).stats())
+    kind = planned.served.degradation
+    if kind is not None and not isinstance(verdict, Rejection):
+        state.metrics.labels.learn(ctx.tenant_id, ctx.caller.tenant.name)
+        state.metrics.degradations.labels(state.metrics.labels.label(ctx.tenant_id), kind).inc()
+    return planned, verdict
+
+
+def _costed(state: GatewayState, ctx: RequestContext) -> RequestContext:
+    """The request with its serving model's `--model-cost` factor, for its ledger charge."""
+    factor = state.settings.models.cost_factor(ctx.served.model)
+    return replace(ctx, served=replace(ctx.served, cost_factor=factor))
+
+
+def _degrade(
+    state: GatewayState, ctx: RequestContext, chosen: str, est: Estimate, left: float
+) -> RequestContext | None:
+    """The request degraded by `chosen` so that it meets its deadline, None when that cannot be done."""
+    if chosen == "fallback":
+        return _fallback(state, ctx, left)
+    if chosen == "partial":
+        engine = model_engine(state, ctx.served.model)
+        first = _estimate(state, ctx.served.model, engine, ctx, len(ctx.inputs.prompt_token_ids), 1)
+        return (
+            replace(ctx, served=replace(ctx.served, degradation="partial"))
+            if first.finish_s <= left
+            else None
+        )
+    if chosen == "truncate":
+        rate = state.model_rates.effective(ctx.served.model, model_engine(state, ctx.served.model).stats())
+        budget = prefill_budget(est, rate, ctx.inputs.params.max_tokens, left)
+        return _truncated(state, ctx, budget)
+    return None
+
+
+def _fallback(state: GatewayState, ctx: RequestContext, left: float) -> RequestContext | None:
+    """The request on the first model of its fallback chain that can meet the deadline."""
+    for name in state.settings.models.fallback_chain(ctx.served.model)[1:]:
+        engine = model_client(state.engine, name)
+        if engine is None or not engine.is_alive:
+            continue
+        body = ctx.body.model_copy(update={"model": name})
+        try:
+            inputs = rp.engine_input(body, engine)
+        except APIError:  # does not fit that model (its context, its caps): not a place to go
+            continue
+        est = _estimate(state, name, engine, ctx, len(inputs.prompt_token_ids), inputs.params.max_tokens)
+        if est.finish_s <= left:
+            served = replace(ctx.served, model=name, degradation="fallback")
+            return replace(ctx, inputs=inputs, served=served)
+    return None
+
+
+def _truncated(state: GatewayState, ctx: RequestContext, budget: int) -> RequestContext | None:
+    """The request with its oldest prompt tokens dropped to at most `budget`, None when that leaves nothing."""
+    ids = ctx.inputs.prompt_token_ids
+    if budget < 1:
+        return None
+    engine = model_engine(state, ctx.served.model)
+    if isinstance(ctx.body, ChatCompletionRequest):
+        kept = _chat_kept(ctx.body, engine, budget)
+        if kept is None:
+            return None
+        new_ids = kept
+    else:
+        bos = engine.tokenizer.bos_token_id
+        lead = [ids[0]] if bos is not None and ids and ids[0] == bos else []
+        if budget <= len(lead):
+            return None
+        new_ids = lead + ids[len(ids) - (budget - len(lead)) :]
+    dropped = len(ids) - len(new_ids)
+    inputs = rp.EngineInput(new_ids, ctx.inputs.params)
+    return replace(ctx, inputs=inputs, served=replace(ctx.served, degradation="truncated", dropped=dropped))
+
+
+def _chat_kept(body: ChatCompletionRequest, engine: EngineClient, budget: int) -> list[int] | None:
+    """Token ids of the chat with its oldest non-system turns dropped, whole, until it fits `budget`;
+    None when even the system messages and the last turn do not fit."""
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    system = [m for m in messages if m["role"] in ("system", "developer")]
+    turns = [m for m in messages if m["role"] not in ("system", "developer")]
+    while turns:
+        ids = engine.tokenizer.encode_chat(system + turns)
+        if len(ids) <= budget:
+            return ids
+        if len(turns) == 1:
+            return None
+        turns = turns[1:]
+    return None
+
+
+def _infeasible(state: GatewayState, est: Estimate, left: float) -> Rejection:
+    """`reject`: 503 `deadline_infeasible`, retry once the queue ahead has drained by the overshoot."""
+    overshoot = est.finish_s - left
+    wait = min(overshoot, est.start_s) if est.start_s > 0 else overshoot
+    start_ms = int(round(est.start_s * 1000))
+    return Rejection(
+        503,
+        "deadline_infeasible",
+        f"cannot finish by the deadline: estimated start in {start_ms} ms, "
+        f"finish in {est.finish_s * 1000:.0f} ms, deadline in {left * 1000:.0f} ms",
+        retry_after_s=state.admission.retry_after(wait),
+        estimated_start_ms=start_ms,
+    )
+
+
+def headers(ctx: RequestContext) -> dict[str, str]:
+    """X-Degraded for a degraded request (sent with the response's headers: up front for a stream)."""
+    value = ctx.served.header()
+    return {DEGRADED_HEADER: value} if value is not None else {}
+
+
+def engine_of(state: GatewayState, ctx: RequestContext) -> EngineClient:
+    """The engine(s) of the model that serves the request."""
+    return model_engine(state, ctx.served.model)

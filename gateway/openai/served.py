@@ -1,0 +1,71 @@
+"""Which model serves a request, and how: the requested model's engine, the X-On-Infeasible policy read
+from the request, and what admission made of it (gateway/openai/degrade.py) for the response and ledger."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from engine import EngineClient
+from gateway.edge.errors import APIError
+from gateway.model_settings import ON_INFEASIBLE
+from gateway.state import GatewayState
+from routing import model_client, served_models
+
+ON_INFEASIBLE_HEADER = "X-On-Infeasible"
+DEGRADED_HEADER = "X-Degraded"
+
+
+@dataclass(frozen=True)
+class ServedAs:
+    """The model a request is served by and its degradation (None: as asked), with the policy it asked for.
+
+    `policy` is the request's own X-On-Infeasible (None: its tenant's default, else the server's).
+    `degradation` is `fallback`, `partial` or `truncated`; `dropped` the prompt tokens truncation removed.
+    """
+
+    model: str
+    policy: str | None = None
+    degradation: str | None = None
+    dropped: int = 0
+    partial_at_deadline: bool = False  # the engine ends it at its deadline with the tokens so far
+    cost_factor: float = 1.0  # the served model's `--model-cost`
+
+    def header(self) -> str | None:
+        """The X-Degraded value, None when served as asked."""
+        if self.degradation == "fallback":
+            return f"fallback; model={self.model}"
+        if self.degradation == "truncated":
+            return f"truncated; dropped={self.dropped}"
+        return self.degradation
+
+
+def requested(request: Request, model: str) -> ServedAs:
+    """The request's model and its X-On-Infeasible policy; 400 naming the header for a value not known."""
+    raw = request.headers.get(ON_INFEASIBLE_HEADER.lower())
+    if raw is None:
+        return ServedAs(model)
+    policy = raw.strip().lower()
+    if policy not in ON_INFEASIBLE:
+        raise APIError(
+            400,
+            f"{ON_INFEASIBLE_HEADER} must be one of {', '.join(ON_INFEASIBLE)}",
+            "invalid_header",
+            ON_INFEASIBLE_HEADER,
+        )
+    return ServedAs(model, policy)
+
+
+def model_engine(state: GatewayState, model: str) -> EngineClient:
+    """The engine(s) serving `model`; 404 `model_not_found` listing the served names for any other."""
+    engine = model_client(state.engine, model)
+    if engine is None:
+        names = [client.model_name for client in served_models(state.engine)]
+        raise APIError(
+            404,
+            f"model {model!r} does not exist; this server serves {', '.join(repr(n) for n in names)}",
+            "model_not_found",
+            "model",
+        )
+    return engine

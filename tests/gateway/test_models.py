@@ -1,0 +1,268 @@
+"""Several models behind one gateway, and deadlines that degrade instead of failing (#32).
+
+Two real `fairserve engine` processes serve two locally built models of different speed (`fast`, `slow`:
+tests/gateway/two_models.py); the gateway attaches to both (`--engine A --engine B`), falls `slow` back to
+`fast` and charges `slow` four times. Deadlines are set from the rates the gateway shows for each model in
+/admin/api/engines (the very rates admission estimates with), halfway (geometrically) between what one
+outcome and the other needs, so each test's outcome does not hang on how busy the machine is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.settings import GatewaySettings
+from tests.engine.remote.engine_process import EngineProcess
+from tests.gateway.conftest import Server, start_server
+from tests.gateway.two_models import build_model
+
+ENGINE_ARGS = ("--num-kv-blocks", "512", "--max-num-batched-tokens", "256", "--max-num-seqs", "8")
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A gateway over a fast and a slow engine process, tenants alice and bob."""
+    root = tmp_path_factory.mktemp("two-models")
+    engines = [
+        EngineProcess(root / f"engine-{name}", "--model", str(build_model(root, name)), *ENGINE_ARGS)
+        for name in ("fast", "slow")
+    ]
+    server: Server | None = None
+    try:
+        settings = GatewaySettings.load(
+            {
+                "data_dir": root / "gateway",
+                "port": 0,
+                "refusal_burst": 10_000,
+                "engines": [e.address for e in engines],
+                "models": {"fallback_models": ["slow=fast"], "model_costs": ["slow=4"]},
+            }
+        )
+        server = start_server(settings, None)
+        server.add_tenant("alice")
+        server.add_tenant("bob")
+        for name in ("fast", "slow"):  # the rates each model is estimated by come from its own work
+            for i in range(3):
+                assert _post(server, "alice", name, f"warm {i} " * 20, 16).status_code == 200
+        yield server
+    finally:
+        if server is not None:
+            server.stop()
+        for engine in engines:
+            engine.stop()
+
+
+def _post(
+    server: Server, tenant: str, model: str, prompt: str, max_tokens: int, **headers: str
+) -> httpx.Response:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+    return httpx.post(
+        f"{server.url}/v1/completions", json=body, headers=server.headers(tenant, **headers), timeout=60
+    )
+
+
+def _admin(server: Server, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    auth = {"Authorization": f"Bearer {server.state.admin_token}"}
+    return httpx.request(method, f"{server.url}/admin/api{path}", headers=auth, timeout=30, **kwargs)
+
+
+def _rates(server: Server) -> dict[str, tuple[float, float]]:
+    """(prefill tokens/s, iteration s) per model, as /admin/api/engines shows them."""
+    rows = _admin(server, "GET", "/engines").json()["engines"]
+    out = {}
+    for row in rows:
+        f = row["feasibility"]
+        out[row["model"]] = (f["prefill_tokens_per_s"], f["iteration_s"])
+    return out
+
+
+def _needs(rate: tuple[float, float], prompt_tokens: int, max_tokens: int) -> float:
+    """Seconds an idle engine at `rate` needs for the request, as admission estimates it."""
+    return prompt_tokens / rate[0] + max_tokens * rate[1]
+
+
+def _between(low: float, high: float) -> str:
+    """An X-Timeout-Ms halfway (geometrically) between two needs; the test needs them well apart."""
+    assert high > 3 * low, f"the outcomes are too close to separate: {low:.3f}s vs {high:.3f}s"
+    return str(int(math.sqrt(low * high) * 1000))
+
+
+def test_models_are_listed_and_routed_by_name_and_an_unknown_one_is_404(two: Server) -> None:
+    auth = two.headers("alice")
+    listed = httpx.get(f"{two.url}/v1/models", headers=auth, timeout=30).json()
+    assert [m["id"] for m in listed["data"]] == ["fast", "slow"]
+    for name in ("fast", "slow"):
+        resp = _post(two, "alice", name, "hello", 4)
+        assert resp.status_code == 200 and resp.json()["model"] == name
+        assert "x-degraded" not in resp.headers
+    resp = _post(two, "alice", "medium", "hello", 4)
+    assert resp.status_code == 404, resp.text
+    err = resp.json()["error"]
+    assert err["code"] == "model_not_found" and err["param"] == "model"
+    assert "'fast'" in err["message"] and "'slow'" in err["message"]
+    rows = _admin(two, "GET", "/engines").json()["engines"]
+    assert sorted(r["model"] for r in rows) == ["fast", "slow"]
+    assert all(r["feasibility"]["source"] == "measured" and r["feasibility"]["samples"] > 0 for r in rows)
+
+
+def test_fallback_serves_on_the_smaller_model_and_reject_refuses(two: Server) -> None:
+    rates = _rates(two)
+    prompt, max_tokens = "x" * 200, 48  # 201 tokens
+    timeout = _between(_needs(rates["fast"], 201, max_tokens), _needs(rates["slow"], 201, max_tokens))
+    refused = _post(two, "alice", "slow", prompt, max_tokens, **{"X-Timeout-Ms": timeout})
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "deadline_infeasible"
+    assert int(refused.headers["retry-after"]) >= 1
+    served = _post(
+        two, "alice", "slow", prompt, max_tokens, **{"X-Timeout-Ms": timeout, "X-On-Infeasible": "fallback"}
+    )
+    assert served.status_code == 200, served.text
+    assert served.json()["model"] == "fast"
+    assert served.headers["x-degraded"] == "fallback; model=fast"
+    assert served.json()["usage"]["completion_tokens"] == max_tokens
+    row = two.usage_rows("request_id = :r", r=served.headers["x-request-id"])[0]
+    assert (row["model"], row["served_model"], row["degradation"]) == ("slow", "fast", "fallback")
+
+
+def test_partial_ends_at_the_deadline_with_the_tokens_so_far(two: Server) -> None:
+    rates = _rates(two)
+    prompt, max_tokens = "y" * 20, 400  # 21 tokens
+    timeout = _between(_needs(rates["slow"], 21, 1), _needs(rates["slow"], 21, max_tokens))
+    headers = {"X-Timeout-Ms": timeout, "X-On-Infeasible": "partial"}
+    resp = _post(two, "alice", "slow", prompt, max_tokens, **headers)
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert resp.headers["x-degraded"] == "partial" and body["model"] == "slow"
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert 0 < body["usage"]["completion_tokens"] < max_tokens
+    row = two.usage_rows("request_id = :r", r=resp.headers["x-request-id"])[0]
+    assert (row["status"], row["finish_reason"], row["degradation"]) == ("completed", "length", "partial")
+
+
+def test_a_partial_stream_says_so_up_front_and_ends_with_a_final_chunk(two: Server) -> None:
+    rates = _rates(two)
+    timeout = _between(_needs(rates["slow"], 21, 1), _needs(rates["slow"], 21, 400))
+    body = {"model": "slow", "prompt": "z" * 20, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    headers = two.headers("alice", **{"X-Timeout-Ms": timeout, "X-On-Infeasible": "partial"})
+    with httpx.stream("POST", f"{two.url}/v1/completions", json=body, headers=headers, timeout=60) as resp:
+        assert resp.status_code == 200 and resp.headers["x-degraded"] == "partial"
+        events = [line.removeprefix("data: ") for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    import json
+
+    reasons = [json.loads(e)["choices"][0]["finish_reason"] for e in events[:-1] if json.loads(e)["choices"]]
+    assert reasons[-1] == "length" and all(r is None for r in reasons[:-1])
+
+
+def test_truncate_drops_the_oldest_prompt_tokens_to_fit(two: Server) -> None:
+    rates = _rates(two)
+    prompt_tokens, max_tokens = 1201, 4
+    # Time for about half the prompt's prefill: the truncation keeps what fits.
+    timeout = str(int(_needs(rates["slow"], prompt_tokens // 2, max_tokens) * 1000))
+    headers = {"X-Timeout-Ms": timeout, "X-On-Infeasible": "truncate"}
+    resp = _post(two, "alice", "slow", "w" * (prompt_tokens - 1), max_tokens, **headers)
+    assert resp.status_code == 200, resp.text
+    kind, _, dropped_text = resp.headers["x-degraded"].partition("; dropped=")
+    dropped = int(dropped_text)
+    assert kind == "truncated" and prompt_tokens // 3 < dropped < prompt_tokens
+    assert resp.json()["usage"]["prompt_tokens"] == prompt_tokens - dropped
+    row = two.usage_rows("request_id = :r", r=resp.headers["x-request-id"])[0]
+    assert (row["degradation"], row["dropped_tokens"]) == ("truncated", dropped)
+
+
+def test_a_truncated_chat_keeps_its_system_message_and_latest_turns(two: Server) -> None:
+    system = {"role": "system", "content": "Answer in one word. " * 4}
+    turns = [{"role": ("user", "assistant")[i % 2], "content": f"turn {i} " * 25} for i in range(5)]
+    tokenizer = two.state.engine.tokenizer  # both models speak the byte tokenizer
+    lengths = {k: len(tokenizer.encode_chat([system, *turns[k:]])) for k in range(len(turns))}
+    rates = _rates(two)
+    timeout = str(int(_needs(rates["slow"], lengths[0] // 2, 4) * 1000))  # about half the chat's prefill
+    body = {"model": "slow", "messages": [system, *turns], "max_tokens": 4, "ignore_eos": True}
+    headers = two.headers("alice", **{"X-Timeout-Ms": timeout, "X-On-Infeasible": "truncate"})
+    resp = httpx.post(f"{two.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    assert resp.status_code == 200, resp.text
+    prompt = resp.json()["usage"]["prompt_tokens"]
+    kept_from = next(k for k, n in lengths.items() if n == prompt)  # the system message and turns[k:]
+    assert kept_from >= 1
+    assert resp.headers["x-degraded"] == f"truncated; dropped={lengths[0] - prompt}"
+
+
+def test_nothing_feasible_is_rejects_503_whatever_the_policy(two: Server) -> None:
+    for policy in ("fallback", "partial", "truncate"):
+        # 1 ms cannot hold even the first token of anything.
+        resp = _post(two, "alice", "slow", "v" * 50, 8, **{"X-Timeout-Ms": "1", "X-On-Infeasible": policy})
+        assert resp.status_code in (503, 408), resp.text
+        assert resp.json()["error"]["code"] in ("deadline_infeasible", "deadline_passed")
+
+
+def test_a_bad_policy_header_is_400_naming_it(two: Server) -> None:
+    resp = _post(two, "alice", "slow", "hi", 4, **{"X-On-Infeasible": "pray"})
+    assert resp.status_code == 400
+    assert resp.json()["error"]["param"] == "X-On-Infeasible"
+
+
+def test_a_tenants_default_policy_reaches_only_its_own_requests(two: Server) -> None:
+    bad = _admin(two, "PATCH", "/tenants/bob", json={"on_infeasible": "always"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "on_infeasible"
+    set_ = _admin(two, "PATCH", "/tenants/bob", json={"on_infeasible": "fallback"})
+    assert set_.status_code == 200 and set_.json()["on_infeasible"] == "fallback"
+    rates = _rates(two)
+    timeout = _between(_needs(rates["fast"], 201, 48), _needs(rates["slow"], 201, 48))
+    bob = _post(two, "bob", "slow", "u" * 200, 48, **{"X-Timeout-Ms": timeout})
+    alice = _post(two, "alice", "slow", "u" * 200, 48, **{"X-Timeout-Ms": timeout})
+    assert bob.status_code == 200 and bob.headers["x-degraded"] == "fallback; model=fast"
+    assert alice.status_code == 503  # the server's default, reject: bob's default is bob's alone
+    # bob's own header still wins over bob's default.
+    strict = _post(
+        two, "bob", "slow", "u" * 200, 48, **{"X-Timeout-Ms": timeout, "X-On-Infeasible": "reject"}
+    )
+    assert strict.status_code == 503
+
+
+def test_the_ledger_charges_by_model_and_the_usage_api_and_metrics_show_degradations(two: Server) -> None:
+    # Identical fresh prompts on each model: the same engine service, charged 1x on fast and 4x on slow.
+    ids = {}
+    for name in ("fast", "slow"):
+        resp = _post(two, "bob", name, "charge me once " * 8, 8, **{"X-Request-Id": f"charge-{name}"})
+        assert resp.status_code == 200
+        ids[name] = two.usage_rows("request_id = :r", r=f"charge-{name}")[0]
+    assert ids["fast"]["charged_service"] > 0
+    assert ids["slow"]["charged_service"] == pytest.approx(4 * ids["fast"]["charged_service"])
+    usage = _admin(two, "GET", "/usage?window=1h").json()
+    served = usage["served"][two.tenants["alice"].id]
+    assert served["by_model"]["fast"] > 0 and served["by_model"]["slow"] > 0
+    assert {"fallback", "partial", "truncated"} <= set(served["degraded"])
+    assert served["dropped_tokens"] > 0
+    assert usage["served"][two.tenants["bob"].id]["degraded"].get("partial") is None
+    metrics = httpx.get(
+        f"{two.url}/metrics", headers={"Authorization": f"Bearer {two.state.admin_token}"}, timeout=30
+    ).text
+    alice = two.state.metrics.labels.label(two.tenants["alice"].id)
+    line = f'fairserve_degradations_total{{kind="partial",tenant="{alice}"}} '
+    assert any(row.startswith(line) and float(row.split()[-1]) >= 2 for row in metrics.splitlines()), [
+        row for row in metrics.splitlines() if "degradations" in row
+    ]
+
+
+def test_serve_model_twice_starts_one_local_engine_per_model(tmp_path: Path) -> None:
+    from tests.gateway.serve_process import ServeProcess
+
+    fast, slow = build_model(tmp_path, "fast"), build_model(tmp_path, "slow")
+    serve = ServeProcess(
+        tmp_path / "data", "--model", str(fast), "--model", str(slow), "--num-kv-blocks", "256"
+    )
+    try:
+        auth = serve.headers(serve.banner["api_key"])
+        listed = httpx.get(f"{serve.url}/v1/models", headers=auth, timeout=30).json()
+        assert [m["id"] for m in listed["data"]] == ["fast", "slow"]
+        for name in ("fast", "slow"):
+            body = {"model": name, "prompt": "hi", "max_tokens": 3}
+            resp = httpx.post(f"{serve.url}/v1/completions", json=body, headers=auth, timeout=60)
+            assert resp.status_code == 200 and resp.json()["model"] == name
+    finally:
+        serve.stop()
