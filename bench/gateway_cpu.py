@@ -121,7 +121,7 @@ class Server:
             spy.wait(30)
         if ok < args.requests:
             raise RuntimeError(f"{self.name}: {args.requests - ok} of {args.requests} requests failed")
-        return (cpu - idle_rate * wall) / int(args.requests) * 1e3
+        return float((cpu - idle_rate * wall) / args.requests * 1e3)
 
     def stop(self) -> None:
         """SIGTERM (the gateway drains and flushes its ledger), then wait."""
