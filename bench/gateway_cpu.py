@@ -109,7 +109,7 @@ class Server:
         await asyncio.sleep(args.idle_s)
         idle_rate = (self.cpu_s() - c0) / args.idle_s
         spy = None if profile is None else subprocess.Popen(
-            [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(self.proc.pid), "--format", "raw", "--rate", "400", "-o", str(profile)],
+            [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(self.proc.pid), "--format", "raw", "--rate", "400", "--nonblocking", "-o", str(profile)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         await asyncio.sleep(0 if spy is None else 1.0)  # py-spy attaches
@@ -151,7 +151,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         for r in range(args.rounds):
             for kind in KINDS:
-                for s in servers:
+                for s in servers if r % 2 == 0 else servers[::-1]:  # no server always measured first
                     body = {"model": model, "prompt": PROMPT, "ignore_eos": True, **bodies[kind]}
                     spy = Path(args.profile) / f"{s.name}-{kind}-{r}.txt" if args.profile else None
                     samples[s.name][kind].append(
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=600, help="measured requests per server, kind and round")
     p.add_argument("--concurrency", type=int, default=8, help="keep-alive connections, each closed-loop")
     p.add_argument("--stream-tokens", type=int, default=16)
-    p.add_argument("--idle-s", type=float, default=0.5, help="idle CPU sampled before each measurement")
+    p.add_argument("--idle-s", type=float, default=1.0, help="idle CPU sampled before each measurement")
     p.add_argument("--baseline", default=None, help="also measure `fairserve serve` from this checkout")
     p.add_argument(
         "--profile", default=None, metavar="DIR", help="py-spy stacks of each fairserve measurement"
