@@ -175,9 +175,15 @@ def summarise(samples: dict[str, dict[str, list[float]]], args: argparse.Namespa
         for kind in KINDS if name != "floor" else ():
             ratios = [v / f for v, f in zip(kinds[kind], samples["floor"][kind], strict=True)]
             row[f"{kind}_ratio"] = statistics.median(ratios)
+            row[f"{kind}_ratio_min"], row[f"{kind}_ratio_max"] = min(ratios), max(ratios)
         steps = zip(kinds["stream"], kinds["nonstream"], strict=True)
         row["per_token_ms"] = statistics.median((s - n) / (args.stream_tokens - 1) for s, n in steps)
         report[name] = {k: round(v, 4) for k, v in row.items()}
+    if "baseline" in samples:  # this checkout over the other, round by round
+        pairs = {k: zip(samples["fairserve"][k], samples["baseline"][k], strict=True) for k in KINDS}
+        report["over_baseline"] = {
+            k: round(statistics.median(a / b for a, b in p), 4) for k, p in pairs.items()
+        }
     return report
 
 
@@ -187,7 +193,8 @@ def describe(report: dict[str, Any], stream_tokens: int) -> str:
     for name in ("floor", "fairserve", "baseline"):
         if (r := report.get(name)) is not None:
             ratio = (
-                f"  vs floor {r['nonstream_ratio']:.2f}x / {r['stream_ratio']:.2f}x"
+                f"  vs floor {r['nonstream_ratio']:.2f}x ({r['nonstream_ratio_min']:.2f}-{r['nonstream_ratio_max']:.2f})"
+                f" / {r['stream_ratio']:.2f}x ({r['stream_ratio_min']:.2f}-{r['stream_ratio_max']:.2f})"
                 if name != "floor"
                 else ""
             )
@@ -195,6 +202,9 @@ def describe(report: dict[str, Any], stream_tokens: int) -> str:
                 f"  {name:9} max_tokens=1 {r['nonstream_ms']:.3f}  {stream_tokens}-token stream {r['stream_ms']:.3f}"
                 f"  per token {r['per_token_ms']:.4f}{ratio}"
             )
+    if "over_baseline" in report:
+        b = report["over_baseline"]
+        lines.append(f"  fairserve / baseline, round by round: {b['nonstream']:.3f} / {b['stream']:.3f}")
     return "\n".join(lines)
 
 
