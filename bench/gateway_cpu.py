@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -160,6 +161,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for s in servers:
             s.stop()
+        shutil.rmtree(tmp, ignore_errors=True)  # the servers' data directories
     return summarise(samples, args)
 
 
