@@ -106,6 +106,18 @@ class EdgeAdmission:
             quota=quota,
         )
 
+    def settle_now(self, tenant_id: str, admission: Admission, used_tokens: int) -> bool:
+        """`settle` without awaiting, where nothing needs awaiting: no reservation, or a store that settles
+        in this process (MemoryQuota). False when the caller must await `settle` (a Redis reservation)."""
+        quota = admission.quota
+        if quota is None or quota.reservation_id is None:
+            return True
+        settle_now = getattr(self.quota, "settle_now", None)  # MemoryQuota's synchronous face
+        if settle_now is None:
+            return False
+        settle_now(tenant_id, quota.reservation_id, used_tokens)
+        return True
+
     async def settle(
         self, tenant_id: str, admission: Admission, used_tokens: int, limits: QuotaLimits
     ) -> None:

@@ -59,6 +59,8 @@ class KeyCache:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        # Bumped by every invalidation: an answer peeked under an older generation may be stale.
+        self.generation = 0
 
     def peek(self, secret: str) -> tuple[bool, Verified | None]:
         """(known, answer) from memory only, never SQL: known is False when only the store can tell.
@@ -130,6 +132,7 @@ class KeyCache:
     def invalidate(self, secret: str | None = None) -> None:
         """Forget one secret's entry, or everything (e.g. after revoking through this process)."""
         with self._lock:
+            self.generation += 1
             if secret is None:
                 self._entries.clear()
                 self._negative.clear()
@@ -145,6 +148,7 @@ class KeyCache:
         all go: they are cheap to rebuild and changes are rare.
         """
         with self._lock:
+            self.generation += 1
             doomed = [d for d, (_, (tenant, _key)) in self._entries.items() if tenant.id == tenant_id]
             for digest in doomed:
                 del self._entries[digest]

@@ -30,7 +30,7 @@ from billing.ledger_metrics import ledger_metrics
 from billing.ledger_sql import permanent, write_batch
 from billing.quarantine import Quarantine, adopt_rejects, requeue
 from billing.records import USAGE_STATUSES, UsageRecord
-from billing.spill import SpillFile, encode_row, read_batches
+from billing.spill import SpillFile, encode_line, read_batches
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class Ledger:
         """Queue one ended request for writing; never blocks on SQL and never raises on a database outage."""
         if row.status not in USAGE_STATUSES:
             raise ValueError(f"usage status must be one of {sorted(USAGE_STATUSES)}, got {row.status!r}")
-        line = encode_row(row) if self.journal is not None else None
+        line = encode_line(row) if self.journal is not None else None
         with self._lock:
             closed = self._closed
             if line is not None and not closed:
@@ -93,11 +93,11 @@ class Ledger:
         if closed:  # no writer thread will sync it any more
             self.spill.sync()
 
-    def _journal(self, line: str) -> None:
+    def _journal(self, line: bytes) -> None:
         """Append to the journal; a failing disk must not cost the row its place in the buffer."""
         assert self.journal is not None  # record() makes a line only when there is a journal
         try:
-            self.journal.append(line.encode())
+            self.journal.append(line)
         except OSError as exc:
             self.metrics.journal_errors.inc()
             now = time.monotonic()

@@ -20,6 +20,9 @@ from gateway.edge.errors import APIError
 ADMIN_TOKEN_FILE = "admin_token"
 METRICS_TOKEN_FILE = "metrics_token"
 API_KEY_FILE = "api_key"
+# Where the edge's pre-body check (gateway/openai/generation.py, refuse_spent_tenant) leaves the key cache's
+# answer for this request's token, so `authenticate` does not hash and look the same token up again.
+PEEKED_KEY = "fairserve.peeked_key"
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,11 @@ async def authenticate(
     charged to the address and counted in `failures` (by outcome: missing, invalid, limited).
     """
     token = bearer(request)
-    known, found = (False, None) if token is None else keys.peek(token)
+    peeked = request.scope.get(PEEKED_KEY)
+    if token is not None and peeked is not None and peeked[0] == token and peeked[2] == keys.generation:
+        known, found = True, peeked[1]  # a cached key, peeked at the edge, nothing invalidated since
+    else:
+        known, found = (False, None) if token is None else keys.peek(token)
     if found is not None:
         prove_connection(request.scope)
         return Caller(*found)

@@ -101,6 +101,11 @@ class KeyClaim:
 
         self._publisher = asyncio.create_task(publish_chunks(run, publish))
 
+    @property
+    def settled_by_nothing(self) -> bool:
+        """True when `settle` has nothing to do (no key, or a replay or attach: the owner settles)."""
+        return self.outcome != "new" or self.key is None
+
     async def settle(self, run: Run, outcome: Outcome) -> None:
         """At the run's end: keep the response for replays, or let the key go (a disconnect is no answer)."""
         if self.outcome != "new" or self.key is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -201,6 +202,8 @@ class GatewayMetrics:
             ["tenant", "kind"],
             registry=r,
         )
+        self._bound: dict[str, _TenantChildren] = {}
+        self._by_status: dict[tuple[str, str], Any] = {}
         if stats is not None:
             r.register(_EngineCollector(stats, labels))
         if loads is not None:  # routing.EngineLoad rows, one per engine
@@ -208,20 +211,62 @@ class GatewayMetrics:
 
     def observe_finished(self, tenant_id: str, status: str, m: Any) -> None:
         """Record one finished engine request from its RequestMetrics."""
-        t = self.labels.label(tenant_id)
-        self.requests.labels(t, status).inc()
-        self.tokens.labels(t, "prompt").inc(m.prompt_tokens)
-        self.tokens.labels(t, "cached").inc(m.cached_tokens)
-        self.tokens.labels(t, "completion").inc(m.completion_tokens)
-        self.charged.labels(t).inc(max(m.charged_service, 0.0))
+        c = self._children(self.labels.label(tenant_id))
+        self._status_child(c.label, status).inc()
+        c.prompt.inc(m.prompt_tokens)
+        c.cached.inc(m.cached_tokens)
+        c.completion.inc(m.completion_tokens)
+        c.charged.inc(max(m.charged_service, 0.0))
         self.cancel_lag.inc(m.tokens_after_cancel)
         if m.first_scheduled_time is not None:
-            self.queue.labels(t).observe(max(m.first_scheduled_time - m.arrival_time, 0.0))
+            c.queue.observe(max(m.first_scheduled_time - m.arrival_time, 0.0))
         if m.first_token_time is not None:
-            self.ttft.labels(t).observe(max(m.first_token_time - m.arrival_time, 0.0))
+            c.ttft.observe(max(m.first_token_time - m.arrival_time, 0.0))
             if m.finished_time is not None and m.completion_tokens > 1:
-                self.tpot.labels(t).observe(
-                    max(m.finished_time - m.first_token_time, 0.0) / (m.completion_tokens - 1)
-                )
+                c.tpot.observe(max(m.finished_time - m.first_token_time, 0.0) / (m.completion_tokens - 1))
         if m.finished_time is not None:
-            self.e2e.labels(t).observe(max(m.finished_time - m.arrival_time, 0.0))
+            c.e2e.observe(max(m.finished_time - m.arrival_time, 0.0))
+
+    def count_request(self, tenant_id: str, status: str) -> None:
+        """Count one ended request that has no engine metrics (refused by the engine, or failed before)."""
+        self._status_child(self.labels.label(tenant_id), status).inc()
+
+    def _children(self, label: str) -> _TenantChildren:
+        """The label's metric children, bound once (labels() costs a lock and a dict walk per call); the
+        labels are bounded (TenantLabels), so this map is too."""
+        found = self._bound.get(label)
+        if found is None:
+            found = _TenantChildren(
+                label,
+                self.tokens.labels(label, "prompt"),
+                self.tokens.labels(label, "cached"),
+                self.tokens.labels(label, "completion"),
+                self.charged.labels(label),
+                self.queue.labels(label),
+                self.ttft.labels(label),
+                self.tpot.labels(label),
+                self.e2e.labels(label),
+            )
+            self._bound[label] = found
+        return found
+
+    def _status_child(self, label: str, status: str) -> Any:
+        found = self._by_status.get((label, status))
+        if found is None:  # statuses are a fixed handful (gateway/openai/runs.py)
+            found = self._by_status[(label, status)] = self.requests.labels(label, status)
+        return found
+
+
+@dataclass(frozen=True)
+class _TenantChildren:
+    """One tenant label's children of the per-request metrics."""
+
+    label: str
+    prompt: Any
+    cached: Any
+    completion: Any
+    charged: Any
+    queue: Any
+    ttft: Any
+    tpot: Any
+    e2e: Any

@@ -119,3 +119,34 @@ def test_deadline_and_queue_refusals_carry_the_quota_state_without_reserving() -
         assert isinstance(unmetered, Rejection) and unmetered.quota is None
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_settle_now_settles_a_memory_reservation_and_leaves_redis_to_be_awaited(backend: str) -> None:
+    namespace = f"fairserve-test-{uuid.uuid4().hex}"
+    if backend == "redis":
+        require_redis()
+
+    async def scenario() -> None:
+        quota: QuotaStore = (
+            RedisQuota(REDIS_URL, namespace=namespace, registry=CollectorRegistry(), timeout_s=5.0)
+            if backend == "redis"
+            else MemoryQuota()
+        )
+        edge = _edge(quota)
+        got = await edge.admit(_ask(60), Stats())
+        assert isinstance(got, Admission) and got.quota is not None
+        done = edge.settle_now("t", got, 10)
+        assert done is (backend == "memory")  # Redis: the caller must await settle
+        if not done:
+            await edge.settle("t", got, 10, LIMITS)
+        assert (await quota.peek("t", LIMITS)).remaining == 90  # used 10 of 60, either way
+        unlimited = await edge.admit(_ask(60, limits=QuotaLimits()), Stats())
+        assert isinstance(unlimited, Admission) and edge.settle_now("t", unlimited, 60)  # nothing reserved
+        await quota.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        if backend == "redis":
+            _cleanup(namespace)

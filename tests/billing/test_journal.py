@@ -13,6 +13,7 @@ from sqlalchemy import text
 
 from billing import Database, Ledger, LedgerConfig
 from billing.journal import Journal
+from billing.spill import decode_row, encode_line, encode_row
 from tests.billing.test_ledger import make_row, wait_until
 
 
@@ -131,3 +132,10 @@ def test_a_failing_journal_still_buffers_the_row(sqlite_db: Database, tmp_path: 
     assert ledger.flush(timeout_s=30)
     ledger.close()
     assert _rows(sqlite_db) == (1, 1)
+
+
+def test_a_journal_line_decodes_to_the_row_it_encodes() -> None:
+    row = dataclasses.replace(make_row(3), model="tiny-ü", task_id="täsk/1")
+    line = encode_line(row)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert decode_row(line.decode("utf-8")) == row == decode_row(encode_row(row))

@@ -127,3 +127,20 @@ def test_invalidate_tenant_drops_only_that_tenants_keys(sqlite_db) -> None:  # t
     assert cache.invalidate_tenant(acme.id) == 1
     assert cache.peek(a) == (False, None)
     assert cache.peek(b)[1] is not None
+
+
+def test_every_invalidation_moves_the_generation(sqlite_db) -> None:  # type: ignore[no-untyped-def]
+    # The gateway reuses a key peeked before the body was read only while the generation is unchanged.
+    store = BillingStore(sqlite_db)
+    acme = store.create_tenant("acme")
+    a, _ = store.create_key(acme.id)
+    cache = KeyCache(CountingStore(store), ttl_s=60.0)
+    assert cache.verify(a)
+    before = cache.generation
+    cache.peek(a)
+    assert cache.generation == before  # reading never moves it
+    cache.invalidate(a)
+    after_one = cache.generation
+    cache.invalidate_tenant(acme.id)
+    cache.invalidate()
+    assert before < after_one < cache.generation

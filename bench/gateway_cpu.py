@@ -1,0 +1,235 @@
+"""Gateway CPU per request against its own framework's floor, alternating rounds in one run.
+
+    .venv/bin/python -m bench.gateway_cpu                       # about a minute
+    .venv/bin/python -m bench.gateway_cpu --baseline ../main    # also a gateway from another checkout
+
+Starts `fairserve serve` (its engine in its own process, so the gateway process is the gateway alone) and a
+bare Starlette app on the same uvicorn (uvloop + httptools) that parses the same JSON and answers a
+completion-shaped body, or an SSE stream of one event per token. Each round measures every server in turn
+under the same closed-loop load (`--concurrency` keep-alive connections): non-streaming `max_tokens: 1`,
+then `--stream-tokens`-token streams. CPU is the server process's, every thread, from /proc (ns, schedstat),
+less its idle rate over the same wall time (heartbeats, timers): what the requests cost, at any load.
+Reported: ms per request, the ratio to the floor (median of the rounds' ratios), and a stream's per-token
+cost ((stream - non-streaming) / (tokens - 1)). `--profile DIR` records py-spy's collapsed stacks of each
+fairserve measurement there (experiments/gateway_profile.py sorts them into stages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+PROMPT = "The batch never waits."
+KINDS = ("nonstream", "stream")
+
+
+class Server:
+    """A server subprocess (`fairserve serve` of some checkout, or the floor), its banner and its CPU."""
+
+    def __init__(self, name: str, args: list[str], checkout: Path | None = None) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"PYTHONPATH": str(checkout)} if checkout else {})}
+        self.name, self.banner = name, dict[str, str]()
+        self.proc = subprocess.Popen(
+            [sys.executable, *args], cwd=checkout, env=env, stdout=subprocess.PIPE, text=True
+        )
+        for line in self.proc.stdout or []:
+            key, sep, value = line.strip().partition(": ")
+            self.banner.update({key: value} if sep else {})
+            if key == "admin_token":
+                break
+        else:
+            raise RuntimeError(f"{name} did not start")
+        threading.Thread(target=lambda: [None for _ in self.proc.stdout or []], daemon=True).start()
+        host, port = self.banner["url"].removeprefix("http://").split(":")
+        self.addr = (host, int(port))
+
+    def cpu_s(self) -> float:
+        """CPU seconds of the process's live threads (schedstat, ns), else utime + stime (clock ticks)."""
+        try:
+            tasks = Path(f"/proc/{self.proc.pid}/task").iterdir()
+            return sum(int((t / "schedstat").read_text().split()[0]) for t in tasks) / 1e9
+        except (OSError, ValueError):
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rpartition(")")[2].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    async def request(
+        self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], raw: bytes
+    ) -> tuple[int, bytes]:
+        """One HTTP/1.1 exchange on a keep-alive connection: status and body (Content-Length or chunked)."""
+        reader, writer = conn
+        writer.write(raw)
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
+        if "content-length:" in head:
+            size = int(head.split("content-length:", 1)[1].split("\r\n", 1)[0])
+            return int(head.split(" ", 2)[1]), await reader.readexactly(size)
+        parts = []
+        while size := int((await reader.readuntil(b"\r\n"))[:-2], 16):
+            parts.append((await reader.readexactly(size + 2))[:-2])
+        await reader.readexactly(2)
+        return int(head.split(" ", 2)[1]), b"".join(parts)
+
+    def raw(self, method: str, body: dict[str, Any] | None = None) -> bytes:
+        """A request's bytes: POST /v1/completions with `body`, or GET /v1/models."""
+        data = b"" if body is None else json.dumps(body).encode()
+        path = "/v1/models" if body is None else "/v1/completions"
+        head = f"{method} {path} HTTP/1.1\r\nHost: {self.addr[0]}\r\nContent-Type: application/json\r\n"
+        auth = f"Authorization: Bearer {self.banner['api_key']}\r\nContent-Length: {len(data)}\r\n\r\n"
+        return (head + auth).encode() + data
+
+    async def drive(self, body: dict[str, Any], n: int, concurrency: int) -> int:
+        """`n` requests over `concurrency` connections, each waiting for its answer; how many got a 200."""
+        raw, left, ok = self.raw("POST", body), [n], [0]
+
+        async def client() -> None:
+            conn = await asyncio.open_connection(*self.addr)
+            while left[0] > 0:
+                left[0] -= 1
+                status = (await self.request(conn, raw))[0]  # awaited before `ok` is read
+                ok[0] += status == 200
+            conn[1].close()
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        return ok[0]
+
+    async def measure(self, body: dict[str, Any], args: argparse.Namespace, profile: Path | None) -> float:
+        """ms of CPU per answered request, less the idle rate over the same wall time."""
+        await self.drive(body, args.concurrency * 4, args.concurrency)  # warm connections and batch shapes
+        c0 = self.cpu_s()
+        await asyncio.sleep(args.idle_s)
+        idle_rate = (self.cpu_s() - c0) / args.idle_s
+        spy = None if profile is None else subprocess.Popen(
+            [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(self.proc.pid), "--format", "raw", "--rate", "400", "--nonblocking", "-o", str(profile)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        await asyncio.sleep(0 if spy is None else 1.0)  # py-spy attaches
+        c1, t1 = self.cpu_s(), time.perf_counter()
+        ok = await self.drive(body, args.requests, args.concurrency)
+        cpu, wall = self.cpu_s() - c1, time.perf_counter() - t1
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
+        if ok < args.requests:
+            raise RuntimeError(f"{self.name}: {args.requests - ok} of {args.requests} requests failed")
+        return float((cpu - idle_rate * wall) / args.requests * 1e3)
+
+    def stop(self) -> None:
+        """SIGTERM (the gateway drains and flushes its ledger), then wait."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Start the servers, alternate measured rounds, and summarise."""
+    tmp = Path(tempfile.mkdtemp(prefix="gateway-cpu-"))
+    serve = ["-m", "gateway.cli", "serve", "--port", "0", "--data-dir"]
+    servers = [Server("floor", ["-m", "bench.gateway_floor"])]
+    servers.append(Server("fairserve", [*serve, str(tmp / "this")]))
+    if args.baseline:
+        servers.append(Server("baseline", [*serve, str(tmp / "base")], Path(args.baseline).resolve()))
+    samples: dict[str, dict[str, list[float]]] = {s.name: {k: [] for k in KINDS} for s in servers}
+    try:
+        conn = await asyncio.open_connection(*servers[1].addr)
+        model = json.loads((await servers[1].request(conn, servers[1].raw("GET")))[1])["data"][0]["id"]
+        conn[1].close()
+        bodies = {
+            "nonstream": {"max_tokens": 1},
+            "stream": {"max_tokens": args.stream_tokens, "stream": True},
+        }
+        for r in range(args.rounds):
+            for kind in KINDS:
+                for s in servers if r % 2 == 0 else servers[::-1]:  # no server always measured first
+                    body = {"model": model, "prompt": PROMPT, "ignore_eos": True, **bodies[kind]}
+                    spy = Path(args.profile) / f"{s.name}-{kind}-{r}.txt" if args.profile else None
+                    samples[s.name][kind].append(
+                        await s.measure(body, args, None if s.name == "floor" else spy)
+                    )
+    finally:
+        for s in servers:
+            s.stop()
+        shutil.rmtree(tmp, ignore_errors=True)  # the servers' data directories
+    return summarise(samples, args)
+
+
+def summarise(samples: dict[str, dict[str, list[float]]], args: argparse.Namespace) -> dict[str, Any]:
+    """Median ms per request, median per-round ratio to the floor, and the per-token cost of a stream."""
+    report: dict[str, Any] = {
+        "rounds": args.rounds,
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+    }
+    for name, kinds in samples.items():
+        row = {f"{kind}_ms": statistics.median(values) for kind, values in kinds.items()}
+        for kind in KINDS if name != "floor" else ():
+            ratios = [v / f for v, f in zip(kinds[kind], samples["floor"][kind], strict=True)]
+            row[f"{kind}_ratio"] = statistics.median(ratios)
+            row[f"{kind}_ratio_min"], row[f"{kind}_ratio_max"] = min(ratios), max(ratios)
+        steps = zip(kinds["stream"], kinds["nonstream"], strict=True)
+        row["per_token_ms"] = statistics.median((s - n) / (args.stream_tokens - 1) for s, n in steps)
+        report[name] = {k: round(v, 4) for k, v in row.items()}
+    if "baseline" in samples:  # this checkout over the other, round by round
+        pairs = {k: zip(samples["fairserve"][k], samples["baseline"][k], strict=True) for k in KINDS}
+        report["over_baseline"] = {
+            k: round(statistics.median(a / b for a, b in p), 4) for k, p in pairs.items()
+        }
+    return report
+
+
+def describe(report: dict[str, Any], stream_tokens: int) -> str:
+    """The report as the few lines `make bench` prints."""
+    lines = [f"gateway CPU per request, ms (median of {report['rounds']} alternating rounds)"]
+    for name in ("floor", "fairserve", "baseline"):
+        if (r := report.get(name)) is not None:
+            ratio = (
+                f"  vs floor {r['nonstream_ratio']:.2f}x ({r['nonstream_ratio_min']:.2f}-{r['nonstream_ratio_max']:.2f})"
+                f" / {r['stream_ratio']:.2f}x ({r['stream_ratio_min']:.2f}-{r['stream_ratio_max']:.2f})"
+                if name != "floor"
+                else ""
+            )
+            lines.append(
+                f"  {name:9} max_tokens=1 {r['nonstream_ms']:.3f}  {stream_tokens}-token stream {r['stream_ms']:.3f}"
+                f"  per token {r['per_token_ms']:.4f}{ratio}"
+            )
+    if "over_baseline" in report:
+        b = report["over_baseline"]
+        lines.append(f"  fairserve / baseline, round by round: {b['nonstream']:.3f} / {b['stream']:.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, run, print the summary and the JSON report."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--requests", type=int, default=600, help="measured requests per server, kind and round")
+    p.add_argument("--concurrency", type=int, default=8, help="keep-alive connections, each closed-loop")
+    p.add_argument("--stream-tokens", type=int, default=16)
+    p.add_argument("--idle-s", type=float, default=1.0, help="idle CPU sampled before each measurement")
+    p.add_argument("--baseline", default=None, help="also measure `fairserve serve` from this checkout")
+    p.add_argument(
+        "--profile", default=None, metavar="DIR", help="py-spy stacks of each fairserve measurement"
+    )
+    args = p.parse_args(argv)
+    import uvloop
+
+    report = uvloop.run(run(args))
+    print(describe(report, args.stream_tokens))
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
