@@ -19,7 +19,8 @@ from cluster.fit import DoesNotFit
 from engine.remote.curve import ClusterKey, create_key_file
 from gateway.cli.serve import prepare_deployment
 from gateway.edge.auth import ADMIN_TOKEN_FILE, METRICS_TOKEN_FILE
-from gateway.settings import GatewaySettings, settings_error_text
+from gateway.settings import GatewaySettings
+from gateway.settings_base import settings_error_text
 from gateway.settings_flags import flags_from_args
 
 CLUSTER_KEY_FILE = "cluster_key"  # in the data dir of the driver and of every gateway replica

@@ -12,98 +12,26 @@ the default.
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import (
-    BaseSettings,
     EnvSettingsSource,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
     TomlConfigSettingsSource,
 )
 
 from admission.controller import AdmissionSettings
 from admission.feasibility import RatePriors
 from admission.queues import QueueBounds
-from billing import LedgerConfig, default_db_url
+from billing import LedgerConfig
 from engine.config import EngineConfig
 from engine.remote.address import check_address, is_loopback
 from engine.remote.curve import ClusterKey
 from fairness import policy_entry
 from gateway.model_settings import ModelSettings, one_local_model
+from gateway.settings_base import DataDirSettings, StorageSettings
 from routing.config import RoutingSettings
-
-ENV_PREFIX = "FAIRSERVE_"
-ENV_NESTED_DELIMITER = "__"
-# The data directory every command shares (serve, tenants, keys, usage, db): one default, one variable.
-DEFAULT_DATA_DIR = Path("./fairserve-data")
-
-# The TOML file of the settings being built: pydantic-settings builds its sources per class, so the file
-# chosen by `--config` for one load reaches `settings_customise_sources` through this variable.
-_config_file: ContextVar[Path | None] = ContextVar("fairserve_config_file", default=None)
-
-
-class LayeredSettings(BaseSettings):
-    """A settings tree read from flags, then FAIRSERVE_* variables, then a `--config` TOML file (`load`)."""
-
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        env_nested_delimiter=ENV_NESTED_DELIMITER,
-        extra="forbid",
-        arbitrary_types_allowed=True,
-        validate_default=True,
-    )
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Flags (passed as init values), then the environment, then the `--config` TOML file."""
-        toml_file = _config_file.get()
-        if toml_file is None:
-            return init_settings, env_settings
-        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=toml_file)
-
-    @classmethod
-    def load(cls, flags: dict[str, Any] | None = None, config_file: Path | None = None) -> Self:
-        """The effective settings: `flags` (a nested dict of what the command line set) over the
-        FAIRSERVE_* environment over `config_file` over the defaults. Raises pydantic's ValidationError."""
-        if config_file is not None and not config_file.is_file():
-            raise ValueError(f"config file {config_file} does not exist")
-        token = _config_file.set(config_file)
-        try:
-            return cls(**(flags or {}))
-        finally:
-            _config_file.reset(token)
-
-
-class DataDirSettings(LayeredSettings):
-    """The data directory every command shares."""
-
-    data_dir: Path = Field(default=DEFAULT_DATA_DIR, description="database, secrets, ledger spill and models")
-
-
-class StorageSettings(DataDirSettings):
-    """Where a deployment keeps its state: shared by `serve` and the db/tenants/keys/usage commands, so a
-    command run after `make serve` finds the server's database without being told."""
-
-    db_url: str | None = Field(
-        default=None,
-        description="SQLAlchemy URL (default: SQLite in the data dir)",
-        json_schema_extra={"flags": ["--db"]},
-    )
-
-    def database_url(self) -> str:
-        """The configured URL, else the SQLite file in the data directory (which this creates)."""
-        return self.db_url or default_db_url(self.data_dir)
 
 
 class ProcessSettings(DataDirSettings):
@@ -404,14 +332,3 @@ def raw_sources(config_file: Path | None) -> dict[str, dict[str, Any]]:
     if config_file is not None:
         found["file"] = TomlConfigSettingsSource(GatewaySettings, toml_file=config_file)()
     return found
-
-
-def settings_error_text(exc: Exception) -> str:
-    """One line per bad setting, `path: reason`, for a command's stderr."""
-    if not isinstance(exc, ValidationError):
-        return str(exc)
-    lines = []
-    for error in exc.errors():
-        path = ".".join(str(part) for part in error["loc"]) or "settings"
-        lines.append(f"{path}: {error['msg'].removeprefix('Value error, ')}")
-    return "\n".join(lines)

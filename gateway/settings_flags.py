@@ -23,14 +23,8 @@ from pydantic_settings import BaseSettings
 from engine.config import KV_CACHE_FRACTION_BY_DEVICE
 from fairness import POLICIES
 from gateway.cluster_settings import ClusterConfig
-from gateway.settings import (
-    ENV_NESTED_DELIMITER,
-    ENV_PREFIX,
-    EngineServerSettings,
-    GatewaySettings,
-    LayeredSettings,
-    raw_sources,
-)
+from gateway.settings import EngineServerSettings, GatewaySettings, raw_sources
+from gateway.settings_base import ENV_NESTED_DELIMITER, ENV_PREFIX, LayeredSettings
 
 S = TypeVar("S", bound=LayeredSettings)
 # Leaf names that would read ambiguously as a bare flag get a qualified one.

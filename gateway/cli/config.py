@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gateway.settings import settings_error_text
+from gateway.settings_base import settings_error_text
 from gateway.settings_flags import add_knob_flags, effective_rows
 
 

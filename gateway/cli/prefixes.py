@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 
 from gateway.edge.auth import ADMIN_TOKEN_FILE
-from gateway.settings import GatewaySettings, StorageSettings
+from gateway.settings import GatewaySettings
+from gateway.settings_base import StorageSettings
 
 _FIELDS = GatewaySettings.model_fields
 COLUMNS = ("id", "model", "name", "tokens", "created_at")

@@ -16,7 +16,8 @@ from engine import EngineStartError
 from gateway.app import create_app
 from gateway.edge.auth import ensure_admin_token, ensure_demo_key, ensure_metrics_token
 from gateway.edge.connections import server_config
-from gateway.settings import GatewaySettings, settings_error_text
+from gateway.settings import GatewaySettings
+from gateway.settings_base import settings_error_text
 from gateway.settings_flags import add_knob_flags, settings_from_args
 from gateway.state import start_gateway_engine
 

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from billing import BillingError, BillingStore, Database, KeyNotFound, TenantExists, TenantNotFound
-from gateway.settings import DEFAULT_DATA_DIR, StorageSettings
+from gateway.settings_base import DEFAULT_DATA_DIR, StorageSettings
 
 
 def common_options() -> argparse.ArgumentParser:

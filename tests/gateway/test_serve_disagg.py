@@ -1,5 +1,5 @@
 """`fairserve serve --engine P --engine D` with P a `--role prefill` and D a `--role decode` engine: requests
-answered over HTTP through both, and the kill drill: a decode engine killed -9 mid-stream and a frozen
+answered over HTTP through both (an idempotent retry replays), and the kill drill: a decode engine killed -9 mid-stream and a frozen
 prefill engine each fail their requests with the retryable `engine_unavailable`, and the ledger holds a
 row for every answered request."""
 
@@ -55,6 +55,14 @@ def test_prefill_and_decode_engines_answer_and_survive_the_kill_drill(tmp_path: 
                 assert resp.status_code == 200, resp.text
                 assert resp.json()["usage"]["completion_tokens"] == [6, 7, 8, 1][i]
                 answered[f"ok-{i}"] = "length"
+            # An idempotent retry of a split request replays the first answer instead of generating again.
+            body = chat(model, 5)
+            first = client.post("/v1/chat/completions", json=body, headers={"Idempotency-Key": "split-1"})
+            again = client.post("/v1/chat/completions", json=body, headers={"Idempotency-Key": "split-1"})
+            assert first.status_code == again.status_code == 200, (first.text, again.text)
+            assert again.headers.get("Idempotent-Replayed") == "true"
+            assert again.json()["choices"] == first.json()["choices"]
+            answered[first.headers["X-Request-Id"]] = "length"
             admin = {"Authorization": f"Bearer {serve.banner['admin_token']}"}
             rows = client.get("/admin/api/engines", headers=admin).json()
             rows = rows if isinstance(rows, list) else rows.get("engines", rows)
