@@ -239,6 +239,28 @@ class Request:
         """True once the request has a finish reason."""
         return self.state is RequestState.FINISHED
 
+    @property
+    def phase(self) -> str:
+        """Where the request is: "waiting" (nothing computed yet), "prefill" or "decode"."""
+        if (
+            self.state is not RequestState.RUNNING
+            and self.num_computed_tokens == 0
+            and not self.output_token_ids
+        ):
+            return "waiting"
+        return "prefill" if self.num_computed_tokens < self.num_prompt_tokens else "decode"
+
+    def stop_reason(
+        self, token: int, eos_token_ids: set[int] | frozenset[int], max_model_len: int
+    ) -> FinishReason | None:
+        """Token-level stop conditions for `token`, just appended (stop strings are the engine's, on text)."""
+        params = self.sampling
+        if (not params.ignore_eos and token in eos_token_ids) or token in params.stop_token_ids:
+            return FinishReason.STOP
+        if len(self.output_token_ids) >= params.max_tokens or self.num_tokens >= max_model_len:
+            return FinishReason.LENGTH
+        return None
+
     @cached_property
     def prefix_root(self) -> bytes:
         """Where this request's prefix-cache keys chain from: its cache group and salt (engine/kv_cache.py)."""

@@ -67,7 +67,7 @@ class Scheduler:
         self._pending_aborts.setdefault(request_id, (reason, t))
         if request.cancel_time is None:
             request.cancel_time = t
-            request.cancel_state = self._phase(request)
+            request.cancel_state = request.phase
         return True
 
     @property
@@ -382,27 +382,11 @@ class Scheduler:
         self, request: Request, token: int, eos_token_ids: set[int] | frozenset[int], now: float
     ) -> bool:
         """End `request` if `token`, just appended, stops it; True when it did."""
-        reason = self.stop_reason(request, token, eos_token_ids)
+        reason = request.stop_reason(token, eos_token_ids, self.config.max_model_len)
         if reason is None:
             return False
         self.finish(request, reason, now)
         return True
-
-    def stop_reason(
-        self, request: Request, token: int, eos_token_ids: set[int] | frozenset[int]
-    ) -> FinishReason | None:
-        """Token-level stop conditions (stop strings are checked by the engine on text)."""
-        params = request.sampling
-        if not params.ignore_eos and token in eos_token_ids:
-            return FinishReason.STOP
-        if token in params.stop_token_ids:
-            return FinishReason.STOP
-        if (
-            len(request.output_token_ids) >= params.max_tokens
-            or request.num_tokens >= self.config.max_model_len
-        ):
-            return FinishReason.LENGTH
-        return None
 
     def finish(self, request: Request, reason: FinishReason, now: float | None = None) -> None:
         """End a request wherever it is and free its blocks at once."""
@@ -418,16 +402,6 @@ class Scheduler:
         request.finish_reason = reason
         request.finished_time = time.time() if now is None else now
         self.requests.pop(request.request_id, None)
-
-    @staticmethod
-    def _phase(request: Request) -> str:
-        if (
-            request.state is not RequestState.RUNNING
-            and request.num_computed_tokens == 0
-            and not request.output_token_ids
-        ):
-            return "waiting"
-        return "prefill" if request.num_computed_tokens < request.num_prompt_tokens else "decode"
 
 
 def _class_then_prefill(request: Request) -> tuple[int, bool]:

@@ -115,7 +115,7 @@ def test_abort_in_each_state_frees_blocks() -> None:
     s.add(make_request("queued", 4, 5))
     run_step(s)
     run_step(s)
-    states = {r.request_id: s._phase(r) for r in s.requests.values()}
+    states = {r.request_id: r.phase for r in s.requests.values()}
     assert states == {"decoding": "decode", "prefilling": "prefill", "queued": "waiting"}
     for rid in states:
         assert s.abort(rid)
