@@ -58,9 +58,13 @@ def test_dashboard_end_to_end(server: Server, browser: Any) -> None:
         row = f"#tenants tr[data-name='{name}']"
         page.wait_for_selector(row)
         page.fill(f"{row} [name=weight]", "3")
+        # The save re-renders the row after its message shows: wait for the new row, or the next edit
+        # lands in the old one (a race a loaded machine loses).
+        page.eval_on_selector(row, "r => r.dataset.stale = '1'")
         page.click(f"{row} button.save")
         page.wait_for_function(
-            f"() => document.querySelector(\"{row} .row-msg\").textContent.includes('saved')"
+            f'() => {{ const r = document.querySelector("{row}"); '
+            "return r && !r.dataset.stale && r.querySelector('.row-msg').textContent.includes('saved'); }"
         )
         tenant = admin.get(f"/admin/api/tenants/{name}").json()
         assert tenant["weight"] == 3.0
