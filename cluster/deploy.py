@@ -229,10 +229,14 @@ def drain_engines(names: list[str], cfg: ClusterConfig) -> int:
 
 
 def _holds(gateway: Any, engine_name: str) -> bool:
-    """Whether a gateway still routes to, or has requests live on, an engine. A gateway that does not answer
-    holds nothing: dead, its requests died with it; restarted, it reads the registry and skips draining ones."""
+    """Whether a gateway still routes to, or has requests live on, an engine. A dead gateway holds nothing
+    (its requests died with it; restarted, it reads the registry and skips draining ones), but a slow one
+    does: on a loaded machine a live gateway can take longer than the call's timeout to answer, and taking
+    that for "nothing" killed engines with requests still in flight. `drain_timeout_s` bounds the wait."""
     try:
         return bool(ray.get(gateway.holds.remote(engine_name), timeout=10))
+    except ray.exceptions.GetTimeoutError:
+        return True
     except Exception:
         return False
 
