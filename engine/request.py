@@ -278,3 +278,24 @@ class Request:
     def arrival_time(self) -> float:
         """Arrival time from the metadata (the fairness item protocol)."""
         return self.meta.arrival_time
+
+
+def decodes_first(running: list[Request]) -> list[Request]:
+    """`running` in scheduling order: decodes before partial prefills (stall-free), by class first when the
+    classes differ. `running` is kept sorted by class, so equal ends mean one class."""
+    if running[0].meta.priority != running[-1].meta.priority:
+        return sorted(running, key=_class_then_prefill)
+    decodes: list[Request] = []
+    prefills: list[Request] = []
+    for r in running:
+        (decodes if _is_decode(r) else prefills).append(r)
+    return decodes + prefills
+
+
+def _is_decode(request: Request) -> bool:
+    # A decode: output exists and only the last sampled token is uncomputed.
+    return bool(request.output_token_ids) and request.num_computed_tokens == request.num_tokens - 1
+
+
+def _class_then_prefill(request: Request) -> tuple[int, bool]:
+    return request.meta.priority, not _is_decode(request)  # sorted() is stable

@@ -14,7 +14,7 @@ from operator import attrgetter
 
 from engine.deadlines import Deadlines
 from engine.kv_cache import BlockPool
-from engine.request import FinishReason, Preemption, Request, RequestState
+from engine.request import FinishReason, Preemption, Request, RequestState, decodes_first
 from engine.scheduler_output import ScheduledChunk, SchedulerConfig, SchedulerOutput, SwapFn
 from fairness.base import SchedulingPolicy
 
@@ -119,7 +119,7 @@ class Scheduler:
         """
         if not self.running:
             return budget
-        ordered = self._decodes_first()
+        ordered = decodes_first(self.running)
         # The decode fast path: one chunk, and a block check only when a block boundary is crossed (a running
         # request always holds exactly ceil(computed / block_size) blocks). Decodes are charged together
         # (`_charge_decodes`), before anything that reads or changes the counters: a preemption's victim
@@ -162,22 +162,6 @@ class Scheduler:
         self._charge_decodes()
         out.decode_tokens += decode_tokens
         return budget
-
-    def _decodes_first(self) -> list[Request]:
-        """`running` in scheduling order: decodes before partial prefills, by class first when classes differ."""
-        running = self.running
-        if running[0].meta.priority != running[-1].meta.priority:
-            return sorted(running, key=_class_then_prefill)
-        decodes: list[Request] = []
-        prefills: list[Request] = []
-        for r in running:  # a decode: output exists and only the last sampled token is uncomputed
-            out = r.output_token_ids
-            (
-                decodes
-                if out and r.num_computed_tokens == len(r.prompt_token_ids) + len(out) - 1
-                else prefills
-            ).append(r)
-        return decodes + prefills
 
     def _charge_decodes(self) -> None:
         """Charge the decodes scheduled since the last call: one policy call for the batch, not one per request."""
@@ -402,9 +386,3 @@ class Scheduler:
         request.finish_reason = reason
         request.finished_time = time.time() if now is None else now
         self.requests.pop(request.request_id, None)
-
-
-def _class_then_prefill(request: Request) -> tuple[int, bool]:
-    # Within a class decodes go before partial prefills (stall-free); sorted() is stable.
-    decode = bool(request.output_token_ids) and request.num_computed_tokens == request.num_tokens - 1
-    return request.meta.priority, not decode
