@@ -1,8 +1,5 @@
-"""Comparisons measured in the same run: engine vs transformers, one policy dimension at a time, gateways.
-
-Every comparison reports ratios against a peer measured in this run, and every throughput comes
-with the latency at which it was obtained.
-"""
+"""Comparisons measured in the same run, as ratios to a peer of this run: engine vs transformers, one
+policy dimension at a time, the gateway vs the in-process engine and litellm."""
 
 from __future__ import annotations
 

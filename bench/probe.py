@@ -117,11 +117,8 @@ class Sampler:
 async def settled(
     client: httpx.AsyncClient, before: Sample, expected_finished: int, timeout_s: float = 15.0
 ) -> Sample:
-    """Scrape until the server has recorded `expected_finished` more finished requests (or time runs out).
-
-    The gateway observes a request's metrics just after the client sees its stream end, so an
-    immediate scrape can miss the last few.
-    """
+    """Scrape until the server has recorded `expected_finished` more finished requests (or time runs out):
+    the gateway records a request just after its stream ends."""
     deadline = time.monotonic() + timeout_s
     after = await scrape(client)
     while time.monotonic() < deadline:
