@@ -153,7 +153,8 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> Path:
 def table(results: dict[str, dict[str, Any]]) -> str:
     """The markdown table of the report."""
     rows = (
-        f"{p} | {r['offered']} | {' | '.join(str(r[o]) for o in OUTCOMES)} | {r['good_share']:.0%} | {r['goodput_rps']:.2f}"
+        " | ".join([p, str(r["offered"]), *(str(r[o]) for o in OUTCOMES), f"{r['good_share']:.0%}"])
+        + f" | {r['goodput_rps']:.2f}"
         for p, r in results.items()
     )
     header = f"policy | offered | {' | '.join(OUTCOMES)} | good share | SLO goodput (req/s)"
