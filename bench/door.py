@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         floods=(",".join(FLOODS), "which floods, comma-separated"),
     )
     p.add_argument("--quick", action="store_true", help="1.5-second phases, one round (for a test)")
+    p.prog = "python -m bench.door"
     args = p.parse_args(argv)
     floods = tuple(f for f in args.floods.split(",") if f in FLOODS)
     result = run(1.5 if args.quick else args.phase, 1 if args.quick else args.rounds, floods)
