@@ -2,16 +2,13 @@
 
     .venv/bin/python -m bench.billing_chaos [--requests 20000] [--clients 12] [--seed N] [--db URL]
 
-Real processes (the test suite's own helpers), one tenant; keyed retries, client disconnects and server
-cancels among the requests; kill -9 of an engine, of a gateway and a Redis restart at 20%, 40% and 60% of
-them. Prints the figures as JSON: double charges, answered unbilled and quarantined rows must be 0, and the
-ledger's completion tokens must equal the engines' produced ones (docs/billing.md, "Chaos benchmark").
-A shortened run is tests/bench/test_billing_chaos.py.
+Real processes (the test suite's helpers), one tenant; keyed retries, client disconnects and server cancels
+among the requests; kill -9 of an engine, of a gateway and a Redis restart at 20%, 40% and 60% of them.
+Prints the figures as JSON (docs/billing.md, "Chaos benchmark").
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import tempfile
@@ -25,6 +22,7 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
+from bench.harness import parser
 from billing import BillingStore, Database
 from engine.remote.client import RemoteEngine
 from engine.remote.messages import Produced
@@ -87,9 +85,8 @@ class Cluster:
         self.tenant_id = store.create_tenant(f"chaos-{uuid.uuid4().hex[:8]}").id
         self.key = store.create_key(self.tenant_id)[0]
         db.dispose()
-        self.model = httpx.get(f"{self.gateways[0].url}/v1/models", headers=self.auth(), timeout=30).json()[
-            "data"
-        ][0]["id"]
+        models = httpx.get(f"{self.gateways[0].url}/v1/models", headers=self.auth(), timeout=30)
+        self.model = models.json()["data"][0]["id"]
 
     def _gateway(self, i: int) -> ServeProcess:
         attach = [a for e in self.engines for a in ("--engine", e.address)]
@@ -277,13 +274,9 @@ def _engine_finished(tmp: Path) -> set[str]:
 
 def _ledger(cluster: Cluster, load: Load, figures: Figures) -> None:
     db = Database(cluster.db_url)
+    query = "SELECT request_id, status, completion_tokens, delivered_tokens FROM usage WHERE tenant_id = :t"
     with db.engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT request_id, status, completion_tokens, delivered_tokens FROM usage WHERE tenant_id = :t"
-            ),
-            {"t": cluster.tenant_id},
-        ).all()
+        rows = conn.execute(text(query), {"t": cluster.tenant_id}).all()
     db.dispose()
     billed = {r[0] for r in rows}
     figures.rows = len(rows)
@@ -344,14 +337,8 @@ def run(total: int, clients: int, seed: int, db_url: str | None) -> Figures:
 
 def main() -> None:
     """Parse flags, run once, print the figures as JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--requests", type=int, default=20_000)
-    parser.add_argument("--clients", type=int, default=12)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--db", default=None, help="ledger database URL (default: a fresh PostgreSQL database)"
-    )
-    args = parser.parse_args()
+    db_help = "ledger database URL (default: a fresh PostgreSQL database)"
+    args = parser(__doc__, requests=20_000, clients=12, seed=0, db=(None, db_help)).parse_args()
     figures = run(args.requests, args.clients, args.seed, args.db)
     print(json.dumps({**asdict(figures), "tokens_match": figures.tokens_match}, indent=2))
 

@@ -1,8 +1,7 @@
 """`fairserve bench`: its options, flags and entry points.
 
-The gateway never imports `bench/` (an import-linter contract), so the subcommand is plugged into `fairserve`
-from here through the `fairserve.commands` entry point that `gateway/cli/__init__.py` loads;
-`python -m bench.cli` runs the same thing without the dispatcher.
+The gateway never imports `bench/`, so the subcommand plugs into `fairserve` through the
+`fairserve.commands` entry point; `python -m bench.cli` runs the same thing without the dispatcher.
 """
 
 from __future__ import annotations
@@ -141,26 +140,24 @@ DEADLINE_RATE = 1.0  # arrivals/s of the deadline workload, before --rate-scale:
 
 def bench_command(args: argparse.Namespace) -> int:
     """Run the bench; exit status 2 with a message on bad options."""
+    # Imported here: every `fairserve` command builds this parser, and the runs import matplotlib.
     if args.deadlines:
         from bench.deadlines import run_deadlines
 
         duration = args.duration or (10.0 if args.quick else 20.0)
-        rounds = 1 if args.quick else 2
-        paths = run_deadlines(Path(args.out), DEADLINE_RATE * args.rate_scale, duration, rounds, args.seed)
-        for kind, path in paths.items():
-            print(f"{kind}: {path}", flush=True)
-        return 0
-    opts = options(args)
-    try:
-        opts.validate()
-    except ValueError as exc:
-        print(f"fairserve bench: {exc}", file=sys.stderr)
-        return 2
-    from bench.run import (
-        run_bench,
-    )  # here: every `fairserve` command builds this parser; run pulls in matplotlib
+        rate, rounds = DEADLINE_RATE * args.rate_scale, 1 if args.quick else 2
+        paths = run_deadlines(Path(args.out), rate, duration, rounds, args.seed)
+    else:
+        opts = options(args)
+        try:
+            opts.validate()
+        except ValueError as exc:
+            print(f"fairserve bench: {exc}", file=sys.stderr)
+            return 2
+        from bench.run import run_bench
 
-    for kind, path in run_bench(opts).items():
+        paths = run_bench(opts)
+    for kind, path in paths.items():
         print(f"{kind}: {path}", flush=True)
     return 0
 

@@ -1,8 +1,5 @@
-"""Comparisons measured in the same run: engine vs transformers, one policy dimension at a time, gateways.
-
-Every comparison reports ratios against a peer measured in this run, and every throughput comes
-with the latency at which it was obtained.
-"""
+"""Comparisons measured in the same run, as ratios to a peer of this run: engine vs transformers, one
+policy dimension at a time, the gateway vs the in-process engine and litellm."""
 
 from __future__ import annotations
 
@@ -36,10 +33,7 @@ def not_measured(reason: str) -> dict[str, Any]:
 
 def _fixed_rate_plan(rate: float, n: int) -> list[PlannedRequest]:
     prompt = ("the batch never waits " * 4)[:32]
-    return [
-        PlannedRequest(at=i / rate, tenant="bench", prompt=prompt, max_tokens=[8], seeds=[i])
-        for i in range(n)
-    ]
+    return [PlannedRequest(i / rate, "bench", prompt, [8], seeds=[i]) for i in range(n)]
 
 
 def _lat(outcomes: list[Outcome]) -> dict[str, Any]:
@@ -79,21 +73,15 @@ async def _via(target: Target, plan: list[PlannedRequest]) -> list[Outcome]:
 async def gateway_comparison(
     local: LocalServer | None, rate: float, n: int, litellm_bin: str | None, rounds: int = 2
 ) -> dict[str, Any]:
-    """p50/p99 at one offered load: in-process engine, through fairserve's gateway, through litellm in front.
-
-    The paths take turns for `rounds` rounds, so background load on a shared machine hits them alike.
-    """
+    """p50/p99 at one offered load: in-process engine, through fairserve's gateway, through litellm in front;
+    the paths take turns for `rounds` rounds, so background load on a shared machine hits them alike."""
     if local is None:
         return {"note": "not measured: needs the self-started server (the bench must own the engine)"}
     per_round = max(1, n // rounds)
     plan = _fixed_rate_plan(rate, per_round)
     key = next(iter(local.keys.values()))
-    rows: dict[str, Any] = {
-        "rate": rate,
-        "requests": per_round * rounds,
-        "rounds": rounds,
-        "shape": PROBE.description,
-    }
+    rows: dict[str, Any] = {"rate": rate, "requests": per_round * rounds, "rounds": rounds}
+    rows["shape"] = PROBE.description
     target = Target(local.url, local.model, {}, key)
     paths: dict[str, Callable[[list[PlannedRequest]], Awaitable[list[Outcome]]]] = {
         "in_process": lambda p: _inproc(local.engine, p),

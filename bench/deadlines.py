@@ -1,14 +1,10 @@
-"""`fairserve bench --deadlines`: tight, mixed deadlines over two models of different speed, under the
-`reject`, `fallback` and `partial` policies of X-On-Infeasible, in one run (docs/bench.md, "Deadlines").
+"""`fairserve bench --deadlines`: tight, mixed deadlines over a fast and a slow model under the `reject`,
+`fallback` and `partial` policies of X-On-Infeasible, in one run (docs/bench.md, "Deadlines").
 
-The bench builds a fast and a slow model as the default model is built (engine/loader.py), serves both
-from one gateway (`serve --model fast --model slow --fallback-model slow=fast`), and sends the same
-open-loop plan (Poisson arrivals, every request for `slow`, deadlines drawn from a tight mix) once per
-policy, policies in turn, for `rounds` rounds. Each answer is verified against what its headers claim,
-and counted good only when it arrives within its deadline: `full` (as asked), `fallback` (served by
-`fast`, and the body and X-Degraded say so), `partial` (finish_reason length, fewer tokens than asked,
-and X-Degraded: partial, or no header when its estimate fit and it was cut all the same). The rest is `rejected` (503 with Retry-After), `missed` (504, or an answer after its
-deadline) or `error`. SLO goodput is good answers per second of offered traffic.
+One gateway serves both models (`--fallback-model slow=fast`); the same open-loop plan (every request for
+`slow`) runs once per policy, policies in turn, for `rounds` rounds. Each answer is verified against what
+its status, headers and body claim (`verdict`), and is good only within its deadline. SLO goodput is good
+answers per second of offered traffic.
 """
 
 from __future__ import annotations
@@ -16,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
 import threading
 import time
 from pathlib import Path
@@ -25,6 +20,8 @@ from typing import Any
 import httpx
 import uvicorn
 
+from bench import harness
+from bench.server import serve_on_thread
 from engine.loader import default_model_config, write_seeded_llama
 from engine.tokenizer import BYTE_SPECIAL_TOKENS
 
@@ -131,10 +128,9 @@ def summary(counts: dict[str, int], duration_s: float) -> dict[str, Any]:
 
 def plot(results: dict[str, dict[str, Any]], path: Path) -> Path:
     """Stacked bars: each policy's outcomes, as shares of the offered requests."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from bench.plots import save  # sets the Agg backend
 
     colours = {"full": "tab:green", "fallback": "tab:olive", "partial": "tab:cyan", "rejected": "tab:gray",
                "missed": "tab:red", "error": "black"}  # fmt: skip
@@ -151,20 +147,18 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> Path:
     ax.set_ylabel("share of offered requests")
     ax.set_title("Deadlines over a slow and a fast model: outcome by X-On-Infeasible")
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path, dpi=110)
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     """The markdown table of the report."""
-    head = "| policy | offered | " + " | ".join(OUTCOMES) + " | good share | SLO goodput (req/s) |"
-    rows = [head, "|" + "---|" * (len(OUTCOMES) + 4)]
-    for p, r in results.items():
-        cells = " | ".join(str(r[o]) for o in OUTCOMES)
-        rows.append(f"| {p} | {r['offered']} | {cells} | {r['good_share']:.0%} | {r['goodput_rps']:.2f} |")
-    return "\n".join(rows)
+    rows = (
+        " | ".join([p, str(r["offered"]), *(str(r[o]) for o in OUTCOMES), f"{r['good_share']:.0%}"])
+        + f" | {r['goodput_rps']:.2f}"
+        for p, r in results.items()
+    )
+    header = f"policy | offered | {' | '.join(OUTCOMES)} | good share | SLO goodput (req/s)"
+    return "\n".join(harness.table(header, "l" * (len(OUTCOMES) + 4), rows))
 
 
 def start_gateway(models: list[Path], data_dir: Path) -> tuple[str, str, uvicorn.Server, threading.Thread]:
@@ -178,21 +172,10 @@ def start_gateway(models: list[Path], data_dir: Path) -> tuple[str, str, uvicorn
         {"data_dir": data_dir, "port": 0, "refusal_burst": 10**6, "models": local}
     )
     app = create_app(settings, None)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
-    )
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
-    thread.start()
-    started = time.monotonic()
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() - started > 300:
-            raise RuntimeError("the deadline bench's gateway did not start")
-        time.sleep(0.05)
+    url, server, thread = serve_on_thread(app, 300.0)
     store = app.state.gateway.store
     key, _ = store.create_key((store.get_tenant("bench") or store.create_tenant("bench")).id, name="bench")
-    return f"http://127.0.0.1:{sock.getsockname()[1]}", key, server, thread
+    return url, key, server, thread
 
 
 def run_deadlines(out: Path, rate: float, duration_s: float, rounds: int, seed: int) -> dict[str, Path]:

@@ -1,4 +1,4 @@
-"""Fair at the door (issue 25): an equal-weight tenant's success rate and latency beside each flood.
+"""Fair at the door: an equal-weight tenant's success rate and latency beside each flood.
 
     .venv/bin/python -m bench.door            # about 1-2 minutes
     .venv/bin/python -m bench.door --quick    # a few seconds per phase (the test's run)
@@ -10,7 +10,6 @@ what is reported: docs/gateway.md, "Benchmark: fair at the door".
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import multiprocessing as mp
@@ -25,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from bench.harness import closed_loop, parser
 from tests.gateway.serve_process import ServeProcess
 
 FLOODS = ("queue", "refusable", "slow_headers", "spoofed_xff")
@@ -44,30 +44,25 @@ def make_tenant(url: str, admin_token: str, name: str, **fields: Any) -> str:
         return str(c.post(f"/admin/api/tenants/{tenant['id']}/keys", json={"name": "bench"}).json()["secret"])
 
 
-async def _loop(
-    client: httpx.AsyncClient, until: float, body: bytes, headers: Any, out: list[tuple[int, float]]
-) -> None:
-    """One closed-loop client: POST until `until`, recording (status, seconds); status 0 for an error."""
-    while time.monotonic() < until:
-        start = time.perf_counter()
-        try:
-            given = {"Content-Type": "application/json", **headers()}
-            resp = await client.post("/v1/completions", content=body, headers=given)
-            out.append((resp.status_code, time.perf_counter() - start))
-        except httpx.HTTPError:
-            out.append((0, time.perf_counter() - start))
-
-
 async def clients(
     url: str, n: int, seconds: float, body: bytes, headers: Any, source: str | None = None
 ) -> list[tuple[int, float]]:
-    """`n` closed-loop clients for `seconds`, from `source` (a local address) if given."""
+    """`n` closed-loop clients POSTing `body` for `seconds`, from `source` (a local address) if given:
+    (status, seconds) of each request, status 0 for an error."""
     out: list[tuple[int, float]] = []
     transport = httpx.AsyncHTTPTransport(local_address=source) if source else None
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits, transport=transport) as client:
-        until = time.monotonic() + seconds
-        await asyncio.gather(*(_loop(client, until, body, headers, out) for _ in range(n)))
+
+        async def once(_: int) -> None:
+            start, given = time.perf_counter(), {"Content-Type": "application/json", **headers()}
+            try:
+                status = (await client.post("/v1/completions", content=body, headers=given)).status_code
+            except httpx.HTTPError:
+                status = 0
+            out.append((status, time.perf_counter() - start))
+
+        await closed_loop(n, time.monotonic() + seconds, once)
     return out
 
 
@@ -187,11 +182,14 @@ def report(alone: list[dict[str, Any]], beside: dict[str, list[dict[str, Any]]])
 
 def main(argv: list[str] | None = None) -> int:
     """Run and print the JSON report."""
-    p = argparse.ArgumentParser(prog="python -m bench.door", description=__doc__.split("\n\n")[0])
-    p.add_argument("--phase", type=float, default=6.0, help="seconds per phase")
-    p.add_argument("--rounds", type=int, default=1, help="alternations of alone/flood per flood")
+    p = parser(
+        __doc__,
+        phase=(6.0, "seconds per phase"),
+        rounds=(1, "alternations of alone/flood per flood"),
+        floods=(",".join(FLOODS), "which floods, comma-separated"),
+    )
     p.add_argument("--quick", action="store_true", help="1.5-second phases, one round (for a test)")
-    p.add_argument("--floods", default=",".join(FLOODS), help="which floods, comma-separated")
+    p.prog = "python -m bench.door"
     args = p.parse_args(argv)
     floods = tuple(f for f in args.floods.split(",") if f in FLOODS)
     result = run(1.5 if args.quick else args.phase, 1 if args.quick else args.rounds, floods)

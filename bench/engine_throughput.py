@@ -2,10 +2,10 @@
 
     .venv/bin/python -m bench.engine_throughput --out artifacts/engine_throughput.json
 
-One random-weight model (`--arch`) loaded by every side from one directory, one workload of mixed prompt and
-output lengths, greedy with EOS ignored so every system produces exactly the requested tokens; peers run one
-after another in this process with the same torch threads, each after its own warm-up, best of `--repeats`
-interleaved rounds. Prints a Markdown table; writes JSON to --out. Method and results: docs/engine.md.
+One random-weight model loaded by every side from one directory, one workload of mixed lengths, greedy
+with EOS ignored so every system produces exactly the requested tokens; the systems run in turn in this
+process with the same torch threads, each after its own warm-up, best of `--repeats` interleaved rounds.
+Prints a Markdown table; writes JSON to --out. Method and results: docs/engine.md.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from bench.markdown import table
+from bench.harness import table
 from bench.small_models import ARCHES, PAD_ID, write_small_model
 
 
@@ -36,11 +36,6 @@ class Workload:
 
     prompts: list[list[int]]
     max_tokens: list[int]
-
-    @property
-    def output_tokens(self) -> int:
-        """Useful output tokens of the whole workload."""
-        return sum(self.max_tokens)
 
 
 @dataclass
@@ -53,12 +48,14 @@ class Result:
 
     @property
     def tokens_per_s(self) -> float:
-        """Useful output tokens per wall second."""
         return self.output_tokens / self.seconds
 
 
+Runner = Callable[[Workload], int]  # serves a workload, returns the useful output tokens
+
+
 def make_workload(
-    num_requests: int, prompt_range: tuple[int, int], output_range: tuple[int, int], seed: int
+    num: int, prompt_range: tuple[int, int], output_range: tuple[int, int], seed: int
 ) -> Workload:
     """Log-uniform prompt and output lengths over the given ranges, random byte-token prompts."""
     rng = random.Random(seed)
@@ -66,10 +63,8 @@ def make_workload(
     def log_uniform(lo: int, hi: int) -> int:
         return round(lo * math.pow(hi / lo, rng.random()))
 
-    prompts = [
-        [rng.randrange(32, 127) for _ in range(log_uniform(*prompt_range))] for _ in range(num_requests)
-    ]
-    outputs = [log_uniform(*output_range) for _ in range(num_requests)]
+    prompts = [[rng.randrange(32, 127) for _ in range(log_uniform(*prompt_range))] for _ in range(num)]
+    outputs = [log_uniform(*output_range) for _ in range(num)]
     # Pin both extremes so the spread is what the workload promises, whatever the seed draws.
     prompts[0] = prompts[0][:1] * prompt_range[0]
     prompts[1] = [rng.randrange(32, 127) for _ in range(prompt_range[1])]
@@ -77,25 +72,12 @@ def make_workload(
     return Workload(prompts, outputs)
 
 
-def load_hf(model_dir: Path) -> Any:
-    """transformers' model of the same directory (any architecture), float32, with EOS switched off."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = PAD_ID
-    model.generation_config.do_sample = False
-    return model
-
-
-def fairserve_runner(
-    model_dir: Path, max_num_seqs: int, max_num_batched_tokens: int
-) -> Callable[[Workload], int]:
-    """A function that serves a workload with `engine.LLM` and returns the output tokens produced."""
+def fairserve_runner(model_dir: Path, max_num_seqs: int, max_num_batched_tokens: int) -> Runner:
+    """`engine.LLM` serving a workload."""
     from engine import LLM, SamplingParams
 
     llm = LLM(
-        model=str(model_dir),
+        str(model_dir),
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         enable_prefix_caching=False,
@@ -103,8 +85,7 @@ def fairserve_runner(
 
     def run(w: Workload) -> int:
         params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in w.max_tokens]
-        outs = llm.generate(w.prompts, params)
-        produced = [len(o.token_ids) for o in outs]
+        produced = [len(o.token_ids) for o in llm.generate(w.prompts, params)]
         if produced != w.max_tokens:
             raise RuntimeError("fairserve produced a different number of tokens than requested")
         return sum(produced)
@@ -112,39 +93,30 @@ def fairserve_runner(
     return run
 
 
-def hf_static_runner(model: Any, batch_size: int) -> Callable[[Workload], int]:
-    """A function that serves a workload with static left-padded `generate()` batches in arrival order."""
+def hf_static_runner(model: Any, batch_size: int) -> Runner:
+    """Static left-padded `generate()` batches in arrival order."""
 
     def run(w: Workload) -> int:
-        useful = 0
         for lo in range(0, len(w.prompts), batch_size):
-            prompts, wants = w.prompts[lo : lo + batch_size], w.max_tokens[lo : lo + batch_size]
+            prompts, steps = w.prompts[lo : lo + batch_size], max(w.max_tokens[lo : lo + batch_size])
             width = max(len(p) for p in prompts)
             ids = torch.tensor([[PAD_ID] * (width - len(p)) + p for p in prompts])
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-            steps = max(wants)
             with torch.inference_mode():
                 out = model.generate(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    max_new_tokens=steps,
-                    min_new_tokens=steps,
-                    do_sample=False,
-                    pad_token_id=PAD_ID,
-                    eos_token_id=None,
+                    input_ids=ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps
                 )
             if out.shape[1] - width != steps:
                 raise RuntimeError("generate() stopped early")
-            useful += sum(wants)  # tokens past a request's own max_new_tokens are waste, not output
-        return useful
+        return sum(w.max_tokens)  # tokens past a request's own max_new_tokens are waste, not output
 
     return run
 
 
 def hf_continuous_runner(
     model: Any, num_blocks: int | None = None, max_batch_tokens: int | None = None
-) -> Callable[[Workload], int]:
-    """A function that serves a workload with transformers' continuous-batching manager (generate_batch's engine).
+) -> Runner:
+    """transformers' continuous-batching manager (generate_batch's engine).
 
     Left unset, `num_blocks` and `max_batch_tokens` are sized by transformers from free memory: on CPU
     that is most of the machine's RAM, so callers sharing a process (the product bench) bound them.
@@ -158,16 +130,14 @@ def hf_continuous_runner(
         bounds = ContinuousBatchingConfig(num_blocks=num_blocks, max_batch_tokens=max_batch_tokens)
 
     def run(w: Workload) -> int:
-        produced = 0
+        produced, deadline = 0, time.monotonic() + 3600
         with model.continuous_batching_context_manager(
             generation_config=config, block=True, timeout=30, continuous_batching_config=bounds
         ) as manager:
-            ids = [
+            pending = {
                 manager.add_request(p, request_id=f"r{i}", max_new_tokens=n, eos_token_id=-1)
                 for i, (p, n) in enumerate(zip(w.prompts, w.max_tokens, strict=True))
-            ]
-            pending = set(ids)
-            deadline = time.monotonic() + 3600
+            }
             while pending and time.monotonic() < deadline:
                 result = manager.get_result(timeout=1)
                 if result is not None and result.is_finished():
@@ -175,10 +145,10 @@ def hf_continuous_runner(
                     produced += len(result.generated_tokens)
                 elif result is None and not manager.is_running():
                     raise RuntimeError("transformers' continuous batching loop died")
-        if pending:
-            raise RuntimeError(f"generate_batch left {len(pending)} requests unfinished")
-        if produced != w.output_tokens:
-            raise RuntimeError(f"generate_batch produced {produced} tokens, {w.output_tokens} requested")
+        if pending or produced != sum(w.max_tokens):
+            raise RuntimeError(
+                f"generate_batch: {len(pending)} unfinished, {produced} of {sum(w.max_tokens)} tokens"
+            )
         return produced
 
     return run
@@ -190,16 +160,19 @@ def runners(
     batch_size: int,
     engine_limits: tuple[int, int],
     hf_bounds: tuple[int | None, int | None] = (None, None),
-) -> tuple[dict[str, Callable[[Workload], int]], int]:
+) -> tuple[dict[str, Runner], int]:
     """The named systems' runners (fairserve, generate, generate_batch) and the model's parameter count.
 
     `engine_limits` is fairserve's (max_num_seqs, max_num_batched_tokens); `hf_bounds` generate_batch()'s
     (num_blocks, max_batch_tokens), None letting transformers size it from free memory.
     """
-    runs: dict[str, Callable[[Workload], int]] = {}
+    from transformers import AutoModelForCausalLM
+
+    runs: dict[str, Runner] = {}
     if "fairserve" in systems:
         runs["fairserve"] = fairserve_runner(model_dir, *engine_limits)
-    hf = load_hf(model_dir)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()  # EOS off, greedy
+    hf.generation_config.update(eos_token_id=None, pad_token_id=PAD_ID, do_sample=False)
     if "generate" in systems:
         runs[f"transformers generate() (static, batch {batch_size})"] = hf_static_runner(hf, batch_size)
     if "generate_batch" in systems:
@@ -209,21 +182,17 @@ def runners(
     return runs, sum(p.numel() for p in hf.parameters())
 
 
-def measure(
-    runs: dict[str, Callable[[Workload], int]], workload: Workload, warmup: Workload, repeats: int
-) -> list[Result]:
-    """Warm every system up, then time `repeats` rounds (systems interleaved); keep each one's best round.
-
-    Interleaving and best-of make the ratios robust to other load on a shared machine.
-    """
+def measure(runs: dict[str, Runner], workload: Workload, warmup: Workload, repeats: int) -> list[Result]:
+    """Warm every system up, then time `repeats` rounds, systems interleaved; keep each one's best round
+    (robust ratios on a shared machine)."""
     for run in runs.values():
         run(warmup)
     best: dict[str, Result] = {}
     for _ in range(repeats):
         for system, run in runs.items():
             start = time.perf_counter()
-            produced = run(workload)
-            result = Result(system, produced, time.perf_counter() - start)
+            result = Result(system, run(workload), 0.0)
+            result.seconds = time.perf_counter() - start
             if system not in best or result.seconds < best[system].seconds:
                 best[system] = result
     return [best[system] for system in runs]
@@ -236,16 +205,18 @@ def markdown(results: list[Result], header: str) -> str:
         f"{r.system} | {r.output_tokens} | {r.seconds:.2f} | {r.tokens_per_s:.1f} | {ours / r.tokens_per_s:.2f}x"
         for r in results
     )
-    columns = "system | output tokens | seconds | output tok/s | fairserve speed-up"
-    return "\n".join([header, "", *table(columns, "lrrrr", rows)])
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the three systems on one workload; print the table and write JSON."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    return "\n".join(
+        [
+            header,
+            "",
+            *table("system | output tokens | seconds | output tok/s | fairserve speed-up", "lrrrr", rows),
+        ]
     )
-    a = parser.add_argument
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = p.add_argument
     a(
         "--model",
         default="small",
@@ -266,43 +237,50 @@ def main(argv: list[str] | None = None) -> int:
     a("--hf-max-batch-tokens", type=int, help=f"bound generate_batch()'s token budget {sized}")
     a("--hf-num-blocks", type=int, help=f"bound generate_batch()'s KV cache blocks {sized}")
     a("--out", type=Path, default=Path("artifacts/engine_throughput.json"))
-    args = parser.parse_args(argv)
+    args = p.parse_args(argv)
     if args.num_requests < 2 or args.prompt_len[0] < 1 or args.output_len[0] < 1 or args.repeats < 1:
-        parser.error("need >= 2 requests, lengths >= 1 and repeats >= 1")
+        p.error("need >= 2 requests, lengths >= 1 and repeats >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the systems on one workload; print the table and write JSON."""
+    args = _args(argv)
     torch.set_num_threads(args.threads)
     for name in ("transformers", "ContinuousBatchingLogger"):
         logging.getLogger(name).setLevel(logging.ERROR)
     workload = make_workload(args.num_requests, tuple(args.prompt_len), tuple(args.output_len), args.seed)
-    warmup = make_workload(8, (4, 32), (2, 8), args.seed + 1)
-    systems = args.systems.split(",")
     with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(args.model if args.model not in ("default", "small") else tmp)
         if args.model == "default":
             from engine.loader import default_model_dir
 
             model_dir = default_model_dir()
         elif args.model == "small":
-            model_dir = Path(tmp)
             write_small_model(model_dir, args.arch)
-        else:
-            model_dir = Path(args.model)
         limits = (args.max_num_seqs, args.max_num_batched_tokens)
         bounds = (args.hf_num_blocks, args.hf_max_batch_tokens)
-        runs, params = runners(model_dir, systems, args.batch_size, limits, bounds)
-        results = measure(runs, workload, warmup, args.repeats)
-    header = (
-        f"## Engine throughput, CPU ({args.threads} torch threads): {params / 1e6:.1f}M-param random "
-        f"{args.arch if args.model == 'small' else 'model'} ({args.model}), fp32, {args.num_requests} requests, prompts {args.prompt_len[0]}-{args.prompt_len[1]} "
-        f"tokens, outputs {args.output_len[0]}-{args.output_len[1]} tokens, greedy, EOS ignored"
+        runs, params = runners(model_dir, args.systems.split(","), args.batch_size, limits, bounds)
+        results = measure(runs, workload, make_workload(8, (4, 32), (2, 8), args.seed + 1), args.repeats)
+    (p0, p1), (o0, o1), kind = (
+        args.prompt_len,
+        args.output_len,
+        args.arch if args.model == "small" else "model",
     )
     if any(r.system == "fairserve" for r in results):
-        print(markdown(results, header))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    setup = ["num_requests", "prompt_len", "output_len", "batch_size", "repeats"]
-    setup += ["max_num_seqs", "max_num_batched_tokens"]
-    machine = platform.processor() or platform.machine()
+        header = (
+            f"## Engine throughput, CPU ({args.threads} torch threads): {params / 1e6:.1f}M-param random "
+        )
+        header += f"{kind} ({args.model}), fp32, {args.num_requests} requests, prompts {p0}-{p1} tokens, "
+        print(markdown(results, header + f"outputs {o0}-{o1} tokens, greedy, EOS ignored"))
+    setup = ["num_requests", "prompt_len", "output_len", "batch_size", "repeats", "max_num_seqs"]
+    setup.append("max_num_batched_tokens")
     doc = {"model": args.model, "arch": args.arch, "params": params, "threads": args.threads}
-    doc |= {"torch": torch.__version__, "machine": machine} | {k: getattr(args, k) for k in setup}
-    doc["results"] = [asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in results]
+    doc |= {"torch": torch.__version__, "machine": platform.processor() or platform.machine()}
+    doc |= {k: getattr(args, k) for k in setup} | {
+        "results": [asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in results]
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"\nwrote {args.out}")
     return 0

@@ -1,8 +1,8 @@
-"""Fair share inside a tenant on the real engine (issue 28): Sybil users and an agent's fan-out beside a chat.
+"""Fair share inside a tenant on the real engine: Sybil users and an agent's fan-out beside a chat.
 
     .venv/bin/python -m bench.flows [--rounds 2] [--seconds 10] [--scenario sybil fan-out]
 
-One CPU engine with 8 seats behind the real gateway, over HTTP; tenants A and B of weight 1, both kept
+One CPU engine with 8 seats behind the gateway, over HTTP; tenants A and B of weight 1, both kept
 backlogged by closed-loop streams. `sybil`: A's 24 streams carry 24 `user` names, B's 24 one name, fairness
 key `user` against `tenant/user`. `fan-out`: A runs an agent (one X-Workflow-Run-Id, 20 parallel calls) and
 a chat (another run id, one 8-token call at a time) beside B's 20 streams, key `tenant` against
@@ -12,7 +12,6 @@ completion at the client, in engine steps and server-side (the ledger's e2e). Re
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
@@ -27,6 +26,7 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
+from bench.harness import closed_loop, parser
 from bench.server import LocalServer, start_local_server
 from engine import EngineConfig
 from fairness import FairnessConfig
@@ -41,7 +41,7 @@ class Stream:
     tenant: str
     concurrency: int
     prompt_words: int
-    max_tokens: tuple[int, int]  # each request's output length, uniform in this range (seeded per client)
+    max_tokens: tuple[int, int]  # output lengths vary, as an agent's do: requests end spread out
     user: str | None = None
     workflow: str | None = None
 
@@ -54,33 +54,6 @@ class Tally:
     iterations_per_s: float = 0.0  # the engine's pace inside the window (a busy machine slows it)
     epoch_window: tuple[float, float] = (0.0, 0.0)
     latency_s: dict[str, list[float]] = field(default_factory=dict)
-
-
-async def run_stream(
-    client: httpx.AsyncClient,
-    server: LocalServer,
-    stream: Stream,
-    window: tuple[float, float],
-    tally: Tally,
-    seed: int,
-) -> None:
-    """Send `stream`'s requests until the window closes; count the ones that completed inside it.
-
-    Output lengths vary (as an agent's calls do), so requests end spread out rather than in lock-step
-    batches that would free the seats all at once.
-    """
-    rng = random.Random(seed)
-    body: dict[str, Any] = {"model": server.model, "prompt": " ".join(["fair"] * stream.prompt_words)}
-    body |= {"ignore_eos": True, "temperature": 0.0} | ({"user": stream.user} if stream.user else {})
-    headers = {"Authorization": f"Bearer {server.keys[stream.tenant]}"}
-    headers |= {"X-Workflow-Run-Id": stream.workflow} if stream.workflow else {}
-    while time.monotonic() < window[1]:
-        body["max_tokens"] = rng.randint(*stream.max_tokens)
-        sent = time.monotonic()
-        resp = await client.post("/v1/completions", json=body, headers=headers)
-        ended = time.monotonic()
-        if resp.status_code == 200 and window[0] <= sent and ended <= window[1]:
-            tally.latency_s.setdefault(stream.workflow or stream.tenant, []).append(ended - sent)
 
 
 def tenant_service(server: LocalServer) -> dict[str, float]:
@@ -102,6 +75,21 @@ async def drive(server: LocalServer, streams: list[Stream], seconds: float) -> T
     start = time.monotonic()
     window = (start + WARMUP_S, start + WARMUP_S + seconds)
     tally = Tally(epoch_window=(time.time() + WARMUP_S, time.time() + WARMUP_S + seconds))
+    clients = [
+        (st, random.Random(1000 * s + i)) for s, st in enumerate(streams) for i in range(st.concurrency)
+    ]
+
+    async def once(c: int) -> None:
+        stream, rng = clients[c]
+        body: dict[str, Any] = {"prompt": " ".join(["fair"] * stream.prompt_words), "ignore_eos": True}
+        body |= {"temperature": 0.0, "max_tokens": rng.randint(*stream.max_tokens)}
+        body |= {"user": stream.user} if stream.user else {}
+        headers = {"X-Workflow-Run-Id": stream.workflow} if stream.workflow else {}
+        sent = time.monotonic()
+        resp = await server.complete(client, stream.tenant, headers, **body)
+        ended = time.monotonic()
+        if resp.status_code == 200 and window[0] <= sent and ended <= window[1]:
+            tally.latency_s.setdefault(stream.workflow or stream.tenant, []).append(ended - sent)
 
     async def sample_service() -> None:
         await asyncio.sleep(WARMUP_S)
@@ -113,14 +101,7 @@ async def drive(server: LocalServer, streams: list[Stream], seconds: float) -> T
 
     limits = httpx.Limits(max_connections=200)
     async with httpx.AsyncClient(base_url=server.url, timeout=120.0, limits=limits) as client:
-        await asyncio.gather(
-            sample_service(),
-            *(
-                run_stream(client, server, stream, window, tally, seed=1000 * s + i)
-                for s, stream in enumerate(streams)
-                for i in range(stream.concurrency)
-            ),
-        )
+        await asyncio.gather(sample_service(), closed_loop(len(clients), window[1], once))
     return tally
 
 
@@ -133,17 +114,14 @@ def ledger_e2e_s(server: LocalServer, workflow: str, window: tuple[float, float]
         rows = list(conn.execute(query, {"w": workflow}))
     return [
         e2e / 1000
-        for e2e, created, finished in rows
-        if e2e is not None and window[0] <= _epoch(created) and _epoch(finished) <= window[1]
+        for e2e, t0, t1 in rows
+        if e2e is not None and window[0] <= _epoch(t0) <= _epoch(t1) <= window[1]
     ]
 
 
 def _epoch(value: Any) -> float:
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return float(value.timestamp())
+    value = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return float((value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp())
 
 
 def serve(key: str, data_dir: Path, **fairness: Any) -> LocalServer:
@@ -197,23 +175,20 @@ def measure(rounds: int, seconds: float, scenarios: tuple[str, ...]) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--scenario", nargs="+", choices=("sybil", "fan-out"), default=["sybil", "fan-out"])
-    args = parser.parse_args(argv)
+    p = parser(__doc__, rounds=2, seconds=10.0)
+    p.add_argument("--scenario", nargs="+", choices=("sybil", "fan-out"), default=["sybil", "fan-out"])
+    args = p.parse_args(argv)
     results = measure(args.rounds, args.seconds, tuple(args.scenario))
     for name, records in results.items():
         print(name, json.dumps(records))
     pairs = zip(results.get("fan-out tenant", []), results.get("fan-out tenant/workflow", []), strict=True)
     for r, (flat, two) in enumerate(pairs, start=1):
-        ratio = {
-            k: two[k] / flat[k] for k in ("chat_median_s", "chat_median_iterations", "chat_server_median_s")
-        }
+        ratio = [
+            two[k] / flat[k] for k in ("chat_median_s", "chat_median_iterations", "chat_server_median_s")
+        ]
         print(
-            f"round {r}: chat median, tenant/workflow over tenant: {ratio['chat_median_s']:.3f} at the client, "
-            f"{ratio['chat_median_iterations']:.3f} in engine steps, {ratio['chat_server_median_s']:.3f} "
-            "server-side (ledger e2e)"
+            f"round {r}: chat median, tenant/workflow over tenant: {ratio[0]:.3f} at the client, "
+            f"{ratio[1]:.3f} in engine steps, {ratio[2]:.3f} server-side (ledger e2e)"
         )
 
 

@@ -1,17 +1,12 @@
 """Gateway CPU per request against its own framework's floor, alternating rounds in one run.
 
-    .venv/bin/python -m bench.gateway_cpu                       # about a minute
-    .venv/bin/python -m bench.gateway_cpu --baseline ../main    # also a gateway from another checkout
+    .venv/bin/python -m bench.gateway_cpu [--rounds 3] [--baseline ../main] [--profile DIR]
 
-Starts `fairserve serve` (its engine in its own process, so the gateway process is the gateway alone) and a
-bare Starlette app on the same uvicorn (uvloop + httptools) that parses the same JSON and answers a
-completion-shaped body, or an SSE stream of one event per token. Each round measures every server in turn
-under the same closed-loop load (`--concurrency` keep-alive connections): non-streaming `max_tokens: 1`,
-then `--stream-tokens`-token streams. CPU is the server process's, every thread, from /proc (ns, schedstat),
-less its idle rate over the same wall time (heartbeats, timers): what the requests cost, at any load.
-Reported: ms per request, the ratio to the floor (median of the rounds' ratios), and a stream's per-token
-cost ((stream - non-streaming) / (tokens - 1)). `--profile DIR` records py-spy's collapsed stacks of each
-fairserve measurement there (experiments/gateway_profile.py sorts them into stages).
+`fairserve serve` (its engine in its own process) and the floor (bench/gateway_floor.py), each round in
+turn under the same closed-loop load: `max_tokens: 1`, then `--stream-tokens`-token streams. CPU is the
+server process's, every thread, from /proc, less its idle rate over the same wall time. Reported: ms per
+request, the ratio to the floor (median of the rounds' ratios), a stream's per-token cost. Method and
+results: docs/gateway.md, "Benchmark: gateway CPU against its floor".
 """
 
 from __future__ import annotations
@@ -30,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.harness import parser
 
 PROMPT = "The batch never waits."
 KINDS = ("nonstream", "stream")
@@ -212,17 +209,16 @@ def describe(report: dict[str, Any], stream_tokens: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, run, print the summary and the JSON report."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--requests", type=int, default=600, help="measured requests per server, kind and round")
-    p.add_argument("--concurrency", type=int, default=8, help="keep-alive connections, each closed-loop")
-    p.add_argument("--stream-tokens", type=int, default=16)
-    p.add_argument("--idle-s", type=float, default=1.0, help="idle CPU sampled before each measurement")
-    p.add_argument("--baseline", default=None, help="also measure `fairserve serve` from this checkout")
-    p.add_argument(
-        "--profile", default=None, metavar="DIR", help="py-spy stacks of each fairserve measurement"
-    )
-    args = p.parse_args(argv)
+    args = parser(
+        __doc__,
+        rounds=3,
+        requests=(600, "measured requests per server, kind and round"),
+        concurrency=(8, "keep-alive connections, each closed-loop"),
+        stream_tokens=16,
+        idle_s=(1.0, "idle CPU sampled before each measurement"),
+        baseline=(None, "also measure `fairserve serve` from this checkout"),
+        profile=(None, "DIR: py-spy stacks of each fairserve measurement"),
+    ).parse_args(argv)
     import uvloop
 
     report = uvloop.run(run(args))

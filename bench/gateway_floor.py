@@ -1,8 +1,5 @@
-"""The floor bench.gateway_cpu measures fairserve's gateway against: a bare Starlette app on the same uvicorn
-(uvloop + httptools) that parses the request's JSON and answers a completion-shaped body, or an SSE stream
-of one event per requested token. `python -m bench.gateway_floor` serves it on a free port and prints a
-banner like `fairserve serve`'s.
-"""
+"""The floor bench.gateway_cpu measures the gateway against: a bare Starlette app on the same uvicorn
+(uvloop + httptools), served on a free port with a banner like `fairserve serve`'s."""
 
 from __future__ import annotations
 

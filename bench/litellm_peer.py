@@ -1,8 +1,7 @@
-"""The litellm proxy as a peer gateway: started as a subprocess in front of fairserve, on 127.0.0.1.
+"""The litellm proxy as a peer gateway: a subprocess in front of fairserve, on 127.0.0.1.
 
-litellm is an optional benchmark extra (`pip install -e '.[bench]'`). Its proxy pins versions
-(huggingface_hub, rich, python-dateutil) that conflict with fairserve's dev environment, so it may
-also live in its own virtualenv: pass `--litellm-bin PATH` or set `FAIRSERVE_LITELLM_BIN`.
+litellm is the optional `bench` extra; its pins conflict with the dev environment, so it may live in a
+virtualenv of its own (`--litellm-bin PATH` or `FAIRSERVE_LITELLM_BIN`).
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
 Requests stream (SSE), so TTFT and TPOT are measured at the client. Agent tasks go through
 fairserve_client, as an agent would: their attempts run in parallel inside one `client.task()`, the first
-that finishes is kept and `task.cancel()` ends the rest. The closed loop (clients that each wait for their
-answer before sending again) is only a labelled comparison: it offers less load as the server slows and
-so hides queue growth.
+that finishes is kept and `task.cancel()` ends the rest. The closed loop is only a labelled comparison:
+it offers less load as the server slows and so hides queue growth.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ class Outcome:
     status: int = 0
     error_code: str | None = None
     first_token_at: float | None = None
-    end_at: float | None = None
+    end_at: float | None = None  # the stream's last byte
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
@@ -74,12 +73,10 @@ class Outcome:
 
     @property
     def ttft(self) -> float | None:
-        """Send to first token."""
         return None if self.first_token_at is None else self.first_token_at - self.sent_at
 
     @property
     def e2e(self) -> float | None:
-        """Send to last byte of the stream."""
         return None if self.end_at is None else self.end_at - self.sent_at
 
     @property
@@ -145,7 +142,10 @@ async def stream_one(
         async with client.stream("POST", "/v1/completions", json=body, headers=headers) as resp:
             out.status = resp.status_code
             if resp.status_code != 200:
-                out.error_code = _error_code(await resp.aread(), resp.status_code)
+                try:
+                    out.error_code = str(json.loads(await resp.aread())["error"]["code"])
+                except (ValueError, KeyError, TypeError):
+                    out.error_code = f"http_{resp.status_code}"
             else:
                 async for line in resp.aiter_lines():
                     if line.startswith("data: ") and line != "data: [DONE]":
@@ -168,39 +168,6 @@ def _event(out: Outcome, t0: float, event: dict[str, Any]) -> None:
     out.saw(t0, choice.get("text"), choice.get("finish_reason"), counts)
 
 
-def _error_code(raw: bytes, status: int) -> str:
-    try:
-        return str(json.loads(raw)["error"]["code"])
-    except (ValueError, KeyError, TypeError):
-        return f"http_{status}"
-
-
-class AgentClients:
-    """One AsyncFairServe per tenant key for the agent tasks; no retries, so every attempt is measured as sent."""
-
-    def __init__(self, target: Target, timeout_s: float) -> None:
-        self.target, self.timeout_s = target, timeout_s
-        self._clients: dict[str, AsyncFairServe] = {}
-
-    def of(self, tenant: str) -> AsyncFairServe:
-        """The tenant's client (made on first use)."""
-        if tenant not in self._clients:
-            http = openai.DefaultAsyncHttpxClient(limits=httpx2.Limits(**LIMITS))
-            self._clients[tenant] = AsyncFairServe(
-                base_url=self.target.url + "/v1",
-                api_key=self.target.key(tenant),
-                max_retries=0,
-                timeout=self.timeout_s,
-                http_client=http,
-            )
-        return self._clients[tenant]
-
-    async def close(self) -> None:
-        """Close every client's connections."""
-        for client in self._clients.values():
-            await client.close()
-
-
 async def _attempt(
     task: AsyncTask, target: Target, workload: Workload, req: PlannedRequest, attempt: int, t0: float
 ) -> Outcome:
@@ -217,12 +184,14 @@ async def _attempt(
         )
         out.status = stream.response.status_code
         async for chunk in stream:
-            choice, usage = (chunk.choices[0] if chunk.choices else None), chunk.usage
-            counts = None
+            choice, usage, counts = (chunk.choices[0] if chunk.choices else None), chunk.usage, None
             if usage is not None:
                 details = usage.prompt_tokens_details
-                cached = (details.cached_tokens or 0) if details is not None else 0
-                counts = (usage.prompt_tokens, usage.completion_tokens, cached)
+                counts = (
+                    usage.prompt_tokens,
+                    usage.completion_tokens,
+                    (details and details.cached_tokens) or 0,
+                )
             out.saw(t0, choice and choice.text, choice and choice.finish_reason, counts)
     except openai.APIStatusError as exc:
         out.status = exc.status_code
@@ -235,13 +204,13 @@ async def _attempt(
 
 
 async def run_task(
-    clients: AgentClients, target: Target, workload: Workload, req: PlannedRequest, t0: float
+    client: AsyncFairServe, target: Target, workload: Workload, req: PlannedRequest, t0: float
 ) -> list[Outcome]:
     """An agent task: all attempts at once in one `client.task()`, keep the first finished, cancel the rest."""
     outcomes: list[Outcome] = []
     winner: Outcome | None = None
     cancel_at: float | None = None
-    async with clients.of(req.tenant).task(req.task_id) as task:
+    async with client.task(req.task_id) as task:
         pending = {
             asyncio.create_task(_attempt(task, target, workload, req, i, t0)) for i in range(workload.fanout)
         }
@@ -277,7 +246,17 @@ async def run_load(
     last one ended, for `duration_s`. Either way, wait for every request to end.
     """
     result = LoadResult(started=time.time())
-    agents = AgentClients(target, timeout_s)
+    agents: dict[str, AsyncFairServe] = {}  # one per tenant key; no retries: every attempt measured as sent
+
+    def agent(tenant: str) -> AsyncFairServe:
+        if tenant not in agents:
+            http = openai.DefaultAsyncHttpxClient(limits=httpx2.Limits(**LIMITS))
+            key = target.key(tenant)
+            agents[tenant] = AsyncFairServe(
+                base_url=target.url + "/v1", api_key=key, max_retries=0, timeout=timeout_s, http_client=http
+            )
+        return agents[tenant]
+
     async with httpx.AsyncClient(
         base_url=target.url, timeout=timeout_s, limits=httpx.Limits(**LIMITS)
     ) as http:
@@ -286,7 +265,7 @@ async def run_load(
         async def one(req: PlannedRequest) -> list[Outcome]:
             try:
                 if req.task_id is not None:
-                    return await run_task(agents, target, workload, req, t0)
+                    return await run_task(agent(req.tenant), target, workload, req, t0)
                 return [await stream_one(http, target, workload, req, t0)]
             finally:
                 if on_done is not None:
@@ -311,5 +290,6 @@ async def run_load(
             for batch in await asyncio.gather(*tasks):
                 result.outcomes.extend(batch)
         result.wall_s = time.perf_counter() - t0
-    await agents.close()
+    for client in agents.values():
+        await client.close()
     return result

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
-
-def table(header: str, align: str, rows: Iterable[str]) -> list[str]:
-    """A Markdown table. `header` and each row are cells joined by " | " (no outer pipes); `align` has one
-    letter per column, "l" or "r" (right-aligned numbers)."""
-    rule = "|".join("---:" if a == "r" else "---" for a in align)
-    return [f"| {header} |", f"|{rule}|", *(f"| {row} |" for row in rows)]
+from bench.harness import table
 
 
 def _f(v: Any, digits: int = 2, scale: float = 1.0) -> str:
@@ -88,7 +82,7 @@ def _cancel_lines(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def cost_lines(runs: list[dict[str, Any]]) -> list[str]:
-    """Cost per verified completion per tenant (bench/outcome_cost.py), and fan-out waste per task."""
+    """Cost per verified completion per tenant (bench/report.py), and fan-out waste per task."""
     rows, notes = [], []
     for r in runs:
         cost = r.get("cost_per_outcome") or {"tenants": {}}
@@ -223,50 +217,22 @@ def render(report: dict[str, Any]) -> str:
     d, runs, cmp = report["declaration"], report["workloads"], report.get("comparisons", {})
     closed = [report["closed_loop"]] if report.get("closed_loop") else []
     problems = [f"- PROBLEM: {p}" for p in report.get("consistency_problems") or []]
-    return "\n".join(
-        [
-            f"# fairserve bench ({'quick' if d['quick'] else 'full'})",
-            "",
-            f"Command: `{d['command']}`",
-            "",
-            "## Declared",
-            "",
-            *_declared(d),
-            "",
-            "## Results",
-            "",
-            *key_table(runs + closed),
-            "",
-            "### Server side",
-            "",
-            *_server_table(runs),
-            "",
-            "### Tenants",
-            "",
-            *_tenant_table(runs),
-            "",
-            "### Cancellation (agent fan-out)",
-            "",
-            *(_cancel_lines(runs) or ["- no fan-out workload in this run"]),
-            "",
-            "### Cost per verified completion",
-            "",
-            *cost_lines(runs),
-            "",
-            *_sweep(report.get("sweep")),
-            "## Comparisons (same run)",
-            "",
-            *_engine(cmp.get("engine", {})),
-            *_policy(cmp.get("policy", {})),
-            *_gateway(cmp.get("gateway", {})),
-            "",
-            "## Plots",
-            "",
-            *(f"![{name}]({path})" for name, path in report.get("plots", {}).items()),
-            "",
-            "## Consistency",
-            "",
-            *(problems or ["- all counts add up, percentiles ordered, goodput <= throughput"]),
-            "",
-        ]
-    )
+    sections: list[tuple[str, list[str]]] = [
+        (f"# fairserve bench ({'quick' if d['quick'] else 'full'})", [f"Command: `{d['command']}`"]),
+        ("## Declared", _declared(d)),
+        ("## Results", key_table(runs + closed)),
+        ("### Server side", _server_table(runs)),
+        ("### Tenants", _tenant_table(runs)),
+        ("### Cancellation (agent fan-out)", _cancel_lines(runs) or ["- no fan-out workload in this run"]),
+        ("### Cost per verified completion", cost_lines(runs)),
+    ]
+    lines = [line for title, body in sections for line in (title, "", *body, "")]
+    lines += [*_sweep(report.get("sweep")), "## Comparisons (same run)", ""]
+    lines += [
+        *_engine(cmp.get("engine", {})),
+        *_policy(cmp.get("policy", {})),
+        *_gateway(cmp.get("gateway", {})),
+    ]
+    lines += ["", "## Plots", "", *(f"![{name}]({path})" for name, path in report.get("plots", {}).items())]
+    ok = "- all counts add up, percentiles ordered, goodput <= throughput"
+    return "\n".join([*lines, "", "## Consistency", "", *(problems or [ok]), ""])

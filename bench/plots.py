@@ -15,9 +15,12 @@ from matplotlib.patches import Patch  # noqa: E402
 from fairness import FairnessConfig  # noqa: E402
 
 
-def _save(fig: Any, path: Path, rect: tuple[float, float, float, float] = (0, 0, 1, 1)) -> Path:
+def save(
+    fig: Any, path: Path, rect: tuple[float, float, float, float] = (0, 0, 1, 1), dpi: int = 100
+) -> Path:
+    """Lay out, write and close `fig`."""
     fig.tight_layout(rect=rect)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
 
@@ -45,7 +48,7 @@ def timeline(runs: list[dict[str, Any]], path: Path) -> Path:
             ax.legend(lines, [str(ln.get_label()) for ln in lines], loc="upper right", fontsize=8)
     axes[-1, 0].set_xlabel("time into the run (s)")
     fig.suptitle("Engine over time: batch size (seqs), KV occupancy (%), iteration time (ms), from /metrics")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def latency(runs: list[dict[str, Any]], path: Path) -> Path:
@@ -63,7 +66,7 @@ def latency(runs: list[dict[str, Any]], path: Path) -> Path:
         ax.set_title(f"{title} p50/p95/p99 (s; dashed: SLO)")
         ax.set_ylabel("seconds")
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def knee(sweep: list[dict[str, Any]], capacity: dict[str, Any] | None, path: Path) -> Path:
@@ -92,7 +95,7 @@ def knee(sweep: list[dict[str, Any]], capacity: dict[str, Any] | None, path: Pat
     ax.set_ylabel("achieved (requests/s)")
     ax.set_title(f"Load sweep through the knee: {sweep[0]['workload'] if sweep else ''}")
     ax.legend(fontsize=8, loc="upper left")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 BACKLOGGED = 0.5  # a tenant with requests waiting in at least this share of the samples is marked backlogged
@@ -154,4 +157,4 @@ def tenants(runs: list[dict[str, Any]], path: Path, engine: dict[str, Any] | str
     unit = f"service = {w_in:g} x prompt + {w_out:g} x output tokens"
     assumed_note = " (default weights assumed)" if assumed else ""
     fig.suptitle(f"Per tenant: share of offered vs charged service\nboth in {unit}{assumed_note}")
-    return _save(fig, path, rect=(0, 0.12, 1, 1))
+    return save(fig, path, rect=(0, 0.12, 1, 1))

@@ -75,53 +75,27 @@ class Timeline:
         return sum(1 for w in self.waiting if w.get(tenant, 0.0) > 0) / len(self.waiting)
 
 
-class Sampler:
-    """Scrapes /metrics every `interval_s` on the caller's event loop until stopped."""
-
-    def __init__(self, url: str, interval_s: float = 0.25, headers: dict[str, str] | None = None) -> None:
-        self.url = url
-        self.headers = headers or {}
-        self.interval_s = interval_s
-        self.timeline = Timeline()
-        self._task: asyncio.Task[None] | None = None
-        self._stop = asyncio.Event()
-
-    async def _loop(self) -> None:
-        async with httpx.AsyncClient(base_url=self.url, timeout=5.0, headers=self.headers) as client:
-            t0 = time.perf_counter()
-            while not self._stop.is_set():
-                try:
-                    sample = await scrape(client)
-                except (httpx.HTTPError, ValueError):
-                    sample = None
-                if sample is not None:
-                    self.timeline.t.append(time.perf_counter() - t0)
-                    for name in SERIES:
-                        self.timeline.values[name].append(total(sample, name))
-                    self.timeline.waiting.append(by_label(sample, "fairserve_waiting_requests", "tenant"))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self.interval_s)
-
-    def start(self) -> None:
-        """Begin sampling."""
-        self._task = asyncio.create_task(self._loop())
-
-    async def stop(self) -> Timeline:
-        """Stop and return what was sampled."""
-        self._stop.set()
-        if self._task is not None:
-            await self._task
-        return self.timeline
+async def sample(
+    client: httpx.AsyncClient, timeline: Timeline, stop: asyncio.Event, interval_s: float = 0.25
+) -> None:
+    """Scrape /metrics into `timeline` every `interval_s` until `stop` is set (a failed scrape is skipped)."""
+    t0 = time.perf_counter()
+    while not stop.is_set():
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            now = await scrape(client)
+            timeline.t.append(time.perf_counter() - t0)
+            for name in SERIES:
+                timeline.values[name].append(total(now, name))
+            timeline.waiting.append(by_label(now, "fairserve_waiting_requests", "tenant"))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_s)
 
 
 async def settled(
     client: httpx.AsyncClient, before: Sample, expected_finished: int, timeout_s: float = 15.0
 ) -> Sample:
-    """Scrape until the server has recorded `expected_finished` more finished requests (or time runs out).
-
-    The gateway observes a request's metrics just after the client sees its stream end, so an
-    immediate scrape can miss the last few.
-    """
+    """Scrape until the server has recorded `expected_finished` more finished requests (or time runs out):
+    the gateway records a request just after its stream ends."""
     deadline = time.monotonic() + timeout_s
     after = await scrape(client)
     while time.monotonic() < deadline:

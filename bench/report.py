@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from bench.loadgen import LoadResult, Outcome
-from bench.outcome_cost import cost_per_outcome
 from bench.probe import Sample, Timeline, by_label, delta, total
 from bench.workloads import PlannedRequest, Workload, offered_tokens
 
@@ -19,17 +18,22 @@ REFUSED = (429, 503, 408)  # the server said no: counted as rejected, not failed
 
 def percentiles(values: list[float]) -> dict[str, float | int | None]:
     """p50/p95/p99 (linear interpolation) and the count; None when there is nothing to measure."""
-    if not values:
-        return {"p50": None, "p95": None, "p99": None, "n": 0}
-    p50, p95, p99 = (float(x) for x in np.percentile(np.asarray(values, dtype=float), [50, 95, 99]))
-    return {"p50": p50, "p95": p95, "p99": p99, "n": len(values)}
+    qs = (
+        [float(x) for x in np.percentile(np.asarray(values, dtype=float), [50, 95, 99])]
+        if values
+        else [None] * 3
+    )
+    return {"p50": qs[0], "p95": qs[1], "p99": qs[2], "n": len(values)}
+
+
+def _mean(values: list[float], scale: float = 1.0) -> float | None:
+    return float(np.mean(values)) * scale if values else None
 
 
 def _counts(outcomes: list[Outcome]) -> dict[str, Any]:
-    refused = Counter(o.error_code or f"http_{o.status}" for o in outcomes if o.status in REFUSED)
-    failed = Counter(
-        o.error_code or f"http_{o.status}" for o in outcomes if not o.accepted and o.status not in REFUSED
-    )
+    why = [(o, o.error_code or f"http_{o.status}") for o in outcomes]
+    refused = Counter(code for o, code in why if o.status in REFUSED)
+    failed = Counter(code for o, code in why if not o.accepted and o.status not in REFUSED)
     accepted = [o for o in outcomes if o.accepted]
     completed = sum(1 for o in accepted if o.finish_reason in COMPLETED)
     cancelled = sum(1 for o in accepted if o.finish_reason == "cancelled")
@@ -50,38 +54,35 @@ def _latencies(done: list[Outcome], names: tuple[str, ...] = ("ttft", "tpot", "e
     return {name: percentiles([v for o in done if (v := getattr(o, name)) is not None]) for name in names}
 
 
-def _series_stats(timeline: Timeline) -> dict[str, Any]:
-    v = timeline.values
-    used, tot = v["fairserve_kv_blocks_used"], v["fairserve_kv_blocks_total"]
-    occ = [u / t for u, t in zip(used, tot, strict=True) if t > 0]
-    batch = v["fairserve_batch_size"]
-    iters = [x for x in v["fairserve_iteration_seconds"] if x > 0]
-    return {
-        "samples": len(timeline.t),
-        "kv_occupancy_mean": float(np.mean(occ)) if occ else None,
-        "kv_occupancy_peak": max(occ) if occ else None,
-        "batch_size_mean": float(np.mean(batch)) if batch else None,
-        "batch_size_max": max(batch) if batch else None,
-        "iteration_ms_mean": float(np.mean(iters)) * 1e3 if iters else None,
-    }
-
-
 def _server(d: Sample, timeline: Timeline) -> dict[str, Any]:
+    v = timeline.values
+    used, tot, batch = (
+        v["fairserve_kv_blocks_used"],
+        v["fairserve_kv_blocks_total"],
+        v["fairserve_batch_size"],
+    )
+    occ = [u / t for u, t in zip(used, tot, strict=True) if t > 0]
+
+    def nonzero(name: str, label: str) -> dict[str, float]:
+        return {k: x for k, x in by_label(d, name, label).items() if x}
+
     return {
-        "requests_by_status": {
-            k: int(v) for k, v in by_label(d, "fairserve_requests_total", "status").items() if v
-        },
+        "requests_by_status": {k: int(x) for k, x in nonzero("fairserve_requests_total", "status").items()},
         "admission_rejections_by_reason": {
-            k: int(v) for k, v in by_label(d, "fairserve_admission_rejections_total", "reason").items() if v
+            k: int(x) for k, x in nonzero("fairserve_admission_rejections_total", "reason").items()
         },
-        "preemptions": int(total(d, "fairserve_preemptions_total")),
-        "recomputed_tokens": int(total(d, "fairserve_recomputed_tokens_total")),
-        "kv_alloc_failures": int(total(d, "fairserve_kv_alloc_failures_total")),
-        "cancel_lag_tokens": int(total(d, "fairserve_cancel_lag_tokens_total")),
-        "charged_service_by_tenant": {
-            k: v for k, v in by_label(d, "fairserve_charged_service_total", "tenant").items() if v
+        **{name: int(total(d, f"fairserve_{name}_total")) for name in ("preemptions", "recomputed_tokens")},
+        **{
+            name: int(total(d, f"fairserve_{name}_total"))
+            for name in ("kv_alloc_failures", "cancel_lag_tokens")
         },
-        **_series_stats(timeline),
+        "charged_service_by_tenant": nonzero("fairserve_charged_service_total", "tenant"),
+        "samples": len(timeline.t),
+        "kv_occupancy_mean": _mean(occ),
+        "kv_occupancy_peak": max(occ) if occ else None,
+        "batch_size_mean": _mean(batch),
+        "batch_size_max": max(batch) if batch else None,
+        "iteration_ms_mean": _mean([x for x in v["fairserve_iteration_seconds"] if x > 0], 1e3),
     }
 
 
@@ -142,6 +143,38 @@ def _cancellation(outcomes: list[Outcome], cancel_lag_tokens: int) -> dict[str, 
     }
 
 
+def engine_tokens(o: Outcome) -> int:
+    """Prompt tokens computed plus output tokens of one attempt, as the server's usage reported them."""
+    return max(o.prompt_tokens - o.cached_tokens, 0) + o.completion_tokens if o.accepted else 0
+
+
+def cost_per_outcome(outcomes: list[Outcome], workload: Workload, good: set[str]) -> dict[str, Any]:
+    """Per tenant: verified completions (the goodput set: kept, completed, within the SLO), the engine
+    tokens of every attempt and their ratio; for fan-out, the tokens of attempts not kept per task, split
+    into cancelled branches and retries (answers produced and thrown away)."""
+    tenants: dict[str, Any] = {}
+    for t in workload.tenants:
+        mine = [o for o in outcomes if o.tenant == t.name]
+        verified, tokens = sum(1 for o in mine if o.request_id in good), sum(engine_tokens(o) for o in mine)
+        tenants[t.name] = {
+            "verified_completions": verified,
+            "engine_tokens": tokens,
+            "engine_tokens_per_verified": tokens / verified if verified else None,
+        }
+    report: dict[str, Any] = {"tenants": tenants}
+    if workload.fanout > 1:
+        tasks = len({o.task_id for o in outcomes if o.task_id})
+        losers = [o for o in outcomes if o.task_id and not o.kept]
+        cancelled = sum(engine_tokens(o) for o in losers if o.finish_reason == "cancelled")
+        retries = sum(engine_tokens(o) for o in losers if o.finish_reason != "cancelled")
+        report["wasted_tokens_per_task"] = {
+            "tasks": tasks,
+            "cancelled_branches": cancelled / tasks if tasks else None,
+            "retries": retries / tasks if tasks else None,
+        }
+    return report
+
+
 def summarise(
     workload: Workload,
     planned: list[PlannedRequest],
@@ -194,7 +227,7 @@ def summarise(
         "tenants": _tenants(outcomes, workload, server["charged_service_by_tenant"], good, planned, timeline),
         "server": server,
         "cancellation": _cancellation(outcomes, server["cancel_lag_tokens"]),
-        "cost_per_outcome": cost_per_outcome(outcomes, workload, good),  # bench/outcome_cost.py (#28)
+        "cost_per_outcome": cost_per_outcome(outcomes, workload, good),
         "timeline": {
             "t": timeline.t,
             **{k.removeprefix("fairserve_"): v for k, v in timeline.values.items()},
@@ -203,10 +236,8 @@ def summarise(
 
 
 def capacity_point(sweep: list[dict[str, Any]], min_good_fraction: float = 0.9) -> dict[str, Any] | None:
-    """The useful capacity: the highest offered load whose SLO goodput is still >= 90% of what completed.
-
-    The essay: the point is before goodput falls, not where raw token emission peaks.
-    """
+    """The useful capacity: the highest offered load whose SLO goodput is still >= 90% of what completed
+    (before goodput falls, not where raw token emission peaks)."""
     ok = [
         p
         for p in sweep
@@ -229,19 +260,18 @@ def capacity_point(sweep: list[dict[str, Any]], min_good_fraction: float = 0.9) 
 
 def consistency_problems(section: dict[str, Any]) -> list[str]:
     """Internal-consistency violations of one run section (empty when it adds up)."""
-    problems: list[str] = []
-    c = section["counts"]
+    c, a, problems = section["counts"], section["achieved"], []
     if c["sent"] != c["accepted"] + c["rejected"] + c["failed"]:
         problems.append(f"sent {c['sent']} != accepted + rejected + failed")
     if c["accepted"] != c["completed"] + c["cancelled"] + c["ended_otherwise"]:
         problems.append("accepted != completed + cancelled + ended otherwise")
     if sum(c["rejected_by_reason"].values()) != c["rejected"]:
         problems.append("rejections by reason do not sum")
-    for name, p in section["latency_s"].items():
-        vals = [p["p50"], p["p95"], p["p99"]]
-        if p["n"] and not (vals[0] <= vals[1] <= vals[2]):
-            problems.append(f"{name} percentiles out of order")
-    a = section["achieved"]
+    problems += [
+        f"{name} percentiles out of order"
+        for name, p in section["latency_s"].items()
+        if p["n"] and not (p["p50"] <= p["p95"] <= p["p99"])
+    ]
     if (
         a["goodput_requests_per_s"] > a["requests_per_s"] + 1e-9
         or a["requests_per_s"] > a["completed_per_s"] + 1e-9

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from bench import comparisons, markdown, plots
 from bench.cli import BenchOptions
 from bench.loadgen import Target, run_load
-from bench.probe import Sampler, scrape, settled
+from bench.probe import Timeline, sample, scrape, settled
 from bench.report import capacity_point, consistency_problems, summarise
 from bench.server import LocalServer, start_local_server
 from bench.workloads import WORKLOADS, Workload, plan
@@ -37,13 +37,13 @@ async def measure(
     planned = plan(workload, max(rate, 100.0) if closed_clients else rate, duration_s, seed)
     headers = target.metrics_headers()
     async with httpx.AsyncClient(base_url=target.url, timeout=10.0, headers=headers) as client:
-        before = await scrape(client)
-        sampler = Sampler(target.url, headers=headers)
-        sampler.start()
+        before, timeline, stop = await scrape(client), Timeline(), asyncio.Event()
+        sampling = asyncio.create_task(sample(client, timeline, stop))
         desc = f"{workload.name} @ {rate:g}/s" + (" closed" if closed_clients else "")
         with tqdm(total=len(planned), desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
             result = await run_load(target, workload, planned, bar.update, closed_clients, duration_s)
-        timeline = await sampler.stop()
+        stop.set()
+        await sampling
         after = await settled(client, before, sum(1 for o in result.outcomes if o.accepted))
     mode = f"closed loop, {closed_clients} clients (comparison only)" if closed_clients else "open loop"
     section = summarise(workload, planned, rate, duration_s, result, before, after, timeline, mode)

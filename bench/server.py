@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import httpx
 import uvicorn
+from starlette.types import ASGIApp
 
 from engine import AsyncEngine, EngineConfig, ProcessEngine
 from gateway.app import create_app
@@ -23,6 +28,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def serve_on_thread(app: ASGIApp, timeout_s: float) -> tuple[str, uvicorn.Server, threading.Thread]:
+    """Run `app` under uvicorn on a daemon thread on a free port; its URL once it serves."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    )
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the bench's gateway did not start")
+        time.sleep(0.02)
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", server, thread
 
 
 @dataclass
@@ -40,6 +62,17 @@ class LocalServer:
     def model(self) -> str:
         """The served model's name."""
         return self.engine.model_name
+
+    def admin(self) -> dict[str, str]:
+        """Authorization for the admin API."""
+        return {"Authorization": f"Bearer {self.state.admin_token}"}
+
+    async def complete(
+        self, client: httpx.AsyncClient, tenant: str, headers: dict[str, str] | None = None, **body: Any
+    ) -> httpx.Response:
+        """POST /v1/completions as `tenant` to the served model."""
+        auth = {"Authorization": f"Bearer {self.keys[tenant]}", **(headers or {})}
+        return await client.post("/v1/completions", json={"model": self.model, **body}, headers=auth)
 
     def stop(self) -> None:
         """Stop uvicorn (which drains the gateway), then the engine."""
@@ -62,22 +95,26 @@ def start_local_server(
         data_dir=data_dir, port=0, engine=engine.config, grace_period_s=2.0, max_queued_requests=256
     )
     app = create_app(settings, engine)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
-    )
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120.0
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            engine.shutdown()
-            raise RuntimeError("the bench's gateway did not start")
-        time.sleep(0.02)
+    try:
+        url, server, thread = serve_on_thread(app, 120.0)
+    except RuntimeError:
+        engine.shutdown()
+        raise
     state: GatewayState = app.state.gateway
-    local = LocalServer(f"http://127.0.0.1:{sock.getsockname()[1]}", engine, server, thread, state)
+    local = LocalServer(url, engine, server, thread, state)
     for name, weight in tenants:
         tenant = state.store.get_tenant(name) or state.store.create_tenant(name, weight=weight)
         local.keys[name], _ = state.store.create_key(tenant.id, name="bench")
     return local
+
+
+@contextmanager
+def local_gateway(tenants: Iterable[str], **engine: Any) -> Iterator[LocalServer]:
+    """A gateway over a fresh engine (`engine`: EngineConfig fields) in a temp dir; tenants of weight 1."""
+    with tempfile.TemporaryDirectory() as tmp:
+        config = EngineConfig(cache_dir=str(Path(tmp) / "model"), **engine)
+        server = start_local_server(config, Path(tmp), [(t, 1.0) for t in tenants])
+        try:
+            yield server
+        finally:
+            server.stop()

@@ -1,9 +1,5 @@
-"""Small random-weight models of each architecture the engine runs, saved with transformers for the CPU benches.
-
-One geometry (~25M parameters for the dense ones) with each architecture's own extras: Qwen3's q/k
-norms, Qwen3-MoE's routed experts (8 experts, top 2, every layer sparse), Gemma 3's interleaved
-sliding-window layers (window 128, one global layer in four).
-"""
+"""Small random-weight models (~25M parameters dense) of each architecture the engine runs, saved with
+transformers for bench.engine_throughput, each with its own extras (ARCHES)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The four benchmark workloads, declared in full: arrivals, lengths, prefixes, tenants, sampling, SLOs.
 
-A workload is a fixed *shape*; the offered rate is a separate knob so a sweep can raise load
-without changing anything else. `plan()` turns a shape, a rate and a duration into the exact list
-of requests (arrival offsets, tenant, prompt, max_tokens) that the open-loop generator sends.
+A workload is a fixed shape; the offered rate is a separate knob, so a sweep raises load without changing
+anything else. `plan()` turns a shape, a rate and a duration into the exact requests of a run.
 """
 
 from __future__ import annotations
@@ -10,6 +9,8 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from bench.harness import text
 
 # Prompts are ASCII: the embedded byte tokenizer maps one character to one token (plus BOS).
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz     .,"
@@ -187,41 +188,23 @@ def arrival_times(tenant: TenantTraffic, rate: float, duration_s: float, rng: ra
     return times
 
 
-def _text(n: int, rng: random.Random) -> str:
-    return "".join(rng.choice(_ALPHABET) for _ in range(max(n, 1)))
-
-
 def plan(workload: Workload, rate: float, duration_s: float, seed: int = 0) -> list[PlannedRequest]:
     """Every request of one run, sorted by arrival; the same arguments always give the same plan."""
-    rng = random.Random(f"{workload.name}:{seed}")
-    prefix = (
-        _text(workload.prefix_tokens, random.Random(f"prefix:{workload.name}"))
-        if workload.prefix_tokens
-        else ""
-    )
+    rng, n = random.Random(f"{workload.name}:{seed}"), workload.prefix_tokens
+    prefix = text(n, random.Random(f"prefix:{workload.name}"), _ALPHABET) if n else ""
     total_share = sum(t.share for t in workload.tenants) or 1.0
     planned: list[PlannedRequest] = []
     for tenant in workload.tenants:
         for at in arrival_times(tenant, rate * tenant.share / total_share, duration_s, rng):
             n_prompt = workload.prompt.sample(rng)
-            if prefix and rng.random() < workload.prefix_share:
-                body = prefix + _text(n_prompt - len(prefix), rng)
-            else:
-                body = _text(n_prompt, rng)
-            attempts = workload.fanout
-            planned.append(
-                PlannedRequest(
-                    at=at,
-                    tenant=tenant.name,
-                    prompt=body,
-                    max_tokens=[workload.output.sample(rng) for _ in range(attempts)],
-                    seeds=[rng.randrange(1 << 30) for _ in range(attempts)],
-                )
-            )
+            shared = prefix if prefix and rng.random() < workload.prefix_share else ""
+            prompt = shared + text(max(n_prompt - len(shared), 1), rng, _ALPHABET)
+            max_tokens = [workload.output.sample(rng) for _ in range(workload.fanout)]
+            seeds = [rng.randrange(1 << 30) for _ in range(workload.fanout)]
+            planned.append(PlannedRequest(at, tenant.name, prompt, max_tokens, seeds=seeds))
     planned.sort(key=lambda p: p.at)
     for i, p in enumerate(planned):
-        if workload.fanout > 1:
-            p.task_id = f"{workload.name}-task-{seed}-{i}"
+        p.task_id = f"{workload.name}-task-{seed}-{i}" if workload.fanout > 1 else None
     return planned
 
 

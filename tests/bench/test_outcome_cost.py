@@ -1,4 +1,4 @@
-"""Cost per verified completion and fan-out waste per task (bench/outcome_cost.py, rendered by bench/markdown.py)."""
+"""Cost per verified completion and fan-out waste per task (bench/report.py, rendered by bench/markdown.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from bench.loadgen import Outcome
 from bench.markdown import cost_lines
-from bench.outcome_cost import cost_per_outcome
+from bench.report import cost_per_outcome
 from bench.workloads import WORKLOADS
 
 
