@@ -49,22 +49,20 @@ _SUMMED_OF = attrgetter(*_SUMMED)
 
 
 def _rollup(rows: list[UsageRecord]) -> list[dict[str, Any]]:
-    totals: dict[tuple[Any, str, str], list[Any]] = defaultdict(lambda: [0] * (1 + len(_SUMMED)))
+    groups: dict[tuple[Any, str, str], list[UsageRecord]] = defaultdict(list)
     for row in rows:
         finished, tenant, status = _ROLLUP_KEY(row)
-        acc = totals[(finished.date(), tenant, status)]
-        acc[0] += 1
-        for i, value in enumerate(_SUMMED_OF(row), 1):
-            acc[i] += value
+        groups[(finished.date(), tenant, status)].append(row)
     # A fixed order keeps concurrent writers (several replicas) from deadlocking on the rollup rows.
     return [
         {
             "day": day,
             "tenant_id": tenant,
             "status": status,
-            **dict(zip(("requests", *_SUMMED), acc, strict=True)),
+            "requests": len(group),
+            **dict(zip(_SUMMED, map(sum, zip(*map(_SUMMED_OF, group), strict=True)), strict=True)),
         }
-        for (day, tenant, status), acc in sorted(totals.items(), key=lambda kv: kv[0])
+        for (day, tenant, status), group in sorted(groups.items(), key=lambda kv: kv[0])
     ]
 
 
@@ -134,7 +132,8 @@ class _NotAllNew(Exception):
 
 _COLUMNS = ", ".join(_FIELDS)
 _ROW_VALUES = attrgetter(*_FIELDS)
-_DATETIME_AT = tuple(i for i, name in enumerate(_FIELDS) if name in ("created_at", "finished_at"))
+_CREATED_AT = _FIELDS.index("created_at")
+assert _FIELDS[_CREATED_AT + 1] == "finished_at"  # _sqlite_params converts the two as one slice
 _SQLITE_INSERT = (
     f"INSERT INTO usage ({_COLUMNS}) VALUES ({', '.join('?' * len(_FIELDS))}) "
     "ON CONFLICT (tenant_id, request_id) DO NOTHING"
@@ -154,16 +153,17 @@ _PG_FROM_STAGE = (
 def sqlite_datetime(value: datetime) -> str:
     """A datetime as `UTCDateTime` stores it on SQLite (naive UTC text, microseconds always written), in
     one C call where SQLAlchemy's processor formats a dict per value; tests/billing pins the two equal."""
+    if value.tzinfo is UTC:  # the gateway's rows: drop the "+00:00"
+        return value.isoformat(" ", "microseconds")[:-6]
     if value.tzinfo is not None:
         value = value.astimezone(UTC).replace(tzinfo=None)
     return value.isoformat(" ", "microseconds")
 
 
 def _sqlite_params(row: UsageRecord) -> tuple[Any, ...]:
-    values = list(_ROW_VALUES(row))
-    for i in _DATETIME_AT:
-        values[i] = sqlite_datetime(values[i])
-    return tuple(values)
+    values: tuple[Any, ...] = _ROW_VALUES(row)
+    at = _CREATED_AT
+    return values[:at] + (sqlite_datetime(values[at]), sqlite_datetime(values[at + 1])) + values[at + 2 :]
 
 
 def _copy_pg(conn: Connection, rows: list[UsageRecord]) -> int:
