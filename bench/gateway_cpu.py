@@ -180,9 +180,9 @@ def summarise(samples: dict[str, dict[str, list[float]]], args: argparse.Namespa
         report[name] = {k: round(v, 4) for k, v in row.items()}
     if "baseline" in samples:  # this checkout over the other, round by round
         pairs = {k: zip(samples["fairserve"][k], samples["baseline"][k], strict=True) for k in KINDS}
-        report["over_baseline"] = {
-            k: round(statistics.median(a / b for a, b in p), 4) for k, p in pairs.items()
-        }
+        rounds = {k: [a / b for a, b in p] for k, p in pairs.items()}
+        report["over_baseline"] = {k: round(statistics.median(r), 4) for k, r in rounds.items()}
+        report["over_baseline_by_round"] = {k: [round(v, 3) for v in r] for k, r in rounds.items()}
     return report
 
 

@@ -102,10 +102,13 @@ class Journal:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             if self._bytes == 0 and os.fstat(self._fd).st_size == 0:
                 os.write(self._fd, _HEADER)  # each segment names its row format (billing/spill.py)
-        view = memoryview(line)
-        while view:  # a regular file takes the whole line in one call; the loop only guards a short write
-            view = view[os.write(self._fd, view) :]
-        self._bytes += len(line)
+        size = len(line)
+        written = os.write(self._fd, line)
+        if written < size:  # a regular file takes the whole line in one call; this only guards a short write
+            view = memoryview(line)[written:]
+            while view:
+                view = view[os.write(self._fd, view) :]
+        self._bytes += size
         self._unsynced = True
 
     @property

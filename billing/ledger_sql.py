@@ -1,14 +1,27 @@
-"""The ledger's SQL: idempotent batch insert of usage rows plus the daily rollup, in one transaction."""
+"""The ledger's SQL: idempotent batch insert of usage rows plus the daily rollup, in one transaction.
+
+Two paths. The common batch (every row new, the writer thread's case) is inserted without RETURNING and
+without SQLAlchemy's per-row parameter work: one `executemany` of a constant statement on SQLite, a COPY
+into a temporary table and one INSERT ... SELECT on PostgreSQL; the database's count of inserted rows says
+whether every row was new, and then the rollup adds them all. When some were not (a replay, a duplicate
+within the batch) the transaction is rolled back and the batch goes through the exact path: INSERT ...
+RETURNING the keys stored, and the rollup of exactly those. Either way a row is counted once.
+"""
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import fields
-from typing import Any
+from datetime import UTC, datetime
+from operator import attrgetter
+from typing import Any, cast
 
+import psycopg
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.sql.dml import Insert
 
 from billing.models import Base, UsageDailyRow, UsageRow
 from billing.records import UsageRecord
@@ -31,22 +44,41 @@ def _insert(dialect: str) -> Any:
     return postgresql.insert if dialect == "postgresql" else sqlite.insert
 
 
+_ROLLUP_KEY = attrgetter("finished_at", "tenant_id", "status")
+_SUMMED_OF = attrgetter(*_SUMMED)
+
+
 def _rollup(rows: list[UsageRecord]) -> list[dict[str, Any]]:
-    totals: dict[tuple[Any, str, str], dict[str, Any]] = defaultdict(
-        lambda: dict.fromkeys(("requests", *_SUMMED), 0)
-    )
+    groups: dict[tuple[Any, str, str], list[UsageRecord]] = defaultdict(list)
     for row in rows:
-        acc = totals[(row.finished_at.date(), row.tenant_id, row.status)]
-        acc["requests"] += 1
-        for name in _SUMMED:
-            acc[name] += getattr(row, name)
+        finished, tenant, status = _ROLLUP_KEY(row)
+        groups[(finished.date(), tenant, status)].append(row)
     # A fixed order keeps concurrent writers (several replicas) from deadlocking on the rollup rows.
     return [
-        {"day": day, "tenant_id": tenant, "status": status, **acc}
-        for (day, tenant, status), acc in sorted(
-            totals.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])
-        )
+        {
+            "day": day,
+            "tenant_id": tenant,
+            "status": status,
+            "requests": len(group),
+            **dict(zip(_SUMMED, map(sum, zip(*map(_SUMMED_OF, group), strict=True)), strict=True)),
+        }
+        for (day, tenant, status), group in sorted(groups.items(), key=lambda kv: kv[0])
     ]
+
+
+@functools.cache
+def _rollup_upsert(dialect: str) -> Insert:
+    """The rollup's upsert for a dialect, built once (the statement is constant)."""
+    upsert = _insert(dialect)(_DAILY)
+    statement: Insert = upsert.on_conflict_do_update(
+        index_elements=["day", "tenant_id", "status"],
+        set_={name: _DAILY.c[name] + upsert.excluded[name] for name in ("requests", *_SUMMED)},
+    )
+    return statement
+
+
+def _add_to_rollup(conn: Connection, rows: list[UsageRecord]) -> None:
+    conn.execute(_rollup_upsert(conn.dialect.name), _rollup(rows))
 
 
 _PG_TYPES = {
@@ -94,6 +126,70 @@ def _insert_rows(conn: Connection, rows: list[UsageRecord]) -> set[RowKey]:
     return {(r[0], r[1]) for r in conn.execute(stmt, params)}
 
 
+class _NotAllNew(Exception):
+    """Raised inside the all-new path's transaction to roll it back: some row was stored already."""
+
+
+_COLUMNS = ", ".join(_FIELDS)
+_ROW_VALUES = attrgetter(*_FIELDS)
+_CREATED_AT = _FIELDS.index("created_at")
+assert _FIELDS[_CREATED_AT + 1] == "finished_at"  # _sqlite_params converts the two as one slice
+_SQLITE_INSERT = (
+    f"INSERT INTO usage ({_COLUMNS}) VALUES ({', '.join('?' * len(_FIELDS))}) "
+    "ON CONFLICT (tenant_id, request_id) DO NOTHING"
+)
+# PostgreSQL: COPY (psycopg writes its rows in C) into a per-connection temporary table emptied at each
+# commit or rollback, then one INSERT ... SELECT: a third of the unnest's client CPU.
+_PG_STAGE = (
+    "CREATE TEMP TABLE IF NOT EXISTS usage_incoming (LIKE usage INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+)
+_PG_COPY = f"COPY usage_incoming ({_COLUMNS}) FROM STDIN"
+_PG_FROM_STAGE = (
+    f"INSERT INTO usage ({_COLUMNS}) SELECT {_COLUMNS} FROM usage_incoming "
+    "ON CONFLICT (tenant_id, request_id) DO NOTHING"
+)
+
+
+def sqlite_datetime(value: datetime) -> str:
+    """A datetime as `UTCDateTime` stores it on SQLite (naive UTC text, microseconds always written), in
+    one C call where SQLAlchemy's processor formats a dict per value; tests/billing pins the two equal."""
+    if value.tzinfo is UTC:  # the gateway's rows: drop the "+00:00"
+        return value.isoformat(" ", "microseconds")[:-6]
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC).replace(tzinfo=None)
+    return value.isoformat(" ", "microseconds")
+
+
+def _sqlite_params(row: UsageRecord) -> tuple[Any, ...]:
+    values: tuple[Any, ...] = _ROW_VALUES(row)
+    at = _CREATED_AT
+    return values[:at] + (sqlite_datetime(values[at]), sqlite_datetime(values[at + 1])) + values[at + 2 :]
+
+
+def _copy_pg(conn: Connection, rows: list[UsageRecord]) -> int:
+    conn.exec_driver_sql(_PG_STAGE)
+    driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)  # db.py admits psycopg only
+    try:
+        with driver.cursor() as cur, cur.copy(_PG_COPY) as copy:
+            for values in map(_ROW_VALUES, rows):
+                copy.write_row(values)
+    except psycopg.Error as exc:  # psycopg's own class: the ledger reads SQLAlchemy's (permanent() below)
+        raise DBAPIError.instance(_PG_COPY, None, exc, psycopg.Error, dialect=conn.dialect) from exc
+    return int(conn.exec_driver_sql(_PG_FROM_STAGE).rowcount)
+
+
+def _insert_all_new(conn: Connection, rows: list[UsageRecord]) -> int:
+    """Insert rows and add them all to the rollup; raises _NotAllNew when some were stored already."""
+    if conn.dialect.name == "postgresql":
+        inserted = _copy_pg(conn, rows)
+    else:
+        inserted = int(conn.exec_driver_sql(_SQLITE_INSERT, list(map(_sqlite_params, rows))).rowcount)
+    if inserted != len(rows):
+        raise _NotAllNew
+    _add_to_rollup(conn, rows)
+    return inserted
+
+
 def insert_batch(conn: Connection, rows: list[UsageRecord]) -> int:
     """Insert rows not yet stored (ON CONFLICT (tenant_id, request_id) DO NOTHING) and add exactly those to the daily rollup.
 
@@ -107,14 +203,7 @@ def insert_batch(conn: Connection, rows: list[UsageRecord]) -> int:
     inserted = _insert_rows(conn, list(unique.values()))
     if not inserted:
         return 0
-    insert = _insert(conn.dialect.name)
-    rollup = _rollup([r for key, r in unique.items() if key in inserted])
-    upsert = insert(_DAILY)
-    upsert = upsert.on_conflict_do_update(
-        index_elements=["day", "tenant_id", "status"],
-        set_={name: _DAILY.c[name] + upsert.excluded[name] for name in ("requests", *_SUMMED)},
-    )
-    conn.execute(upsert, rollup)
+    _add_to_rollup(conn, [r for key, r in unique.items() if key in inserted])
     return len(inserted)
 
 
@@ -126,6 +215,13 @@ def permanent(exc: SQLAlchemyError) -> bool:
 
 
 def write_batch(engine: Engine, rows: list[UsageRecord]) -> int:
-    """insert_batch in its own transaction; returns how many rows were new."""
+    """Store rows in one transaction (the all-new path first, else the exact one); returns how many were new."""
+    if not rows:
+        return 0
+    try:
+        with engine.begin() as conn:
+            return _insert_all_new(conn, rows)
+    except _NotAllNew:
+        pass  # rolled back: nothing of it is stored
     with engine.begin() as conn:
         return insert_batch(conn, rows)
