@@ -232,8 +232,9 @@ class EngineFront:
             self._stats = msg.stats
             if msg.traces:
                 self._traces = (self._traces + msg.traces)[-_TRACES_KEPT:]
+            here = _running_loop()  # once a report, not once an output (0.7 us a call)
             for delta in msg.outputs:
-                self._deliver(delta.request_id, delta)
+                self._deliver(delta.request_id, delta, here)
         elif isinstance(msg, SubmitFailed):
             cls = _ERRORS.get(msg.kind)
             exc: Exception = cls(msg.message, msg.field_name) if cls else EngineDeadError(msg.message)
@@ -241,17 +242,22 @@ class EngineFront:
         elif isinstance(msg, WorkerFailed):
             self._error = msg.error
 
-    def _deliver(self, request_id: str, item: OutputDelta | BaseException) -> None:
+    def _deliver(
+        self,
+        request_id: str,
+        item: OutputDelta | BaseException,
+        here: asyncio.AbstractEventLoop | None | bool = False,
+    ) -> None:
+        """Hand one output (or a request's error) to its route, on the consumer's loop; `here` is the running
+        loop (None: none) when the caller already knows it."""
         with self._lock:
             route = self._streams.get(request_id)
             if route is not None and isinstance(item, OutputDelta) and request_id in self._live:
                 self._live[request_id].state = "finished" if item.finished else "running"
         if route is None:
             return
-        try:
-            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            here = None
+        if here is False:
+            here = _running_loop()
         if route.loop is here:  # dispatched on the consumer's own loop: no wake-up round trip
             self._hand_over(route, item)
             return
@@ -297,6 +303,13 @@ class EngineFront:
             ids = list(self._streams)
         for request_id in ids:
             self._deliver(request_id, exc)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 class OutputStream:

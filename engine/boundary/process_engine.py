@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.boundary.front import EngineFront
-from engine.boundary.messages import EngineDeadError, StopLoop, WorkerFailed, WorkerReady
+from engine.boundary.messages import EngineDeadError, StopLoop, Submit, WorkerFailed, WorkerReady
 from engine.boundary.worker import default_worker_threads, run_worker
-from engine.boundary.zmq_channel import ZmqFrontChannel
+from engine.boundary.zmq_channel import ZmqFrontChannel, encode_frame
 from engine.config import EngineConfig
 from engine.limits import RequestLimits
 from engine.loader import DEFAULT_MODEL_NAME, default_model_dir
@@ -72,6 +72,9 @@ class ProcessEngine(EngineFront):
         self._exited = threading.Event()
         self._stopping = False
         self._shutdowns = 0  # counts shutdown calls, so a restart can tell one happened while it loaded
+        # This loop pass's messages, encoded, and the request each Submit among them starts (see _send).
+        self._outgoing: list[bytes] = []
+        self._outgoing_ids: list[str | None] = []
         self._stats = EngineStats(
             alive=False,
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -204,13 +207,46 @@ class ProcessEngine(EngineFront):
 
     # -- the pipes --------------------------------------------------------------------------
     def _send(self, msg: Any, block: bool = False, timeout: float | None = None) -> None:
+        """Send now, or, on the reading loop's thread, at the end of this loop pass with whatever else it sends.
+
+        The messages of one pass (the Submits of the requests a burst of replies let in, their Aborts)
+        leave as one multipart ZeroMQ message: one wake-up of ZeroMQ's I/O thread and one write, where
+        each used to cost its own (docs/gateway.md, "Benchmark: gateway CPU against its floor"). The flush
+        is `call_soon`, so a lone request waits for no timer. Order holds: a pass's messages keep theirs,
+        and a message sent off the loop's thread (shutdown's StopLoop) carries no promise against them.
+        """
         channel = self._channel
         if channel is None:
             raise EngineDeadError("engine worker is not running")
+        loop = self._loop
+        if not block and loop is not None and runs_here(loop):
+            frame = encode_frame(msg)  # here: a message that does not encode fails its caller, not the batch
+            if not self._outgoing:
+                loop.call_soon(self._flush)
+            self._outgoing.append(frame)
+            self._outgoing_ids.append(msg.request_id if isinstance(msg, Submit) else None)
+            return
         try:
             channel.send(msg, block, timeout)
         except OSError as exc:  # BrokenPipeError and a closed connection alike
             raise EngineDeadError(f"engine worker is gone: {exc}") from exc
+
+    def _flush(self) -> None:
+        """Send this pass's messages; a worker gone meanwhile fails the requests they would have started."""
+        frames, ids = self._outgoing, self._outgoing_ids
+        self._outgoing, self._outgoing_ids = [], []
+        if not frames:
+            return  # the worker ended first: _worker_exited dropped them and failed their streams
+        channel = self._channel
+        try:
+            if channel is None:
+                raise BrokenPipeError("the engine worker is not running")
+            channel.send_frames(frames)
+        except OSError as exc:
+            failure = EngineDeadError(f"engine worker is gone: {exc}")
+            for request_id in ids:
+                if request_id is not None:
+                    self._deliver(request_id, failure)
 
     # -- reading the worker's outputs on the event loop -------------------------------------------
     def _attach(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -275,6 +311,10 @@ class ProcessEngine(EngineFront):
                 if msg is not _EOF:
                     self._dispatch(msg)
         self._alive = False
+        self._outgoing, self._outgoing_ids = (
+            [],
+            [],
+        )  # fenced: nothing meant for this worker goes to the one started in its place
         if self._stopping:
             reason = "engine shut down"
         else:

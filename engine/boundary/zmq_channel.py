@@ -39,6 +39,7 @@ from engine.boundary.messages import FromEngine, StopLoop, ToEngine, WorkerExiti
 
 log = logging.getLogger("fairserve.engine.zmq")
 _ENCODER = msgspec.msgpack.Encoder()
+encode_frame = _ENCODER.encode  # one boundary message to the bytes of one frame
 # The worker sends at most this many reports ahead of a gateway that reads none before its send waits.
 _WORKER_SNDHWM = 1000
 # After the worker process ended, how long a quiet socket is given to bring in frames it wrote last.
@@ -101,6 +102,24 @@ class ZmqFrontChannel:
                 raise BrokenPipeError("the engine channel is closed")
             try:
                 self._out.send(frame, zmq.NOBLOCK, copy=False)
+            except zmq.ZMQError as exc:
+                raise BrokenPipeError(f"engine channel: {exc}") from exc
+
+    def send_frames(self, frames: list[bytes]) -> None:
+        """Queue frames already encoded (`encode_frame`) as one multipart ZeroMQ message: one wake-up of the
+        I/O thread and one write for all of them.
+
+        Each part is a whole frame, so the worker's reader (`decode_all`, a recv per part) takes them as
+        if they had been sent one by one; a multipart message arrives whole or not at all.
+        """
+        with self._send_lock:
+            if self._closed:
+                raise BrokenPipeError("the engine channel is closed")
+            try:
+                if len(frames) == 1:
+                    self._out.send(frames[0], zmq.NOBLOCK, copy=False)
+                else:
+                    self._out.send_multipart(frames, zmq.NOBLOCK, copy=False)
             except zmq.ZMQError as exc:
                 raise BrokenPipeError(f"engine channel: {exc}") from exc
 

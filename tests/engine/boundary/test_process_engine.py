@@ -188,6 +188,36 @@ def test_sinks_take_what_streams_yield_and_a_raising_sink_costs_nobody_else(
     assert engine.live_request("sink-good") is None and engine.live_request("sink-bad") is None
 
 
+def test_an_abort_in_the_same_loop_pass_as_its_submit_reaches_the_worker_after_it(
+    engine: ProcessEngine, reference: LLM
+) -> None:
+    """One loop pass's Submits and Aborts go to the worker together, in the order they were made: a request
+    closed right after its submit is aborted there, not left to run its 1,500 tokens for nobody."""
+    want = reference.generate(PROMPTS[:1], GREEDY)[0]
+
+    async def scenario() -> RequestOutput:
+        done: asyncio.Future[RequestOutput] = asyncio.get_running_loop().create_future()
+
+        def sink(item: RequestOutput | BaseException) -> None:
+            if isinstance(item, BaseException):
+                done.set_exception(item)
+            elif item.finished:
+                done.set_result(item)
+
+        long = SamplingParams(max_tokens=1500, ignore_eos=True)
+        dropped = engine.submit([1, 2, 3], long, RequestMeta(tenant_id="gone"), "same-pass-dropped")
+        engine.submit(engine.tokenizer.encode(PROMPTS[0]), GREEDY, RequestMeta(), "same-pass-kept", sink)
+        dropped.close()  # the client went away before the pass ended: an Abort after its Submit
+        return await asyncio.wait_for(done, 60)
+
+    last = asyncio.run(scenario())
+    assert last.text == want.text and last.token_ids == want.token_ids
+    # Stats come before outputs: when the kept request's end arrives, the dropped one is already gone.
+    stats = engine.stats()
+    assert stats.running == 0 and stats.waiting == 0 and stats.kv_blocks_used == 0
+    assert engine.live_request("same-pass-dropped") is None
+
+
 def test_abort_and_cancel_task_end_streams_as_cancelled(engine: ProcessEngine) -> None:
     long = SamplingParams(max_tokens=1500, ignore_eos=True)
 

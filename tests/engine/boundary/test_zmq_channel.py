@@ -13,7 +13,7 @@ import zmq
 
 from engine import EngineConfig, ProcessEngine, RequestMeta, SamplingParams
 from engine.boundary.messages import SetWeight, Submit, WorkerFailed
-from engine.boundary.zmq_channel import ZmqFrontChannel
+from engine.boundary.zmq_channel import ZmqFrontChannel, encode_frame
 from engine.request import SamplingParams as Params
 
 EOF_MARK = "eof"
@@ -79,6 +79,23 @@ def test_frames_that_do_not_decode_are_dropped_and_the_next_one_arrives(channel:
         outbox.close()
 
 
+def test_frames_sent_together_arrive_one_by_one_in_order_among_single_sends(channel: ZmqFrontChannel) -> None:
+    """A loop pass's messages leave as one multipart message; the worker reads them as if sent singly."""
+    inbox, outbox = channel.worker_link().open()
+    try:
+        channel.send(SetWeight("before", 1.0, None))
+        channel.send_frames([encode_frame(SetWeight(f"t{i}", float(i), None)) for i in range(5)])
+        channel.send_frames([encode_frame(SetWeight("alone", 2.0, None))])
+        channel.send(SetWeight("after", 3.0, None))
+        got = [inbox.get(timeout=5).tenant_id for _ in range(8)]
+        assert got == ["before", "t0", "t1", "t2", "t3", "t4", "alone", "after"]
+        with pytest.raises(queue.Empty):
+            inbox.get(timeout=0.01)
+    finally:
+        inbox.close()
+        outbox.close()
+
+
 def test_close_removes_the_sockets_files_and_a_closed_channel_refuses_sends() -> None:
     ch = ZmqFrontChannel(EOF_MARK)
     assert os.path.isdir(ch.dir)
@@ -87,6 +104,8 @@ def test_close_removes_the_sockets_files_and_a_closed_channel_refuses_sends() ->
     assert not os.path.exists(ch.dir)
     with pytest.raises(BrokenPipeError):
         ch.send(SetWeight("t", 1.0, None))
+    with pytest.raises(BrokenPipeError):
+        ch.send_frames([encode_frame(SetWeight("t", 1.0, None))])
 
 
 def test_garbage_on_a_live_engines_sockets_costs_no_request() -> None:
