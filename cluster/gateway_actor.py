@@ -121,8 +121,13 @@ class GatewayActor:
         return os.getpid()
 
     def holds(self, actor_name: str) -> bool:
-        """Whether an engine of `actor_name` is still in rotation here or has requests live here."""
-        return self._on_loop(self.membership.holds, actor_name)
+        """Whether an engine of `actor_name` is still in rotation here or has requests live here. A loop too
+        busy to tell in time is busy, not empty: True (scale-down then asks again, bounded by its drain
+        timeout), as deploy._holds takes a gateway slow to answer."""
+        try:
+            return self._on_loop(self.membership.holds, actor_name)
+        except TimeoutError:
+            return True
 
     def sync_rounds(self) -> int:
         """Registry syncs done so far."""

@@ -64,7 +64,7 @@ class Membership:
         self.read_registry = read_registry  # returns an awaitable list[EngineEntry] (a Ray ObjectRef)
         self.poll_interval_s = poll_interval_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
-        self._leaving: dict[str, EngineClient] = {}
+        self._leaving: list[EngineClient] = []  # out of the rotation, shut once their requests have ended
         self.rounds = 0  # completed syncs, for callers that wait for one to have happened
 
     async def run(self) -> None:
@@ -86,7 +86,7 @@ class Membership:
         for key in current - wanted.keys():
             client = self.router.remove_engine(key)
             if client is not None:
-                self._leaving[key] = client
+                self._leaving.append(client)
         joining = [e for key, e in wanted.items() if key not in current]
         if joining:
             await asyncio.gather(*(self._add(e) for e in joining))
@@ -107,10 +107,14 @@ class Membership:
             client.shutdown(timeout_s=1.0)
 
     def _release_drained(self) -> None:
-        """Shut the clients of removed engines once this gateway has no request left on them."""
-        busy = {load.key for load in self.router.engine_loads()}
-        for key in [k for k in self._leaving if k not in busy]:
-            client = self._leaving.pop(key)
+        """Shut the clients of removed engines once this gateway has no request left on them (the router
+        lets a leaving engine go with its last request). By client, not by key: an engine the registry
+        dropped for a missed ping comes back under the same key with a new client, and the old one must
+        still be shut once its requests end."""
+        held = self.router.clients()
+        done = [c for c in self._leaving if not any(c is h for h in held)]
+        self._leaving = [c for c in self._leaving if any(c is h for h in held)]
+        for client in done:
             with contextlib.suppress(Exception):
                 client.shutdown(timeout_s=1.0)
 

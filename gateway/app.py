@@ -75,6 +75,7 @@ def create_app(
             state.engine.bind(asyncio.get_running_loop())
         billing = None
         if remote_engines(state.engine):  # their produced-token records: confirm and reconcile
+            state.engines_attached = True
             state.billed_ids = []
             billing = asyncio.create_task(keep_engines_billed(state))
         prefixes = asyncio.create_task(keep_prefixes_fresh(state.prefixes))

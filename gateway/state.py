@@ -65,7 +65,11 @@ class GatewayState:
     # X-Request-Id must be caught here before its first row reaches SQL.
     finished_ids: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)  # (tenant, id)
     draining: bool = False
-    engine_failed: bool = False
+    engine_failed: bool = False  # a worker this gateway runs died; engine_watch clears it once replaced
+    # Engines reached over TCP (`--engine`, or the router of a `ray up` gateway): they rejoin by themselves
+    # (engine/remote/client.py, cluster/membership.py) and nothing here supervises them, so their failure
+    # never sets `engine_failed`, which nothing would clear.
+    engines_attached: bool = False
     # (engine id, completion tokens) of rows journaled, to confirm to attached engines; None: none attached
     billed_ids: list[tuple[str, int]] | None = None
     metrics_server: Any = None  # the unauthenticated --metrics-port listener (prometheus_client), if any

@@ -93,7 +93,7 @@ def _ended(
         run.error is not None
         and run.error.code == "engine_unavailable"
         and not state.engine.is_alive
-        and not state.settings.engines
+        and not state.engines_attached
     ):  # an attached engine rejoins by itself (engine/remote/client.py)
         state.engine_failed = True  # unless a new worker is already up (gateway/ops/engine_watch.py)
     m = outcome.metrics
