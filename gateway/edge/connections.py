@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.edge.protocol import LeanHttpProtocol
 
 # The scope key under which a request finds its connection's `prove` (gateway/edge/auth.py calls it).
 PROVE_KEY = "fairserve.prove_connection"
@@ -67,8 +68,8 @@ class ConnectionGuard:
         return self._unkeyed.get(address, 0)
 
 
-class GuardedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the guard's cap and a deadline on every request's headers."""
+class GuardedHttpProtocol(LeanHttpProtocol):
+    """uvicorn's httptools protocol (gateway/edge/protocol.py) with the guard's cap and a deadline on every request's headers."""
 
     guard: ConnectionGuard  # set on the subclass `guarded_protocol` makes
 
