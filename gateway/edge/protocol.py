@@ -82,12 +82,13 @@ class LeanHttpProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._writer = HeadHoldingTransport(transport)
         self.transport = cast(asyncio.Transport, self._writer)  # what each request cycle writes to
+        self._watch, self._hold = self.watch_hangup, self._writer.hold  # bound once, put in every scope
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         scope = cast(MutableMapping[str, Any], self.scope)
-        scope[WATCH_HANGUP_KEY] = self.watch_hangup
-        scope[HOLD_HEAD_KEY] = self._writer.hold
+        scope[WATCH_HANGUP_KEY] = self._watch
+        scope[HOLD_HEAD_KEY] = self._hold
 
     def watch_hangup(self, callback: Hangup) -> Callable[[], None] | None:
         """Call `callback` (once) when the client closes the connection; returns the function that stops
