@@ -24,9 +24,8 @@ BODY_KEY = "fairserve.body"
 
 class _IdSource:
     """Request ids unique across processes and restarts: 64 random bits drawn once per process (again in a
-    forked child), then a counter. A fresh UUID per id cost a `getrandom` syscall and a UUID object each,
-    twice per request (the request id and the engine id); nothing relies on an id being unguessable (a
-    request id only names work within its own tenant)."""
+    forked child), then a counter. A fresh UUID per id cost a `getrandom` syscall and a UUID object each;
+    nothing relies on a request id being unguessable (it names work within its own tenant only)."""
 
     def __init__(self) -> None:
         self.reseed()
@@ -42,6 +41,12 @@ class _IdSource:
 
 
 new_request_id = _IdSource()  # a fresh request id: "req-" and 32 hex digits
+
+
+def new_engine_id() -> str:
+    """A fresh engine request id, random (not a counter): it names the request to every engine of the
+    deployment (a disaggregated KV pull is asked for by this id, docs/scale.md)."""
+    return "req-" + secrets.token_hex(16)
 
 
 class EdgeMiddleware:

@@ -22,7 +22,7 @@ from billing import UsageRecord
 from engine import RequestMeta, RequestMetrics
 from gateway.edge.auth import Caller
 from gateway.edge.errors import APIError
-from gateway.edge.middleware import BODY_KEY, new_request_id
+from gateway.edge.middleware import BODY_KEY, new_engine_id
 from gateway.idempotency.records import fingerprint
 from gateway.openai import parsing as rp
 from gateway.openai.format import Shape
@@ -200,7 +200,7 @@ async def read_request(request: Request, state: GatewayState, caller: Caller, ch
         caller=caller,
         ident=ident,
         id_chosen=bool(request.state.request_id_chosen),
-        engine_id=new_request_id(),
+        engine_id=new_engine_id(),
         chat=chat,
         arrival=now,
         deadline=deadline,
