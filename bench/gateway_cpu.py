@@ -203,7 +203,11 @@ def describe(report: dict[str, Any], stream_tokens: int) -> str:
             )
     if "over_baseline" in report:
         b = report["over_baseline"]
-        lines.append(f"  fairserve / baseline, round by round: {b['nonstream']:.3f} / {b['stream']:.3f}")
+        lines.append(
+            f"  fairserve / baseline, round by round: {b['nonstream']:.3f} / {b['stream']:.3f} (medians)"
+        )
+        for kind, ratios in report["over_baseline_rounds"].items():
+            lines.append(f"    {kind}: {' '.join(f'{r:.3f}' for r in ratios)}")
     return "\n".join(lines)
 
 

@@ -97,7 +97,8 @@ def create_app(
     return Starlette(
         routes=[*openai_routes.routes, *cancel_routes.routes, *ops_routes.routes, *admin_routes.routes],
         middleware=[
-            Middleware(EdgeMiddleware, max_body_bytes=settings.max_body_bytes, early=refuse_spent_tenant)
+            Middleware(EdgeMiddleware, max_body_bytes=settings.max_body_bytes, early=refuse_spent_tenant),
+            Middleware(openai_routes.GenerationRoutes),
         ],
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _server_error},
         lifespan=lifespan,

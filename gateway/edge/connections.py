@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.edge.protocol import LeanHttpProtocol
 
 # The scope key under which a request finds its connection's `prove` (gateway/edge/auth.py calls it).
 PROVE_KEY = "fairserve.prove_connection"
@@ -67,13 +68,15 @@ class ConnectionGuard:
         return self._unkeyed.get(address, 0)
 
 
-class GuardedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the guard's cap and a deadline on every request's headers."""
+class GuardedHttpProtocol(LeanHttpProtocol):
+    """uvicorn's httptools protocol (gateway/edge/protocol.py) with the guard's cap and a deadline on every request's headers."""
 
     guard: ConnectionGuard  # set on the subclass `guarded_protocol` makes
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
+        self._in_headers = False  # a request has begun and its headers are not complete yet
         super().connection_made(transport)
+        self._prove = self.prove  # bound once: every request's scope carries it
         self._address = self.client[0] if self.client else "unknown"
         self._header_timer: asyncio.TimerHandle | None = None
         self._counted = False
@@ -104,12 +107,22 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._counted = False
             self.guard.leave(self._address)
 
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        # A request began in this data (after keep-alive, or pipelined) and its headers are still incomplete:
+        # they are due within the deadline. Armed here rather than at the request's first byte, because
+        # the usual request's headers arrive whole in one read, and a timer set and cancelled for each
+        # of those was pure cost.
+        if self._in_headers:
+            self._arm()
+
     def on_message_begin(self) -> None:
-        self._arm()  # a request's first byte (after keep-alive, or pipelined) starts its header deadline
+        self._in_headers = True
         super().on_message_begin()
-        self.scope[PROVE_KEY] = self.prove  # type: ignore[literal-required]  # a fairserve scope key
+        self.scope[PROVE_KEY] = self._prove  # type: ignore[literal-required]  # a fairserve scope key
 
     def on_headers_complete(self) -> None:
+        self._in_headers = False
         self._disarm()
         super().on_headers_complete()
 
@@ -143,6 +156,9 @@ def server_config(app: Any, settings: Any, **overrides: Any) -> uvicorn.Config:
         settings.header_timeout_s, settings.max_unkeyed_connections_per_address, frozenset(trusted)
     )
     app.state.connection_guard = guard
+    # uvicorn builds each response's access-log line (the client address, the quoted path) before asking
+    # the logger whether it wants it; `serve` logs at warning, where the access log never prints.
+    overrides.setdefault("access_log", False)
     return uvicorn.Config(
         app,
         http=guarded_protocol(guard),

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import os
 import re
-import uuid
+import secrets
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -15,11 +17,36 @@ from gateway.edge.errors import APIError, error_body
 
 EARLY_REFUSAL_HOLD_S = 1.0
 _VALID_ID = re.compile(rf"^[A-Za-z0-9._:\-]{{1,{REQUEST_ID_MAX}}}$")
+# Where the middleware leaves the request's whole body for the generation routes (gateway/openai/context.py),
+# which then read it without Starlette's body stream; every other route reads it through `receive` as usual.
+BODY_KEY = "fairserve.body"
 
 
-def new_request_id() -> str:
-    """A fresh request id."""
-    return "req-" + uuid.uuid4().hex
+class _IdSource:
+    """Request ids unique across processes and restarts: 64 random bits drawn once per process (again in a
+    forked child), then a counter. A fresh UUID per id cost a `getrandom` syscall and a UUID object each;
+    nothing relies on a request id being unguessable (it names work within its own tenant only)."""
+
+    def __init__(self) -> None:
+        self.reseed()
+        os.register_at_fork(after_in_child=self.reseed)
+
+    def reseed(self) -> None:
+        """A new random prefix and a fresh counter."""
+        self.prefix = "req-" + secrets.token_hex(8)
+        self.counter = itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self.prefix}{next(self.counter):016x}"
+
+
+new_request_id = _IdSource()  # a fresh request id: "req-" and 32 hex digits
+
+
+def new_engine_id() -> str:
+    """A fresh engine request id, random (not a counter): it names the request to every engine of the
+    deployment (a disaggregated KV pull is asked for by this id, docs/scale.md)."""
+    return "req-" + secrets.token_hex(16)
 
 
 class EdgeMiddleware:
@@ -42,16 +69,23 @@ class EdgeMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope["headers"])
-        given = headers.get(b"x-request-id", b"").decode("latin-1").strip()
-        request_id = given if _VALID_ID.match(given) else new_request_id()
-        scope.setdefault("state", {})["request_id"] = request_id
-        scope["state"]["request_id_chosen"] = request_id == given  # the client's own id, not one made here
+        given_raw = declared = None
+        for name, value in scope["headers"]:  # one pass; uvicorn gives the names in lower case
+            if name == b"x-request-id":
+                given_raw = value
+            elif name == b"content-length":
+                declared = value
+        given = given_raw.decode("latin-1").strip() if given_raw is not None else ""
+        chosen = bool(given) and _VALID_ID.match(given) is not None
+        request_id = given if chosen else new_request_id()
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        state["request_id_chosen"] = chosen  # the client's own id, not one made here
         id_header = (b"x-request-id", request_id.encode())
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                raw = list(message.get("headers", []))
+                raw = message.get("headers", ())
                 # A replayed or attached response names the original request; others get this one's id.
                 if not any(k.lower() == b"x-request-id" for k, _ in raw):
                     message = {**message, "headers": [*raw, id_header]}
@@ -60,7 +94,6 @@ class EdgeMiddleware:
         if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             await self.app(scope, receive, send_with_id)
             return
-        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             await self._too_large(send_with_id)
             return
@@ -85,7 +118,8 @@ class EdgeMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        scope[BODY_KEY] = body
         delivered = False
 
         async def replay(message_source: Receive = receive) -> Message:

@@ -22,7 +22,7 @@ from billing import UsageRecord
 from engine import RequestMeta, RequestMetrics
 from gateway.edge.auth import Caller
 from gateway.edge.errors import APIError
-from gateway.edge.middleware import new_request_id
+from gateway.edge.middleware import BODY_KEY, new_engine_id
 from gateway.idempotency.records import fingerprint
 from gateway.openai import parsing as rp
 from gateway.openai.format import Shape
@@ -185,7 +185,9 @@ async def read_request(request: Request, state: GatewayState, caller: Caller, ch
     now = time.time()
     ident = rp.identity(request)
     deadline = rp.deadline(request, now)
-    raw = await request.body()
+    raw = request.scope.get(BODY_KEY)  # left by EdgeMiddleware: no body stream to run through again
+    if raw is None:
+        raw = await request.body()
     body = rp.parse_body(raw, chat)
     if not state.engine.is_alive or state.engine_failed:
         raise APIError(503, "the engine is not running", "engine_unavailable", headers={"Retry-After": "1"})
@@ -198,7 +200,7 @@ async def read_request(request: Request, state: GatewayState, caller: Caller, ch
         caller=caller,
         ident=ident,
         id_chosen=bool(request.state.request_id_chosen),
-        engine_id=new_request_id(),
+        engine_id=new_engine_id(),
         chat=chat,
         arrival=now,
         deadline=deadline,

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.edge.errors import APIError, error_body
+from gateway.edge.protocol import HOLD_HEAD_KEY, WATCH_HANGUP_KEY
 from gateway.idempotency.records import Followed, StoredResponse
 from gateway.openai.format import sse
 from gateway.openai.runs import Run
@@ -35,17 +36,52 @@ async def _wait_disconnect(receive: Receive) -> None:
             return
 
 
-async def _send_json(send: Send, status: int, body: str, headers: Mapping[str, str]) -> None:
+def _watch_gone(scope: Scope, receive: Receive) -> tuple[asyncio.Future[None], Callable[[], object]]:
+    """A future resolved when the client goes away, and the function that stops watching.
+
+    Under the gateway's protocol (gateway/edge/protocol.py) a callback on the connection resolves it;
+    elsewhere a task awaits ASGI's `http.disconnect`.
+    """
+    watch: Callable[[Callable[[], None]], Callable[[], None] | None] | None = scope.get(WATCH_HANGUP_KEY)
+    if watch is None:
+        task = asyncio.ensure_future(_wait_disconnect(receive))
+        return task, task.cancel
+    gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def hung_up() -> None:
+        if not gone.done():
+            gone.set_result(None)
+
+    stop = watch(hung_up)
+    if stop is None:
+        gone.set_result(None)
+        return gone, _nothing
+    return gone, stop
+
+
+def _nothing() -> None:
+    pass
+
+
+def _hold_head(scope: Scope) -> None:
+    """Under the gateway's protocol, send the next response head with the body's first write."""
+    hold: Callable[[], None] | None = scope.get(HOLD_HEAD_KEY)
+    if hold is not None:
+        hold()
+
+
+async def _send_json(send: Send, status: int, body: str, headers: Mapping[str, str], scope: Scope) -> None:
     data = body.encode()
     raw = _raw(headers, "application/json")
     raw.append((b"content-length", str(len(data)).encode()))
+    _hold_head(scope)
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": data})
 
 
-async def _send_error(send: Send, err: APIError, headers: Mapping[str, str]) -> None:
+async def _send_error(send: Send, err: APIError, headers: Mapping[str, str], scope: Scope) -> None:
     body = json.dumps(error_body(err.status, err.message, err.code, err.param))
-    await _send_json(send, err.status, body, {**headers, **err.headers})
+    await _send_json(send, err.status, body, {**headers, **err.headers}, scope)
 
 
 class RunResponse:
@@ -58,12 +94,12 @@ class RunResponse:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         run = self.run
         run.readers += 1
-        gone = asyncio.ensure_future(_wait_disconnect(receive))
+        gone, stop_watching = _watch_gone(scope, receive)
         completed = False
         try:
-            completed = await self._send(send, gone)
+            completed = await self._send(scope, send, gone)
         finally:
-            gone.cancel()
+            stop_watching()
             if not completed:
                 run.reader_left()
             else:
@@ -90,25 +126,26 @@ class RunResponse:
             gone.remove_done_callback(left)
         return not gone.done()
 
-    async def _send(self, send: Send, gone: asyncio.Future[None]) -> bool:
+    async def _send(self, scope: Scope, send: Send, gone: asyncio.Future[None]) -> bool:
         run = self.run
         if not run.spec.stream:
             while not run.done:
                 if not await self._until_change(gone):
                     return False
             if run.error is not None:
-                await _send_error(send, run.error, self.headers)
+                await _send_error(send, run.error, self.headers, scope)
             else:
                 assert run.final is not None
-                await _send_json(send, run.final.status, run.final.chunks[0], self._timed())
+                await _send_json(send, run.final.status, run.final.chunks[0], self._timed(), scope)
             return True
         # Hold the headers until the first event or an error, so a failure is still a status code.
         while not run.chunks and not run.done:
             if not await self._until_change(gone):
                 return False
         if not run.chunks and run.error is not None:
-            await _send_error(send, run.error, self.headers)
+            await _send_error(send, run.error, self.headers, scope)
             return True
+        _hold_head(scope)  # the first events follow at once
         await send(
             {
                 "type": "http.response.start",
@@ -147,8 +184,9 @@ class StoredResponseSender:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.stored.kind == "json":
-            await _send_json(send, self.stored.status, self.stored.chunks[0], self.headers)
+            await _send_json(send, self.stored.status, self.stored.chunks[0], self.headers, scope)
             return
+        _hold_head(scope)
         await send(
             {
                 "type": "http.response.start",
@@ -171,18 +209,18 @@ class FollowResponse:
         self.headers = dict(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gone = asyncio.ensure_future(_wait_disconnect(receive))
+        gone, stop_watching = _watch_gone(scope, receive)
         try:
-            await self._send(send, gone)
+            await self._send(scope, send, gone)
         finally:
-            gone.cancel()
+            stop_watching()
             with contextlib.suppress(Exception):
                 await self.followed.aclose()
 
     async def _next(self) -> Followed:
         return await anext(self.followed)
 
-    async def _send(self, send: Send, gone: asyncio.Future[None]) -> None:
+    async def _send(self, scope: Scope, send: Send, gone: asyncio.Future[None]) -> None:
         started = False
         sent = 0
         while not gone.done():
@@ -200,12 +238,12 @@ class FollowResponse:
                     "idempotency_abandoned",
                 )
                 if not started:
-                    await _send_error(send, err, self.headers)
+                    await _send_error(send, err, self.headers, scope)
                 else:
                     await send({"type": "http.response.body", "body": b""})
                 return
             if item.final is not None and not started:
-                await StoredResponseSender(item.final, self.headers)({}, _never, send)
+                await StoredResponseSender(item.final, self.headers)(scope, _never, send)
                 return
             if not self.stream:
                 continue

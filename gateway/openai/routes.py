@@ -5,9 +5,10 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.edge.auth import authenticate
+from gateway.edge.errors import APIError, error_response
 from gateway.openai.generation import generation
 from gateway.openai.tasks import routes as task_routes
 from gateway.state import GatewayState
@@ -44,6 +45,35 @@ async def models(request: Request) -> JSONResponse:
         }
     )
 
+
+class GenerationRoutes:
+    """Pure ASGI front of the two generation routes: a POST to either runs the pipeline straight from the
+    scope, its refusals (APIError) rendered here; everything else goes on to Starlette's router.
+
+    Starlette's way to the same handler (exception middleware, router, route match, request_response,
+    each with its own wrapper around `send`) is the same work for every request and every streamed event;
+    the routes below stay for everything else about these paths (405 for another method). An error other
+    than an APIError reaches ServerErrorMiddleware as before (a logged 500).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        chat = (
+            _GENERATION.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        )
+        if chat is None:
+            await self.app(scope, receive, send)
+            return
+        try:
+            response = await generation(Request(scope, receive, send), chat)
+        except APIError as err:
+            response = error_response(err)
+        await response(scope, receive, send)
+
+
+_GENERATION = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> chat
 
 routes = [
     Route("/v1/completions", completions, methods=["POST"]),

@@ -54,6 +54,27 @@ def test_headers_that_never_finish_are_cut_off(gateway: Callable[..., Server]) -
     assert httpx.get(srv.url + "/v1/models", headers=srv.headers("alice")).status_code == 200
 
 
+def test_a_later_request_on_a_kept_alive_connection_has_a_header_deadline_too(
+    gateway: Callable[..., Server],
+) -> None:
+    """The deadline starts again with each request: a second request whose headers never end is cut off,
+    although the first one's headers arrived whole in one read (then no deadline was left running)."""
+    srv = gateway(header_timeout_s=0.5, keep_alive_timeout_s=30)
+    sock = _connect(srv)
+    try:
+        key = srv.keys["alice"]
+        sock.sendall(f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n".encode())
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        before = _guard(srv).timed_out
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        for _ in range(3):
+            sock.sendall(b"a")
+        assert _closed_by_server(sock)  # long before the keep-alive bound of 30 s
+    finally:
+        sock.close()
+    assert _guard(srv).timed_out == before + 1
+
+
 def test_connections_without_a_key_are_capped_per_address(gateway: Callable[..., Server]) -> None:
     srv = gateway(max_unkeyed_connections_per_address=3, header_timeout_s=30)
     guard = _guard(srv)
