@@ -90,12 +90,9 @@ def _ended(
     admission.slot.release()
     state.runs.remove(run)
     if (
-        run.error is not None
-        and run.error.code == "engine_unavailable"
-        and not state.engine.is_alive
-        and not state.settings.engines
+        run.error is not None and run.error.code == "engine_unavailable" and not state.settings.engines
     ):  # an attached engine rejoins by itself (engine/remote/client.py)
-        state.engine_failed = True  # unless a new worker is already up (gateway/ops/engine_watch.py)
+        state.engine_health.mark_dead(state.engine)  # those not up again already (gateway/engine_health.py)
     m = outcome.metrics
     used = (m.prompt_tokens + m.completion_tokens) if m is not None else 0
     try:
