@@ -206,7 +206,7 @@ def describe(report: dict[str, Any], stream_tokens: int) -> str:
         lines.append(
             f"  fairserve / baseline, round by round: {b['nonstream']:.3f} / {b['stream']:.3f} (medians)"
         )
-        for kind, ratios in report["over_baseline_rounds"].items():
+        for kind, ratios in report["over_baseline_by_round"].items():
             lines.append(f"    {kind}: {' '.join(f'{r:.3f}' for r in ratios)}")
     return "\n".join(lines)
 

@@ -14,11 +14,12 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
-from engine import EngineClient, ProcessEngine
+from engine import EngineClient
 from engine.remote.client import RemoteEngine
 from gateway.admin import routes as admin_routes
 from gateway.edge.errors import APIError, error_response
 from gateway.edge.middleware import EdgeMiddleware
+from gateway.engine_health import process_engines
 from gateway.openai import cancel as cancel_routes
 from gateway.openai import routes as openai_routes
 from gateway.openai.generation import refuse_spent_tenant
@@ -75,18 +76,20 @@ def create_app(
             state.engine.bind(asyncio.get_running_loop())
         billing = None
         if remote_engines(state.engine):  # their produced-token records: confirm and reconcile
-            state.engines_attached = True
             state.billed_ids = []
             billing = asyncio.create_task(keep_engines_billed(state))
         prefixes = asyncio.create_task(keep_prefixes_fresh(state.prefixes))
-        watch = None
-        if state.owns_engine and settings.restart_engine and isinstance(state.engine, ProcessEngine):
-            watch = asyncio.create_task(keep_engine_alive(state, state.engine))
+        watches = []  # one per worker process it started: a lone engine, or one per `--model`
+        if state.owns_engine and settings.restart_engine:
+            watches = [
+                asyncio.create_task(keep_engine_alive(state, engine))
+                for engine in process_engines(state.engine)
+            ]
         try:
             yield
         finally:
             prefixes.cancel()
-            if watch is not None:
+            for watch in watches:
                 watch.cancel()
             await drain(state, settings.grace_period_s)
             if billing is not None:

@@ -25,6 +25,7 @@ from gateway.admin.rejections import RejectionLog
 from gateway.edge.auth import ensure_admin_token, ensure_metrics_token
 from gateway.edge.auth_guard import FailureBudget
 from gateway.edge.key_events import KeyEvents
+from gateway.engine_health import EngineHealth
 from gateway.idempotency.records import IdempotencyStore, make_idempotency_store
 from gateway.model_engines import local_models
 from gateway.openai.refusal_budget import RefusalBudget
@@ -65,11 +66,7 @@ class GatewayState:
     # X-Request-Id must be caught here before its first row reaches SQL.
     finished_ids: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)  # (tenant, id)
     draining: bool = False
-    engine_failed: bool = False  # a worker this gateway runs died; engine_watch clears it once replaced
-    # Engines reached over TCP (`--engine`, or the router of a `ray up` gateway): they rejoin by themselves
-    # (engine/remote/client.py, cluster/membership.py) and nothing here supervises them, so their failure
-    # never sets `engine_failed`, which nothing would clear.
-    engines_attached: bool = False
+    engine_health: EngineHealth = field(default_factory=EngineHealth)  # engines down, one by one
     # (engine id, completion tokens) of rows journaled, to confirm to attached engines; None: none attached
     billed_ids: list[tuple[str, int]] | None = None
     metrics_server: Any = None  # the unauthenticated --metrics-port listener (prometheus_client), if any
@@ -106,9 +103,13 @@ class GatewayState:
             log.warning("could not refresh tenant labels", exc_info=True)
 
     def ready(self) -> tuple[bool, dict[str, bool]]:
-        """Readiness and its parts: engine loop alive, database reachable, admitting."""
+        """Readiness and its parts: some model's engine up, database reachable, admitting.
+
+        One model's engine down does not make the gateway unready: its requests get 503 with Retry-After
+        here while the other models serve, and /readyz lists each engine's health.
+        """
         checks = {
-            "engine": self.engine.is_alive and not self.engine_failed,
+            "engine": self.engine_health.serves_any(self.engine),
             "database": bool(self.db.ping()),
             "admitting": not self.draining,
         }

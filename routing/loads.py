@@ -28,6 +28,7 @@ class EngineLoad:
     address: str | None = None
     engine_id: str | None = None
     model: str | None = None  # the model name the engine serves
+    pid: int | None = None  # a local engine worker's process id (None: attached, or a thread engine)
 
     @classmethod
     def of(cls, key: str, client: Any, stats: EngineStats, **extra: Any) -> EngineLoad:
@@ -43,6 +44,7 @@ class EngineLoad:
             address=_text(getattr(client, "address", None)),
             engine_id=_text(getattr(client, "engine_id", None)),
             model=_text(getattr(client, "model_name", None)),
+            pid=_pid(getattr(client, "pid", None)),
             **extra,
         )
 
@@ -54,6 +56,10 @@ class EngineLoad:
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def _pid(value: Any) -> int | None:
+    return value if isinstance(value, int) else None
 
 
 def engine_loads(engine: EngineClient) -> list[EngineLoad]:

@@ -159,6 +159,11 @@ class EngineRouter:
             with contextlib.suppress(EngineDeadError):
                 client.set_tenant_weight(tenant_id, weight, priority)
 
+    def members(self) -> list[tuple[str, EngineClient]]:
+        """(key, engine) for every engine in the rotation (not those leaving it): their health, for /readyz."""
+        with self._lock:
+            return [(m.key, m.client) for m in self._members.values()]
+
     def clients(self) -> list[EngineClient]:
         """Every engine in the rotation or leaving it (the gateway asks each for its produced tokens)."""
         return [m.client for m in self._everyone()]

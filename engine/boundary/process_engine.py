@@ -127,6 +127,12 @@ class ProcessEngine(EngineFront):
             self._attach(asyncio.get_running_loop())
 
     @property
+    def pid(self) -> int | None:
+        """The worker process's id while one is started (the admin API shows it per engine), else None."""
+        proc = self._proc
+        return None if proc is None else proc.pid
+
+    @property
     def is_alive(self) -> bool:
         """True while the worker runs; polls the process itself until a live loop reads its pipe."""
         loop = self._loop

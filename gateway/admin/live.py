@@ -190,7 +190,7 @@ def live_snapshot(state: GatewayState, live: LiveRuntime, history_points: int) -
     return {
         "time": now,
         "model": state.engine.model_name,
-        "alive": stats.alive and not state.engine_failed,
+        "alive": stats.alive and state.engine_health.serves_any(state.engine),
         "draining": state.draining,
         "live_requests": len(state.runs.by_id),
         "engine": {

@@ -189,12 +189,11 @@ async def read_request(request: Request, state: GatewayState, caller: Caller, ch
     if raw is None:
         raw = await request.body()
     body = rp.parse_body(raw, chat)
-    if not state.engine.is_alive or state.engine_failed:
-        raise APIError(503, "the engine is not running", "engine_unavailable", headers={"Retry-After": "1"})
     served = requested(request, body.model)  # 400 for a bad X-On-Infeasible
-    inputs = await rp.engine_input_async(
-        body, model_engine(state, body.model), lambda: state.refusals.tokenizing(caller.tenant.id)
-    )
+    engine = model_engine(state, body.model)  # 404 for a model not served
+    if not state.engine_health.serves(engine):  # this model's engines; another model's may be down
+        raise APIError(503, "the engine is not running", "engine_unavailable", headers={"Retry-After": "1"})
+    inputs = await rp.engine_input_async(body, engine, lambda: state.refusals.tokenizing(caller.tenant.id))
     fp = fingerprint(request.url.path, json.loads(raw)) if ident.idempotency_key is not None else None
     return RequestContext(
         caller=caller,

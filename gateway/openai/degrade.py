@@ -107,7 +107,7 @@ def _fallback(state: GatewayState, ctx: RequestContext, left: float) -> RequestC
     """The request on the first model of its fallback chain that can meet the deadline."""
     for name in state.settings.models.fallback_chain(ctx.served.model)[1:]:
         engine = model_client(state.engine, name)
-        if engine is None or not engine.is_alive:
+        if engine is None or not state.engine_health.serves(engine):  # its engines down: not a place to go
             continue
         body = ctx.body.model_copy(update={"model": name})
         try:

@@ -89,13 +89,8 @@ def _ended(
         stream.close()  # ended already: a no-op that forgets the route
     admission.slot.release()
     state.runs.remove(run)
-    if (
-        run.error is not None
-        and run.error.code == "engine_unavailable"
-        and not state.engine.is_alive
-        and not state.engines_attached
-    ):  # an attached engine rejoins by itself (engine/remote/client.py)
-        state.engine_failed = True  # unless a new worker is already up (gateway/ops/engine_watch.py)
+    if run.error is not None and run.error.code == "engine_unavailable":
+        state.engine_health.mark_dead(state.engine)  # its own dead workers only (gateway/engine_health.py)
     m = outcome.metrics
     used = (m.prompt_tokens + m.completion_tokens) if m is not None else 0
     try:

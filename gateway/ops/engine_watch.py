@@ -1,7 +1,10 @@
 """Engine supervision: a dead engine worker is replaced, so a crash costs the requests in flight, not the replica.
 
 When the worker dies, the front fails every stream in flight (503 `engine_unavailable`, rows recorded)
-and readiness drops. This task then starts a new worker and readiness returns once it is up.
+and its engine is marked down (gateway/engine_health.py): its model's requests are refused, and readiness
+drops when no other model is served. This task then starts a new worker and marks the engine up once it
+is read. The gateway runs one such task per worker process it started (`serve --model A --model B`: one
+per model), each with its own back-off.
 
 How long it waits first depends on what died. A worker that had served requests is replaced at once,
 every time: it was a working engine, so a crash loop driven by requests (one tenant repeating a request
@@ -41,12 +44,13 @@ def restart_delay(served: bool, young_deaths: int) -> float:
 
 
 async def keep_engine_alive(state: GatewayState, engine: ProcessEngine) -> None:
-    """Run until cancelled or the gateway drains: replace the engine worker whenever it is found dead."""
+    """Run until cancelled or the gateway drains: replace `engine`'s worker whenever it is found dead."""
     young_deaths = 0
     while not state.draining:
         if engine.is_alive:
             await asyncio.sleep(POLL_S)  # a poll: cheap, and it bounds how late a death is noticed
             continue
+        state.engine_health.mark_down(engine)  # its model's requests are refused until it is replaced
         served = engine.stats().iterations > 0
         young_deaths = 0 if served else young_deaths + 1
         delay = restart_delay(served, young_deaths)
@@ -56,7 +60,7 @@ async def keep_engine_alive(state: GatewayState, engine: ProcessEngine) -> None:
             return
         if not engine.is_alive:  # nothing was replaced (its death not yet handled): look again later
             continue
-        state.engine_failed = False
+        state.engine_health.mark_up(engine)
         state.metrics.engine_restarts.labels("ok").inc()
         took = engine.last_start
         log.warning(

@@ -29,8 +29,10 @@ async def healthz(request: Request) -> JSONResponse:
 
 
 async def readyz(request: Request) -> JSONResponse:
-    """GET /readyz: 200 when the engine loop runs, the database answers and the gateway admits.
+    """GET /readyz: 200 when some model's engine is up, the database answers and the gateway admits.
 
+    `engines` lists each engine (key, model, up): with several models, one model's engine down leaves the
+    gateway ready (its requests get 503 `engine_unavailable`), and this says which.
     `degraded` names optional dependencies that are away (Redis), and `ledger` while rows are quarantined;
     they do not make the gateway unready.
     """
@@ -46,6 +48,7 @@ async def readyz(request: Request) -> JSONResponse:
         {
             "ready": ok,
             "checks": checks,
+            "engines": state.engine_health.report(state.engine),
             "degraded": degraded,
             "dependencies": dependencies,
             "ledger": "degraded" if quarantined else "ok",

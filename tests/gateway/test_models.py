@@ -10,6 +10,8 @@ outcome and the other needs, so each test's outcome does not hang on how busy th
 from __future__ import annotations
 
 import math
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,8 @@ import pytest
 
 from gateway.settings import GatewaySettings
 from tests.engine.remote.engine_process import EngineProcess
-from tests.gateway.conftest import Server, start_server
+from tests.gateway.conftest import Server, start_server, wait_for
+from tests.gateway.serve_process import ServeProcess
 from tests.gateway.two_models import build_model
 
 ENGINE_ARGS = ("--num-kv-blocks", "512", "--max-num-batched-tokens", "256", "--max-num-seqs", "8")
@@ -250,8 +253,6 @@ def test_the_ledger_charges_by_model_and_the_usage_api_and_metrics_show_degradat
 
 
 def test_serve_model_twice_starts_one_local_engine_per_model(tmp_path: Path) -> None:
-    from tests.gateway.serve_process import ServeProcess
-
     fast, slow = build_model(tmp_path, "fast"), build_model(tmp_path, "slow")
     serve = ServeProcess(
         tmp_path / "data", "--model", str(fast), "--model", str(slow), "--num-kv-blocks", "256"
@@ -264,5 +265,49 @@ def test_serve_model_twice_starts_one_local_engine_per_model(tmp_path: Path) -> 
             body = {"model": name, "prompt": "hi", "max_tokens": 3}
             resp = httpx.post(f"{serve.url}/v1/completions", json=body, headers=auth, timeout=60)
             assert resp.status_code == 200 and resp.json()["model"] == name
+        _kill_one_model_engine(serve, slow)
     finally:
         serve.stop()
+    assert serve.proc.returncode == 0
+
+
+def _kill_one_model_engine(serve: ServeProcess, model_dir: Path) -> None:
+    """SIGKILL the worker of `model_dir`'s model with its directory moved away, so that the new worker cannot
+    start until it is back: while it is away the model is down, for as long as the test looks. Its requests
+    get 503 `engine_unavailable` with Retry-After, the other model serves and the gateway stays ready;
+    once the directory is back the model's own watcher replaces its worker and it serves again."""
+    model, away = model_dir.name, model_dir.with_name(model_dir.name + ".away")
+    auth = serve.headers(serve.banner["api_key"])
+    admin = {"Authorization": f"Bearer {serve.banner['admin_token']}"}
+    with httpx.Client(base_url=serve.url, timeout=60) as client:
+
+        def post(name: str) -> httpx.Response:
+            body = {"model": name, "prompt": "still there?", "max_tokens": 3}
+            return client.post("/v1/completions", json=body, headers=auth)
+
+        def pids() -> dict[str, int]:
+            rows = client.get("/admin/api/engines", headers=admin).json()["engines"]
+            return {row["model"]: row["pid"] for row in rows}
+
+        def up() -> dict[str, bool]:
+            return {e["model"]: e["up"] for e in client.get("/readyz").json()["engines"]}
+
+        before = pids()
+        other = next(name for name in before if name != model)
+        model_dir.rename(away)
+        os.kill(before[model], signal.SIGKILL)
+        wait_for(lambda: not up()[model], 60, f"{model}'s engine marked down")
+        for _ in range(3):
+            refused = post(model)
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "engine_unavailable"
+            assert int(refused.headers["retry-after"]) >= 1
+            served = post(other)
+            assert served.status_code == 200 and served.json()["model"] == other
+            ready = client.get("/readyz")
+            assert ready.status_code == 200 and up() == {other: True, model: False}
+        away.rename(model_dir)
+        wait_for(lambda: up()[model], 120, f"{model}'s replacement worker")
+        after = pids()
+        assert after[model] != before[model] and after[other] == before[other]
+        assert post(model).status_code == 200
