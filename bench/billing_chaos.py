@@ -25,6 +25,7 @@ from sqlalchemy import text
 from bench.harness import parser
 from billing import BillingStore, Database
 from engine.remote.client import RemoteEngine
+from engine.remote.liveness import SilenceBounds
 from engine.remote.messages import Produced
 from gateway.ops.produced import engine_totals
 from tests.billing.services import fresh_pg_database
@@ -252,7 +253,7 @@ def _engine_books(cluster: Cluster, since: float) -> list[Produced]:
     """Every engine's produced-token totals since `since` and its count of unconfirmed records."""
     answers = []
     for e in cluster.engines:
-        remote = RemoteEngine(e.address, heartbeat_timeout_s=5.0)
+        remote = RemoteEngine(e.address, SilenceBounds(5.0, 5.0))
         try:
             remote.start()
             answers.append(remote.produced_now(since))

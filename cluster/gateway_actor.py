@@ -42,17 +42,15 @@ class GatewayActor:
         self, name: str, settings: GatewaySettings, secrets: dict[str, str], poll_interval_s: float
     ) -> None:
         self.name = name
-        heartbeat_timeout_s = settings.engine_heartbeat_timeout_s
+        silence = settings.engine_silence()
         self.settings = settings
         install_secrets(settings.data_dir, secrets)  # the cluster key among them (cluster/commands.py)
         key = settings.cluster_key()
         self._registry = ray.get_actor(REGISTRY_NAME)
         first = self._first_engine()
-        self.router = EngineRouter(
-            {member_key(first): join(first, heartbeat_timeout_s, key)}, settings.routing
-        )
+        self.router = EngineRouter({member_key(first): join(first, silence, key)}, settings.routing)
         self.membership = Membership(
-            self.router, self._registry.engines.remote, poll_interval_s, heartbeat_timeout_s, key
+            self.router, self._registry.engines.remote, poll_interval_s, silence, key
         )
         self.app = create_app(settings, engine=self.router)
         config = uvicorn.Config(

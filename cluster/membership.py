@@ -19,6 +19,7 @@ from cluster.registry import EngineEntry
 from engine.boundary.client import EngineClient
 from engine.remote.client import RemoteEngine
 from engine.remote.curve import ClusterKey
+from engine.remote.liveness import SilenceBounds
 from routing.router import EngineRouter
 
 log = logging.getLogger("fairserve.cluster")
@@ -36,9 +37,9 @@ def actor_of(key: str) -> str:
     return key.partition("@")[0]
 
 
-def join(entry: EngineEntry, heartbeat_timeout_s: float, key: ClusterKey | None = None) -> RemoteEngine:
+def join(entry: EngineEntry, silence: SilenceBounds, key: ClusterKey | None = None) -> RemoteEngine:
     """A started front for a registered engine (blocking: call on a thread, then bind it to the loop)."""
-    client = RemoteEngine(entry.address, heartbeat_timeout_s=heartbeat_timeout_s, cluster_key=key)
+    client = RemoteEngine(entry.address, silence, cluster_key=key)
     client.start_timeout_s = JOIN_TIMEOUT_S
     try:
         client.start()
@@ -56,14 +57,14 @@ class Membership:
         router: EngineRouter,
         read_registry: Callable[[], Any],
         poll_interval_s: float,
-        heartbeat_timeout_s: float,
+        silence: SilenceBounds,
         cluster_key: ClusterKey | None = None,
     ) -> None:
         self.router = router
         self.cluster_key = cluster_key
         self.read_registry = read_registry  # returns an awaitable list[EngineEntry] (a Ray ObjectRef)
         self.poll_interval_s = poll_interval_s
-        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.silence = silence
         self._leaving: list[EngineClient] = []  # out of the rotation, shut once their requests have ended
         self.rounds = 0  # completed syncs, for callers that wait for one to have happened
 
@@ -95,7 +96,7 @@ class Membership:
 
     async def _add(self, entry: EngineEntry) -> None:
         try:
-            client = await asyncio.to_thread(join, entry, self.heartbeat_timeout_s, self.cluster_key)
+            client = await asyncio.to_thread(join, entry, self.silence, self.cluster_key)
         except Exception as exc:  # it died or is not up yet: the registry drops or keeps it, we retry
             log.warning("engine %s at %s did not answer: %s", entry.name, entry.address, exc)
             return

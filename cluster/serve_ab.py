@@ -31,9 +31,7 @@ def _serve_app(settings: GatewaySettings) -> Any:
     def build() -> ASGIApp:
         registry = ray.get_actor("fairserve-registry")
         first: EngineEntry = ray.get(registry.engines.remote())[0]
-        router = EngineRouter(
-            {member_key(first): join(first, settings.engine_heartbeat_timeout_s)}, settings.routing
-        )
+        router = EngineRouter({member_key(first): join(first, settings.engine_silence())}, settings.routing)
         return create_app(settings, engine=router)
 
     deployment: Any = serve.deployment(serve.ingress(build)(), name="fairserve-serve-gateway")

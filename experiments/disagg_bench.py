@@ -25,6 +25,7 @@ from pathlib import Path
 from bench.workloads import WORKLOADS, plan
 from engine import RequestMeta, SamplingParams
 from engine.boundary.client import EngineClient
+from engine.remote.liveness import SilenceBounds
 from engine.remote.roles import RoleAwareEngine
 from routing import EngineRouter
 from routing.roles import DisaggRouter
@@ -76,7 +77,7 @@ async def arm(engine: EngineClient, rate: float, duration: float, tag: str) -> d
 
 
 def pools(procs: Sequence[EngineProcess]) -> tuple[DisaggRouter, EngineRouter, RoleAwareEngine]:
-    clients = [RoleAwareEngine(p.address, 2.0) for p in procs]
+    clients = [RoleAwareEngine(p.address, SilenceBounds(2.0, 5.0)) for p in procs]
     for c in clients:
         c.start()
     prefill, decode, a, b = clients

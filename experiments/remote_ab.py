@@ -77,7 +77,7 @@ async def remote_round(args: argparse.Namespace, tmp: str, arm: str, index: int)
     try:
         client = RemoteEngine(
             engine.address,
-            GatewaySettings().engine_heartbeat_timeout_s,
+            GatewaySettings().engine_silence(),
             cluster_key=ClusterKey.load(key_file) if keyed else None,
         )
         direct = await in_process(

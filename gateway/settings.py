@@ -28,6 +28,7 @@ from billing import LedgerConfig
 from engine.config import EngineConfig
 from engine.remote.address import check_address, is_loopback
 from engine.remote.curve import ClusterKey
+from engine.remote.liveness import SilenceBounds
 from fairness import policy_entry
 from gateway.model_settings import ModelSettings, one_local_model
 from gateway.settings_base import DataDirSettings, StorageSettings
@@ -201,13 +202,25 @@ class GatewaySettings(StorageSettings, ProcessSettings):
         "engine` to serve from instead of starting one (repeatable)",
         json_schema_extra={"flags": ["--engine"]},
     )
-    # The engine heartbeats every 50 ms: this much silence and its requests in flight fail with a retryable 503.
+    # The engine heartbeats every 50 ms. This much silence makes it suspect: no new requests while another
+    # engine is alive, but what runs there keeps running (a starved CPU or a GC pause is silent too).
     engine_heartbeat_timeout_s: float = Field(
         default=0.5,
         gt=0,
         le=60,
-        description="seconds of silence after which an --engine counts as down",
+        description="seconds of silence after which an --engine is suspect (no new requests while "
+        "another is alive)",
         json_schema_extra={"flags": ["--engine-heartbeat-timeout"]},
+    )
+    # This much silence (or a dropped connection, the engine's goodbye, a restart) makes it lost: its
+    # requests in flight fail with a retryable 503. docs/engine.md "Suspect and lost".
+    engine_lost_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=600,
+        description="seconds of silence after which an --engine is lost and its requests in flight fail "
+        "(retryable 503); a dropped connection counts at once",
+        json_schema_extra={"flags": ["--engine-lost-timeout"]},
     )
 
     @model_validator(mode="before")
@@ -219,6 +232,15 @@ class GatewaySettings(StorageSettings, ProcessSettings):
     def _ledger_in_data_dir(self) -> GatewaySettings:
         if self.ledger.data_dir is None:
             self.ledger.data_dir = str(self.data_dir)
+        return self
+
+    @model_validator(mode="after")
+    def _lost_after_suspect(self) -> GatewaySettings:
+        if self.engine_lost_timeout_s < self.engine_heartbeat_timeout_s:
+            raise ValueError(
+                f"--engine-lost-timeout ({self.engine_lost_timeout_s}) must be at least "
+                f"--engine-heartbeat-timeout ({self.engine_heartbeat_timeout_s}): an engine is suspect first"
+            )
         return self
 
     @field_validator("engines")
@@ -236,6 +258,10 @@ class GatewaySettings(StorageSettings, ProcessSettings):
         if value is not None:
             ClusterKey.load(value)  # ClusterKeyError (a ValueError) names what is wrong
         return value
+
+    def engine_silence(self) -> SilenceBounds:
+        """How long an attached engine may be silent before it is suspect, and before it is lost."""
+        return SilenceBounds(self.engine_heartbeat_timeout_s, self.engine_lost_timeout_s)
 
     def cluster_key(self) -> ClusterKey | None:
         """The engines' key pairs, when a key file is set."""

@@ -147,14 +147,12 @@ def gateway_engine(settings: GatewaySettings) -> EngineClient:
     if settings.models.local_models:
         raise EngineStartError("give --engine or several --model, not both")
     if len(settings.engines) == 1:
-        return RemoteEngine(settings.engines[0], settings.engine_heartbeat_timeout_s, settings.cluster_key())
+        return RemoteEngine(settings.engines[0], settings.engine_silence(), settings.cluster_key())
     # Several: each is reached first (its announce names the model and brings the tokenizer), then the
     # router (routing/router.py) picks one per request: one router per model (routing/models.py), or a
     # DisaggRouter over prefill and decode engines of one model (routing/roles.py).
     key = settings.cluster_key()
-    remotes = [
-        RoleAwareEngine(address, settings.engine_heartbeat_timeout_s, key) for address in settings.engines
-    ]
+    remotes = [RoleAwareEngine(address, settings.engine_silence(), key) for address in settings.engines]
     try:
         for remote in remotes:
             remote.start()

@@ -25,6 +25,7 @@ class EngineLoad:
     in_flight: int | None = None  # this gateway's requests live there (None: not counted, no router)
     routed: int | None = None  # requests this gateway routed there since it joined (None: no router)
     leaving: bool = False  # removed from the rotation, finishing what it has
+    suspect: bool = False  # alive but silent past the heartbeat bound: no new requests while others are alive
     address: str | None = None
     engine_id: str | None = None
     model: str | None = None  # the model name the engine serves
@@ -36,6 +37,7 @@ class EngineLoad:
         return cls(
             key=key,
             alive=bool(client.is_alive),
+            suspect=is_suspect(client),
             waiting=stats.waiting,
             waiting_tokens=stats.waiting_tokens,
             running=stats.running,
@@ -52,6 +54,12 @@ class EngineLoad:
     def kv_use(self) -> float:
         """Share of the KV cache in use."""
         return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+def is_suspect(client: Any) -> bool:
+    """True while an attached engine is silent past its heartbeat bound (engine/remote/liveness.py); an
+    engine this process runs itself is never suspect (its death is seen directly)."""
+    return bool(getattr(client, "is_suspect", False))
 
 
 def _text(value: Any) -> str | None:

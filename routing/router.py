@@ -32,7 +32,7 @@ from engine.tokenizer import Tokenizer
 from engine.trace import IterationTrace
 from routing.affinity import DigestMemory, prefix_digests
 from routing.config import RoutingSettings
-from routing.loads import EngineLoad
+from routing.loads import EngineLoad, is_suspect
 from routing.score import Candidate, rank
 from routing.stats import aggregate_stats, merge_traces
 
@@ -206,13 +206,24 @@ class EngineRouter:
     def _ranked(
         self, prompt_token_ids: Sequence[int], meta: RequestMeta
     ) -> tuple[list[_Member], dict[int, list[bytes]]]:
-        """Healthy members best first, and the prompt's digests per block size (to remember at the chosen one)."""
+        """Healthy members best first, then suspect ones, and the prompt's digests per block size (to
+        remember at the chosen one).
+
+        A suspect engine (alive, but silent past the heartbeat bound: engine/remote/liveness.py) gets a new
+        request only when no healthy one takes it. A lone engine that is suspect still gets them: they
+        wait on its connection and run when it speaks again (a starved process, the common case), or fail
+        with the retryable 503 when it is lost; refusing them would turn every pause into an outage.
+        """
         w = self.settings
         members = list(self._members.values())
         digests: dict[int, list[bytes]] = {}
         candidates = []
+        suspects: list[_Member] = []
         for m in members:
             alive = self._observe(m)
+            if alive and is_suspect(m.client):
+                suspects.append(m)
+                alive = False  # not among the healthy: ranked after them below
             affinity = 0.0
             size = m.block_size
             if alive and size is not None and w.affinity_weight > 0:
@@ -220,7 +231,8 @@ class EngineRouter:
                     digests[size] = prefix_digests(prompt_token_ids, meta, size, w.affinity_blocks)
                 affinity = m.memory.matched(digests[size]) / w.affinity_blocks
             candidates.append(self._candidate(m, alive, affinity))
-        return [members[i] for i in rank(candidates, w)], digests
+        fallback = rank([self._candidate(m, True, 0.0) for m in suspects], w)
+        return [members[i] for i in rank(candidates, w)] + [suspects[i] for i in fallback], digests
 
     def _routed(
         self, m: _Member, request_id: str, prompt_tokens: int, digests: dict[int, list[bytes]]

@@ -12,6 +12,7 @@ from typing import Any
 from admission.controller import AdmissionSettings
 from admission.feasibility import RatePriors
 from admission.queues import QueueBounds
+from engine.remote.liveness import SilenceBounds
 from engine.scheduler_output import SchedulerConfig
 from fairness.config import FairnessConfig
 from fairness.cost import TokenCost
@@ -28,6 +29,7 @@ MAX_QUEUE_AGE_S: float = FAIRNESS.max_queue_age_s
 PRIORS: RatePriors = GatewaySettings().admission_settings().priors
 REDIS_TIMEOUT_S: float = GatewaySettings.model_fields["redis_timeout_s"].default
 HEARTBEAT_TIMEOUT_S: float = GatewaySettings.model_fields["engine_heartbeat_timeout_s"].default
+SILENCE: SilenceBounds = GatewaySettings().engine_silence()
 GATEWAY_TIMEOUT_S: float = EngineServerSettings.model_fields["gateway_timeout_s"].default
 GRACE_PERIOD_S: float = EngineServerSettings.model_fields["grace_period_s"].default
 

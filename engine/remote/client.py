@@ -7,9 +7,11 @@ while no engine is connected fails at once (EngineDeadError) instead of waiting 
 Outputs are read on the event loop as ProcessEngine reads its worker: `add_reader` on the socket's
 descriptor, which ZeroMQ makes edge-triggered, so each wake-up drains until the socket is empty. A timer
 on the same loop sends this gateway's heartbeat (Ping; Hello while the engine is lost) and watches the
-engine's: the engine reports stats at least every 50 ms, so `heartbeat_timeout_s` of silence means it is
-gone (killed, frozen, or cut off). Then every request in flight fails with EngineDeadError (the gateway's
-retryable 503, an error event on a stream) and readiness drops. When the engine answers again it
+engine's (engine/remote/liveness.py): silence past `heartbeat_timeout_s` makes it suspect (`is_suspect`:
+routers send it nothing new while another engine is alive), and a definite sign makes it lost: the
+connection dropped, its goodbye, a restart, or silence past `lost_timeout_s`. Then every request in
+flight fails with EngineDeadError (the gateway's retryable 503, an error event on a stream) and
+readiness drops. When the engine answers again it
 announces itself: the same `engine_id` (it was only unreachable) is told to abort what this side already
 failed; a new one is a fresh process that never saw those requests. Either way the gateway serves again.
 """
@@ -20,25 +22,22 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from engine.boundary.front import EngineFront
 from engine.boundary.messages import Abort, EngineDeadError, WorkerExiting
 from engine.boundary.process_engine import EngineStartError
 from engine.limits import RequestCaps, RequestLimits
 from engine.outputs import EngineStats
-from engine.remote.curve import HANDSHAKE_REFUSED, ClusterKey, connect_securely
+from engine.remote.curve import ClusterKey, connect_securely
+from engine.remote.liveness import ConnectionEvents, ConnectionWatch, SilenceBounds
 from engine.remote.messages import (
-    TOKENIZER_FILES,
     Announce,
     AskProduced,
     Billed,
@@ -46,8 +45,8 @@ from engine.remote.messages import (
     Hello,
     Ping,
     Produced,
+    tokenizer_from_files,
 )
-from engine.tokenizer import Tokenizer
 
 log = logging.getLogger("fairserve.engine.remote")
 _ENCODER = msgspec.msgpack.Encoder()
@@ -63,14 +62,12 @@ class RemoteEngine(EngineFront):
     # to announce still gets `start_timeout_s`.
     reach_timeout_s = 2.0
 
-    def __init__(
-        self, address: str, heartbeat_timeout_s: float, cluster_key: ClusterKey | None = None
-    ) -> None:
+    def __init__(self, address: str, silence: SilenceBounds, cluster_key: ClusterKey | None = None) -> None:
         super().__init__()
         self._address = address
-        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.silence = silence
         # Ping this often: several per engine timeout, and the engine's own heartbeat is checked as often.
-        self._tick_s = min(0.1, heartbeat_timeout_s / 5)
+        self._tick_s = min(0.1, silence.heartbeat_timeout_s / 5)
         self.gateway_id = uuid.uuid4().hex
         self.model_name = ""
         self.max_model_len = 0
@@ -90,11 +87,12 @@ class RemoteEngine(EngineFront):
             connect_securely(self._sock, cluster_key)
         # Until the first announce: a refused handshake (a key that is not the engine's, or one side
         # without a key) fails start() at once with that reason, not after start_timeout_s of silence; and
-        # no connection at all within reach_timeout_s fails it naming the address.
-        self._handshakes: zmq.Socket[Any] | None = self._sock.get_monitor_socket(
-            HANDSHAKE_REFUSED | zmq.EVENT_CONNECTED
-        )
+        # no connection at all within reach_timeout_s fails it naming the address. After it: a dropped
+        # connection makes the engine lost at once (a kill -9 closes it).
+        self._watch = ConnectionWatch(self._sock)
         self._connected = False
+        self._refused: zmq.Event | None = None
+        self._suspect_since: float | None = None  # set while a suspicion is logged (once per silence)
         self._sock.connect(address)
         self._fd = int(self._sock.getsockopt(zmq.FD))
         self._decoder = msgspec.msgpack.Decoder(FromServer)
@@ -121,11 +119,16 @@ class RemoteEngine(EngineFront):
 
     @property
     def is_alive(self) -> bool:
-        """True while the engine has been heard from within `heartbeat_timeout_s`."""
+        """True until the engine is lost (engine/remote/liveness.py); a suspect engine is still alive."""
         loop = self._loop
         if loop is None or loop.is_closed():
             self._read()  # no loop reads the socket: look now, on the caller's thread
-        return self._alive and time.monotonic() - self._heard_at <= self.heartbeat_timeout_s
+        return self._alive and time.monotonic() - self._heard_at <= self.silence.lost_timeout_s
+
+    @property
+    def is_suspect(self) -> bool:
+        """True while the engine is alive but silent past `heartbeat_timeout_s`: routers prefer others."""
+        return self._alive and time.monotonic() - self._heard_at > self.silence.heartbeat_timeout_s
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -153,37 +156,27 @@ class RemoteEngine(EngineFront):
                 sock.poll(50, zmq.POLLIN)
             self._read()
             self._check_handshake()
-        self._stop_handshake_watch()
         with contextlib.suppress(RuntimeError):  # started on a loop: read there now, else at the first submit
             self._attach(asyncio.get_running_loop())
 
     def _check_handshake(self) -> None:
-        """Note a TCP connection; raise EngineStartError if the engine refused this gateway's handshake (or
-        this gateway its)."""
-        mon = self._handshakes
-        if mon is None or self._alive:
+        """Raise EngineStartError if the engine refused this gateway's handshake (or this gateway its)."""
+        event = self._refused
+        if event is None or self._alive:
             return
-        while True:
-            try:
-                event = recv_monitor_message(mon, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if event["event"] != zmq.EVENT_CONNECTED:
-                break
-            self._connected = True
-        self._stop_handshake_watch()
         raise EngineStartError(
-            f"the engine at {self._address} and this gateway could not agree a handshake ({event['event']!r}): "
+            f"the engine at {self._address} and this gateway could not agree a handshake ({event!r}): "
             "both must have the same --cluster-key, or neither"
         )
 
-    def _stop_handshake_watch(self) -> None:
-        mon, self._handshakes = self._handshakes, None
-        if mon is not None:
-            with self._sock_lock:
-                if self._sock is not None:
-                    self._sock.disable_monitor()
-            mon.close(linger=0)
+    def _connection_changed(self, seen: ConnectionEvents) -> None:
+        """Take the socket monitor's news, before the frames read with it: a drop is seen before anything
+        a restarted engine sent on the new connection."""
+        self._connected = self._connected or seen.connected
+        if seen.refused is not None and not self._alive:
+            self._refused = seen.refused
+        if seen.disconnected and self._alive:
+            self._lost(f"the connection to the engine at {self._address} dropped")
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Read the engine and keep its heartbeat on `loop` from now on (call on that loop's thread)."""
@@ -191,7 +184,6 @@ class RemoteEngine(EngineFront):
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Abort this gateway's live requests on the engine, fail them here, and close the socket."""
-        self._stop_handshake_watch()
         loop = self._loop
         if loop is not None and loop.is_running() and not _runs_here(loop):
             done = threading.Event()
@@ -213,6 +205,7 @@ class RemoteEngine(EngineFront):
         self._fail_all(EngineDeadError(self._error))
         with self._sock_lock:
             sock, self._sock = self._sock, None
+            self._watch.close(sock)
             if sock is not None:
                 sock.close(linger=min(int(timeout_s * 1000), 500))  # the aborts get a moment to leave
         self._ctx.term()
@@ -278,14 +271,20 @@ class RemoteEngine(EngineFront):
         frames: list[bytes] = []
         with self._sock_lock:
             sock = self._sock
+            seen = self._watch.read() if sock is not None else None
             while sock is not None:
                 try:
                     frames.append(sock.recv(zmq.NOBLOCK))
                 except zmq.Again:
                     break
+        if seen is not None:
+            self._connection_changed(seen)  # outside the lock: failing streams may send aborts
         if not frames:
             return
         self._heard_at = time.monotonic()
+        if self._suspect_since is not None:
+            log.warning("the engine at %s speaks again: no longer suspect", self._address)
+            self._suspect_since = None
         for frame in frames:
             try:
                 msg = self._decoder.decode(frame)
@@ -321,7 +320,7 @@ class RemoteEngine(EngineFront):
                 self._error = refusal
             return
         if ann.engine_id != self._engine_id and self._alive:
-            self._lost(f"the engine at {self._address} restarted")  # too fast for the heartbeat to notice
+            self._lost(f"the engine at {self._address} restarted")  # its connection may never have dropped
         if ann.engine_id == self._engine_id:
             for request_id in self._lost_ids:  # this side gave up on them: the engine should too
                 self._say(Abort(request_id, "gateway_lost"))
@@ -340,6 +339,7 @@ class RemoteEngine(EngineFront):
         self._stats = ann.stats
         self._error = None
         self._heard_at = time.monotonic()
+        self._suspect_since = None
         self._alive = True
 
     def _lost(self, reason: str) -> None:
@@ -375,21 +375,22 @@ class RemoteEngine(EngineFront):
         if loop is None:
             return
         self._read()
-        if self._alive and time.monotonic() - self._heard_at > self.heartbeat_timeout_s:
-            self._lost(f"no word from the engine at {self._address} for {self.heartbeat_timeout_s:.2f}s")
+        if self._alive:
+            self._judge_silence(time.monotonic() - self._heard_at)
         self._say(
             Ping() if self._alive else Hello(self.gateway_id, want_tokenizer=not hasattr(self, "tokenizer"))
         )
         self._tick = loop.call_later(self._tick_s, self._on_tick)
 
-
-def tokenizer_from_files(files: dict[str, str]) -> Tokenizer:
-    """The engine's tokenizer from the files it announced (only the names a tokenizer reads are written)."""
-    with tempfile.TemporaryDirectory(prefix="fairserve-tokenizer-") as tmp:
-        for name in TOKENIZER_FILES:
-            if name in files:
-                (Path(tmp) / name).write_text(files[name])
-        return Tokenizer.from_dir(tmp)
+    def _judge_silence(self, silent_s: float) -> None:
+        """Suspect past the heartbeat bound (said once per silence), lost past the lost bound."""
+        bounds = self.silence
+        if silent_s > bounds.lost_timeout_s:
+            self._lost(f"no word from the engine at {self._address} for {bounds.lost_timeout_s:.2f}s")
+        elif silent_s > bounds.heartbeat_timeout_s and self._suspect_since is None:
+            self._suspect_since = self._heard_at
+            what = "suspect: new requests go to other engines, those in flight keep running"
+            log.warning("no word from the engine at %s for %.2fs: %s", self._address, silent_s, what)
 
 
 def _runs_here(loop: asyncio.AbstractEventLoop) -> bool:

@@ -9,11 +9,15 @@ it is sent only when asked, so a gateway that rejoins a restarted engine does no
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import msgspec
 
 from engine.boundary.messages import Abort, IterationReport, SetWeight, Submit, SubmitFailed, WorkerExiting
 from engine.outputs import EngineStats
 from engine.remote.accounting import ProducedRecord, TenantProduced
+from engine.tokenizer import Tokenizer
 
 # The files of a model directory engine.tokenizer.Tokenizer.from_dir reads; those present are announced.
 TOKENIZER_FILES = (
@@ -80,3 +84,12 @@ class Produced(msgspec.Struct, tag=True, array_like=True):
 # Gateways may not send StopLoop: only the engine's operator stops it (a signal, or EngineServer.stop).
 ToServer = Submit | Abort | SetWeight | Hello | Ping | Billed | AskProduced
 FromServer = IterationReport | SubmitFailed | Announce | WorkerExiting | Produced
+
+
+def tokenizer_from_files(files: dict[str, str]) -> Tokenizer:
+    """The engine's tokenizer from the files it announced (only the names a tokenizer reads are written)."""
+    with tempfile.TemporaryDirectory(prefix="fairserve-tokenizer-") as tmp:
+        for name in TOKENIZER_FILES:
+            if name in files:
+                (Path(tmp) / name).write_text(files[name])
+        return Tokenizer.from_dir(tmp)

@@ -19,6 +19,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     Prints every (tenant, count) on which they differ; exits 1 when there is one (0: they agree).
     """
     from engine.remote.client import RemoteEngine  # only this command talks to engines
+    from engine.remote.liveness import SilenceBounds
     from gateway.ops.produced import reconcile_report
 
     if not args.engine:
@@ -26,7 +27,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     since = args.since or parse_since("24h")
     answers = []
     for address in args.engine:
-        engine = RemoteEngine(address, heartbeat_timeout_s=5.0)
+        engine = RemoteEngine(address, SilenceBounds(5.0, 5.0))  # one question: no routing
         try:
             engine.start()
             answers.append(engine.produced_now(since.timestamp()))

@@ -13,6 +13,7 @@ from starlette.routing import Route
 
 from gateway.edge.auth import check_metrics
 from gateway.state import GatewayState
+from routing import engine_loads
 
 
 async def metrics(request: Request) -> Response:
@@ -38,6 +39,8 @@ async def readyz(request: Request) -> JSONResponse:
     """
     state: GatewayState = request.app.state.gateway
     ok, checks = await run_in_threadpool(state.ready)
+    # Alive but silent past the heartbeat bound: still serving (their requests keep running), shown apart.
+    suspect = [load.key for load in engine_loads(state.engine) if load.suspect]
     dependencies = await state.dependencies()
     degraded = sorted(name for name, dep in dependencies.items() if dep["state"] != "closed")
     # Quarantined ledger rows (refused by the database) need an operator, not a restart: degraded, ready.
@@ -49,6 +52,7 @@ async def readyz(request: Request) -> JSONResponse:
             "ready": ok,
             "checks": checks,
             "engines": state.engine_health.report(state.engine),
+            "suspect_engines": suspect,
             "degraded": degraded,
             "dependencies": dependencies,
             "ledger": "degraded" if quarantined else "ok",

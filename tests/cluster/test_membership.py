@@ -11,11 +11,14 @@ from pathlib import Path
 from cluster.membership import Membership, join, member_key
 from cluster.registry import EngineEntry
 from engine import RequestMeta, SamplingParams
+from engine.remote.liveness import SilenceBounds
 from routing import EngineRouter
 from tests.engine.remote.engine_process import EngineProcess
 
 ENGINE_ARGS = ("--num-kv-blocks", "512", "--max-num-batched-tokens", "64")
-HEARTBEAT_TIMEOUT_S = 5.0  # not what is tested here: generous, so a loaded machine does not fail the request
+SILENCE = SilenceBounds(
+    5.0, 5.0
+)  # not what is tested here: generous, so a loaded machine does not fail the request
 
 
 def test_an_engine_dropped_and_listed_again_leaves_no_client_open(tmp_path: Path) -> None:
@@ -33,10 +36,10 @@ async def _dropped_and_listed_again(entry: EngineEntry) -> None:
     async def read_registry() -> list[EngineEntry]:
         return list(listed)
 
-    first = await asyncio.to_thread(join, entry, HEARTBEAT_TIMEOUT_S)
+    first = await asyncio.to_thread(join, entry, SILENCE)
     first.bind(asyncio.get_running_loop())
     router = EngineRouter({member_key(entry): first})
-    sync = Membership(router, read_registry, 0.5, HEARTBEAT_TIMEOUT_S)
+    sync = Membership(router, read_registry, 0.5, SILENCE)
     try:
         params = SamplingParams(max_tokens=2000, temperature=0.0, ignore_eos=True)
         held = router.submit(list(range(10, 20)), params, RequestMeta(tenant_id="t"), "held")

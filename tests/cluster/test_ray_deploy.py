@@ -149,8 +149,8 @@ def test_killed_engine_fails_its_requests_retryably_and_serves_again(deployment:
         )
         killed_at = time.monotonic()
         os.kill(victim.pid, signal.SIGKILL)
-        # The gateway's own heartbeat check (0.5 s of silence) takes it out of the rotation, before Ray or
-        # the registry notice anything; each look is one call to the gateway actor, a few ms.
+        # The gateway sees the killed engine's connection drop and takes it out of the rotation, before Ray
+        # or the registry notice anything; each look is one call to the gateway actor, a few ms.
         wait_for(
             lambda: not (deployment.loads().get(key) or {"alive": False})["alive"],
             10,

@@ -29,15 +29,15 @@ def test_prefill_and_decode_engines_answer_and_survive_the_kill_drill(tmp_path: 
     serve: ServeProcess | None = None
     answered: dict[str, str] = {}  # request id -> the finish_reason its ledger row must have
     try:
-        # A 2 s heartbeat timeout: the request sent right after the prefill engine freezes is in flight
-        # there (not refused at admission) even on a loaded machine.
+        # A frozen engine is lost after 2 s (it is suspect after 0.5 s, and a lone suspect engine still
+        # takes requests): the request sent right after the prefill engine freezes is in flight there.
         serve = ServeProcess(
             tmp_path / "gateway",
             "--engine",
             prefill.address,
             "--engine",
             decode.address,
-            "--engine-heartbeat-timeout",
+            "--engine-lost-timeout",
             "2",
         )
         key = serve.banner["api_key"]

@@ -126,7 +126,7 @@ export class LiveView {
       return el("tr", { dataset: { key: e.key }, class: e.alive ? "" : "disabled" },
         el("td", {}, el("strong", {}, e.key), e.address ? el("div", { class: "muted small" }, e.address) : null,
           e.model ? el("div", { class: "muted small c-model", title: feasibilityText(e.feasibility) }, e.model) : null),
-        el("td", { class: "c-status" }, e.alive ? (e.leaving ? "leaving" : "up") : "down"),
+        el("td", { class: "c-status" }, e.alive ? (e.leaving ? "leaving" : e.suspect ? "suspect" : "up") : "down"),
         el("td", { class: "c-waiting" }, num(e.waiting)), el("td", { class: "c-running" }, num(e.running)),
         el("td", { class: "c-kv" }, `${e.kv_blocks_used} / ${e.kv_blocks_total}`, el("div", { class: "bar" }, fill)),
         el("td", { class: "c-in-flight" }, e.in_flight === null ? "–" : num(e.in_flight)),

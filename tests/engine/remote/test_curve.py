@@ -31,7 +31,7 @@ from engine.remote.curve import ClusterKey, ClusterKeyError, create_key_file
 from engine.remote.messages import Announce, FromServer, Hello
 from engine.remote.server import EngineServer
 from gateway.settings import GatewaySettings
-from tests.defaults import GATEWAY_TIMEOUT_S, GRACE_PERIOD_S, HEARTBEAT_TIMEOUT_S
+from tests.defaults import GATEWAY_TIMEOUT_S, GRACE_PERIOD_S, SILENCE
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
@@ -71,9 +71,7 @@ def generate(engine: RemoteEngine, prompt: str, request_id: str) -> list[Request
 
 def test_a_gateway_with_the_key_is_served_the_same_tokens(keyed_engine: EngineServer, key_dir: Path) -> None:
     want = LLM(None, num_kv_blocks=64).generate(["over curve"], GREEDY)[0]
-    engine = RemoteEngine(
-        keyed_engine.address, HEARTBEAT_TIMEOUT_S, cluster_key=ClusterKey.load(key_dir / "ours")
-    )
+    engine = RemoteEngine(keyed_engine.address, SILENCE, cluster_key=ClusterKey.load(key_dir / "ours"))
     try:
         engine.start()
         outs = generate(engine, "over curve", "keyed-1")
@@ -88,7 +86,7 @@ def test_a_gateway_without_the_key_is_refused_in_the_handshake(
     keyed_engine: EngineServer, key_dir: Path, which: str
 ) -> None:
     key = None if which == "no key" else ClusterKey.load(key_dir / "theirs")
-    engine = RemoteEngine(keyed_engine.address, HEARTBEAT_TIMEOUT_S, cluster_key=key)
+    engine = RemoteEngine(keyed_engine.address, SILENCE, cluster_key=key)
     engine.start_timeout_s = 120.0  # the refusal must come from the handshake, long before this
     try:
         with pytest.raises(EngineStartError, match="same --cluster-key"):
@@ -209,7 +207,7 @@ def test_the_handshake_names_no_tenant(keyed_engine: EngineServer, key_dir: Path
     """A peer's Hello is answered with the engine's figures, but nothing about tenants, even once the
     engine has served one (the iteration reports of a joined gateway carry those)."""
     key = ClusterKey.load(key_dir / "ours")
-    engine = RemoteEngine(keyed_engine.address, HEARTBEAT_TIMEOUT_S, cluster_key=key)
+    engine = RemoteEngine(keyed_engine.address, SILENCE, cluster_key=key)
     try:
         engine.start()
         generate(engine, "a tenant's work", "named-1")

@@ -20,8 +20,10 @@ import zmq
 
 from engine import LLM, EngineDeadError, FinishReason, RequestMeta, RequestOutput, SamplingParams
 from engine.remote.curve import ClusterKey, create_key_file, serve_securely
+from engine.remote.liveness import SilenceBounds
 from engine.remote.roles import RoleAwareEngine, reachable
 from routing.roles import DisaggRouter
+from tests.defaults import SILENCE
 from tests.engine.remote.engine_process import EngineProcess
 
 COMMON = ("--num-kv-blocks", "96", "--max-num-batched-tokens", "64")
@@ -66,10 +68,13 @@ def pair(
 
 
 def router(
-    prefill: EngineProcess, decode: EngineProcess, key: Path | None = None, timeout_s: float = 0.5
+    prefill: EngineProcess,
+    decode: EngineProcess,
+    key: Path | None = None,
+    silence: SilenceBounds = SilenceBounds(0.5, 1.5),  # a frozen engine is lost soon (the kill drill)
 ) -> DisaggRouter:
     cluster_key = ClusterKey.load(key) if key is not None else None
-    engines = {p.address: RoleAwareEngine(p.address, timeout_s, cluster_key) for p in (prefill, decode)}
+    engines = {p.address: RoleAwareEngine(p.address, silence, cluster_key) for p in (prefill, decode)}
     for engine in engines.values():
         engine.start()
     assert [e.role for e in engines.values()] == ["prefill", "decode"]
@@ -174,7 +179,7 @@ def test_cancelled_in_transfer_and_a_pull_that_never_comes(
     port = silent.bind_to_random_port("tcp://127.0.0.1")
 
     async def scenario() -> tuple[list[RequestOutput], BaseException | None, float]:
-        engine = RoleAwareEngine(decode.address, 0.5, ClusterKey.load(key))
+        engine = RoleAwareEngine(decode.address, SILENCE, ClusterKey.load(key))
         engine.start()
         try:
             ids = engine.tokenizer.encode("Where is my KV?")

@@ -9,7 +9,7 @@ import shutil
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,9 @@ from engine import (
 from engine.boundary.messages import Abort, IterationReport, Submit
 from engine.loader import default_model_dir
 from engine.remote.client import RemoteEngine
+from engine.remote.liveness import SilenceBounds
 from engine.remote.messages import FromServer, Hello
-from tests.defaults import HEARTBEAT_TIMEOUT_S
+from tests.defaults import HEARTBEAT_TIMEOUT_S, SILENCE
 from tests.engine.remote.engine_process import EngineProcess
 
 ENGINE_ARGS = ("--num-kv-blocks", "96", "--max-num-batched-tokens", "64")
@@ -42,8 +43,8 @@ PROMPTS = ["The batch never waits.", "Fair share", "x"]
 class Recording(RemoteEngine):
     """A RemoteEngine that also notes the request id of every output the engine sent it."""
 
-    def __init__(self, address: str, heartbeat_timeout_s: float = 0.5) -> None:
-        super().__init__(address, heartbeat_timeout_s)
+    def __init__(self, address: str, silence: SilenceBounds = SILENCE) -> None:
+        super().__init__(address, silence)
         self.seen: set[str] = set()
 
     def _dispatch(self, msg: Any) -> None:
@@ -59,6 +60,12 @@ async def until(condition: Callable[[], Any], timeout: float, what: str) -> None
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+async def drain(stream: AsyncIterator[RequestOutput]) -> None:
+    """Read a stream to its end (or its error)."""
+    async for _ in stream:
+        pass
 
 
 async def collect(
@@ -79,7 +86,7 @@ def test_streams_the_same_greedy_tokens_as_llm(served: EngineProcess) -> None:
     reference = LLM(None, num_kv_blocks=96, max_num_batched_tokens=64).generate(PROMPTS, GREEDY)
 
     async def scenario() -> list[list[RequestOutput]]:
-        engine = RemoteEngine(served.address, HEARTBEAT_TIMEOUT_S)
+        engine = RemoteEngine(served.address, SILENCE)
         engine.start()
         try:
             assert engine.engine_id == served.engine_id and engine.is_alive
@@ -136,7 +143,7 @@ def test_a_silent_gateways_requests_are_aborted(served: EngineProcess) -> None:
     silent.send(encoder.encode(Submit("silent-1", [5, 6, 7], LONG, RequestMeta(tenant_id="ghost"))))
 
     async def scenario() -> None:
-        watcher = RemoteEngine(served.address, HEARTBEAT_TIMEOUT_S)
+        watcher = RemoteEngine(served.address, SILENCE)
         watcher.start()
         try:
             await until(
@@ -168,7 +175,8 @@ def test_engine_killed_fails_in_flight_and_a_restart_rejoins(tmp_path: Path) -> 
     first = EngineProcess(tmp_path, *ENGINE_ARGS)
 
     async def scenario() -> None:
-        engine = RemoteEngine(first.address, heartbeat_timeout_s=0.5)
+        # A lost bound no test waits out: only the dropped connection can fail the request here.
+        engine = RemoteEngine(first.address, SilenceBounds(HEARTBEAT_TIMEOUT_S, 600))
         engine.start()
         later: list[EngineProcess] = []
         try:
@@ -177,9 +185,8 @@ def test_engine_killed_fails_in_flight_and_a_restart_rejoins(tmp_path: Path) -> 
             )
             await anext(stream)
             first.kill()
-            with pytest.raises(EngineDeadError):
-                async for _ in stream:
-                    pass
+            with pytest.raises(EngineDeadError, match="connection .* dropped"):
+                await asyncio.wait_for(drain(stream), 60)
             assert not engine.is_alive  # how soon is docs/engine.md's figure, not an assert here
             with pytest.raises(EngineDeadError):
                 engine.submit([1, 2], GREEDY, RequestMeta(tenant_id="t"), "while-down")
@@ -217,12 +224,12 @@ def test_engine_killed_fails_in_flight_and_a_restart_rejoins(tmp_path: Path) -> 
 def test_a_frozen_engine_is_failed_over_and_then_told_to_drop_what_the_gateway_gave_up(
     tmp_path: Path,
 ) -> None:
-    """SIGSTOP past the heartbeat: the gateway fails the request; when the same engine answers again the
+    """SIGSTOP past the lost bound: the gateway fails the request; when the same engine answers again the
     gateway rejoins it and aborts that request there (the engine's own gateway timeout, 30 s, is not it)."""
     proc = EngineProcess(tmp_path, *ENGINE_ARGS, "--gateway-timeout", "30")
 
     async def scenario() -> None:
-        engine = RemoteEngine(proc.address, HEARTBEAT_TIMEOUT_S)
+        engine = RemoteEngine(proc.address, SilenceBounds(HEARTBEAT_TIMEOUT_S, 1.5))
         engine.start()
         try:
             stream = engine.submit(
@@ -263,9 +270,9 @@ def test_sigterm_drains_live_requests_then_exits(tmp_path: Path) -> None:
         return False
 
     async def scenario() -> list[RequestOutput]:
-        # A 5 s heartbeat timeout: the drain is under test here (its last frames must arrive), not the
-        # heartbeat, which test_engine_killed_... covers; a loaded CI box can delay a heartbeat.
-        engine = RemoteEngine(proc.address, heartbeat_timeout_s=5.0)
+        # Generous bounds: the drain is under test here (its last frames must arrive), not the heartbeat,
+        # which test_engine_killed_... covers; a loaded CI box can delay a heartbeat.
+        engine = RemoteEngine(proc.address, SilenceBounds(5.0, 5.0))
         engine.start()
         try:
             params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
