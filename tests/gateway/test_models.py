@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from admission.model_feasibility import TRUNCATE_HEADROOM
 from gateway.settings import GatewaySettings
 from tests.engine.remote.engine_process import EngineProcess
 from tests.gateway.conftest import Server, start_server, wait_for
@@ -85,7 +86,7 @@ def _rates(server: Server) -> dict[str, tuple[float, float]]:
     return out
 
 
-def _needs(rate: tuple[float, float], prompt_tokens: int, max_tokens: int) -> float:
+def _needs(rate: tuple[float, float], prompt_tokens: float, max_tokens: int) -> float:
     """Seconds an idle engine at `rate` needs for the request, as admission estimates it."""
     return prompt_tokens / rate[0] + max_tokens * rate[1]
 
@@ -162,20 +163,38 @@ def test_a_partial_stream_says_so_up_front_and_ends_with_a_final_chunk(two: Serv
     assert reasons[-1] == "length" and all(r is None for r in reasons[:-1])
 
 
-def test_truncate_drops_the_oldest_prompt_tokens_to_fit(two: Server) -> None:
-    rates = _rates(two)
-    prompt_tokens, max_tokens = 1201, 4
-    # Time for about half the prompt's prefill: the truncation keeps what fits.
-    timeout = str(int(_needs(rates["slow"], prompt_tokens // 2, max_tokens) * 1000))
-    headers = {"X-Timeout-Ms": timeout, "X-On-Infeasible": "truncate"}
-    resp = _post(two, "alice", "slow", "w" * (prompt_tokens - 1), max_tokens, **headers)
-    assert resp.status_code == 200, resp.text
-    kind, _, dropped_text = resp.headers["x-degraded"].partition("; dropped=")
+def _fits(rate: tuple[float, float], prompt_tokens: float, max_tokens: int) -> tuple[str, float]:
+    """An X-Timeout-Ms for the prefill of `prompt_tokens` and the decode, and the prompt tokens that deadline
+    holds at `rate` once its milliseconds are rounded down (what truncation's budget is a share of)."""
+    ms = int(_needs(rate, prompt_tokens, max_tokens) * 1000)
+    return str(ms), (ms / 1000 - max_tokens * rate[1]) * rate[0]
+
+
+def _truncated(resp: httpx.Response, two: Server, prompt_tokens: int, context: str) -> int:
+    """The tokens a truncated answer dropped, checked against its header, usage and ledger row."""
+    assert resp.status_code == 200, f"{resp.status_code} {resp.text} ({context})"
+    kind, _, dropped_text = resp.headers.get("x-degraded", "").partition("; dropped=")
+    assert kind == "truncated", f"X-Degraded {resp.headers.get('x-degraded')!r} ({context})"
     dropped = int(dropped_text)
-    assert kind == "truncated" and prompt_tokens // 3 < dropped < prompt_tokens
     assert resp.json()["usage"]["prompt_tokens"] == prompt_tokens - dropped
     row = two.usage_rows("request_id = :r", r=resp.headers["x-request-id"])[0]
     assert (row["degradation"], row["dropped_tokens"]) == ("truncated", dropped)
+    return dropped
+
+
+def test_truncate_drops_the_oldest_prompt_tokens_to_fit(two: Server) -> None:
+    rates = _rates(two)
+    prompt_tokens, max_tokens = 1201, 4
+    # A deadline for half the prompt: the whole prompt needs twice that, so it is truncated, and the kept
+    # part (TRUNCATE_HEADROOM of what the deadline holds) leaves the product's spare fifth of the prefill.
+    timeout, holds = _fits(rates["slow"], prompt_tokens / 2, max_tokens)
+    headers = {"X-Timeout-Ms": timeout, "X-On-Infeasible": "truncate"}
+    resp = _post(two, "alice", "slow", "w" * (prompt_tokens - 1), max_tokens, **headers)
+    context = f"rates {rates}, X-Timeout-Ms {timeout}, holds {holds:.0f} tokens"
+    dropped = _truncated(resp, two, prompt_tokens, context)
+    # Never more kept than the deadline holds at the rate the gateway showed (the headroom leaves a quarter
+    # of slack for the rate it re-learns in between), never nothing.
+    assert prompt_tokens - holds < dropped < prompt_tokens, context
 
 
 def test_a_truncated_chat_keeps_its_system_message_and_latest_turns(two: Server) -> None:
@@ -184,15 +203,20 @@ def test_a_truncated_chat_keeps_its_system_message_and_latest_turns(two: Server)
     tokenizer = two.state.engine.tokenizer  # both models speak the byte tokenizer
     lengths = {k: len(tokenizer.encode_chat([system, *turns[k:]])) for k in range(len(turns))}
     rates = _rates(two)
-    timeout = str(int(_needs(rates["slow"], lengths[0] // 2, 4) * 1000))  # about half the chat's prefill
+    # Truncation drops whole turns, so a budget between two lengths keeps exactly the shorter: aim it halfway
+    # (geometrically) between the system message with the last turn and with the last two. The decision then
+    # stands the gateway's rate off by a fifth either way, and what is kept needs about three fifths of the
+    # deadline's prefill time (lengths 264 and 442 here), a slowdown of half as much again still on time.
+    keep = len(turns) - 1
+    budget = math.sqrt(lengths[keep] * lengths[keep - 1])
+    timeout, holds = _fits(rates["slow"], budget / TRUNCATE_HEADROOM, 4)
     body = {"model": "slow", "messages": [system, *turns], "max_tokens": 4, "ignore_eos": True}
     headers = two.headers("alice", **{"X-Timeout-Ms": timeout, "X-On-Infeasible": "truncate"})
     resp = httpx.post(f"{two.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
-    assert resp.status_code == 200, resp.text
-    prompt = resp.json()["usage"]["prompt_tokens"]
-    kept_from = next(k for k, n in lengths.items() if n == prompt)  # the system message and turns[k:]
-    assert kept_from >= 1
-    assert resp.headers["x-degraded"] == f"truncated; dropped={lengths[0] - prompt}"
+    context = f"rates {rates}, lengths {lengths}, X-Timeout-Ms {timeout}, holds {holds:.0f} tokens"
+    dropped = _truncated(resp, two, lengths[0], context)
+    # The system message and the latest turn kept, the four turns before it dropped whole.
+    assert lengths[0] - dropped == lengths[keep], context
 
 
 def test_nothing_feasible_is_rejects_503_whatever_the_policy(two: Server) -> None:
