@@ -14,6 +14,9 @@ from fairness.keys import key_function
 from fairness.priority import PriorityPolicy
 from fairness.registry import DEFAULT_POLICY, POLICIES, policy_entry
 
+FairnessKey = Literal["tenant", "api_key", "user", "tenant/user", "tenant/workflow", "tenant/api_key"]
+"""What fair share is kept per (`FairnessConfig.key`)."""
+
 
 class FairnessConfig(BaseModel):
     """Which policy orders the waiting queue and its knobs: the engine's and the settings tree's one shape.
@@ -25,7 +28,7 @@ class FairnessConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     policy: str = Field(default=DEFAULT_POLICY, description=f"fairness policy: {' | '.join(POLICIES)}")
-    key: Literal["tenant", "api_key", "user", "tenant/user", "tenant/workflow", "tenant/api_key"] = Field(
+    key: FairnessKey = Field(
         default="tenant",
         description="what fair share is kept per: tenant, API key or end user; tenant/<flow> keeps it "
         "among tenants, then among each tenant's users, workflow runs or API keys (vtc)",

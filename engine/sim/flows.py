@@ -22,6 +22,7 @@ from engine.request import Request
 from engine.scheduler import SchedulerOutput
 from engine.sim.simulator import SimConfig, SimRequest, Simulator
 from fairness import FairnessConfig
+from fairness.config import FairnessKey
 
 
 @dataclass
@@ -46,17 +47,19 @@ class FlowsSetup:
     duration_s: float = 20.0
     lift_allowance: float = 1024.0
 
-    def config(self, key: str) -> SimConfig:
+    def config(self, key: FairnessKey) -> SimConfig:
         """The simulated engine under fairness key `key`."""
         return SimConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             num_blocks=self.num_blocks,
-            fairness=FairnessConfig(key=key, lift_allowance=self.lift_allowance),  # type: ignore[arg-type]
+            fairness=FairnessConfig(key=key, lift_allowance=self.lift_allowance),
         )
 
 
-def run_streams(setup: FlowsSetup, key: str, streams: list[Stream]) -> tuple[Simulator, list[Request]]:
+def run_streams(
+    setup: FlowsSetup, key: FairnessKey, streams: list[Stream]
+) -> tuple[Simulator, list[Request]]:
     """Run closed-loop `streams` for `setup.duration_s`; the simulator and every request submitted."""
     sim = Simulator(setup.config(key))
     names = itertools.count()
@@ -92,7 +95,9 @@ def tenant_service(sim: Simulator) -> dict[str, float]:
     return totals
 
 
-def sybil(setup: FlowsSetup | None = None, users: int = 24, key: str = "tenant/user") -> dict[str, Any]:
+def sybil(
+    setup: FlowsSetup | None = None, users: int = 24, key: FairnessKey = "tenant/user"
+) -> dict[str, Any]:
     """A's `users` names (one stream each) against B's one user with as many streams: A's share over B's."""
     setup = setup or FlowsSetup()
     streams = [Stream("A", 1, 64, 64, user=f"a{i}") for i in range(users)]
@@ -107,7 +112,9 @@ def sybil(setup: FlowsSetup | None = None, users: int = 24, key: str = "tenant/u
     }
 
 
-def fan_out(setup: FlowsSetup | None = None, key: str = "tenant/workflow", calls: int = 20) -> dict[str, Any]:
+def fan_out(
+    setup: FlowsSetup | None = None, key: FairnessKey = "tenant/workflow", calls: int = 20
+) -> dict[str, Any]:
     """A's agent (`calls` parallel) beside A's chat, B busy: the tenants' ratio and the chat's median latency."""
     setup = setup or FlowsSetup()
     streams = [

@@ -19,7 +19,8 @@ from typing import Any
 from engine.request import Request
 from engine.scheduler import SchedulerOutput
 from engine.sim.simulator import SimConfig, SimRequest, Simulator
-from fairness.config import FairnessConfig
+from fairness.config import FairnessConfig, FairnessKey
+from fairness.flows import FlowVTCPolicy
 
 
 @dataclass
@@ -40,7 +41,7 @@ class BankedCreditSetup:
     block_size: int = 16
     # "tenant": A, B and T are tenants. "tenant/user": they are three users of one tenant, so the lift and
     # the bound are those of the inner level (fairness/flows.py).
-    key: str = "tenant"
+    key: FairnessKey = "tenant"
 
     def config(self) -> SimConfig:
         """The simulated engine (w_in=1, w_out=2, one class)."""
@@ -51,7 +52,7 @@ class BankedCreditSetup:
             block_size=self.block_size,
             fairness=FairnessConfig(
                 lift_allowance=self.lift_allowance,
-                key=self.key,  # type: ignore[arg-type]
+                key=self.key,
                 priority_classes=False,
             ),
         )
@@ -66,7 +67,8 @@ class BankedCreditSetup:
         """Charged service of A, B and T (tenants, or the users of "X")."""
         if self.key == "tenant":
             return dict(sim.service())
-        flows = sim.policy.flow_service()  # type: ignore[attr-defined]
+        assert isinstance(sim.policy, FlowVTCPolicy), "a two-level key runs the flow policy"
+        flows = sim.policy.flow_service()
         return {name.split("/", 1)[1]: value for name, value in flows.items()}
 
     def vtc_bound(self, w_in: float = 1.0, w_out: float = 2.0) -> float:
