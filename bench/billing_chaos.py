@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
-from bench.harness import parser
+from bench.harness import parser, served_model
 from billing import BillingStore, Database
 from engine.remote.client import RemoteEngine
 from engine.remote.liveness import SilenceBounds
@@ -86,8 +86,7 @@ class Cluster:
         self.tenant_id = store.create_tenant(f"chaos-{uuid.uuid4().hex[:8]}").id
         self.key = store.create_key(self.tenant_id)[0]
         db.dispose()
-        models = httpx.get(f"{self.gateways[0].url}/v1/models", headers=self.auth(), timeout=30)
-        self.model = models.json()["data"][0]["id"]
+        self.model = served_model(self.gateways[0].url, self.key)
 
     def _gateway(self, i: int) -> ServeProcess:
         attach = [a for e in self.engines for a in ("--engine", e.address)]

@@ -77,12 +77,10 @@ async def gateway_comparison(
     the paths take turns for `rounds` rounds, so background load on a shared machine hits them alike."""
     if local is None:
         return {"note": "not measured: needs the self-started server (the bench must own the engine)"}
-    per_round = max(1, n // rounds)
-    plan = _fixed_rate_plan(rate, per_round)
-    key = next(iter(local.keys.values()))
+    per_round, key = max(1, n // rounds), next(iter(local.keys.values()))
+    plan, target = _fixed_rate_plan(rate, per_round), Target(local.url, local.model, {}, key)
     rows: dict[str, Any] = {"rate": rate, "requests": per_round * rounds, "rounds": rounds}
     rows["shape"] = PROBE.description
-    target = Target(local.url, local.model, {}, key)
     paths: dict[str, Callable[[list[PlannedRequest]], Awaitable[list[Outcome]]]] = {
         "in_process": lambda p: _inproc(local.engine, p),
         "fairserve_gateway": lambda p: _via(target, p),
@@ -113,8 +111,7 @@ async def gateway_comparison(
         if proxy is not None:
             await asyncio.to_thread(proxy.stop)
     base = rows["in_process"]
-    for name in ("fairserve_gateway", "litellm_proxy"):
-        r = rows[name]
+    for r in (rows["fairserve_gateway"], rows["litellm_proxy"]):
         if r.get("measured") and r["n"] and base["n"]:
             r |= {
                 f"added_{k}": r[k] - base[k]
@@ -161,10 +158,9 @@ def engine_comparison(cache_dir: str, quick: bool) -> dict[str, Any]:
         results = et.measure(runs, workload, warmup, repeats)
     except Exception as exc:  # a peer's API or install problem must not sink the whole report
         return {**header, "rows": [], "note": f"not measured: {type(exc).__name__}: {str(exc)[:200]}"}
-    ours = results[0].tokens_per_s
     rows: list[dict[str, Any]] = [
         {"system": r.system, "tokens_per_s": r.tokens_per_s, "seconds": r.seconds} for r in results
     ]
     for row in rows[1:]:
-        row["fairserve_speedup"] = ours / row["tokens_per_s"]
+        row["fairserve_speedup"] = rows[0]["tokens_per_s"] / row["tokens_per_s"]
     return {**header, "rows": rows}

@@ -24,17 +24,10 @@ from typing import Any
 
 import httpx
 
-from bench.harness import closed_loop, parser
+from bench.harness import closed_loop, parser, served_model
 from tests.gateway.serve_process import ServeProcess
 
 FLOODS = ("queue", "refusable", "slow_headers", "spoofed_xff")
-
-
-def model_of(url: str, key: str) -> str:
-    """The served model's name."""
-    return str(
-        httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"][0]["id"]
-    )
 
 
 def make_tenant(url: str, admin_token: str, name: str, **fields: Any) -> str:
@@ -107,7 +100,7 @@ def flood(kind: str, url: str, key: str, seconds: float, results: Any) -> None:
     if kind == "slow_headers":
         results.put(dict(asyncio.run(slow_headers(url, 300, seconds))))
         return
-    model, auth = model_of(url, key), {"Authorization": f"Bearer {key}"}
+    model, auth = served_model(url, key), {"Authorization": f"Bearer {key}"}
     n, source = 4, None
     prompt: str | list[int] = "x" * (256 * 1024)  # refusable: only a refusal can answer these
     if kind == "queue":
@@ -151,7 +144,7 @@ def run(seconds: float, rounds: int, floods: tuple[str, ...] = FLOODS) -> dict[s
             url, admin = server.url, server.banner["admin_token"]
             a_key = make_tenant(url, admin, "door-a")
             b_key = make_tenant(url, admin, "door-b", max_queued_requests=200)
-            name = model_of(url, a_key)
+            name = served_model(url, a_key)
             alone: list[dict[str, Any]] = []
             beside: dict[str, list[dict[str, Any]]] = {k: [] for k in floods}
             for _ in range(rounds):

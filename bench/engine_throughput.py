@@ -193,9 +193,8 @@ def measure(runs: dict[str, Runner], workload: Workload, warmup: Workload, repea
             start = time.perf_counter()
             result = Result(system, run(workload), 0.0)
             result.seconds = time.perf_counter() - start
-            if system not in best or result.seconds < best[system].seconds:
-                best[system] = result
-    return [best[system] for system in runs]
+            best[system] = min(best.get(system, result), result, key=lambda r: r.seconds)
+    return list(best.values())
 
 
 def markdown(results: list[Result], header: str) -> str:
@@ -205,13 +204,8 @@ def markdown(results: list[Result], header: str) -> str:
         f"{r.system} | {r.output_tokens} | {r.seconds:.2f} | {r.tokens_per_s:.1f} | {ours / r.tokens_per_s:.2f}x"
         for r in results
     )
-    return "\n".join(
-        [
-            header,
-            "",
-            *table("system | output tokens | seconds | output tok/s | fairserve speed-up", "lrrrr", rows),
-        ]
-    )
+    head = "system | output tokens | seconds | output tok/s | fairserve speed-up"
+    return "\n".join([header, "", *table(head, "lrrrr", rows)])
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -262,24 +256,19 @@ def main(argv: list[str] | None = None) -> int:
         bounds = (args.hf_num_blocks, args.hf_max_batch_tokens)
         runs, params = runners(model_dir, args.systems.split(","), args.batch_size, limits, bounds)
         results = measure(runs, workload, make_workload(8, (4, 32), (2, 8), args.seed + 1), args.repeats)
-    (p0, p1), (o0, o1), kind = (
-        args.prompt_len,
-        args.output_len,
-        args.arch if args.model == "small" else "model",
-    )
+    (p0, p1), (o0, o1) = args.prompt_len, args.output_len
     if any(r.system == "fairserve" for r in results):
+        kind = args.arch if args.model == "small" else "model"
         header = (
             f"## Engine throughput, CPU ({args.threads} torch threads): {params / 1e6:.1f}M-param random "
         )
         header += f"{kind} ({args.model}), fp32, {args.num_requests} requests, prompts {p0}-{p1} tokens, "
         print(markdown(results, header + f"outputs {o0}-{o1} tokens, greedy, EOS ignored"))
-    setup = ["num_requests", "prompt_len", "output_len", "batch_size", "repeats", "max_num_seqs"]
-    setup.append("max_num_batched_tokens")
+    setup = ("num_requests", "prompt_len", "output_len", "batch_size", "repeats", "max_num_seqs")
     doc = {"model": args.model, "arch": args.arch, "params": params, "threads": args.threads}
     doc |= {"torch": torch.__version__, "machine": platform.processor() or platform.machine()}
-    doc |= {k: getattr(args, k) for k in setup} | {
-        "results": [asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in results]
-    }
+    doc |= {k: getattr(args, k) for k in (*setup, "max_num_batched_tokens")}
+    doc["results"] = [asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in results]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"\nwrote {args.out}")

@@ -30,6 +30,7 @@ from bench.harness import parser
 
 PROMPT = "The batch never waits."
 KINDS = ("nonstream", "stream")
+RATIOS = ("nonstream_ratio", "stream_ratio")  # to the floor, in every row but its own
 
 
 class Server:
@@ -191,12 +192,8 @@ def describe(report: dict[str, Any], stream_tokens: int) -> str:
     lines = [f"gateway CPU per request, ms (median of {report['rounds']} alternating rounds)"]
     for name in ("floor", "fairserve", "baseline"):
         if (r := report.get(name)) is not None:
-            ratio = (
-                f"  vs floor {r['nonstream_ratio']:.2f}x ({r['nonstream_ratio_min']:.2f}-{r['nonstream_ratio_max']:.2f})"
-                f" / {r['stream_ratio']:.2f}x ({r['stream_ratio_min']:.2f}-{r['stream_ratio_max']:.2f})"
-                if name != "floor"
-                else ""
-            )
+            spread = [f"{r[k]:.2f}x ({r[k + '_min']:.2f}-{r[k + '_max']:.2f})" for k in RATIOS if k in r]
+            ratio = f"  vs floor {' / '.join(spread)}" if spread else ""
             lines.append(
                 f"  {name:9} max_tokens=1 {r['nonstream_ms']:.3f}  {stream_tokens}-token stream {r['stream_ms']:.3f}"
                 f"  per token {r['per_token_ms']:.4f}{ratio}"

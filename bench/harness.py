@@ -1,4 +1,4 @@
-"""What the standalone benchmarks share: flags, random prompt text, closed-loop clients, Markdown tables."""
+"""What the benchmarks share: flags, the served model, random prompt text, closed-loop clients, Markdown tables."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+import httpx
+
 
 def parser(doc: str | None, **flags: Any) -> argparse.ArgumentParser:
     """A parser described by `doc`'s first paragraph, with a `--name` per flag: its default (whose type it
@@ -20,6 +22,13 @@ def parser(doc: str | None, **flags: Any) -> argparse.ArgumentParser:
         kind = str if default is None else type(default)
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=help_)
     return p
+
+
+def served_model(url: str, key: str) -> str:
+    """The first model that the server at `url` lists to API key `key`."""
+    resp = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30.0)
+    resp.raise_for_status()
+    return str(resp.json()["data"][0]["id"])
 
 
 def text(n: int, rng: random.Random, alphabet: str = string.ascii_lowercase + " ") -> str:

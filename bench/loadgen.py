@@ -86,9 +86,7 @@ class Outcome:
             return None
         return (self.end_at - self.first_token_at) / (self.completion_tokens - 1)
 
-    def saw(
-        self, t0: float, text: str | None, finish: str | None, usage: tuple[int, int, int] | None
-    ) -> None:
+    def saw(self, t0: float, text: str | None, finish: str | None, usage: tuple[int, ...] | None) -> None:
         """Record one streamed chunk: its text (the first one times TTFT), finish reason and usage."""
         if text and self.first_token_at is None:
             self.first_token_at = time.perf_counter() - t0
@@ -120,13 +118,8 @@ def _params(target: Target, workload: Workload, req: PlannedRequest, attempt: in
 
 
 def _start(req: PlannedRequest, t0: float, task_id: str | None = None, attempt: int = 0) -> Outcome:
-    return Outcome(
-        f"bench-{uuid.uuid4().hex[:16]}",
-        req.tenant,
-        time.perf_counter() - t0,
-        task_id=task_id,
-        attempt=attempt,
-    )
+    request_id = f"bench-{uuid.uuid4().hex[:16]}"
+    return Outcome(request_id, req.tenant, time.perf_counter() - t0, task_id=task_id, attempt=attempt)
 
 
 async def stream_one(
@@ -186,12 +179,8 @@ async def _attempt(
         async for chunk in stream:
             choice, usage, counts = (chunk.choices[0] if chunk.choices else None), chunk.usage, None
             if usage is not None:
-                details = usage.prompt_tokens_details
-                counts = (
-                    usage.prompt_tokens,
-                    usage.completion_tokens,
-                    (details and details.cached_tokens) or 0,
-                )
+                cached = (usage.prompt_tokens_details and usage.prompt_tokens_details.cached_tokens) or 0
+                counts = (usage.prompt_tokens, usage.completion_tokens, cached)
             out.saw(t0, choice and choice.text, choice and choice.finish_reason, counts)
     except openai.APIStatusError as exc:
         out.status = exc.status_code
@@ -251,15 +240,14 @@ async def run_load(
     def agent(tenant: str) -> AsyncFairServe:
         if tenant not in agents:
             http = openai.DefaultAsyncHttpxClient(limits=httpx2.Limits(**LIMITS))
-            key = target.key(tenant)
+            url, key = target.url + "/v1", target.key(tenant)
             agents[tenant] = AsyncFairServe(
-                base_url=target.url + "/v1", api_key=key, max_retries=0, timeout=timeout_s, http_client=http
+                base_url=url, api_key=key, max_retries=0, timeout=timeout_s, http_client=http
             )
         return agents[tenant]
 
-    async with httpx.AsyncClient(
-        base_url=target.url, timeout=timeout_s, limits=httpx.Limits(**LIMITS)
-    ) as http:
+    limits = httpx.Limits(**LIMITS)
+    async with httpx.AsyncClient(base_url=target.url, timeout=timeout_s, limits=limits) as http:
         t0 = time.perf_counter()
 
         async def one(req: PlannedRequest) -> list[Outcome]:

@@ -15,9 +15,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from fairness import FairnessConfig  # noqa: E402
 
 
-def save(
-    fig: Any, path: Path, rect: tuple[float, float, float, float] = (0, 0, 1, 1), dpi: int = 100
-) -> Path:
+def save(fig: Any, path: Path, rect: tuple[float, ...] = (0, 0, 1, 1), dpi: int = 100) -> Path:
     """Lay out, write and close `fig`."""
     fig.tight_layout(rect=rect)
     fig.savefig(path, dpi=dpi)
@@ -30,18 +28,14 @@ def timeline(runs: list[dict[str, Any]], path: Path) -> Path:
     fig, axes = plt.subplots(len(runs), 1, figsize=(9, 2.4 * len(runs)), squeeze=False)
     for ax, run in zip(axes[:, 0], runs, strict=True):
         tl = run["timeline"]
-        t = tl["t"]
+        t, used, blocks = tl["t"], tl["kv_blocks_used"], tl["kv_blocks_total"]
         ax.plot(t, tl["batch_size"], color="tab:blue", label="batch size (seqs)")
-        occ = [
-            u / tot * 100 if tot else 0.0
-            for u, tot in zip(tl["kv_blocks_used"], tl["kv_blocks_total"], strict=True)
-        ]
+        occ = [u / n * 100 if n else 0.0 for u, n in zip(used, blocks, strict=True)]
         ax.plot(t, occ, color="tab:green", label="KV occupancy (%)")
         ax.set_ylabel(f"{run['workload']}\nseqs | KV %")
         ax2 = ax.twinx()
-        ax2.plot(
-            t, [s * 1e3 for s in tl["iteration_seconds"]], color="tab:red", alpha=0.7, label="iteration (ms)"
-        )
+        ms = [s * 1e3 for s in tl["iteration_seconds"]]
+        ax2.plot(t, ms, color="tab:red", alpha=0.7, label="iteration (ms)")
         ax2.set_ylabel("iteration (ms)", color="tab:red")
         if ax is axes[0, 0]:
             lines = ax.get_lines() + ax2.get_lines()
@@ -72,11 +66,9 @@ def latency(runs: list[dict[str, Any]], path: Path) -> Path:
 def knee(sweep: list[dict[str, Any]], capacity: dict[str, Any] | None, path: Path) -> Path:
     """Throughput and SLO goodput against offered load, with the useful capacity point marked."""
     fig, ax = plt.subplots(figsize=(7, 4))
-    offered = [p["offered"]["requests_per_s"] for p in sweep]
-    ax.plot(offered, [p["achieved"]["requests_per_s"] for p in sweep], "o-", label="throughput (req/s)")
-    ax.plot(
-        offered, [p["achieved"]["goodput_requests_per_s"] for p in sweep], "s-", label="SLO goodput (req/s)"
-    )
+    offered, achieved = [p["offered"]["requests_per_s"] for p in sweep], [p["achieved"] for p in sweep]
+    ax.plot(offered, [a["requests_per_s"] for a in achieved], "o-", label="throughput (req/s)")
+    ax.plot(offered, [a["goodput_requests_per_s"] for a in achieved], "s-", label="SLO goodput (req/s)")
     lim = max(offered or [1.0])
     ax.plot([0, lim], [0, lim], color="grey", linestyle=":", label="offered = achieved")
     if capacity is not None:
@@ -87,9 +79,8 @@ def knee(sweep: list[dict[str, Any]], capacity: dict[str, Any] | None, path: Pat
             label=f"useful capacity ~{capacity['offered_requests_per_s']:.1f} req/s",
         )
     ax2 = ax.twinx()
-    ax2.plot(
-        offered, [p["latency_s"]["ttft"]["p99"] or 0.0 for p in sweep], "^--", color="tab:purple", alpha=0.6
-    )
+    p99 = [p["latency_s"]["ttft"]["p99"] or 0.0 for p in sweep]
+    ax2.plot(offered, p99, "^--", color="tab:purple", alpha=0.6)
     ax2.set_ylabel("p99 TTFT (s)", color="tab:purple")
     ax.set_xlabel("offered load (requests/s, open loop)")
     ax.set_ylabel("achieved (requests/s)")
@@ -124,10 +115,8 @@ def _tenant_bars(ax: Any, run: dict[str, Any], w_in: float, w_out: float) -> Non
     for x, (name, t) in zip(xs, ts.items(), strict=True):
         frac = t["backlogged_fraction"]
         bound = frac is not None and frac >= BACKLOGGED
-        style = (
-            {"linestyles": "solid", "linewidth": 2.2} if bound else {"linestyles": "dotted", "linewidth": 1.2}
-        )
-        ax.hlines(t["weight"] / wsum, x - 0.45, x + 0.45, colors="black", **style)
+        style, width = ("solid", 2.2) if bound else ("dotted", 1.2)
+        ax.hlines(t["weight"] / wsum, x - 0.45, x + 0.45, colors="black", linestyles=style, linewidth=width)
         labels.append(f"{name}\nbacklogged {'n/a' if frac is None else f'{frac:.0%}'}")
     ax.set_xticks(xs, labels, fontsize=8)
     ax.set_ylim(0, 1)

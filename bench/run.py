@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from bench import comparisons, markdown, plots
 from bench.cli import BenchOptions
+from bench.harness import served_model
 from bench.loadgen import Target, run_load
 from bench.probe import Timeline, sample, scrape, settled
 from bench.report import capacity_point, consistency_problems, summarise
@@ -60,22 +61,18 @@ def declaration(opts: BenchOptions, target: Target, local: LocalServer | None) -
     cfg = local.engine.config if local else None
     accelerator = f"CUDA {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "no accelerator"
     cpu = " ".join(filter(None, (platform.machine(), platform.processor())))
+    embedded = cfg is not None and cfg.model is None
+    server = "self-started: uvicorn on a thread of the bench process, 127.0.0.1, SQLite in a temp dir"
     return {
         "command": opts.command,
         "quick": opts.quick,
         "model": target.model
-        + (
-            f" (revision {DEFAULT_MODEL_VERSION}, embedded, seeded random weights)"
-            if cfg and cfg.model is None
-            else ""
-        ),
+        + (f" (revision {DEFAULT_MODEL_VERSION}, embedded, seeded random weights)" if embedded else ""),
         "dtype": (cfg.dtype if cfg else "server's")
         + (" (the embedded model is float32)" if cfg and cfg.dtype == "auto" else ""),
         "hardware": f"{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads), "
         + accelerator,
-        "server": "self-started: uvicorn on a thread of the bench process, 127.0.0.1, SQLite in a temp dir"
-        if local
-        else f"remote {target.url}; every tenant uses the given key",
+        "server": server if local else f"remote {target.url}; every tenant uses the given key",
         "engine": cfg.model_dump(exclude={"cache_dir", "trace_path"})
         if cfg
         else "remote server (its configuration is the server's; see its /admin/api/engine)",
@@ -103,11 +100,9 @@ async def _policy_rows(opts: BenchOptions, local: LocalServer | None, tmp: Path)
     tenants = [(t.name, t.weight) for t in workload.tenants]
     rows = []
     for i, (name, changed, cfg) in enumerate(comparisons.policy_variants(local.engine.config)):
-        server = (
-            local
-            if i == 0
-            else await asyncio.to_thread(start_local_server, cfg, tmp / f"policy-{i}", tenants)
-        )
+        server = local
+        if i:
+            server = await asyncio.to_thread(start_local_server, cfg, tmp / f"policy-{i}", tenants)
         try:
             run = await measure(_target(server), workload, rate, opts.duration_s, opts.seed)
             rows.append({"name": name, "changed": changed, "run": run})
@@ -185,9 +180,7 @@ def _remote(opts: BenchOptions) -> Target:
     """The --url server as a target: its first model, every tenant on the one key."""
     assert opts.url is not None and opts.api_key is not None
     url = opts.url.rstrip("/")
-    models = httpx.get(f"{url}/v1/models", timeout=10.0, headers={"Authorization": f"Bearer {opts.api_key}"})
-    models.raise_for_status()
-    return Target(url, models.json()["data"][0]["id"], {}, opts.api_key, metrics_token=opts.metrics_token)
+    return Target(url, served_model(url, opts.api_key), {}, opts.api_key, metrics_token=opts.metrics_token)
 
 
 def run_bench(opts: BenchOptions) -> dict[str, Path]:
