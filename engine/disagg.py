@@ -35,11 +35,11 @@ from engine.boundary.worker import EngineLoop, Inbox
 from engine.kv_cache import BlockTable
 from engine.llm_engine import LLMEngine
 from engine.outputs import OutputDelta, RequestMetrics
-from engine.request import FinishReason, Request, RequestState
+from engine.request import KV_HOLD, FinishReason, Request, RequestState
 
 log = logging.getLogger("fairserve.engine.disagg")
 
-HOLD = "hold"  # RequestMeta.kv_handoff on a prefill engine: keep the KV for a decode engine
+HOLD = KV_HOLD  # RequestMeta.kv_handoff on a prefill engine (engine/request.py)
 KVBlocks = list[
     tuple[torch.Tensor, torch.Tensor]
 ]  # per block-pool layer: K and V, [blocks, block, heads, dim]

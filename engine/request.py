@@ -136,6 +136,9 @@ def _finite(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+KV_HOLD = "hold"  # RequestMeta.kv_handoff on a prefill engine: keep the KV for a decode engine
+
+
 @dataclass
 class RequestMeta:
     """Who asked and under what contract. Lower `priority` values are more important classes."""
@@ -166,9 +169,14 @@ class RequestMeta:
     ledger_id: str | None = (
         None  # the caller's request id: the key of the ledger row the engine's record bills
     )
-    # Prefill and decode on separate engines (engine/disagg.py): HOLD asks a prefill engine to keep the KV
-    # after the first token for a decode engine; a tcp:// address tells a decode engine where to pull it.
+    # Prefill and decode on separate engines (engine/disagg.py): KV_HOLD asks a prefill engine to keep the
+    # KV after the first token for a decode engine; a tcp:// address tells a decode engine where to pull it.
     kv_handoff: str | None = None
+
+    @property
+    def decode_part(self) -> bool:
+        """The second part of a split request, whose prefill engine counts the request and its prompt."""
+        return self.kv_handoff is not None and self.kv_handoff != KV_HOLD
 
 
 @dataclass

@@ -52,6 +52,7 @@ class ProducedRecord(msgspec.Struct, array_like=True):
     recomputed_tokens: int
     arrival_time: float
     finished_time: float
+    decode_part: bool = False  # of a split request (engine/disagg.py): its prefill part counts the request
 
 
 class TenantProduced(msgspec.Struct, array_like=True):
@@ -90,10 +91,12 @@ class ProducedBook:
     def _count(self, record: ProducedRecord) -> None:
         key = (record.tenant_id, int(record.finished_time) // _HOUR_S)
         total = self._hours.setdefault(key, TenantProduced(record.tenant_id))
+        total.completion_tokens += record.completion_tokens
+        if record.decode_part:  # the prefill part counted the request, its prompt and its first token
+            return
         total.requests += 1
         total.prompt_tokens += record.prompt_tokens
         total.cached_tokens += record.cached_tokens
-        total.completion_tokens += record.completion_tokens
 
     def _load(self, path: Path) -> None:
         if not path.exists():
@@ -153,6 +156,7 @@ class ProducedBook:
                 m.recomputed_tokens,
                 m.arrival_time,
                 m.finished_time or time.time(),
+                meta.decode_part,
             )
             self._records[delta.request_id] = (owner, record)
             self._count(record)

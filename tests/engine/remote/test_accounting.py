@@ -8,7 +8,7 @@ from pathlib import Path
 
 from engine.outputs import OutputDelta, RequestMetrics
 from engine.remote.accounting import ProducedBook
-from engine.request import FinishReason, RequestMeta
+from engine.request import KV_HOLD, FinishReason, RequestMeta
 
 
 def _finish(book: ProducedBook, rid: str, owner: bytes, completion: int) -> None:
@@ -55,3 +55,31 @@ def test_tokens_produced_beyond_what_was_billed_become_a_supplement(tmp_path: Pa
     book.billed(["a", "b"])  # the supplements billed: nothing left
     assert book.unconfirmed() == 0
     assert ProducedBook(tmp_path / "produced.log").unconfirmed() == 0
+
+
+def test_a_split_request_counts_once_across_its_prefill_and_decode_parts(tmp_path: Path) -> None:
+    """Totals for `fairserve usage reconcile`: the prefill part counts the request, its prompt and the
+    first token; the decode part (given the prompt plus that token) only the tokens it sampled."""
+    now = time.time()
+    prefill = ProducedBook(tmp_path / "prefill.log")
+    prefill.opened("r", b"g", RequestMeta(tenant_id="t", ledger_id="caller-r", kv_handoff=KV_HOLD))
+    first = RequestMetrics(5, 2, 1, 1.0, 0, 0, 0, None, now - 1, now - 1, now - 1, now - 2)
+    prefill.finished(OutputDelta("r", [], "", True, FinishReason.HANDOFF, first))
+    decode = ProducedBook(tmp_path / "decode.log")
+    decode.opened("r", b"g", RequestMeta(tenant_id="t", ledger_id="caller-r", kv_handoff="tcp://p:1"))
+    rest = RequestMetrics(6, 6, 7, 2.0, 0, 0, 0, None, now - 1, now - 1, now - 1, now - 2)
+    decode.finished(OutputDelta("r", [], "", True, FinishReason.LENGTH, rest))
+    for books in (
+        [prefill, decode],
+        [ProducedBook(tmp_path / "prefill.log"), ProducedBook(tmp_path / "decode.log")],
+    ):
+        parts = [t for book in books for t in book.totals(now - 10)]
+        summed = [
+            sum(getattr(t, f) for t in parts)
+            for f in ("requests", "prompt_tokens", "cached_tokens", "completion_tokens")
+        ]
+        assert summed == [1, 5, 2, 8]  # as the ledger's one row: 5 prompt tokens, 2 cached, 1 + 7 completion
+    # Each part's own record still carries its counts, for billing it if its gateway dies.
+    assert [(r.prompt_tokens, r.completion_tokens) for r in decode.orphans(live=[], older_than_s=0.0)] == [
+        (6, 7)
+    ]
