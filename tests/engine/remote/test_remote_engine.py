@@ -28,6 +28,7 @@ from engine import (
 )
 from engine.boundary.messages import Abort, IterationReport, Submit
 from engine.loader import default_model_dir
+from engine.outputs import OutputDelta
 from engine.remote.client import RemoteEngine
 from engine.remote.liveness import SilenceBounds
 from engine.remote.messages import FromServer, Hello
@@ -160,7 +161,7 @@ def test_a_silent_gateways_requests_are_aborted(served: EngineProcess) -> None:
         asyncio.run(scenario())
         # What the silent gateway would have read: its request ended as cancelled, not run to max_tokens.
         # The abort's report may still be on its way when the watcher's stats show the request gone.
-        finals = []
+        finals: list[OutputDelta] = []
         waited_until = time.monotonic() + 10
         while not finals and time.monotonic() < waited_until:
             if silent.poll(100):
