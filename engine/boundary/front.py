@@ -48,6 +48,7 @@ _TRACES_KEPT = 256
 _STATS = msgspec.msgpack.Decoder(EngineStats)
 _TRACES = msgspec.msgpack.Decoder(list[IterationTrace])
 _NO_TRACES = 1  # the msgpack of an empty list is one byte
+_REPORTS = (ReportAsRead, IterationReport)  # as read off a channel, and as a thread engine's loop hands it over
 log = logging.getLogger("fairserve.engine")
 # Called inside the front's delivery, so it must not wait; what it raises is logged and goes no further.
 Sink = Callable[[RequestOutput | BaseException], None]
@@ -249,7 +250,7 @@ class EngineFront:
 
     # -- what comes back from the loop ------------------------------------------------------
     def _dispatch(self, msg: Any) -> None:
-        if isinstance(msg, ReportAsRead | IterationReport):
+        if isinstance(msg, _REPORTS):
             # Stats before outputs, so a consumer that sees its request end sees its blocks freed.
             with self._lock:
                 self._stats = msg.stats
