@@ -31,8 +31,8 @@ from typing import Any
 import msgspec
 import torch
 
-from engine.boundary.route import OutputRoute
 from engine.boundary.messages import IterationReport
+from engine.boundary.route import OutputRoute
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loader import default_model_config, write_seeded_llama
