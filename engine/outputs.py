@@ -110,9 +110,10 @@ class TokenPrefix(Sequence[int]):
         return list, (list(self),)  # pickles (and copies) as the plain list it stands for
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
-    """An incremental update of one request; the last one has `finished=True`."""
+    """An incremental update of one request; the last one has `finished=True` (slotted: a front makes one per
+    token of every stream)."""
 
     request_id: str
     prompt_token_ids: list[int]

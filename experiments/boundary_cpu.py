@@ -3,8 +3,9 @@
     .venv/bin/python -m experiments.boundary_cpu                              # this checkout, 4 rounds
     .venv/bin/python -m experiments.boundary_cpu --baseline ../main           # alternating with another checkout
 
-`--concurrency` closed-loop clients each `submit` a `max_tokens: 1` request with a sink (as the gateway
-does) and submit the next when it finishes. CPU is this process's, every thread (ZeroMQ's I/O thread
+`--concurrency` closed-loop clients each `submit` a `max_tokens: 1` request (`--max-tokens`: more, each
+token an output of its own as in a stream) with a sink (as the gateway does) and submit the next when it
+finishes. CPU is this process's, every thread (ZeroMQ's I/O thread
 included), from /proc (ns, schedstat), less its idle rate sampled for half a second before; the worker
 process is not counted. What is left is the front (validate, register, encode, send; read, decode,
 dispatch, hand over) and this driver's own few microseconds, the same on both sides of an A/B. With
@@ -40,7 +41,7 @@ def threads_cpu() -> dict[str, float]:
     return out
 
 
-async def measure(requests: int, concurrency: int) -> dict[str, float]:
+async def measure(requests: int, concurrency: int, max_tokens: int = 1) -> dict[str, float]:
     """µs of CPU per request, in all and for ZeroMQ's I/O thread, after a warm-up of the same shape."""
     from engine import EngineConfig, ProcessEngine, RequestMeta, RequestOutput, SamplingParams
 
@@ -48,7 +49,7 @@ async def measure(requests: int, concurrency: int) -> dict[str, float]:
     engine.start()
     loop = asyncio.get_running_loop()
     prompt = engine.tokenizer.encode(PROMPT)
-    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     ids, left = itertools.count(), [0]
 
     async def client() -> None:
@@ -85,6 +86,7 @@ async def measure(requests: int, concurrency: int) -> dict[str, float]:
 def one(checkout: Path, args: argparse.Namespace) -> dict[str, float]:
     """One measurement in a fresh process: this script, with `checkout`'s engine first on the path."""
     flags = ["--one", "--requests", str(args.requests), "--concurrency", str(args.concurrency)]
+    flags += ["--max-tokens", str(args.max_tokens)]
     out = subprocess.run(
         [sys.executable, __file__, *flags],
         cwd=checkout,
@@ -102,13 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--requests", type=int, default=800, help="measured requests per side and round")
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=1, help="tokens per request (ignore_eos)")
     p.add_argument("--baseline", default=None, help="also measure this other checkout, alternating")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a single measurement, as JSON
     args = p.parse_args(argv)
     if args.one:
         import uvloop
 
-        print(json.dumps(uvloop.run(measure(args.requests, args.concurrency))))
+        print(json.dumps(uvloop.run(measure(args.requests, args.concurrency, args.max_tokens))))
         return 0
     sides = [("this", Path(__file__).resolve().parents[1])]
     if args.baseline:

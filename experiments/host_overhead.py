@@ -9,7 +9,7 @@ around it shows. Every request is admitted, prefilled, and then the engine is st
 state (every running request decodes one token, nothing else happens); the split is read from the
 engine's own IterationTrace rows, the same figures a deployment writes with `trace_path`. The
 front's share (rebuilding each output's totals and detokenizing what the loop leaves to it) is
-timed separately, on the same outputs, with the front's own code (engine/boundary/front.py `OutputRoute`),
+timed separately, on the same outputs, with the front's own code (engine/boundary/route.py `OutputRoute`),
 and so is "publish": the stats snapshot and the encoded IterationReport that the loop sends the front
 under ProcessEngine after every step (engine/boundary/worker.py): msgspec, as the default ZeroMQ transport
 encodes it (engine/boundary/zmq_channel.py).
@@ -31,8 +31,8 @@ from typing import Any
 import msgspec
 import torch
 
-from engine.boundary.front import OutputRoute
 from engine.boundary.messages import IterationReport
+from engine.boundary.route import OutputRoute
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loader import default_model_config, write_seeded_llama

@@ -11,19 +11,25 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
+
+import msgspec
 
 from engine.boundary.messages import (
     Abort,
     EngineDeadError,
     IterationReport,
+    ReportAsRead,
     SetWeight,
     Submit,
     SubmitFailed,
     WorkerFailed,
 )
+from engine.boundary.route import OutputRoute as OutputRoute  # re-exported: the front's public names
+from engine.boundary.route import Sink as Sink
 from engine.limits import RequestCaps, RequestLimits
 from engine.outputs import EngineStats, OutputDelta, RequestInfo, RequestOutput, TokenPrefix, text_in_loop
 from engine.request import (
@@ -34,64 +40,21 @@ from engine.request import (
     RequestMeta,
     SamplingParams,
 )
-from engine.tokenizer import Detokenizer, Tokenizer
+from engine.tokenizer import Tokenizer
 from engine.trace import IterationTrace
 
 _ERRORS: dict[str, type[InvalidRequestError]] = {
     cls.__name__: cls for cls in (InvalidRequestError, DuplicateRequestError, PromptTooLongError)
 }
 _TRACES_KEPT = 256
+_STATS = msgspec.msgpack.Decoder(EngineStats)
+_TRACES = msgspec.msgpack.Decoder(list[IterationTrace])
+_NO_TRACES = 1  # the msgpack of an empty list is one byte
+_REPORTS = (
+    ReportAsRead,
+    IterationReport,
+)  # as read off a channel, and as a thread engine's loop hands it over
 log = logging.getLogger("fairserve.engine")
-# Called inside the front's delivery, so it must not wait; what it raises is logged and goes no further.
-Sink = Callable[[RequestOutput | BaseException], None]
-
-
-class OutputRoute:
-    """Where one request's outputs go, and its running totals (the loop sends only what is new).
-
-    With a `detokenizer` the loop sends this request's token ids without text (it has no stop strings,
-    see engine/outputs.py `text_in_loop`) and the route makes the text here, on the consumer's side.
-    """
-
-    __slots__ = ("loop", "put", "prompt_token_ids", "token_ids", "text", "detokenizer")
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        put: Sink,
-        prompt_token_ids: list[int],
-        detokenizer: Detokenizer | None = None,
-    ) -> None:
-        self.loop = loop
-        self.put = put
-        self.prompt_token_ids = prompt_token_ids
-        self.token_ids: list[int] = []
-        self.text = ""
-        self.detokenizer = detokenizer
-
-    def expand(self, delta: OutputDelta) -> RequestOutput:
-        """The whole RequestOutput the consumer sees: its token ids a snapshot of the totals, not a copy."""
-        self.token_ids += delta.new_token_ids
-        text = delta.delta_text
-        detokenizer = self.detokenizer
-        if detokenizer is not None:
-            # What the loop did before it left the text to the front: push the new ids, and at the end
-            # release a held-back incomplete character (a request without stop strings holds nothing else).
-            text = detokenizer.push(delta.new_token_ids) if delta.new_token_ids else ""
-            if delta.finished:
-                text += detokenizer.finish()
-        self.text += text
-        return RequestOutput(
-            delta.request_id,
-            self.prompt_token_ids,
-            delta.new_token_ids,
-            TokenPrefix(self.token_ids, len(self.token_ids)),
-            text,
-            self.text,
-            delta.finished,
-            delta.finish_reason,
-            delta.metrics,
-        )
 
 
 class EngineFront:
@@ -106,8 +69,10 @@ class EngineFront:
         self._alive = False
         self._error: str | None = None
         self._limits: RequestLimits | None = None
-        self._stats = EngineStats()
-        self._traces: list[IterationTrace] = []
+        # The latest snapshot, or its msgpack as the last report brought it (decoded by `stats` when asked).
+        self._stats: EngineStats | msgspec.Raw = EngineStats()
+        self._traces: deque[IterationTrace] = deque(maxlen=_TRACES_KEPT)
+        self._traces_read: deque[msgspec.Raw] = deque(maxlen=_TRACES_KEPT)  # not yet decoded, each >= 1 trace
 
     def _send(self, msg: Any) -> None:
         """Hand a message to the loop; raise EngineDeadError when it is gone."""
@@ -170,8 +135,9 @@ class EngineFront:
             if request_id in self._streams:
                 raise DuplicateRequestError(f"request id {request_id!r} is already live", "request_id")
             detokenizer = None if text_in_loop(params) else self.tokenizer.detokenizer(prompt)
-            self._streams[request_id] = OutputRoute(loop, stream.put, prompt, detokenizer)
-            self._live[request_id] = RequestInfo(request_id, meta.tenant_id, meta.task_id, "waiting")
+            info = RequestInfo(request_id, meta.tenant_id, meta.task_id, "waiting")
+            self._streams[request_id] = OutputRoute(loop, stream.put, prompt, detokenizer, info)
+            self._live[request_id] = info
         try:
             self._send(Submit(request_id, prompt, params, meta))
         except BaseException:
@@ -216,22 +182,35 @@ class EngineFront:
     def stats(self) -> EngineStats:
         """The snapshot the loop published after its last working iteration."""
         # A shallow copy, as dataclasses.replace made, at a fifth of its cost: admission asks twice a request.
+        stats = self._stats
+        if isinstance(stats, msgspec.Raw):
+            decoded = _STATS.decode(stats)
+            with self._lock:  # unless a newer report came meanwhile
+                if self._stats is stats:
+                    self._stats = decoded
+            stats = decoded
         s = object.__new__(EngineStats)
-        s.__dict__.update(self._stats.__dict__)
+        s.__dict__.update(stats.__dict__)
         s.alive = self._alive
         return s
 
     def recent_traces(self, n: int = 50) -> list[IterationTrace]:
         """The last `n` iteration traces."""
-        return list(self._traces[-n:])
+        with self._lock:
+            while self._traces_read:
+                self._traces.extend(_TRACES.decode(self._traces_read.popleft()))
+            return list(self._traces)[-n:]
 
     # -- what comes back from the loop ------------------------------------------------------
     def _dispatch(self, msg: Any) -> None:
-        if isinstance(msg, IterationReport):
+        if isinstance(msg, _REPORTS):
             # Stats before outputs, so a consumer that sees its request end sees its blocks freed.
-            self._stats = msg.stats
-            if msg.traces:
-                self._traces = (self._traces + msg.traces)[-_TRACES_KEPT:]
+            with self._lock:
+                self._stats = msg.stats
+                if isinstance(msg, IterationReport):
+                    self._traces.extend(msg.traces)  # the last _TRACES_KEPT, with no copy per report
+                elif len(msg.traces) > _NO_TRACES:
+                    self._traces_read.append(msg.traces.copy())  # not a view that keeps the whole frame
             here = _running_loop()  # once a report, not once an output (0.7 us a call)
             for delta in msg.outputs:
                 self._deliver(delta.request_id, delta, here)
@@ -252,10 +231,10 @@ class EngineFront:
         loop (None: none) when the caller already knows it."""
         with self._lock:
             route = self._streams.get(request_id)
-            if route is not None and isinstance(item, OutputDelta) and request_id in self._live:
-                self._live[request_id].state = "finished" if item.finished else "running"
-        if route is None:
-            return
+            if route is None:
+                return
+            if route.info is not None and isinstance(item, OutputDelta):
+                route.info.state = "finished" if item.finished else "running"
         if here is False:
             here = _running_loop()
         if route.loop is here:  # dispatched on the consumer's own loop: no wake-up round trip

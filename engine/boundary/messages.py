@@ -64,6 +64,20 @@ class IterationReport(msgspec.Struct, tag=True, array_like=True):
     traces: list[IterationTrace]
 
 
+class ReportAsRead(msgspec.Struct, tag="IterationReport", array_like=True):
+    """An IterationReport as the front reads it off the wire: the outputs decoded, the stats snapshot and the
+    traces left as msgpack until someone asks (`EngineFront.stats`, `recent_traces`).
+
+    Every report's outputs are needed at once; its stats only when a request is admitted (a burst of
+    admissions after one report shares one decode) and its traces only when the admin API shows them.
+    They were half of a report's decode.
+    """
+
+    outputs: list[OutputDelta]
+    stats: msgspec.Raw
+    traces: msgspec.Raw
+
+
 class SubmitFailed(msgspec.Struct, tag=True, array_like=True):
     """The engine refused a submit the front had validated (a race, e.g. a duplicate id)."""
 
@@ -104,3 +118,5 @@ class WorkerExiting(msgspec.Struct, tag=True, array_like=True):
 # What the front sends to the loop, and what the loop sends back: each direction decodes only its own kinds.
 ToEngine = Submit | Abort | SetWeight | StopLoop
 FromEngine = IterationReport | SubmitFailed | WorkerReady | WorkerFailed | WorkerExiting
+# The same frames as the front's channel decodes them (ReportAsRead for IterationReport).
+FromEngineAsRead = ReportAsRead | SubmitFailed | WorkerReady | WorkerFailed | WorkerExiting

@@ -35,7 +35,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from engine.boundary.messages import FromEngine, StopLoop, ToEngine, WorkerExiting
+from engine.boundary.messages import FromEngineAsRead, StopLoop, ToEngine, WorkerExiting
 
 log = logging.getLogger("fairserve.engine.zmq")
 _ENCODER = msgspec.msgpack.Encoder()
@@ -84,7 +84,7 @@ class ZmqFrontChannel:
         self._in.setsockopt(zmq.RCVHWM, 0)
         self._in.bind(self.from_worker_addr)
         self.fd = int(self._in.getsockopt(zmq.FD))
-        self._decoder = msgspec.msgpack.Decoder(FromEngine)
+        self._decoder = msgspec.msgpack.Decoder(FromEngineAsRead)
         self._ready: collections.deque[Any] = collections.deque()
         self._send_lock = threading.Lock()  # a zmq socket is not thread-safe; shutdown may send from a thread
         self._eof = False

@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.boundary.front import OutputRoute
 from engine.boundary.messages import IterationReport
+from engine.boundary.route import OutputRoute
 from engine.outputs import EngineStats, OutputDelta, RequestMetrics, RequestOutput
 
 SHAPES = [

@@ -10,6 +10,9 @@ from engine import FinishReason, RequestMetrics
 
 DONE = "[DONE]"
 _MARK = "fairserve-delta-7f3a"  # stands for the delta text while a middle event's fixed text is cut out
+# json.dumps(o, ensure_ascii=False) builds a JSONEncoder on every call (2.1 us for a token's text, against
+# 0.2 us for this one encoder's encode, which writes the same JSON).
+_JSON = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def openai_finish_reason(reason: FinishReason | None) -> str | None:
@@ -63,7 +66,7 @@ class Shape:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         out = self._head(self.object) | {"choices": [choice], "usage": usage(m)}
-        return json.dumps(out, ensure_ascii=False)
+        return _JSON(out)
 
     def chunk(
         self, delta_text: str, reason: FinishReason | None, first: bool, so_far: RequestMetrics | None = None
@@ -76,7 +79,7 @@ class Shape:
         if reason is None and not first and so_far is None:
             around = self._around()
             if around is not None:
-                return around[0] + json.dumps(delta_text, ensure_ascii=False) + around[1]
+                return around[0] + _JSON(delta_text) + around[1]
         return self._chunk(delta_text, reason, first, so_far)
 
     def _around(self) -> tuple[str, str] | None:
@@ -102,7 +105,7 @@ class Shape:
         out = self._head(obj) | {"choices": [choice]}
         if so_far is not None:
             out["usage"] = usage(so_far)
-        return json.dumps(out, ensure_ascii=False)
+        return _JSON(out)
 
     def usage_chunk(self, m: RequestMetrics) -> str:
         """The extra final event with empty choices and usage (`stream_options.include_usage`)."""

@@ -90,15 +90,18 @@ class RunResponse:
     def __init__(self, run: Run, headers: Mapping[str, str]) -> None:
         self.run = run
         self.headers = dict(headers)
+        self._change: asyncio.Future[None] | None = None  # what the reply waits on now
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         run = self.run
         run.readers += 1
         gone, stop_watching = _watch_gone(scope, receive)
+        gone.add_done_callback(self._left)  # once for the reply, not once per wait
         completed = False
         try:
             completed = await self._send(scope, send, gone)
         finally:
+            gone.remove_done_callback(self._left)
             stop_watching()
             if not completed:
                 run.reader_left()
@@ -109,21 +112,18 @@ class RunResponse:
         timing = self.run.server_timing()
         return self.headers if timing is None else {**self.headers, "Server-Timing": timing}
 
+    def _left(self, _: object) -> None:
+        """The client went away: end the wait in progress."""
+        change = self._change
+        if change is not None and not change.done():
+            change.set_result(None)
+
     async def _until_change(self, gone: asyncio.Future[None]) -> bool:
         """Wait for the run to change; False when the client left first."""
-        change = self.run.next_change()
         if gone.done():
             return False
-
-        def left(_: object) -> None:
-            if not change.done():
-                change.set_result(None)
-
-        gone.add_done_callback(left)
-        try:
-            await change
-        finally:
-            gone.remove_done_callback(left)
+        self._change = change = self.run.next_change()
+        await change
         return not gone.done()
 
     async def _send(self, scope: Scope, send: Send, gone: asyncio.Future[None]) -> bool:
@@ -158,7 +158,8 @@ class RunResponse:
         sent = 0
         while True:
             source = run.final.chunks if run.final is not None else run.chunks
-            ready = b"".join(sse(chunk) for chunk in source[sent:])
+            # One event (a stream's middle, the common case) without a generator and a join.
+            ready = sse(source[sent]) if len(source) == sent + 1 else b"".join(map(sse, source[sent:]))
             sent = len(source)
             if run.final is not None:
                 await send({"type": "http.response.body", "body": ready})

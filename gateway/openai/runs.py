@@ -212,13 +212,14 @@ class RunFeed:
 
     def _take(self, out: RequestOutput) -> None:
         run, spec = self.run, self.run.spec
-        now = time.perf_counter()
-        if out.finished:
-            run.finished_at = now
-        if not run.started:
-            run.started = True
-            run.first_output_at = now
-            self.on_first()
+        if out.finished or not run.started:  # a stream's middle outputs need no clock
+            now = time.perf_counter()
+            if out.finished:
+                run.finished_at = now
+            if not run.started:
+                run.started = True
+                run.first_output_at = now
+                self.on_first()
         if spec.stream and (out.delta_text or out.finished or not run.chunks):
             reason = out.finish_reason if out.finished else None
             so_far = out.metrics if spec.continuous_usage else None

@@ -62,3 +62,35 @@ def test_a_report_crosses_the_zmq_wire_field_for_field() -> None:
     back = msgspec.msgpack.Decoder(FromEngine).decode(msgspec.msgpack.encode(report))
     assert back == report and back.outputs[0].finish_reason is FinishReason.STOP
     assert back.outputs[0].metrics.cancel_state == "decode" and back.stats.service == {"t": 1.5}
+
+
+def test_a_front_decodes_a_reports_stats_and_traces_when_asked_and_keeps_the_latest() -> None:
+    """The front's channel leaves a report's stats and traces as msgpack (ReportAsRead); `stats()` reads the
+    latest report's snapshot, `recent_traces` every trace in order, as if each report had been decoded whole."""
+    import msgspec
+
+    from engine.boundary.front import EngineFront
+    from engine.boundary.messages import FromEngineAsRead, IterationReport, ReportAsRead
+    from engine.outputs import EngineStats
+    from engine.trace import IterationTrace
+
+    def trace(i: int) -> IterationTrace:
+        return IterationTrace(i, 1.0, 1, 2, 3, 4, 5, 6, 0, 1, 0.01)
+
+    reports = [
+        IterationReport([], EngineStats(waiting=3, service={"t": 1.5}), [trace(7)]),
+        IterationReport([], EngineStats(waiting=5), []),
+        IterationReport([], EngineStats(running=2, running_by_tenant={"t": 2}), [trace(8), trace(9)]),
+    ]
+    decoder = msgspec.msgpack.Decoder(FromEngineAsRead)
+    front = EngineFront()
+    front._alive = True
+    read = decoder.decode(msgspec.msgpack.encode(reports[0]))
+    assert isinstance(read, ReportAsRead)
+    front._dispatch(read)
+    assert front.stats() == EngineStats(waiting=3, service={"t": 1.5})
+    for report in reports[1:]:
+        front._dispatch(decoder.decode(msgspec.msgpack.encode(report)))
+    assert front.stats() == reports[2].stats and front.stats() == reports[2].stats  # decoded once, then kept
+    assert front.recent_traces(10) == [trace(7), trace(8), trace(9)]
+    assert front.recent_traces(2) == [trace(8), trace(9)]

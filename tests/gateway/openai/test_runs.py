@@ -108,3 +108,34 @@ def test_publish_chunks_sends_every_event_in_order_however_slow_the_store() -> N
 
     run, published = asyncio.run(scenario())
     assert published == run.chunks and len(published) == 5
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_events_and_bodies_are_the_json_of_their_fields_whatever_the_text(chat: bool) -> None:
+    """Every event (first, middle, last) and the whole body are exactly json.dumps(..., ensure_ascii=False) of
+    the OpenAI shape, for text with quotes, escapes, non-ASCII and the JSON-hostile line separators."""
+    shape = Shape(chat, "req-1", "m", 7)
+    metrics = output(2, "x").metrics
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    for text in ["plain", 'say "hi"\\', "tab\tnew\nline\x01", "été ☃ 🎉", "\u2028\u2029", ""]:
+        for first, reason in [(True, None), (False, None), (False, FinishReason.LENGTH)]:
+            if chat:
+                delta = {"role": "assistant", "content": text} if first else {"content": text}
+                choice = {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": None,
+                    "finish_reason": reason and reason.value,
+                }
+            else:
+                choice = {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": None,
+                    "finish_reason": reason and reason.value,
+                }
+            want = {"id": "req-1", "object": obj, "created": 7, "model": "m", "choices": [choice]}
+            assert shape.chunk(text, reason, first) == json.dumps(want, ensure_ascii=False)
+        body = json.loads(shape.body(text, FinishReason.STOP, metrics))
+        assert shape.body(text, FinishReason.STOP, metrics) == json.dumps(body, ensure_ascii=False)
+        assert (body["choices"][0]["message"]["content"] if chat else body["choices"][0]["text"]) == text
