@@ -148,6 +148,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "nonstream": {"max_tokens": 1},
             "stream": {"max_tokens": args.stream_tokens, "stream": True},
         }
+        if args.profile:
+            Path(args.profile).mkdir(parents=True, exist_ok=True)  # py-spy writes nothing into a missing one
         for r in range(args.rounds):
             for kind in KINDS:
                 for s in servers if r % 2 == 0 else servers[::-1]:  # no server always measured first
