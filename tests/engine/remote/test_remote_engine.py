@@ -249,6 +249,7 @@ def test_a_frozen_engine_is_failed_over_and_then_told_to_drop_what_the_gateway_g
                 os.kill(proc.proc.pid, signal.SIGCONT)
             await until(lambda: engine.is_alive, 10, "the gateway to rejoin the engine")
             assert engine.engine_id == proc.engine_id  # the same process: it still had the request
+
             # The announce the rejoin took says nothing about tenants (test_curve.py): wait for a report that
             # names the tenant and no longer runs its request.
             def ended() -> bool:
