@@ -115,7 +115,13 @@ def test_async_task_cancels_a_streaming_sibling_when_another_coroutine_fails(ser
                 sibling = asyncio.create_task(
                     long_stream()
                 )  # created inside the block: it carries the task id
-                await started.wait()
+                # Either the stream is running, or it ended first (refused, failed): then its error is the
+                # test's failure, not a wait until the timeout.
+                running = asyncio.create_task(started.wait())
+                await asyncio.wait([running, sibling], return_when=asyncio.FIRST_COMPLETED)
+                if not running.done():
+                    running.cancel()
+                    pytest.fail(f"the stream ended before its first chunk: {sibling.result()!r}")
                 raise RuntimeError("sub-agent failed")
         assert sibling is not None
         reason = await sibling

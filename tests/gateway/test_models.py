@@ -26,6 +26,9 @@ from tests.gateway.conftest import Server, start_server, wait_for
 from tests.gateway.serve_process import ServeProcess
 from tests.gateway.two_models import build_model
 
+# Deadlines sized from the rates the engines showed just before: run alone (scripts/test.sh).
+pytestmark = pytest.mark.serial
+
 ENGINE_ARGS = ("--num-kv-blocks", "512", "--max-num-batched-tokens", "256", "--max-num-seqs", "8")
 
 
