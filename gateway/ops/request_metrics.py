@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import metrics as prom_metrics
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -30,7 +30,8 @@ from prometheus_client.utils import INF, floatToGoString
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _BOUNDS = (*LATENCY_BUCKETS, INF)
-_LE = tuple(floatToGoString(b) for b in _BOUNDS)
+_go_string: Callable[[float], str] = floatToGoString  # untyped in prometheus_client
+_LE = tuple(_go_string(b) for b in _BOUNDS)  # the `le` labels, as prometheus_client writes them
 # (name, HELP) of the tenant-labelled histograms, in the order they are exposed.
 _HISTOGRAMS = (
     ("fairserve_ttft_seconds", "Time to first token"),
