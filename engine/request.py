@@ -181,6 +181,9 @@ class RequestMeta:
     # Prefill and decode on separate engines (engine/disagg.py): KV_HOLD asks a prefill engine to keep the
     # KV after the first token for a decode engine; a tcp:// address tells a decode engine where to pull it.
     kv_handoff: str | None = None
+    # The decode part's start of a stop string that its prefill part held back unreleased (engine/disagg.py):
+    # its StopMatcher begins with it, so a stop spanning the first and second tokens matches as co-located.
+    held_text: str = ""
 
     @property
     def decode_part(self) -> bool:
