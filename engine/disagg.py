@@ -15,6 +15,12 @@ A request runs in two parts, on two engines, under one request id:
   first token: admission swaps it in, in fair-share order, when seats and blocks allow (the same path
   as swap preemption), and the next step computes the first token and samples the second.
 
+Text (requests with stop strings, detokenized in the loop): the prefill part does not release what it
+holds back at the hand-off, neither a possible start of a stop string nor an incomplete character. The
+first goes out as `OutputDelta.held_text` and comes back in the decode part's `RequestMeta.held_text`,
+where its StopMatcher starts with it held; the decode part's detokenizer pushes the first token (its last
+prompt id) unreleased. Text, stop and the token it ends at are then what one engine would have.
+
 Charging: each token is charged once. The prefill engine charges the prompt (and the first token, which
 it samples); the decode engine marks the whole prompt it was given as charged and charges only the
 tokens it samples. With counters shared through Redis (engine/counter_sync.py) both parts count
@@ -180,7 +186,9 @@ class HandoffLoop(EngineLoop):
         table = engine.pool.tables.pop(rid)  # its blocks stay referenced: finish() frees nothing now
         computed = request.num_computed_tokens
         engine.scheduler.finish(request, FinishReason.HANDOFF)
-        tail = "".join(text for *_, text in engine.collect_outputs([request]))  # closes its stream
+        emitted = engine.collect_outputs([request])  # closes its stream
+        tail = "".join(text for *_, text in emitted)
+        held = "".join(stream.stop.held for _, stream, *_ in emitted)  # travels to the decode part
         self._held[rid] = table
         assert self.shipper is not None
         self.shipper.offer(rid, list(table.block_ids), computed)
@@ -191,6 +199,7 @@ class HandoffLoop(EngineLoop):
             True,
             FinishReason.HANDOFF,
             RequestMetrics.of(request),
+            held,
         )
 
     def _release(self, request_id: str) -> None:
@@ -245,7 +254,8 @@ class HandoffLoop(EngineLoop):
         request = Request(request_id, list(submit.prompt_token_ids), submit.params, submit.meta)
         request.state, request.finish_reason, request.finished_time = RequestState.FINISHED, reason, now
         request.cancel_time, request.cancel_state = signal_time or now, "transfer"
-        delta = OutputDelta(request_id, [], "", True, reason, RequestMetrics.of(request))
+        held = submit.meta.held_text  # released as a co-located request ending here would release it
+        delta = OutputDelta(request_id, [], held, True, reason, RequestMetrics.of(request))
         self.publish(IterationReport([delta], self.engine.stats(), []))
 
     def _cancel_everything(self) -> None:

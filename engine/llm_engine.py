@@ -40,13 +40,7 @@ from engine.outputs import EngineStats, OutputDelta, RequestInfo, RequestMetrics
 from engine.overlap import OverlapExecutor
 from engine.policy import build_policy
 from engine.recorder import EngineRecorder
-from engine.request import (
-    DuplicateRequestError,
-    FinishReason,
-    Request,
-    RequestMeta,
-    SamplingParams,
-)
+from engine.request import DuplicateRequestError, FinishReason, Request, RequestMeta, SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.stop import StopMatcher
 from engine.tokenizer import Detokenizer
@@ -182,12 +176,21 @@ class LLMEngine:
         ids = self.encode(prompt)
         self.validate(ids, params)
         request = Request(request_id, ids, params, meta or RequestMeta())
-        detokenizer = (
-            self.tokenizer.detokenizer(ids) if not self.front_detokenizes or text_in_loop(params) else None
-        )
-        self._streams[request_id] = _Stream(detokenizer, list(params.stop))
+        self._streams[request_id] = self._stream(request)
         self.scheduler.add(request)
         return request
+
+    def _stream(self, request: Request) -> _Stream:
+        """A request's text state. A decode part (engine/disagg.py) goes on from its prefill part's: the first
+        token (its last prompt id) pushed unreleased, the start of a stop string held back (`held_text`)."""
+        ids, params, split = request.prompt_token_ids, request.sampling, request.meta.decode_part
+        if self.front_detokenizes and not text_in_loop(params):
+            return _Stream(None, list(params.stop))
+        stream = _Stream(self.tokenizer.detokenizer(ids[:-1] if split else ids), list(params.stop))
+        if split and stream.detokenizer is not None:
+            stream.detokenizer.push(ids[-1:])
+            stream.stop.hold(request.meta.held_text)
+        return stream
 
     def abort_request(
         self, request_id: str, reason: str = "cancelled", signal_time: float | None = None
@@ -328,9 +331,9 @@ class LLMEngine:
         if (
             request.is_finished
             and not stream.stop.matched
-            and request.finish_reason is not FinishReason.ERROR
+            and request.finish_reason not in (FinishReason.ERROR, FinishReason.HANDOFF)
         ):
-            # Release held-back text: an incomplete UTF-8 tail and a partial stop-string match.
+            # Release held-back text (an incomplete UTF-8 tail, a partial stop match); a hand-off keeps it.
             tail, _ = stream.stop.push(detokenizer.finish())
             delta += tail + stream.stop.flush()
         return delta

@@ -124,6 +124,7 @@ class RequestOutput:
     finished: bool
     finish_reason: FinishReason | None
     metrics: RequestMetrics
+    held_text: str = ""  # finish_reason `handoff`: the text held back for the decode part (OutputDelta)
 
 
 class OutputDelta(msgspec.Struct, array_like=True, gc=False):
@@ -138,6 +139,10 @@ class OutputDelta(msgspec.Struct, array_like=True, gc=False):
     finished: bool
     finish_reason: FinishReason | None
     metrics: RequestMetrics
+    # Set only on a prefill part's last output (finish_reason `handoff`, engine/disagg.py): the possible
+    # start of a stop string its StopMatcher held back, not released; the decode part starts with it.
+    # Trailing with a default, so a frame without it still decodes; empty, it is one byte on the wire.
+    held_text: str = ""
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -57,6 +58,7 @@ GREEDY_TEMPERATURE = 1e-5
 # torch.Generator.manual_seed accepts exactly the 64-bit signed and unsigned ranges.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 LOGIT_BIAS_MAX = 100.0  # OpenAI's range for logit_bias values
+_FLOAT_MAX = sys.float_info.max  # a float is finite exactly when it lies in [-this, this] (NaN in none)
 
 
 @dataclass
@@ -83,33 +85,40 @@ class SamplingParams:
         Size caps (how many stop strings, bias entries) are RequestCaps' (engine/limits.py); vocabulary
         bounds are RequestLimits'. Together they accept exactly what the engine can serve.
         """
-        if not _integer(self.max_tokens) or self.max_tokens < 1:
+        # Each test takes the common exact type (int, float, list, dict) without a call, and asks the
+        # helpers only otherwise: both sides (the gateway and the engine's front) validate every request.
+        max_tokens, temperature, top_p, top_k = self.max_tokens, self.temperature, self.top_p, self.top_k
+        if not (type(max_tokens) is int or _integer(max_tokens)) or max_tokens < 1:
             raise InvalidRequestError(
-                f"max_tokens must be a positive integer, got {self.max_tokens!r}", "max_tokens"
+                f"max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens"
             )
-        if not _finite(self.temperature) or self.temperature < 0:
+        finite = type(temperature) is float and -_FLOAT_MAX <= temperature <= _FLOAT_MAX
+        if not (finite or _finite(temperature)) or temperature < 0:
             raise InvalidRequestError(
-                f"temperature must be finite and >= 0, got {self.temperature!r}", "temperature"
+                f"temperature must be finite and >= 0, got {temperature!r}", "temperature"
             )
-        if not _finite(self.top_p) or not 0 < self.top_p <= 1:
-            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
-        if not _integer(self.top_k) or self.top_k < 0:
-            raise InvalidRequestError(
-                f"top_k must be an integer >= 0 (0 disables), got {self.top_k!r}", "top_k"
-            )
+        finite = type(top_p) is float and -_FLOAT_MAX <= top_p <= _FLOAT_MAX
+        if not (finite or _finite(top_p)) or not 0 < top_p <= 1:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {top_p!r}", "top_p")
+        if not (type(top_k) is int or _integer(top_k)) or top_k < 0:
+            raise InvalidRequestError(f"top_k must be an integer >= 0 (0 disables), got {top_k!r}", "top_k")
         if self.seed is not None and (not _integer(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX):
             raise InvalidRequestError(
                 f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed!r}", "seed"
             )
-        if not isinstance(self.stop, list) or any(not isinstance(s, str) or not s for s in self.stop):
+        stop, stop_ids = self.stop, self.stop_token_ids
+        if not (type(stop) is list or isinstance(stop, list)) or (
+            stop and any(not isinstance(s, str) or not s for s in stop)
+        ):
             raise InvalidRequestError("stop must be a list of non-empty strings", "stop")
-        if not isinstance(self.stop_token_ids, list) or any(
-            not _integer(t) or t < 0 for t in self.stop_token_ids
+        if not (type(stop_ids) is list or isinstance(stop_ids, list)) or (
+            stop_ids and any(not _integer(t) or t < 0 for t in stop_ids)
         ):
             raise InvalidRequestError("stop_token_ids must be non-negative integers", "stop_token_ids")
-        if not isinstance(self.ignore_eos, bool):
+        if type(self.ignore_eos) is not bool:  # bool has no subclasses
             raise InvalidRequestError("ignore_eos must be a boolean", "ignore_eos")
-        self._validate_logit_bias()
+        if type(self.logit_bias) is not dict or self.logit_bias:
+            self._validate_logit_bias()
 
     def _validate_logit_bias(self) -> None:
         if not isinstance(self.logit_bias, dict):
@@ -172,6 +181,9 @@ class RequestMeta:
     # Prefill and decode on separate engines (engine/disagg.py): KV_HOLD asks a prefill engine to keep the
     # KV after the first token for a decode engine; a tcp:// address tells a decode engine where to pull it.
     kv_handoff: str | None = None
+    # The decode part's start of a stop string that its prefill part held back unreleased (engine/disagg.py):
+    # its StopMatcher begins with it, so a stop spanning the first and second tokens matches as co-located.
+    held_text: str = ""
 
     @property
     def decode_part(self) -> bool:

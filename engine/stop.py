@@ -114,6 +114,18 @@ class StopMatcher:
         """Release whatever was held back (the request ended without a stop match)."""
         return self._release(len(self.text))
 
+    @property
+    def held(self) -> str:
+        """The text held back so far (a possible start of a stop string)."""
+        return self.text[self.emitted :]
+
+    def hold(self, text: str) -> None:
+        """Start from text an earlier part of the request held back unreleased (a split request's prefill
+        part, engine/disagg.py): a stop string that starts in it and ends later still matches and cuts
+        it, and without one it is released with the text that follows, as one matcher over both would."""
+        self.push(text)
+        self.emitted = 0
+
     def _release(self, upto: int) -> str:
         upto = max(upto, self.emitted)
         out = self.text[self.emitted : upto]

@@ -4,9 +4,10 @@ A request goes to a prefill engine (the pool's own EngineRouter picks it: prefix
 so prefix-cache hits count as they do co-located), marked to hand off (engine/disagg.py). Its first
 token comes back from there, with finish_reason `handoff`; the router then submits the prompt plus that
 token, `max_tokens` less one, to a decode engine (its pool's router picks one), naming the prefill
-engine's KV address, and the decode engine pulls the KV and continues the stream. The consumer sees one
+engine's KV address and carrying the text its stop strings held back (`held_text`), and the decode
+engine pulls the KV and continues the stream. The consumer sees one
 stream under one request id: the router re-makes the text over the whole output (the parts' fronts each
-see only their own), and the last output's metrics add up both parts (prompt and cached tokens from the
+see only their own; a request with stop strings gets its engines' texts joined), and the last output's metrics add up both parts (prompt and cached tokens from the
 prefill engine, completion tokens, charged service, preemptions from both).
 
 It is an EngineRouter over every engine (stats, traces, loads, heartbeats, produced-token records and task
@@ -168,14 +169,16 @@ class DisaggRouter(EngineRouter):
         elif item.finish_reason is FinishReason.HANDOFF:
             run.prefill_metrics = item.metrics
             run.emit(item, final=False)
-            self._to_decode(run, list(item.token_ids))
+            self._to_decode(run, list(item.token_ids), item.held_text)
         else:
             run.emit(item, final=item.finished)
 
-    def _to_decode(self, run: _Run, tokens: list[int]) -> None:
-        """The prefill part is done: the decode part pulls the KV from where it is held."""
+    def _to_decode(self, run: _Run, tokens: list[int], held_text: str) -> None:
+        """The prefill part is done: the decode part pulls the KV from where it is held, and its stop strings
+        start from the text the prefill part held back (a stop may span the first and second tokens)."""
         params = replace(run.params, max_tokens=run.params.max_tokens - len(tokens))
-        meta = replace(run.meta, kv_handoff=getattr(run.source, "kv_address", "") or None)
+        address = getattr(run.source, "kv_address", "") or None
+        meta = replace(run.meta, kv_handoff=address, held_text=held_text)
         run.phase = "decode"
         try:
             self._decode.submit(

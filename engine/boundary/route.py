@@ -59,4 +59,5 @@ class OutputRoute:
             delta.finished,
             delta.finish_reason,
             delta.metrics,
+            delta.held_text,
         )

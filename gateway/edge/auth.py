@@ -35,11 +35,18 @@ class Caller:
 
 def bearer(request: Request) -> str | None:
     """The bearer token of the Authorization header, or None."""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    return bearer_token(request.headers.get("authorization"))
+
+
+def bearer_token(header: str | None) -> str | None:
+    """The bearer token of an Authorization header's value (None: not sent), or None."""
+    if header is None:
         return None
-    return token.strip()
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if not token or scheme.lower() != "bearer":
+        return None
+    return token
 
 
 def _client_address(request: Request) -> str:
@@ -57,7 +64,18 @@ async def authenticate(
     entry is refreshed: a paying tenant sharing an address with a flood keeps working). Every failure is
     charged to the address and counted in `failures` (by outcome: missing, invalid, limited).
     """
-    token = bearer(request)
+    return await authenticate_bearer(request, bearer(request), keys, budget, failures)
+
+
+async def authenticate_bearer(
+    request: Request,
+    token: str | None,
+    keys: KeyCache,
+    budget: FailureBudget,
+    failures: Counter | None = None,
+) -> Caller:
+    """`authenticate` with the bearer token already read (the generation routes read their headers in one
+    pass, gateway/openai/parsing.py `request_headers`)."""
     peeked = request.scope.get(PEEKED_KEY)
     if token is not None and peeked is not None and peeked[0] == token and peeked[2] == keys.generation:
         known, found = True, peeked[1]  # a cached key, peeked at the edge, nothing invalidated since

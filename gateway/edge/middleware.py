@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
-import secrets
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -22,9 +22,10 @@ BODY_KEY = "fairserve.body"
 
 def new_request_id() -> str:
     """A fresh id, "req-" and 32 random hex digits: unguessable, and it says nothing of other tenants' traffic
-    (a counter would tell a tenant how many requests others sent between two of its own). `token_hex` costs
-    about 0.6 µs here; a UUID object 2.2."""
-    return "req-" + secrets.token_hex(16)
+    (a counter would tell a tenant how many requests others sent between two of its own). The bytes are
+    `os.urandom`'s, as `secrets.token_hex` takes them, without its three Python calls; a UUID object costs
+    more still."""
+    return "req-" + os.urandom(16).hex()
 
 
 new_engine_id = (

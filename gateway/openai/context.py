@@ -9,6 +9,7 @@ place (`parsing.identity`) and reaches the engine and the ledger through the met
 from __future__ import annotations
 
 import json
+import operator
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,7 +29,7 @@ from gateway.openai import parsing as rp
 from gateway.openai.format import Shape
 from gateway.openai.runs import Outcome, RunSpec
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
-from gateway.openai.served import ServedAs, model_engine, requested
+from gateway.openai.served import ServedAs, model_engine, requested_policy
 from gateway.state import GatewayState
 
 # Ledger columns that are the engine's RequestMetrics fields of the same name, and their value when the
@@ -43,6 +44,7 @@ _METRIC_COLUMNS: dict[str, Any] = {
     "preemptions": 0,
     "recomputed_tokens": 0,
 }
+_read_metrics = operator.attrgetter(*_METRIC_COLUMNS)  # one C call for all of them, not a getattr each
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,12 @@ class RequestContext:
 
     caller: Caller
     ident: rp.Identity
+    # Read per request by nearly every stage: plain fields, set once by `read_request` from `caller` and
+    # `ident` (a property would be a call each time).
+    tenant_id: str  # the caller's tenant
+    request_id: str  # the caller's request id (unique within its tenant only)
+    idempotency_key: str | None  # the Idempotency-Key header, if any
+    limits: QuotaLimits  # the tenant's token quotas
     id_chosen: bool  # X-Request-Id came from the client (then it must not repeat a ledger row's id)
     engine_id: str  # the gateway's own unique id for the engine request; no caller string names engine work
     chat: bool
@@ -60,26 +68,6 @@ class RequestContext:
     fingerprint: str | None  # of the endpoint and body, only with an Idempotency-Key
     inputs: rp.EngineInput
     served: ServedAs  # the model that serves it and how (gateway/openai/degrade.py decides at admission)
-
-    @property
-    def tenant_id(self) -> str:
-        """The caller's tenant."""
-        return self.caller.tenant.id
-
-    @property
-    def request_id(self) -> str:
-        """The caller's request id (unique within its tenant only)."""
-        return self.ident.request_id
-
-    @property
-    def idempotency_key(self) -> str | None:
-        """The Idempotency-Key header, if any."""
-        return self.ident.idempotency_key
-
-    @property
-    def limits(self) -> QuotaLimits:
-        """The tenant's token quotas."""
-        return quota_limits(self.caller)
 
     def admission_ask(self) -> AdmissionAsk:
         """The one admission call's question: deadline, queue bounds and quota of this request."""
@@ -134,7 +122,7 @@ class RequestContext:
         m = outcome.metrics
         queue_ms, ttft_ms, e2e_ms = _timings(m, finished)
         counts = (
-            {name: getattr(m, name) for name in _METRIC_COLUMNS} if m is not None else dict(_METRIC_COLUMNS)
+            dict(_METRIC_COLUMNS) if m is None else dict(zip(_METRIC_COLUMNS, _read_metrics(m), strict=True))
         )
         counts["charged_service"] *= self.served.cost_factor  # the serving model's `--model-cost`
         return UsageRecord(
@@ -165,40 +153,47 @@ def quota_limits(caller: Caller) -> QuotaLimits:
     return QuotaLimits(caller.tenant.tokens_per_minute, caller.tenant.tokens_per_day)
 
 
-def _ms(start: float | None, end: float | None) -> float | None:
-    return None if start is None or end is None else max(end - start, 0.0) * 1000.0
-
-
 def _timings(m: RequestMetrics | None, finished: float) -> tuple[float | None, float | None, float | None]:
-    """(queue, time to first token, end to end) in ms, from the engine's clock of the request."""
+    """(queue, time to first token, end to end) in ms, from the engine's clock of the request (each at least
+    0; written out rather than a helper per timing: the ledger row is made once per request)."""
     if m is None:
         return None, None, None
+    start, scheduled, first = m.arrival_time, m.first_scheduled_time, m.first_token_time
+    end = m.finished_time or finished
     return (
-        _ms(m.arrival_time, m.first_scheduled_time),
-        _ms(m.arrival_time, m.first_token_time),
-        _ms(m.arrival_time, m.finished_time or finished),
+        None if scheduled is None else (scheduled - start if scheduled > start else 0.0) * 1000.0,
+        None if first is None else (first - start if first > start else 0.0) * 1000.0,
+        (end - start if end > start else 0.0) * 1000.0,
     )
 
 
-async def read_request(request: Request, state: GatewayState, caller: Caller, chat: bool) -> RequestContext:
+async def read_request(
+    request: Request, state: GatewayState, caller: Caller, chat: bool, headers: rp.RequestHeaders
+) -> RequestContext:
     """Read and validate headers and body, then tokenise: 400 naming the field, 503 without an engine."""
     now = time.time()
-    ident = rp.identity(request)
-    deadline = rp.deadline(request, now)
+    edge = request.scope["state"]  # EdgeMiddleware's: the request id, and whether the client chose it
+    ident = rp.identity(headers, edge["request_id"])
+    deadline = rp.deadline(headers, now)
     raw = request.scope.get(BODY_KEY)  # left by EdgeMiddleware: no body stream to run through again
     if raw is None:
         raw = await request.body()
     body = rp.parse_body(raw, chat)
-    served = requested(request, body.model)  # 400 for a bad X-On-Infeasible
+    policy = requested_policy(headers.on_infeasible)  # 400 for a bad X-On-Infeasible
     engine = model_engine(state, body.model)  # 404 for a model not served
     if not state.engine_health.serves(engine):  # this model's engines; another model's may be down
         raise APIError(503, "the engine is not running", "engine_unavailable", headers={"Retry-After": "1"})
-    inputs = await rp.engine_input_async(body, engine, lambda: state.refusals.tokenizing(caller.tenant.id))
+    tenant_id = caller.tenant.id
+    inputs = await rp.engine_input_async(body, engine, lambda: state.refusals.tokenizing(tenant_id))
     fp = fingerprint(request.url.path, json.loads(raw)) if ident.idempotency_key is not None else None
     return RequestContext(
         caller=caller,
         ident=ident,
-        id_chosen=bool(request.state.request_id_chosen),
+        tenant_id=tenant_id,
+        request_id=ident.request_id,
+        idempotency_key=ident.idempotency_key,
+        limits=quota_limits(caller),
+        id_chosen=bool(edge["request_id_chosen"]),
         engine_id=new_engine_id(),
         chat=chat,
         arrival=now,
@@ -206,5 +201,9 @@ async def read_request(request: Request, state: GatewayState, caller: Caller, ch
         body=body,
         fingerprint=fp,
         inputs=inputs,
-        served=served,
+        # The serving model's `--model-cost` is known now unless a fallback changes the model
+        # (gateway/openai/degrade.py, which then charges the fallback's).
+        served=ServedAs(
+            body.model, engine, policy, cost_factor=state.settings.models.cost_factor(body.model)
+        ),
     )

@@ -29,7 +29,7 @@ from gateway.edge.errors import APIError
 from gateway.openai import parsing as rp
 from gateway.openai.context import RequestContext
 from gateway.openai.schemas import ChatCompletionRequest
-from gateway.openai.served import DEGRADED_HEADER, model_engine
+from gateway.openai.served import DEGRADED_HEADER
 from gateway.state import GatewayState
 from routing import model_client
 
@@ -48,12 +48,12 @@ def _estimate(
 
 async def admit(state: GatewayState, ctx: RequestContext) -> tuple[RequestContext, Admission | Rejection]:
     """The request as it will be served (perhaps degraded) and admission's verdict on it."""
-    engine = model_engine(state, ctx.served.model)
-    now = time.time()
+    engine = ctx.served.engine
+    now = time.time() if ctx.deadline is not None else 0.0
     if ctx.deadline is None or ctx.deadline <= now:  # none to meet, or already passed (408 below)
         stats = engine.stats()
         state.model_rates.observe(ctx.served.model, stats)  # every admission teaches the model's rates
-        return _costed(state, ctx), await state.edge.admit(ctx.admission_ask(), stats)
+        return ctx, await state.edge.admit(ctx.admission_ask(), stats)
     left = ctx.deadline - now
     prompt, max_tokens = len(ctx.inputs.prompt_token_ids), ctx.inputs.params.max_tokens
     est = _estimate(state, ctx.served.model, engine, ctx, prompt, max_tokens)
@@ -65,21 +65,14 @@ async def admit(state: GatewayState, ctx: RequestContext) -> tuple[RequestContex
             refusal = _infeasible(state, est, left)
             return ctx, replace(refusal, quota=await state.edge.peek(ctx.tenant_id, ctx.limits))
         planned = found
-    planned = _costed(state, planned)
     # The deadline is decided: admission proper (queue bounds, quota) on the serving model's engines.
     ask = replace(planned.admission_ask(), deadline=None, prompt_tokens=len(planned.inputs.prompt_token_ids))
-    verdict = await state.edge.admit(ask, model_engine(state, planned.served.model).stats())
+    verdict = await state.edge.admit(ask, planned.served.engine.stats())
     kind = planned.served.degradation
     if kind is not None and not isinstance(verdict, Rejection):
         state.metrics.labels.learn(ctx.tenant_id, ctx.caller.tenant.name)
         state.metrics.degradations.labels(state.metrics.labels.label(ctx.tenant_id), kind).inc()
     return planned, verdict
-
-
-def _costed(state: GatewayState, ctx: RequestContext) -> RequestContext:
-    """The request with its serving model's `--model-cost` factor, for its ledger charge."""
-    factor = state.settings.models.cost_factor(ctx.served.model)
-    return replace(ctx, served=replace(ctx.served, cost_factor=factor))
 
 
 def _degrade(
@@ -89,7 +82,7 @@ def _degrade(
     if chosen == "fallback":
         return _fallback(state, ctx, left)
     if chosen == "partial":
-        engine = model_engine(state, ctx.served.model)
+        engine = ctx.served.engine
         first = _estimate(state, ctx.served.model, engine, ctx, len(ctx.inputs.prompt_token_ids), 1)
         return (
             replace(ctx, served=replace(ctx.served, degradation="partial"))
@@ -97,7 +90,7 @@ def _degrade(
             else None
         )
     if chosen == "truncate":
-        rate = state.model_rates.effective(ctx.served.model, model_engine(state, ctx.served.model).stats())
+        rate = state.model_rates.effective(ctx.served.model, ctx.served.engine.stats())
         budget = prefill_budget(est, rate, ctx.inputs.params.max_tokens, left)
         return _truncated(state, ctx, budget)
     return None
@@ -115,8 +108,11 @@ def _fallback(state: GatewayState, ctx: RequestContext, left: float) -> RequestC
         except APIError:  # does not fit that model (its context, its caps): not a place to go
             continue
         est = _estimate(state, name, engine, ctx, len(inputs.prompt_token_ids), inputs.params.max_tokens)
-        if est.finish_s <= left:
-            served = replace(ctx.served, model=name, degradation="fallback")
+        if est.finish_s <= left:  # charged at the fallback's `--model-cost`
+            factor = state.settings.models.cost_factor(name)
+            served = replace(
+                ctx.served, model=name, engine=engine, degradation="fallback", cost_factor=factor
+            )
             return replace(ctx, inputs=inputs, served=served)
     return None
 
@@ -126,7 +122,7 @@ def _truncated(state: GatewayState, ctx: RequestContext, budget: int) -> Request
     ids = ctx.inputs.prompt_token_ids
     if budget < 1:
         return None
-    engine = model_engine(state, ctx.served.model)
+    engine = ctx.served.engine
     if isinstance(ctx.body, ChatCompletionRequest):
         kept = _chat_kept(ctx.body, engine, budget)
         if kept is None:
@@ -178,8 +174,3 @@ def headers(ctx: RequestContext) -> dict[str, str]:
     """X-Degraded for a degraded request (sent with the response's headers: up front for a stream)."""
     value = ctx.served.header()
     return {DEGRADED_HEADER: value} if value is not None else {}
-
-
-def engine_of(state: GatewayState, ctx: RequestContext) -> EngineClient:
-    """The engine(s) of the model that serves the request."""
-    return model_engine(state, ctx.served.model)

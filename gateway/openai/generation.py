@@ -1,12 +1,14 @@
 """The generation pipeline: each stage once, in order, each a function of what the one before produced.
 
-    door(request)                 -> Caller          draining 503, authenticate 401/429, shed 503/429
-    parse(request, caller)        -> RequestContext  refusal budget 429, headers and body 400, tokens
-    KeyClaim(ctx)                 -> claim           Idempotency-Key: replay, attach, 422, or new
-    admit(ctx)                    -> ctx, Admission  request id 409, deadline per model (perhaps degraded:
-                                                     degrade.py), queue bounds, quota
-    submit(ctx, admission, claim) -> Run             engine request, ledger row at its end (submit.py)
-    respond(ctx, admission, run)  -> RunResponse     headers, then the reply as the run produces it
+    request_headers(scope)          -> RequestHeaders  the headers the path reads, in one pass (parsing.py)
+    door(request, headers)          -> Caller          draining 503, authenticate 401/429, shed 503/429
+    parse(request, caller, headers) -> RequestContext  refusal budget 429, headers and body 400, tokens
+    KeyClaim(ctx)                   -> claim           Idempotency-Key: replay, attach, 422, or new (a
+                                                       request without the header claims nothing: skipped)
+    admit(ctx)                      -> ctx, Admission  request id 409, deadline per model (perhaps
+                                                       degraded: degrade.py), queue bounds, quota
+    submit(ctx, admission, claim)   -> Run             engine request, ledger row at its end (submit.py)
+    respond(ctx, admission, run)    -> RunResponse     headers, then the reply as the run produces it
 
 The claim comes before admission so a replayed or attached request spends no queue slot or quota. A
 refusal raised anywhere inside the claim lets the key go (gateway/idempotency/claim.py).
@@ -24,11 +26,12 @@ from starlette.types import ASGIApp, Scope
 
 from admission.controller import Rejection
 from admission.edge import Admission
-from gateway.edge.auth import PEEKED_KEY, Caller, authenticate
+from gateway.edge.auth import PEEKED_KEY, Caller, authenticate_bearer
 from gateway.edge.errors import APIError
 from gateway.idempotency.claim import KeyClaim
 from gateway.openai import degrade
 from gateway.openai.context import RequestContext, quota_limits, read_request
+from gateway.openai.parsing import RequestHeaders, request_headers
 from gateway.openai.refusals import quota_headers, refused, rejected
 from gateway.openai.responses import RunResponse
 from gateway.openai.runs import Run
@@ -45,12 +48,13 @@ QUOTA_STATUS_HEADER = "X-Quota-Status"  # on requests admitted while quotas coul
 
 async def generation(request: Request, chat: bool) -> ASGIApp:
     """Handle one completions or chat completions request; returns the ASGI response to send."""
-    tracing = getattr(request.app.state.gateway, "tracing", None)
+    state: GatewayState = request.app.state.gateway
+    tracing = getattr(state, "tracing", None)
     if tracing is None:  # off: nothing below traces
-        return await _pipeline(request, chat, None)
+        return await _pipeline(request, state, chat, None)
     trace = tracing.begin(request)  # ended by the run's end, or here when the request is refused
     try:
-        return await _pipeline(request, chat, trace)
+        return await _pipeline(request, state, chat, trace)
     except APIError as exc:
         trace.refused(exc)
         raise
@@ -59,12 +63,15 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
         raise
 
 
-async def _pipeline(request: Request, chat: bool, trace: RequestTrace | None) -> ASGIApp:
-    state: GatewayState = request.app.state.gateway
-    caller = await door(request, state)
-    ctx = await parse(request, state, caller, chat)
+async def _pipeline(request: Request, state: GatewayState, chat: bool, trace: RequestTrace | None) -> ASGIApp:
+    headers = request_headers(request.scope)  # read at the edge already, unless its check did not run
+    caller = await door(request, state, headers)
+    ctx = await parse(request, state, caller, chat, headers)
     if trace is not None:
         trace.identify(ctx)
+    if ctx.idempotency_key is None:  # the common request: no key, so nothing to claim, replay or let go
+        ctx, admission = await admit(state, ctx, trace)
+        return respond(ctx, admission, submit(state, ctx, admission, None, trace))
     async with KeyClaim(state, ctx) as claim:
         if claim.earlier_answer is not None:
             if trace is not None:
@@ -75,13 +82,15 @@ async def _pipeline(request: Request, chat: bool, trace: RequestTrace | None) ->
     return respond(ctx, admission, run)
 
 
-async def door(request: Request, state: GatewayState) -> Caller:
+async def door(request: Request, state: GatewayState, headers: RequestHeaders) -> Caller:
     """Who calls, refused before the body is read when the server drains or is overloaded."""
     if state.draining:
         retry = str(state.admission.retry_after(1.0))
         message = "the server is shutting down; retry on another replica"
         raise refused(state, None, APIError(503, message, "shutting_down", headers={"Retry-After": retry}))
-    caller = await authenticate(request, state.keys, state.auth_budget, state.metrics.auth_failures)
+    caller = await authenticate_bearer(
+        request, headers.bearer, state.keys, state.auth_budget, state.metrics.auth_failures
+    )
     tenant = caller.tenant
     shed = await state.edge.shed(state.engine.stats(), tenant.id, quota_limits(caller), tenant.weight)
     if shed is not None:  # before the body is read: an overloaded server spends nothing more on it
@@ -144,19 +153,21 @@ def refuse_spent_tenant(scope: Scope) -> APIError | None:
     state: GatewayState | None = getattr(scope["app"].state, "gateway", None)
     if state is None or scope.get("path") not in GENERATION_PATHS:
         return None
-    header = next((v for k, v in scope["headers"] if k == b"authorization"), b"").decode("latin-1")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = request_headers(scope).bearer  # kept in the scope: the pipeline reads them from there
+    if token is None:
         return None
     generation = state.keys.generation
-    found = state.keys.peek(token.strip())[1]
+    found = state.keys.peek(token)[1]
     if found is None:
         return None
-    scope[PEEKED_KEY] = (token.strip(), found, generation)  # `authenticate` takes the cached key from here
+    # `authenticate_bearer` takes the cached key from here, unless an invalidation came in between.
+    scope[PEEKED_KEY] = (token, found, generation)
     return _spent(state, found[0].id)
 
 
-async def parse(request: Request, state: GatewayState, caller: Caller, chat: bool) -> RequestContext:
+async def parse(
+    request: Request, state: GatewayState, caller: Caller, chat: bool, headers: RequestHeaders
+) -> RequestContext:
     """`read_request`, refused with 429 at once while the tenant's refusal budget is spent, and charging
     the budget for every request it refuses (a 400): refused work costs its sender."""
     spent = _spent(state, caller.tenant.id)
@@ -164,7 +175,7 @@ async def parse(request: Request, state: GatewayState, caller: Caller, chat: boo
         raise spent
     tenant_id = caller.tenant.id
     try:
-        return await read_request(request, state, caller, chat)
+        return await read_request(request, state, caller, chat, headers)
     except APIError as err:
         if err.status == 400:
             state.refusals.charge(tenant_id)

@@ -9,22 +9,97 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from pydantic import ValidationError
-from starlette.requests import Request
+from starlette.types import Scope
 
 from admission.deadline import DeadlineError, parse_deadline
 from billing.fields import TASK_ID_MAX, WORKFLOW_RUN_ID_MAX
 from engine import EngineClient, InvalidRequestError, SamplingParams
 from engine.limits import RequestCaps
+from gateway.edge.auth import bearer_token
 from gateway.edge.errors import APIError
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, first_error
 
-# X-Task-Id and X-Workflow-Run-Id are stored in the ledger's columns of those names: capped at their width.
-_ID_CAPS = {"x-task-id": TASK_ID_MAX, "x-workflow-run-id": WORKFLOW_RUN_ID_MAX}
+# X-Task-Id and X-Workflow-Run-Id are stored in the ledger's columns of those names: capped at their width
+# (TASK_ID_MAX, WORKFLOW_RUN_ID_MAX).
 _TOKEN_ID = re.compile(r"^[A-Za-z0-9._:\-/]+$")
 # Text prompts longer than this are tokenised on a worker thread, not on the event loop: the byte-level
 # tokenizer costs about a microsecond per byte here, so a 256 KiB prompt would hold every other
 # request's I/O for a quarter of a second. Below it the thread hop costs more than the work.
 TOKENIZE_INLINE_CHARS = 8192
+
+
+# The headers the generation path reads, by name as the scope has them (lower case: the ASGI spec, and
+# uvicorn, give names in lower case, which is what Starlette's `request.headers.get` compares against).
+_AUTHORIZATION = b"authorization"
+_ATTEMPT = b"x-attempt"
+_IDEMPOTENCY_KEY = b"idempotency-key"
+_TASK_ID = b"x-task-id"
+_WORKFLOW_RUN_ID = b"x-workflow-run-id"
+_DEADLINE = b"x-deadline"
+_TIMEOUT_MS = b"x-timeout-ms"
+_ON_INFEASIBLE = b"x-on-infeasible"
+_WANTED = frozenset(
+    (
+        _AUTHORIZATION,
+        _ATTEMPT,
+        _IDEMPOTENCY_KEY,
+        _TASK_ID,
+        _WORKFLOW_RUN_ID,
+        _DEADLINE,
+        _TIMEOUT_MS,
+        _ON_INFEASIBLE,
+    )
+)
+# Where the edge's pre-body check (generation.py, `refuse_spent_tenant`) leaves what it read, so the
+# pipeline does not read the headers a second time.
+HEADERS_KEY = "fairserve.request_headers"
+
+
+@dataclass(frozen=True)
+class RequestHeaders:
+    """The headers a generation request is read from: each its first occurrence's value, None if not sent.
+
+    Read once from the scope's raw list: Starlette's `request.headers.get` scans the whole list per name,
+    lower-casing and encoding the name each time, and the path asked for eight names."""
+
+    bearer: str | None  # the Authorization header's bearer token (gateway/edge/auth.py, `bearer_token`)
+    attempt: str | None = None
+    idempotency_key: str | None = None
+    task_id: str | None = None
+    workflow_run_id: str | None = None
+    deadline: str | None = None
+    timeout_ms: str | None = None
+    on_infeasible: str | None = None
+
+
+def request_headers(scope: Scope) -> RequestHeaders:
+    """The generation path's headers from the scope, in one pass over its list (left in the scope by the
+    edge's pre-body check when it ran: then not read again)."""
+    read: RequestHeaders | None = scope.get(HEADERS_KEY)
+    if read is not None:
+        return read
+    found: dict[bytes, bytes] = {}
+    for name, value in scope["headers"]:
+        if name in _WANTED and name not in found:  # the first occurrence, as Starlette's `get` returns
+            found[name] = value
+    auth = found.pop(_AUTHORIZATION, None)
+    token = bearer_token(auth.decode("latin-1")) if auth is not None else None
+    if not found:  # the common request: no header but Authorization
+        headers = RequestHeaders(token)
+    else:
+        text = {name: value.decode("latin-1") for name, value in found.items()}
+        headers = RequestHeaders(
+            token,
+            text.get(_ATTEMPT),
+            text.get(_IDEMPOTENCY_KEY),
+            text.get(_TASK_ID),
+            text.get(_WORKFLOW_RUN_ID),
+            text.get(_DEADLINE),
+            text.get(_TIMEOUT_MS),
+            text.get(_ON_INFEASIBLE),
+        )
+    scope[HEADERS_KEY] = headers
+    return headers
 
 
 @dataclass(frozen=True)
@@ -38,11 +113,7 @@ class Identity:
     idempotency_key: str | None
 
 
-def _optional_id(request: Request, header: str) -> str | None:
-    value = request.headers.get(header)
-    if value is None:
-        return None
-    cap = _ID_CAPS[header]
+def _checked_id(value: str, header: str, cap: int) -> str:
     if len(value) > cap or not _TOKEN_ID.match(value):
         raise APIError(
             400, f"{header} must be 1-{cap} characters of letters, digits and ._:-/", "invalid_header", header
@@ -50,27 +121,34 @@ def _optional_id(request: Request, header: str) -> str | None:
     return value
 
 
-def identity(request: Request) -> Identity:
+def identity(headers: RequestHeaders, request_id: str) -> Identity:
     """Read X-Task-Id, X-Workflow-Run-Id, X-Attempt and Idempotency-Key; 400 naming a bad one."""
-    attempt_raw = request.headers.get("x-attempt", "0").strip()
-    if not attempt_raw.isdigit() or int(attempt_raw) > 1_000_000:
-        raise APIError(400, "X-Attempt must be a non-negative integer", "invalid_header", "X-Attempt")
-    key = request.headers.get("idempotency-key")
+    attempt = 0
+    if headers.attempt is not None:
+        attempt_raw = headers.attempt.strip()
+        if not attempt_raw.isdigit() or int(attempt_raw) > 1_000_000:
+            raise APIError(400, "X-Attempt must be a non-negative integer", "invalid_header", "X-Attempt")
+        attempt = int(attempt_raw)
+    key = headers.idempotency_key
     if key is not None and not 1 <= len(key) <= 255:
         raise APIError(400, "Idempotency-Key must be 1-255 characters", "invalid_header", "Idempotency-Key")
     return Identity(
-        request_id=request.state.request_id,
-        task_id=_optional_id(request, "x-task-id"),
-        workflow_run_id=_optional_id(request, "x-workflow-run-id"),
-        attempt=int(attempt_raw),
+        request_id=request_id,
+        task_id=None if headers.task_id is None else _checked_id(headers.task_id, "x-task-id", TASK_ID_MAX),
+        workflow_run_id=None
+        if headers.workflow_run_id is None
+        else _checked_id(headers.workflow_run_id, "x-workflow-run-id", WORKFLOW_RUN_ID_MAX),
+        attempt=attempt,
         idempotency_key=key,
     )
 
 
-def deadline(request: Request, now: float) -> float | None:
+def deadline(headers: RequestHeaders, now: float) -> float | None:
     """The absolute deadline from X-Deadline / X-Timeout-Ms; 400 when malformed."""
+    if headers.deadline is None and headers.timeout_ms is None:  # the common request: none
+        return None
     try:
-        return parse_deadline(request.headers.get("x-deadline"), request.headers.get("x-timeout-ms"), now)
+        return parse_deadline(headers.deadline, headers.timeout_ms, now)
     except DeadlineError as exc:
         raise APIError(400, str(exc), "invalid_deadline", exc.header) from None
 

@@ -18,23 +18,19 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from gateway.edge.auth_guard import FailureBudget
 
 
-class RefusalBudget:
-    """Per tenant: refusals allowed (a token bucket) and concurrent off-loop tokenisations (a semaphore)."""
+class RefusalBudget(FailureBudget):
+    """Per tenant: refusals allowed (a token bucket, keyed by tenant id) and concurrent off-loop
+    tokenisations (a semaphore).
+
+    The bucket is FailureBudget itself (`retry_after`, `charge`), inherited rather than wrapped: every
+    generation request asks `retry_after` once or twice, and a wrapper doubled those calls."""
 
     def __init__(self, burst: int, rate_per_s: float, tokenize_concurrency: int) -> None:
         if tokenize_concurrency < 1:
             raise ValueError("tokenize_concurrency must be >= 1")
-        self.budget = FailureBudget(burst, rate_per_s)
+        super().__init__(burst, rate_per_s)
         self.tokenize_concurrency = tokenize_concurrency
         self._gates: dict[str, tuple[asyncio.Semaphore, int]] = {}  # tenant -> (semaphore, users)
-
-    def retry_after(self, tenant_id: str) -> int | None:
-        """Whole seconds until the tenant may be refused again, or None while it has budget left."""
-        return self.budget.retry_after(tenant_id)
-
-    def charge(self, tenant_id: str) -> None:
-        """Count one refused request of the tenant."""
-        self.budget.charge(tenant_id)
 
     def tokenizing(self, tenant_id: str) -> AbstractAsyncContextManager[None]:
         """Hold one of the tenant's tokenisation slots (waiting while all are taken)."""

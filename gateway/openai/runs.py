@@ -319,8 +319,9 @@ class RunRegistry:
 
     def remove(self, run: Run) -> None:
         """Forget a finished run."""
-        if self.by_id.get(run.spec.key) is run:
-            del self.by_id[run.spec.key]
+        key = run.spec.key
+        if self.by_id.get(key) is run:
+            del self.by_id[key]
         if run.spec.idempotency_key is not None:
             self.by_key.pop((run.spec.tenant_id, run.spec.idempotency_key), None)
 

@@ -3,9 +3,7 @@ from the request, and what admission made of it (gateway/openai/degrade.py) for 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from starlette.requests import Request
+from dataclasses import dataclass, field
 
 from engine import EngineClient
 from gateway.edge.errors import APIError
@@ -23,9 +21,12 @@ class ServedAs:
 
     `policy` is the request's own X-On-Infeasible (None: its tenant's default, else the server's).
     `degradation` is `fallback`, `partial` or `truncated`; `dropped` the prompt tokens truncation removed.
+    `engine` is the model's engine(s), looked up once when the request is read (and again only for a
+    fallback): every later stage (admission, the estimate, submit) takes it from here.
     """
 
     model: str
+    engine: EngineClient = field(compare=False, repr=False)
     policy: str | None = None
     degradation: str | None = None
     dropped: int = 0
@@ -41,11 +42,10 @@ class ServedAs:
         return self.degradation
 
 
-def requested(request: Request, model: str) -> ServedAs:
-    """The request's model and its X-On-Infeasible policy; 400 naming the header for a value not known."""
-    raw = request.headers.get(ON_INFEASIBLE_HEADER.lower())
+def requested_policy(raw: str | None) -> str | None:
+    """The request's X-On-Infeasible policy (None: not sent); 400 naming the header for a value not known."""
     if raw is None:
-        return ServedAs(model)
+        return None
     policy = raw.strip().lower()
     if policy not in ON_INFEASIBLE:
         raise APIError(
@@ -54,7 +54,7 @@ def requested(request: Request, model: str) -> ServedAs:
             "invalid_header",
             ON_INFEASIBLE_HEADER,
         )
-    return ServedAs(model, policy)
+    return policy
 
 
 def model_engine(state: GatewayState, model: str) -> EngineClient:

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 from admission.edge import Admission
 from engine import OutputStream
 from gateway.idempotency.claim import KeyClaim
-from gateway.openai import degrade
 from gateway.openai.context import RequestContext
 from gateway.openai.refusals import rejected
 from gateway.openai.runs import Outcome, Run, RunFeed
@@ -35,12 +34,13 @@ def submit(
     state: GatewayState,
     ctx: RequestContext,
     admission: Admission,
-    claim: KeyClaim,
+    claim: KeyClaim | None,
     trace: RequestTrace | None,
 ) -> Run:
-    """Submit the engine request; its end is settled by `_ended` when the feed's outcome resolves."""
+    """Submit the engine request; its end is settled by `_ended` when the feed's outcome resolves.
+    `claim` is None for a request without Idempotency-Key (it claimed nothing)."""
     spec = ctx.run_spec()
-    engine = degrade.engine_of(state, ctx)  # the serving model's engines
+    engine = ctx.served.engine  # the serving model's engines
     run = Run(
         spec,
         abort=lambda reason: engine.abort(spec.engine_id, reason),
@@ -63,7 +63,8 @@ def submit(
     except Exception as exc:  # a race the edge checks missed, or a dead engine: the feed reports it as usual
         feed(exc)
     state.runs.add(run)
-    claim.hand_over(run)
+    if claim is not None:
+        claim.hand_over(run)
 
     def ended(done: asyncio.Future[Outcome]) -> None:
         if not done.cancelled():  # never cancelled by the feed; only a closing loop cancels it
@@ -80,7 +81,7 @@ def _ended(
     outcome: Outcome,
     stream: OutputStream | None,
     admission: Admission,
-    claim: KeyClaim,
+    claim: KeyClaim | None,
     trace: RequestTrace | None,
 ) -> None:
     """The run ended (its readers were woken first: this is a later callback on the loop): release what it
@@ -99,7 +100,7 @@ def _ended(
         log.warning("quota settle failed for %s", ctx.request_id, exc_info=True)
         settled = True
     _observe(state, ctx, outcome)
-    if settled and claim.settled_by_nothing and trace is None:
+    if settled and (claim is None or claim.settled_by_nothing) and trace is None:
         return
     run.task = asyncio.create_task(_settle(state, ctx, run, outcome, admission, claim, trace, settled))
 
@@ -110,7 +111,7 @@ async def _settle(
     run: Run,
     outcome: Outcome,
     admission: Admission,
-    claim: KeyClaim,
+    claim: KeyClaim | None,
     trace: RequestTrace | None,
     quota_settled: bool,
 ) -> None:
@@ -124,7 +125,8 @@ async def _settle(
             log.warning("quota settle failed for %s", ctx.request_id, exc_info=True)
     if trace is not None:
         trace.finish(outcome)
-    await claim.settle(run, outcome)
+    if claim is not None:
+        await claim.settle(run, outcome)
 
 
 def _observe(state: GatewayState, ctx: RequestContext, outcome: Outcome) -> None:

@@ -1,20 +1,22 @@
-"""Prometheus metrics (listed in docs/gateway.md, "Metrics") on a per-app registry, with bounded tenant labels."""
+"""Prometheus metrics (listed in docs/gateway.md, "Metrics") on a per-app registry, with bounded tenant labels.
+
+The per-request ones are plain numbers written out at scrape time (gateway/ops/request_metrics.py says why);
+the rarer ones (refusals, auth failures, restarts, degradations, tasks) stay prometheus_client's own."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.ops.request_metrics import RequestCollector, RequestCounts
 from gateway.ops.task_metrics import TaskMetrics
 
 OTHER = "other"
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
 class TenantLabels:
@@ -163,19 +165,9 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         self.labels = labels
         r = self.registry
-
-        def hist(name: str, doc: str) -> Histogram:
-            return Histogram(name, doc, ["tenant"], registry=r, buckets=_LATENCY_BUCKETS)
-
-        self.ttft = hist("fairserve_ttft_seconds", "Time to first token")
-        self.tpot = hist("fairserve_tpot_seconds", "Time per output token after the first")
-        self.e2e = hist("fairserve_e2e_seconds", "Arrival to last token")
-        self.queue = hist("fairserve_queue_seconds", "Arrival to first scheduled")
-        self.requests = Counter("fairserve_requests", "Finished requests", ["tenant", "status"], registry=r)
-        self.tokens = Counter("fairserve_tokens", "Tokens by kind", ["tenant", "kind"], registry=r)
-        self.charged = Counter(
-            "fairserve_charged_service", "Charged fairness service", ["tenant"], registry=r
-        )
+        # Latency histograms, requests, tokens and charged service: updated per request, so plain numbers.
+        self.counts = RequestCounts()
+        r.register(RequestCollector(self.counts))
         self.rejections = Counter(
             "fairserve_admission_rejections", "Requests refused at the edge", ["reason"], registry=r
         )
@@ -186,9 +178,7 @@ class GatewayMetrics:
             ["outcome"],
             registry=r,
         )
-        self.cancel_lag = Counter(
-            "fairserve_cancel_lag_tokens", "Tokens computed after a cancel signal", registry=r
-        )
+        r.register(RequestCollector(self.counts, cancel_lag_only=True))  # its place in the text, as before
         self.engine_restarts = Counter(
             "fairserve_engine_restarts",
             "Engine workers started to replace a dead one",
@@ -202,71 +192,43 @@ class GatewayMetrics:
             ["tenant", "kind"],
             registry=r,
         )
-        self._bound: dict[str, _TenantChildren] = {}
-        self._by_status: dict[tuple[str, str], Any] = {}
         if stats is not None:
             r.register(_EngineCollector(stats, labels))
         if loads is not None:  # routing.EngineLoad rows, one per engine
             r.register(_EnginesCollector(loads))
 
     def observe_finished(self, tenant_id: str, status: str, m: Any) -> None:
-        """Record one finished engine request from its RequestMetrics."""
-        c = self._children(self.labels.label(tenant_id))
-        self._status_child(c.label, status).inc()
-        c.prompt.inc(m.prompt_tokens)
-        c.cached.inc(m.cached_tokens)
-        c.completion.inc(m.completion_tokens)
-        c.charged.inc(max(m.charged_service, 0.0))
-        self.cancel_lag.inc(m.tokens_after_cancel)
+        """Record one finished engine request from its RequestMetrics: on the event loop's thread only (no
+        lock: gateway/ops/request_metrics.py)."""
+        counts = self.counts
+        label = self.labels.label(tenant_id)
+        row = counts.rows.get(label) or counts.row(label)
+        by_status = row.requests
+        if status in by_status:
+            by_status[status] += 1.0
+        else:
+            counts.first(label, by_status, status)
+        row.prompt += m.prompt_tokens
+        row.cached += m.cached_tokens
+        row.completion += m.completion_tokens
+        row.charged += max(m.charged_service, 0.0)
+        counts.cancel_lag += m.tokens_after_cancel
+        arrival, first = m.arrival_time, m.first_token_time
         if m.first_scheduled_time is not None:
-            c.queue.observe(max(m.first_scheduled_time - m.arrival_time, 0.0))
-        if m.first_token_time is not None:
-            c.ttft.observe(max(m.first_token_time - m.arrival_time, 0.0))
+            row.queue.observe(max(m.first_scheduled_time - arrival, 0.0))
+        if first is not None:
+            row.ttft.observe(max(first - arrival, 0.0))
             if m.finished_time is not None and m.completion_tokens > 1:
-                c.tpot.observe(max(m.finished_time - m.first_token_time, 0.0) / (m.completion_tokens - 1))
+                row.tpot.observe(max(m.finished_time - first, 0.0) / (m.completion_tokens - 1))
         if m.finished_time is not None:
-            c.e2e.observe(max(m.finished_time - m.arrival_time, 0.0))
+            row.e2e.observe(max(m.finished_time - arrival, 0.0))
 
     def count_request(self, tenant_id: str, status: str) -> None:
-        """Count one ended request that has no engine metrics (refused by the engine, or failed before)."""
-        self._status_child(self.labels.label(tenant_id), status).inc()
-
-    def _children(self, label: str) -> _TenantChildren:
-        """The label's metric children, bound once (labels() costs a lock and a dict walk per call); the
-        labels are bounded (TenantLabels), so this map is too."""
-        found = self._bound.get(label)
-        if found is None:
-            found = _TenantChildren(
-                label,
-                self.tokens.labels(label, "prompt"),
-                self.tokens.labels(label, "cached"),
-                self.tokens.labels(label, "completion"),
-                self.charged.labels(label),
-                self.queue.labels(label),
-                self.ttft.labels(label),
-                self.tpot.labels(label),
-                self.e2e.labels(label),
-            )
-            self._bound[label] = found
-        return found
-
-    def _status_child(self, label: str, status: str) -> Any:
-        found = self._by_status.get((label, status))
-        if found is None:  # statuses are a fixed handful (gateway/openai/runs.py)
-            found = self._by_status[(label, status)] = self.requests.labels(label, status)
-        return found
-
-
-@dataclass(frozen=True)
-class _TenantChildren:
-    """One tenant label's children of the per-request metrics."""
-
-    label: str
-    prompt: Any
-    cached: Any
-    completion: Any
-    charged: Any
-    queue: Any
-    ttft: Any
-    tpot: Any
-    e2e: Any
+        """Count one ended request that has no engine metrics (refused by the engine, or failed before): on
+        the event loop's thread only, as `observe_finished`."""
+        label = self.labels.label(tenant_id)
+        by_status = self.counts.by_status(label)
+        if status in by_status:
+            by_status[status] += 1.0
+        else:
+            self.counts.first(label, by_status, status)

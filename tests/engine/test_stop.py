@@ -18,17 +18,7 @@ def reference(text: str, stops: list[str]) -> tuple[str, bool]:
 
 
 def feed(stops: list[str], chunks: list[str]) -> tuple[str, bool, list[str]]:
-    matcher = StopMatcher(stops)
-    released: list[str] = []
-    stopped = False
-    for chunk in chunks:
-        out, stopped = matcher.push(chunk)
-        released.append(out)
-        if stopped:
-            break
-    if not stopped:
-        released.append(matcher.flush())
-    return "".join(released), stopped, released
+    return feed_into(StopMatcher(stops), chunks)
 
 
 alphabet = st.sampled_from("abc")
@@ -68,6 +58,45 @@ def test_holds_back_exactly_a_possible_match(stops: list[str], chunks: list[str]
             default=0,
         )
         assert len(held) == longest
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.text(alphabet, min_size=1, max_size=5), min_size=1, max_size=5),
+    st.lists(st.text(alphabet, max_size=4), min_size=1, max_size=8),
+    st.integers(min_value=0, max_value=8),
+)
+def test_a_split_stream_with_its_held_text_handed_on_matches_one_stream(
+    stops: list[str], chunks: list[str], cut: int
+) -> None:
+    """Prefill and decode apart (engine/disagg.py): the first part releases what it may and hands its held
+    text on; the second starts from it. Together they release what one matcher over the whole text does."""
+    first = StopMatcher(stops)
+    released = []
+    for chunk in chunks[:cut]:
+        out, stopped = first.push(chunk)
+        released.append(out)
+        if stopped:
+            break
+    else:
+        second = StopMatcher(stops)
+        second.hold(first.held)
+        _, stopped, rest = feed_into(second, chunks[cut:])
+        released += rest
+    assert ("".join(released), stopped) == feed(stops, chunks)[:2]
+
+
+def feed_into(matcher: StopMatcher, chunks: list[str]) -> tuple[str, bool, list[str]]:
+    released: list[str] = []
+    stopped = False
+    for chunk in chunks:
+        out, stopped = matcher.push(chunk)
+        released.append(out)
+        if stopped:
+            break
+    if not stopped:
+        released.append(matcher.flush())
+    return "".join(released), stopped, released
 
 
 class CountingAutomaton(StopAutomaton):

@@ -1,5 +1,5 @@
 """`fairserve serve --engine P --engine D` with P a `--role prefill` and D a `--role decode` engine: requests
-answered over HTTP through both (an idempotent retry replays), and the kill drill: a decode engine killed -9 mid-stream and a frozen
+answered over HTTP through both (an idempotent retry replays; a stop string across the hand-off), and the kill drill: a decode engine killed -9 mid-stream and a frozen
 prefill engine each fail their requests with the retryable `engine_unavailable`, and the ledger holds a
 row for every answered request."""
 
@@ -63,6 +63,7 @@ def test_prefill_and_decode_engines_answer_and_survive_the_kill_drill(tmp_path: 
             assert again.headers.get("Idempotent-Replayed") == "true"
             assert again.json()["choices"] == first.json()["choices"]
             answered[first.headers["X-Request-Id"]] = "length"
+            a_stop_across_the_hand_off(client, model)
             admin = {"Authorization": f"Bearer {serve.banner['admin_token']}"}
             rows = client.get("/admin/api/engines", headers=admin).json()
             rows = rows if isinstance(rows, list) else rows.get("engines", rows)
@@ -106,3 +107,20 @@ def test_prefill_and_decode_engines_answer_and_survive_the_kill_drill(tmp_path: 
             serve.stop()
         prefill.kill()
         decode.kill()
+
+
+def a_stop_across_the_hand_off(client: httpx.Client, model: str) -> None:
+    """A stop string spanning the first and second tokens (the start of a greedy answer) ends the answer
+    before it, streamed and not: the decode part starts from the text the prefill part held back."""
+    greedy = {**chat(model, 6), "temperature": 0}
+    answer = client.post("/v1/chat/completions", json=greedy).json()["choices"][0]["message"]["content"]
+    body = {**greedy, "stop": [answer[:2]]}
+    whole = client.post("/v1/chat/completions", json=body).json()
+    assert whole["choices"][0]["message"]["content"] == "", whole
+    assert whole["choices"][0]["finish_reason"] == "stop"
+    assert whole["usage"]["completion_tokens"] == 2  # spans the hand-off: one token on each engine
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as resp:
+        chunks = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    reasons = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    assert (text, reasons[-1]) == ("", "stop"), chunks

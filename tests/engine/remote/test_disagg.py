@@ -11,6 +11,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,46 @@ def test_the_same_greedy_tokens_and_charges_as_one_colocated_engine(
         m = last.metrics
         assert (m.prompt_tokens, m.completion_tokens) == (len(ref.prompt_token_ids), len(ref.token_ids))
         assert m.charged_service == pytest.approx(service[f"t{i}"])  # each token charged once
+
+
+def test_stop_strings_at_the_hand_off_end_as_on_one_colocated_engine(
+    pair: tuple[EngineProcess, EngineProcess], key: Path
+) -> None:
+    """Stops taken from the greedy text: one spanning the first and second tokens (the prefill part holds
+    its start back, the decode part starts from it), one inside the first token, one after it, one whose
+    held start never completes; and a first token that is half of "é" (logit_bias). Text, finish_reason,
+    tokens and charge as co-located, streamed or not."""
+    llm = LLM(None, num_kv_blocks=96, max_num_batched_tokens=64)
+    prompt = PROMPTS[0]
+    cut = len(llm.generate([prompt], replace(GREEDY, max_tokens=1))[0].text)  # the first token's text
+    whole = llm.generate([prompt], GREEDY)[0].text
+    spanning = whole[cut - 1 : cut + 1]
+    assert cut >= 1 and len(spanning) == 2 and whole.find(spanning) == cut - 1
+    stops = [spanning, whole[:cut], whole[cut + 1 : cut + 3], whole[cut - 1] + "\u2603"]
+    cases = [replace(GREEDY, stop=[s], stream_outputs=o) for s in stops for o in (True, False)]
+    cases.append(replace(cases[-1], logit_bias={0xC3: 100.0, 0xA9: 100.0}))  # "é" is C3 A9 in UTF-8
+    metas = [RequestMeta(tenant_id=f"s{i}") for i in range(len(cases))]
+    reference = llm.generate([prompt] * len(cases), cases, metas)
+    service = llm.engine.policy.service()
+    assert [r.finish_reason for r in reference[::2]] == [FinishReason.STOP] * 3 + [FinishReason.LENGTH] * 2
+    assert reference[-1].token_ids[:2] == [0xC3, 0xA9] and reference[-1].text.startswith("é")
+
+    async def scenario() -> list[list[RequestOutput]]:
+        engine = router(*pair, key)
+        try:
+            return await asyncio.gather(
+                *(run(engine, prompt, p, f"stop-{i}", f"s{i}") for i, p in enumerate(cases))
+            )
+        finally:
+            engine.shutdown()
+
+    for i, outs in enumerate(asyncio.run(scenario())):
+        ref, last = reference[i], outs[-1]
+        assert (last.text, last.finish_reason) == (ref.text, ref.finish_reason), i
+        assert "".join(o.delta_text for o in outs) == ref.text
+        assert list(last.token_ids) == ref.token_ids
+        assert last.metrics.completion_tokens == len(ref.token_ids)
+        assert last.metrics.charged_service == pytest.approx(service[f"s{i}"])
 
 
 def test_prefix_hits_on_the_prefill_engine_still_count(
