@@ -24,10 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -171,18 +168,12 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args)))
         return
-    here = Path(__file__).resolve().parent.parent
-    checkouts = {"this": here} | ({"other": Path(args.against).resolve()} if args.against else {})
-    samples: dict[str, list[dict[str, float]]] = {name: [] for name in checkouts}
+    # Here, not at the top: a measurement (`--one`) runs with the other checkout first on the path, which
+    # may not have this module.
+    from experiments.alternate import alternate
+
     flags = ["--rows", str(args.rows), "--batch", str(args.batch), *(["--pg", args.pg] if args.pg else [])]
-    for r in range(args.rounds):
-        order = list(checkouts.items())
-        for name, path in order if r % 2 == 0 else order[::-1]:
-            env = {**os.environ, "PYTHONPATH": str(path)}
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--one", *flags]
-            done = subprocess.run(cmd, env=env, cwd=path, capture_output=True, text=True, check=True)
-            samples[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(name, json.dumps({k: round(v, 2) for k, v in samples[name][-1].items()}), file=sys.stderr)
+    samples = alternate(__file__, flags, args.rounds, args.against)
     report: dict[str, Any] = {
         name: {k: round(statistics.median(s[k] for s in rounds), 2) for k in PARTS if k in rounds[0]}
         for name, rounds in samples.items()

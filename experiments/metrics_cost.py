@@ -139,21 +139,15 @@ def main() -> None:
     if args.text or args.openmetrics:
         sys.stdout.write(exposition(args.openmetrics))
         return
-    here = Path(__file__).resolve().parent.parent
-    checkouts = {"this": here} | ({"other": Path(args.against).resolve()} if args.against else {})
+    # Here, not at the top: a measurement (`--one`) runs with the other checkout first on the path, which
+    # may not have this module.
+    from experiments.alternate import alternate, checkouts
+
     if args.exposition:
-        same_exposition(checkouts)
+        same_exposition(checkouts(args.against))
         return
-    samples: dict[str, list[dict[str, float]]] = {name: [] for name in checkouts}
     flags = ["--requests", str(args.requests), "--tenants", str(args.tenants), "--scrapes", str(args.scrapes)]
-    for r in range(args.rounds):
-        order = list(checkouts.items())
-        for name, path in order if r % 2 == 0 else order[::-1]:
-            env = {**os.environ, "PYTHONPATH": str(path)}
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--one", *flags]
-            done = subprocess.run(cmd, env=env, cwd=path, capture_output=True, text=True, check=True)
-            samples[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(name, json.dumps({k: round(v, 2) for k, v in samples[name][-1].items()}), file=sys.stderr)
+    samples = alternate(__file__, flags, args.rounds, args.against)
     report: dict[str, Any] = {
         name: {k: round(statistics.median(s[k] for s in rounds), 2) for k in PARTS}
         for name, rounds in samples.items()

@@ -92,6 +92,21 @@ async def run(
     return [o async for o in engine.generate(ids, params, RequestMeta(tenant_id=tenant), request_id)]
 
 
+def run_split(
+    pair: tuple[EngineProcess, EngineProcess], key: Path, requests: list[tuple[str, SamplingParams, str, str]]
+) -> list[list[RequestOutput]]:
+    """Each (prompt, params, request id, tenant) through one router over `pair`, all at once."""
+
+    async def scenario() -> list[list[RequestOutput]]:
+        engine = router(*pair, key)
+        try:
+            return await asyncio.gather(*(run(engine, *request) for request in requests))
+        finally:
+            engine.shutdown()
+
+    return asyncio.run(scenario())
+
+
 def test_the_same_greedy_tokens_and_charges_as_one_colocated_engine(
     pair: tuple[EngineProcess, EngineProcess], key: Path
 ) -> None:
@@ -100,16 +115,8 @@ def test_the_same_greedy_tokens_and_charges_as_one_colocated_engine(
     reference = llm.generate(PROMPTS, GREEDY, metas)
     service = llm.engine.policy.service()  # each tenant ran one request
 
-    async def scenario() -> list[list[RequestOutput]]:
-        engine = router(*pair, key)
-        try:
-            return await asyncio.gather(
-                *(run(engine, p, GREEDY, f"parity-{i}", f"t{i}") for i, p in enumerate(PROMPTS))
-            )
-        finally:
-            engine.shutdown()
-
-    for i, outs in enumerate(asyncio.run(scenario())):
+    requests = [(p, GREEDY, f"parity-{i}", f"t{i}") for i, p in enumerate(PROMPTS)]
+    for i, outs in enumerate(run_split(pair, key, requests)):
         ref, last = reference[i], outs[-1]
         assert list(last.token_ids) == list(ref.token_ids)
         assert last.text == ref.text
@@ -143,16 +150,8 @@ def test_stop_strings_at_the_hand_off_end_as_on_one_colocated_engine(
     assert [r.finish_reason for r in reference[::2]] == [FinishReason.STOP] * 3 + [FinishReason.LENGTH] * 2
     assert reference[-1].token_ids[:2] == [0xC3, 0xA9] and reference[-1].text.startswith("é")
 
-    async def scenario() -> list[list[RequestOutput]]:
-        engine = router(*pair, key)
-        try:
-            return await asyncio.gather(
-                *(run(engine, prompt, p, f"stop-{i}", f"s{i}") for i, p in enumerate(cases))
-            )
-        finally:
-            engine.shutdown()
-
-    for i, outs in enumerate(asyncio.run(scenario())):
+    requests = [(prompt, p, f"stop-{i}", f"s{i}") for i, p in enumerate(cases)]
+    for i, outs in enumerate(run_split(pair, key, requests)):
         ref, last = reference[i], outs[-1]
         assert (last.text, last.finish_reason) == (ref.text, ref.finish_reason), i
         assert "".join(o.delta_text for o in outs) == ref.text
