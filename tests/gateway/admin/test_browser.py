@@ -12,6 +12,10 @@ import pytest
 from tests.gateway.admin.conftest import ARTIFACTS, Load
 from tests.gateway.conftest import Server, wait_for
 
+# The page shows everything the shared server has seen: run where only the serial part has used it
+# (scripts/test.sh), as in a serial run, not after whatever the other files on its worker left there.
+pytestmark = pytest.mark.serial
+
 
 def test_dashboard_end_to_end(server: Server, browser: Any) -> None:
     token = server.state.admin_token

@@ -6,8 +6,13 @@ import uuid
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.gateway.conftest import Server
+
+# The page shows everything the shared server has seen: run where only the serial part has used it
+# (scripts/test.sh), as in a serial run, not after whatever the other files on its worker left there.
+pytestmark = pytest.mark.serial
 
 
 def test_register_and_remove_a_prefix_from_the_dashboard(server: Server, browser: Any) -> None:

@@ -18,6 +18,10 @@ import pytest
 from tests.gateway.admin.conftest import Load
 from tests.gateway.conftest import Server, wait_for
 
+# The page shows everything the shared server has seen: run where only the serial part has used it
+# (scripts/test.sh), as in a serial run, not after whatever the other files on its worker left there.
+pytestmark = pytest.mark.serial
+
 WIDE = (1367, 1024)  # a laptop and the narrowest width at which tables keep their columns
 NARROW = 800  # a tablet: rows wrap
 SHOTS = Path(__file__).resolve().parents[3] / "artifacts"  # the repository's (ignored) artifacts/
