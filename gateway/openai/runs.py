@@ -97,6 +97,9 @@ class Run:
     orphan_grace_s: float = 0.0  # how long a keyed run outlives its last reader (GatewaySettings)
     chunk_tokens: list[int] = field(default_factory=list)  # completion tokens so far at each chunk
     delivered_chunks: int = 0  # chunks a reader has handed to its connection
+    # Readers that write a stream's new events themselves, called before the waiters are woken
+    # (gateway/openai/responses.py, RunResponse._push).
+    pushers: list[Callable[[], None]] = field(default_factory=list)
 
     def delivered_tokens(self, completion_tokens: int) -> int:
         """Completion tokens handed to a client: all of them unless the client left before the end (then
@@ -129,6 +132,8 @@ class Run:
 
     def notify(self) -> None:
         """Wake every reader: chunks, the final response or the error changed."""
+        for push in self.pushers:
+            push()
         waiters, self._waiters = self._waiters, []
         for fut in waiters:
             if not fut.done():
@@ -227,7 +232,8 @@ class RunFeed:
             run.chunk_tokens.append(out.metrics.completion_tokens)
         self.last = out
         if not out.finished:
-            run.notify()
+            if spec.stream:  # a whole-JSON reply waits for the end: a middle output changes nothing it reads
+                run.notify()
             return
         if run.error is None:  # else already answered (pushed out): nothing to keep for a replay
             run.final = _final(run, out)

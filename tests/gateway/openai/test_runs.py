@@ -61,6 +61,22 @@ def test_a_stream_becomes_events_and_the_last_output_its_final_response_at_once(
     )
 
 
+def test_a_whole_json_reply_wakes_its_reader_once_at_the_end_not_once_per_token() -> None:
+    async def scenario() -> tuple[bool, bool, Run]:
+        run = Run(spec(stream=False))
+        feed = RunFeed(run, lambda: None)
+        woken = run.next_change()
+        for i in range(3):
+            feed(output(i, "abc"[i]))
+        during = woken.done()
+        feed(output(3, "d", finished=True))
+        return during, woken.done(), run
+
+    during, after, run = asyncio.run(scenario())
+    assert not during  # its middle outputs change nothing a whole-JSON reader sends
+    assert after and run.final is not None and run.final.status == 200
+
+
 @pytest.mark.parametrize(
     ("exc", "status", "code", "outcome"),
     [
