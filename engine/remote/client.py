@@ -36,7 +36,7 @@ from engine.boundary.process_engine import EngineStartError
 from engine.limits import RequestCaps, RequestLimits
 from engine.outputs import EngineStats
 from engine.remote.curve import ClusterKey, connect_securely
-from engine.remote.liveness import ConnectionEvents, ConnectionWatch, SilenceBounds
+from engine.remote.liveness import ConnectionEvents, ConnectionWatch, SilenceBounds, StallClock
 from engine.remote.messages import (
     Announce,
     AskProduced,
@@ -98,6 +98,7 @@ class RemoteEngine(EngineFront):
         self._decoder = msgspec.msgpack.Decoder(FromServer)
         self._sock_lock = threading.Lock()  # a zmq socket is not thread-safe; shutdown may come from a thread
         self._heard_at = 0.0
+        self._stalls = StallClock()
         self._lost_ids: list[
             str
         ] = []  # failed here on a timeout: the same engine, if it returns, aborts them
@@ -374,6 +375,7 @@ class RemoteEngine(EngineFront):
         loop = self._loop
         if loop is None:
             return
+        self._heard_at += self._stalls.stalled(time.monotonic())  # this loop's own stall is not silence
         self._read()
         if self._alive:
             self._judge_silence(time.monotonic() - self._heard_at)

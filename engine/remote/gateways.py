@@ -33,6 +33,7 @@ import zmq
 
 from engine.boundary.messages import IterationReport, Submit, SubmitFailed, WorkerExiting
 from engine.outputs import EngineStats
+from engine.remote.liveness import StallClock
 from engine.remote.messages import Announce, AskProduced, Billed, Hello, Ping, ToServer
 
 log = logging.getLogger("fairserve.engine.remote")
@@ -83,6 +84,7 @@ class GatewayLink:
         self.latest_stats = EngineStats()
         self.draining = False
         self._reaped_at = 0.0
+        self._stalls = StallClock()
         self._thread = threading.Thread(target=self._run, name="fairserve-engine-io", daemon=True)
 
     def start(self) -> None:
@@ -185,7 +187,12 @@ class GatewayLink:
             self._inbox.put((peer, msg))
 
     def _keep_time(self, now: float) -> None:
-        """Heartbeat every gateway sent nothing lately; reap the ones silent too long."""
+        """Heartbeat every gateway sent nothing lately; reap the ones silent too long (silent while this
+        thread ran: a stall of its own moves every gateway's last word forward by the stall)."""
+        stalled = self._stalls.stalled(now)
+        if stalled:
+            with self._lock:
+                self._heard = {p: min(heard + stalled, now) for p, heard in self._heard.items()}
         quiet = [p for p in self.peers() if now - self._sent.get(p, 0.0) >= HEARTBEAT_S]
         if quiet:
             frame = _ENCODER.encode(IterationReport([], self.latest_stats, []))

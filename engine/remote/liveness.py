@@ -11,6 +11,10 @@ flight fail with the retryable 503) only on a definite sign:
 - the engine said goodbye (WorkerExiting), or announced a new engine_id (it restarted);
 - silence past `lost_timeout_s`, the longer bound, for what leaves the connection up: a frozen process
   (SIGSTOP), a hung host, a network cut with no reset.
+
+Either side counts a peer's silence only over time it was running itself (`StallClock`): a gateway or
+engine that was stopped for longer than its peer's bound would otherwise, in the moment it wakes and
+before ZeroMQ's I/O thread has handed it the messages queued meanwhile, judge a live peer silent.
 """
 
 from __future__ import annotations
@@ -37,6 +41,28 @@ class SilenceBounds:
                 f"lost_timeout_s ({self.lost_timeout_s}) is shorter than heartbeat_timeout_s "
                 f"({self.heartbeat_timeout_s}): an engine is suspect before it is lost"
             )
+
+
+# A gap this long between two of a thread's own silence checks (they come every 10-100 ms) is the process
+# stopped or starved, not the peer silent. Below the shortest bound a peer is lost on (the engine's 3 s).
+STALL_S = 1.0
+
+
+class StallClock:
+    """How long the thread that checks a peer's silence did not run: the gap between two of its checks,
+    when over `stall_s`. That time is not the peer's silence: it could not have been heard meanwhile."""
+
+    __slots__ = ("stall_s", "_checked_at")
+
+    def __init__(self, stall_s: float = STALL_S) -> None:
+        self.stall_s = stall_s
+        self._checked_at: float | None = None
+
+    def stalled(self, now: float) -> float:
+        """Seconds this thread was stalled since its last check (0.0 when it was not), noting this check."""
+        last, self._checked_at = self._checked_at, now
+        gap = 0.0 if last is None else now - last
+        return gap if gap > self.stall_s else 0.0
 
 
 @dataclass
