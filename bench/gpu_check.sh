@@ -29,7 +29,7 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT_DIR/NAM
 }
 nvidia-smi -L || true
 $PYTHON -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
-step kernel_tests 200 $PYTHON -m pytest tests/kernels -q -p no:cacheprovider -o addopts="" -rs
+step kernel_tests 200 $PYTHON -m pytest tests/fairserve_kernels -q -p no:cacheprovider -o addopts="" -rs
 step gpu_kernels 200 $PYTHON -m experiments.gpu_kernels --out "$OUT_DIR/gpu_kernels.json" $QUICK
 step gpu_moe 90 $PYTHON -m experiments.gpu_moe --out "$OUT_DIR/gpu_moe.json" $QUICK
 if [ "$QUICK" != "--quick" ]; then

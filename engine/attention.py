@@ -8,14 +8,14 @@ from typing import Any
 
 import torch
 
-from kernels.reference import paged_attention_ref, store_kv_ref
+from fairserve_kernels.reference import paged_attention_ref, store_kv_ref
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass
 class AttentionMetadata:
-    """Per-iteration batch layout shared by every layer (see kernels/reference.py for shapes)."""
+    """Per-iteration batch layout shared by every layer (see fairserve_kernels/reference.py for shapes)."""
 
     slot_mapping: torch.Tensor
     block_tables: torch.Tensor
@@ -36,8 +36,8 @@ AttnFn = Callable[..., torch.Tensor]
 
 def _backend_fns(name: str) -> tuple[StoreFn, AttnFn]:
     if name == "triton":
-        from kernels.triton_attention import paged_attention
-        from kernels.triton_store import store_kv
+        from fairserve_kernels.triton_attention import paged_attention
+        from fairserve_kernels.triton_store import store_kv
 
         return store_kv, paged_attention
     return store_kv_ref, paged_attention_ref

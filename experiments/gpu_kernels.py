@@ -60,8 +60,8 @@ class PagedPool:
 
 def decode_case(pool: PagedPool, batch: int, context: int) -> dict[str, Any]:
     """Time one decode step (one query token per sequence) of the Triton kernel, and SDPA where it fits."""
-    from kernels.launch_heuristics import launch_config, num_sms
-    from kernels.triton_attention import paged_attention
+    from fairserve_kernels.launch_heuristics import launch_config, num_sms
+    from fairserve_kernels.triton_attention import paged_attention
 
     dtype = pool.k_cache.dtype
     tables = pool.tables(batch, context)
@@ -122,7 +122,7 @@ def prefill_case(pool: PagedPool, batch: int, context: int, chunk: int) -> dict[
     """Time a batch of prefill chunks (each the last `chunk` tokens of `context`) against SDPA, bottom-right causal."""
     from torch.nn.attention.bias import causal_lower_right
 
-    from kernels.triton_attention import paged_attention
+    from fairserve_kernels.triton_attention import paged_attention
 
     dtype = pool.k_cache.dtype
     tables = pool.tables(batch, context)

@@ -24,7 +24,7 @@ TOKENS = (1, 16, 64, 512, 4096)
 
 
 def _inputs(tokens: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-    from kernels.moe_reference import route
+    from fairserve_kernels.moe_reference import route
 
     x = torch.randn(tokens, HIDDEN, generator=gen)
     w13 = torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen) * HIDDEN**-0.5
@@ -37,8 +37,8 @@ def measure(tokens: int) -> dict[str, Any]:
     """One batch size: error against the torch path (in fp32) and both timings."""
     import triton.testing
 
-    from kernels.moe_reference import fused_moe_ref
-    from kernels.triton_moe import fused_moe
+    from fairserve_kernels.moe_reference import fused_moe_ref
+    from fairserve_kernels.triton_moe import fused_moe
 
     x, w13, w2, weights, ids = _inputs(tokens, torch.Generator().manual_seed(tokens))
     got = fused_moe(x, w13, w2, weights, ids).float()
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print(
-            "no CUDA device: the fused-MoE GPU check is skipped (tests/kernels/test_triton_moe.py runs it "
+            "no CUDA device: the fused-MoE GPU check is skipped (tests/fairserve_kernels/test_triton_moe.py runs it "
             "under the interpreter)"
         )
         return 0

@@ -2,7 +2,7 @@
 
 Expert weights are held fused, [experts, 2 * inter, hidden] (gate rows then up rows) and
 [experts, hidden, inter], the layout of the fused-MoE kernels: the torch path on CPU
-(kernels/moe_reference.py) and one Triton grouped GEMM per projection on CUDA (kernels/triton_moe.py).
+(fairserve_kernels/moe_reference.py) and one Triton grouped GEMM per projection on CUDA (fairserve_kernels/triton_moe.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torch import nn
 
 from engine.models.config import ModelConfig
 from engine.models.layers import WeightTargets
-from kernels.moe_reference import fused_moe_ref, route
+from fairserve_kernels.moe_reference import fused_moe_ref, route
 
 
 class SparseMoeBlock(nn.Module):
@@ -36,7 +36,7 @@ class SparseMoeBlock(nn.Module):
         """x: [N, hidden] -> [N, hidden]."""
         weights, ids = route(F.linear(x, self.gate), self.top_k, self.normalise)
         if x.is_cuda:
-            from kernels.triton_moe import fused_moe
+            from fairserve_kernels.triton_moe import fused_moe
 
             return fused_moe(x, self.w13, self.w2, weights, ids)
         return fused_moe_ref(x, self.w13, self.w2, weights, ids)

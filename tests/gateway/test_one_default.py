@@ -22,7 +22,16 @@ from gateway.settings import EngineServerSettings, GatewaySettings
 from gateway.settings_flags import command_rows, knobs
 
 TREES: tuple[type[BaseModel], ...] = (GatewaySettings, EngineServerSettings, ClusterConfig)
-PACKAGES = ("kernels", "fairness", "admission", "billing", "engine", "routing", "gateway", "cluster")
+PACKAGES = (
+    "fairserve_kernels",
+    "fairness",
+    "admission",
+    "billing",
+    "engine",
+    "routing",
+    "gateway",
+    "cluster",
+)
 # (module.qualname, name): why that default is not a copy of the knob's.
 NAMESAKES: dict[tuple[str, str], str] = {
     ("engine.outputs.EngineStats", "max_num_batched_tokens"): "a measured snapshot, 0 until reported",

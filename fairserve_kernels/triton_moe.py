@@ -2,7 +2,7 @@
 # mypy: allow-untyped-defs, allow-incomplete-defs, allow-untyped-decorators
 """Triton fused MoE: one grouped GEMM launch per projection over every (token, expert) pair of a batch.
 
-Twin of `kernels.moe_reference.fused_moe_ref` (layouts there). The (token, k) pairs are sorted by
+Twin of `fairserve_kernels.moe_reference.fused_moe_ref` (layouts there). The (token, k) pairs are sorted by
 expert and each expert's run is padded to a multiple of BLOCK_M (`align_by_expert`), so every
 BLOCK_M-row tile of the sorted list belongs to one expert: a program loads that expert's weight tile
 and multiplies the gathered rows by it (`_grouped_gemm_kernel`). The first launch computes gate|up for
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.checks import (
+from fairserve_kernels.checks import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     KernelInputError,
@@ -133,7 +133,9 @@ def _grouped_gemm(
         out.stride(0),
         A_ROW_DIVISOR=row_divisor,
         SCALE=weights is not None,
-        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",  # as kernels/triton_attention.py
+        DOT_PRECISION="ieee"
+        if a.dtype == torch.float32
+        else "tf32",  # as fairserve_kernels/triton_attention.py
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
-from kernels.checks import KernelInputError
-from kernels.reference import paged_attention_ref
-from kernels.triton_attention import paged_attention
-from tests.kernels.batches import PagedBatch, make_batch
+from fairserve_kernels.checks import KernelInputError
+from fairserve_kernels.reference import paged_attention_ref
+from fairserve_kernels.triton_attention import paged_attention
+from tests.fairserve_kernels.batches import PagedBatch, make_batch
 
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 

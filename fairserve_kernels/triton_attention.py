@@ -2,7 +2,7 @@
 # mypy: allow-untyped-defs, allow-incomplete-defs, allow-untyped-decorators
 """Triton unified paged attention: one launch for a flat batch of decode tokens and prefill chunks.
 
-Twin of `kernels.reference.paged_attention_ref`; layouts are documented there. The grid is
+Twin of `fairserve_kernels.reference.paged_attention_ref`; layouts are documented there. The grid is
 (query tile, kv head, split). A query tile holds BLOCK_Q tokens of one sequence times the GROUP
 query heads that share a kv head, flattened into BLOCK_M rows so GQA groups of any size feed one
 `tl.dot`. Each program walks its slice of the sequence's paged context in TILE_N-token tiles
@@ -17,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_args import check_attention_args
-from kernels.checks import check_same_device, is_interpreted
-from kernels.launch_heuristics import launch_config, num_sms
+from fairserve_kernels.attention_args import check_attention_args
+from fairserve_kernels.checks import check_same_device, is_interpreted
+from fairserve_kernels.launch_heuristics import launch_config, num_sms
 
 LOG2E = 1.4426950408889634
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernels.checks import KernelInputError
-from kernels.launch_heuristics import (
+from fairserve_kernels.checks import KernelInputError
+from fairserve_kernels.launch_heuristics import (
     MAX_SPLITS,
     MIN_TOKENS_PER_SPLIT,
     TARGET_PROGRAMS_PER_SM,

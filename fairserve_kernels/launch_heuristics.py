@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.checks import KernelInputError
+from fairserve_kernels.checks import KernelInputError
 
 # Programs per SM we aim for: enough resident programs to keep loads in flight on every SM.
 TARGET_PROGRAMS_PER_SM = 4

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from kernels.reference import paged_attention_ref, store_kv_ref
+from fairserve_kernels.reference import paged_attention_ref, store_kv_ref
 
 
 def naive(

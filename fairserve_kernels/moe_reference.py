@@ -1,6 +1,6 @@
 """Torch fused-MoE: the CPU path of routed-expert layers and the oracle of the Triton kernel's tests.
 
-Layouts (shared with kernels/triton_moe.py):
+Layouts (shared with fairserve_kernels/triton_moe.py):
   hidden        [num_tokens, hidden]
   w13           [num_experts, 2 * inter, hidden]   gate rows then up rows, as `nn.Linear` weights
   w2            [num_experts, hidden, inter]

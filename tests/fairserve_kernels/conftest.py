@@ -1,6 +1,6 @@
 """Kernel tests run the Triton kernels on CUDA when present, else in Triton's numpy interpreter on CPU.
 
-TRITON_INTERPRET is read when a kernel is decorated (at import of kernels.triton_*), so it is set
+TRITON_INTERPRET is read when a kernel is decorated (at import of fairserve_kernels.triton_*), so it is set
 here, at conftest import, before any test module of this directory imports the kernels; modules
 imported earlier without it (another directory's tests) are reloaded.
 """
@@ -17,7 +17,11 @@ import torch
 ON_CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 if not ON_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
-    for name in ("kernels.triton_store", "kernels.triton_attention", "kernels.triton_moe"):
+    for name in (
+        "fairserve_kernels.triton_store",
+        "fairserve_kernels.triton_attention",
+        "fairserve_kernels.triton_moe",
+    ):
         module = sys.modules.get(name)
         if module is not None:
             importlib.reload(module)

@@ -1,11 +1,11 @@
-"""Argument checks of `paged_attention` (kernels/triton_attention.py), run before a launch so bad input
+"""Argument checks of `paged_attention` (fairserve_kernels/triton_attention.py), run before a launch so bad input
 fails with a message naming the argument instead of a wrong result or a device fault."""
 
 from __future__ import annotations
 
 import torch
 
-from kernels.checks import (
+from fairserve_kernels.checks import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     KernelInputError,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import engine
-import kernels.triton_attention as triton_attention
+import fairserve_kernels.triton_attention as triton_attention
 
 # Lengths straddle the 16-token cache block, and a batched-token budget of 24 forces chunked
 # prefill, so iterations mix decodes with prefill chunks that attend to earlier chunks.

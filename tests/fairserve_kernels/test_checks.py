@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.checks import KernelInputError, check_same_device, is_interpreted
-from kernels.triton_store import _store_kv_kernel
+from fairserve_kernels.checks import KernelInputError, check_same_device, is_interpreted
+from fairserve_kernels.triton_store import _store_kv_kernel
 
 
 def test_cpu_tensors_are_refused_for_compiled_kernels() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.checks import KernelInputError
-from kernels.moe_reference import fused_moe_ref, route
-from kernels.triton_moe import align_by_expert, fused_moe
+from fairserve_kernels.checks import KernelInputError
+from fairserve_kernels.moe_reference import fused_moe_ref, route
+from fairserve_kernels.triton_moe import align_by_expert, fused_moe
 
 
 def _moe_inputs(

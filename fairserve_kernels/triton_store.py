@@ -2,7 +2,7 @@
 # mypy: allow-untyped-defs, allow-incomplete-defs, allow-untyped-decorators
 """Triton KV-cache store: scatter this step's K/V rows into the paged cache through `slot_mapping`.
 
-Twin of `kernels.reference.store_kv_ref`; layouts are documented there.
+Twin of `fairserve_kernels.reference.store_kv_ref`; layouts are documented there.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import (
+from fairserve_kernels.checks import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     KernelInputError,

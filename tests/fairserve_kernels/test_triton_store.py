@@ -7,9 +7,9 @@ import re
 import pytest
 import torch
 
-from kernels.checks import KernelInputError
-from kernels.reference import store_kv_ref
-from kernels.triton_store import store_kv
+from fairserve_kernels.checks import KernelInputError
+from fairserve_kernels.reference import store_kv_ref
+from fairserve_kernels.triton_store import store_kv
 
 
 def _slots(num_tokens: int, num_blocks: int, block_size: int, gen: torch.Generator) -> torch.Tensor:
