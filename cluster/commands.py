@@ -76,7 +76,8 @@ def _wait_answering(url: str, timeout_s: float) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    """Start the deployment, print the banner once the first gateway answers; stay up if the cluster is ours."""
+    """Start the deployment, print the banner once the first gateway answers and every engine asked for has
+    registered; stay up if the cluster is ours."""
     try:
         settings = _gateway_settings(args)
         cfg = _cluster_config(args)
@@ -115,6 +116,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     gateways = deploy.start_gateways(settings, cfg, secrets, cfg.gateways)
     url = deploy.first_url(gateways[0], cfg.ready_timeout_s, _say)
     _wait_answering(url, cfg.ready_timeout_s)
+
+    # The banner says the deployment asked for is up: `--engines 2` is two engines taking work, not one
+    # answering while the other still loads its model.
+    def all_registered() -> bool:
+        return len(ray.get(reg.engines.remote())) >= cfg.engines
+
+    deploy.wait_until(all_registered, cfg.ready_timeout_s, f"{cfg.engines} engines to register", every_s=0.5)
     lines = [f"url: {url}", f"admin: {url}/admin", *(f"{k}: {v}" for k, v in banner.items())]
     if started:  # `ray status/scale/down --address` (and drivers of your own) reach this cluster here
         lines.insert(0, f"ray: {ray.get_runtime_context().gcs_address}")
