@@ -77,9 +77,8 @@ class RemoteEngine(EngineFront):
         self._sock.setsockopt(zmq.IDENTITY, self.gateway_id.encode())
         self._sock.setsockopt(zmq.IMMEDIATE, 1)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(
-            zmq.SNDHWM, 0
-        )  # as the local channel: a send queues, it never waits on the loop
+        # As the local channel: a send queues, it never waits on the loop.
+        self._sock.setsockopt(zmq.SNDHWM, 0)
         self._sock.setsockopt(zmq.RCVHWM, 0)
         self._sock.setsockopt(zmq.RECONNECT_IVL, 50)
         self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
@@ -99,9 +98,8 @@ class RemoteEngine(EngineFront):
         self._sock_lock = threading.Lock()  # a zmq socket is not thread-safe; shutdown may come from a thread
         self._heard_at = 0.0
         self._stalls = StallClock()
-        self._lost_ids: list[
-            str
-        ] = []  # failed here on a timeout: the same engine, if it returns, aborts them
+        # Failed here on a timeout: the same engine, if it returns, aborts them.
+        self._lost_ids: list[str] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick: asyncio.Handle | None = None
         self._read_soon = False  # a read is already scheduled on the loop
