@@ -5,8 +5,15 @@
 `fairserve serve` (its engine in its own process) and the floor (bench/gateway_floor.py), each round in
 turn under the same closed-loop load: `max_tokens: 1`, then `--stream-tokens`-token streams. CPU is the
 server process's, every thread, from /proc, less its idle rate over the same wall time. Reported: ms per
-request, the ratio to the floor (median of the rounds' ratios), a stream's per-token cost. Method and
-results: docs/gateway.md, "Benchmark: gateway CPU against its floor".
+request, the ratio to the floor (median of the rounds' ratios), a stream's per-token cost.
+
+With `--waiting-floor 1` (the default) the *waiting floor* is measured in the same rounds too: the floor
+paced as fairserve's engine paces fairserve (bench/gateway_floor.py `Ticker`: one shared timer ticking at
+the engine's iteration time, each stream event waiting a tick, a reply as many ticks as fairserve's
+requests took), both probed before the rounds. It says what the machine charges any server for answering after an idle wait, which the bare
+floor, never idle under this load, does not pay; fairserve's ratio to it is reported beside the ratio
+to the bare floor, which stays the target's measure. Method and results: docs/gateway.md, "Benchmark:
+gateway CPU against its floor".
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from bench.harness import parser
 PROMPT = "The batch never waits."
 KINDS = ("nonstream", "stream")
 RATIOS = ("nonstream_ratio", "stream_ratio")  # to the floor, in every row but its own
+FLOORS = ("floor", "waiting_floor")
 
 
 class Server:
@@ -148,6 +156,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "nonstream": {"max_tokens": 1},
             "stream": {"max_tokens": args.stream_tokens, "stream": True},
         }
+        if args.waiting_floor:  # paced as fairserve's engine paced it: a tick per stream token
+            probe = {"model": model, "prompt": PROMPT, "ignore_eos": True}
+            reply_s, stream_s = [await _latency(servers[1], probe | bodies[k], args) for k in KINDS]
+            tick_ms = stream_s * 1e3 / args.stream_tokens
+            reply_ticks = max(1, round(reply_s * 1e3 / tick_ms))
+            report_waits = {"tick_ms": round(tick_ms, 2), "reply_ticks": reply_ticks}
+            floor_args = ["-m", "bench.gateway_floor", "--tick-ms", f"{tick_ms:.3f}", "--reply-ticks", str(reply_ticks)]  # fmt: skip
+            servers.insert(1, Server("waiting_floor", floor_args))
+            samples["waiting_floor"] = {k: [] for k in KINDS}
         if args.profile:
             Path(args.profile).mkdir(parents=True, exist_ok=True)  # py-spy writes nothing into a missing one
         for r in range(args.rounds):
@@ -156,13 +173,25 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     body = {"model": model, "prompt": PROMPT, "ignore_eos": True, **bodies[kind]}
                     spy = Path(args.profile) / f"{s.name}-{kind}-{r}.txt" if args.profile else None
                     samples[s.name][kind].append(
-                        await s.measure(body, args, None if s.name == "floor" else spy)
+                        await s.measure(body, args, None if s.name in FLOORS else spy)
                     )
     finally:
         for s in servers:
             s.stop()
         shutil.rmtree(tmp, ignore_errors=True)  # the servers' data directories
-    return summarise(samples, args)
+    report = summarise(samples, args)
+    if "waiting_floor" in report:
+        report["waiting_floor"].update(report_waits)
+    return report
+
+
+async def _latency(server: Server, body: dict[str, Any], args: argparse.Namespace) -> float:
+    """Mean seconds a request takes on `server` under the benchmark's load (a short closed-loop probe)."""
+    concurrency: int = args.concurrency
+    n = concurrency * 8
+    started = time.perf_counter()
+    await server.drive(body, n, concurrency)
+    return (time.perf_counter() - started) * concurrency / n
 
 
 def summarise(samples: dict[str, dict[str, list[float]]], args: argparse.Namespace) -> dict[str, Any]:
@@ -178,6 +207,9 @@ def summarise(samples: dict[str, dict[str, list[float]]], args: argparse.Namespa
             ratios = [v / f for v, f in zip(kinds[kind], samples["floor"][kind], strict=True)]
             row[f"{kind}_ratio"] = statistics.median(ratios)
             row[f"{kind}_ratio_min"], row[f"{kind}_ratio_max"] = min(ratios), max(ratios)
+        for kind in KINDS if name not in FLOORS and "waiting_floor" in samples else ():
+            waiting = zip(kinds[kind], samples["waiting_floor"][kind], strict=True)
+            row[f"{kind}_ratio_waiting"] = statistics.median(v / f for v, f in waiting)
         steps = zip(kinds["stream"], kinds["nonstream"], strict=True)
         row["per_token_ms"] = statistics.median((s - n) / (args.stream_tokens - 1) for s, n in steps)
         report[name] = {k: round(v, 4) for k, v in row.items()}
@@ -192,14 +224,20 @@ def summarise(samples: dict[str, dict[str, list[float]]], args: argparse.Namespa
 def describe(report: dict[str, Any], stream_tokens: int) -> str:
     """The report as the few lines `make bench` prints."""
     lines = [f"gateway CPU per request, ms (median of {report['rounds']} alternating rounds)"]
-    for name in ("floor", "fairserve", "baseline"):
+    for name in ("floor", "waiting_floor", "fairserve", "baseline"):
         if (r := report.get(name)) is not None:
             spread = [f"{r[k]:.2f}x ({r[k + '_min']:.2f}-{r[k + '_max']:.2f})" for k in RATIOS if k in r]
             ratio = f"  vs floor {' / '.join(spread)}" if spread else ""
+            if "nonstream_ratio_waiting" in r:
+                ratio += f"  vs waiting floor {r['nonstream_ratio_waiting']:.2f}x / {r['stream_ratio_waiting']:.2f}x"
             lines.append(
-                f"  {name:9} max_tokens=1 {r['nonstream_ms']:.3f}  {stream_tokens}-token stream {r['stream_ms']:.3f}"
+                f"  {name:13} max_tokens=1 {r['nonstream_ms']:.3f}  {stream_tokens}-token stream {r['stream_ms']:.3f}"
                 f"  per token {r['per_token_ms']:.4f}{ratio}"
             )
+    if (w := report.get("waiting_floor")) is not None:
+        lines.append(
+            f"  (the waiting floor: a tick every {w['tick_ms']:.2f} ms, a stream event a tick, a reply {w['reply_ticks']})"
+        )
     if "over_baseline" in report:
         b = report["over_baseline"]
         lines.append(
@@ -220,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         stream_tokens=16,
         idle_s=(1.0, "idle CPU sampled before each measurement"),
         baseline=(None, "also measure `fairserve serve` from this checkout"),
+        waiting_floor=(1, "1: also the floor that waits as long as fairserve's requests do; 0: not"),
         profile=(None, "DIR: py-spy stacks of each fairserve measurement"),
     ).parse_args(argv)
     import uvloop

@@ -126,10 +126,15 @@ def test_publish_chunks_sends_every_event_in_order_however_slow_the_store() -> N
     assert published == run.chunks and len(published) == 5
 
 
+def _compact(obj: object) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
 @pytest.mark.parametrize("chat", [False, True])
 def test_events_and_bodies_are_the_json_of_their_fields_whatever_the_text(chat: bool) -> None:
-    """Every event (first, middle, last) and the whole body are exactly json.dumps(..., ensure_ascii=False) of
-    the OpenAI shape, for text with quotes, escapes, non-ASCII and the JSON-hostile line separators."""
+    """Every event (first, middle, last) and the whole body are exactly the compact JSON of the OpenAI shape
+    (json.dumps with ensure_ascii=False and no spaces), for text with quotes, escapes, non-ASCII and the
+    JSON-hostile line separators."""
     shape = Shape(chat, "req-1", "m", 7)
     metrics = output(2, "x").metrics
     obj = "chat.completion.chunk" if chat else "text_completion"
@@ -151,7 +156,7 @@ def test_events_and_bodies_are_the_json_of_their_fields_whatever_the_text(chat: 
                     "finish_reason": reason and reason.value,
                 }
             want = {"id": "req-1", "object": obj, "created": 7, "model": "m", "choices": [choice]}
-            assert shape.chunk(text, reason, first) == json.dumps(want, ensure_ascii=False)
+            assert shape.chunk(text, reason, first) == _compact(want)
         body = json.loads(shape.body(text, FinishReason.STOP, metrics))
-        assert shape.body(text, FinishReason.STOP, metrics) == json.dumps(body, ensure_ascii=False)
+        assert shape.body(text, FinishReason.STOP, metrics) == _compact(body)
         assert (body["choices"][0]["message"]["content"] if chat else body["choices"][0]["text"]) == text
