@@ -24,7 +24,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/fairserve bench --quick --out artifacts/bench
-	# Gateway CPU per request against a bare Starlette app: a change that doubles the ratio shows here.
+	# Gateway CPU per request against a bare Starlette app (and that app paced as an engine paces a gateway): a change that doubles the ratio shows here.
 	$(BIN)/python -m bench.gateway_cpu --rounds 2 --requests 400
 
 # litellm's proxy pins versions that clash with transformers 5, so it gets a virtualenv of its own.
