@@ -15,8 +15,9 @@ splits its event loop thread's CPU (`time.thread_time_ns`, read around each piec
     gc        the cyclic garbage collector, wherever it ran
     loop      the rest of the loop thread: uvloop itself, epoll, timers, task switching
 
-and adds every other thread of the process (schedstat, by name: the ledger's writer is a `python`
-thread, ZeroMQ's I/O thread `ZMQbg/IO/0`) and the loop thread's context switches. With `--detail` the
+and adds every other thread of the process (schedstat, less its idle rate sampled for `--idle-s` first,
+by Python's thread name where it is one of Python's, else the kernel's: ZeroMQ's I/O thread is
+`ZMQbg/IO/0`) and the loop thread's context switches. With `--detail` the
 pipeline's stages are timed too, each inclusive of what it calls (so they overlap, and the timers'
 own cost, about 0.6 µs a read here, inflates them): a map, not a sum. Each figure is per request.
 Run with `--serve FILE serve ARGS...` it is the server itself (what the driver starts).
@@ -36,6 +37,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Generator
 from pathlib import Path
 from time import thread_time_ns as _now
@@ -159,7 +161,10 @@ def instrument(out: Path) -> None:
     gc.callbacks.append(on_gc)
 
     def dump(*_: Any) -> None:
-        out.write_text(json.dumps({**_acc, "main": _now() - start[0], "tid": threading.get_native_id()}))
+        names = {str(t.native_id): t.name for t in threading.enumerate()}  # Python's names for its threads
+        out.write_text(
+            json.dumps({**_acc, "main": _now() - start[0], "tid": threading.get_native_id(), "names": names})
+        )
 
     def reset(*_: Any) -> None:
         for k in _acc:
@@ -204,9 +209,14 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         await server.drive(body, args.concurrency * 8, args.concurrency)
         pid = server.proc.pid
         os.kill(pid, signal.SIGUSR2)
-        before = _threads(pid)
+        idle = _threads(pid)  # what the other threads spend with no request (timers, the prefix reload)
+        await asyncio.sleep(args.idle_s)
+        idle_rate = {
+            t: (cpu - idle[t][1]) / args.idle_s for t, (_, cpu, _, _) in _threads(pid).items() if t in idle
+        }
+        before, started = _threads(pid), time.perf_counter()
         await server.drive(body, args.requests, args.concurrency)
-        after = _threads(pid)
+        after, wall = _threads(pid), time.perf_counter() - started
         os.kill(pid, signal.SIGUSR1)
         while not dump.exists() or not dump.read_text():
             await asyncio.sleep(0.05)
@@ -223,8 +233,10 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         if int(tid) == seg["tid"]:
             switches = {"voluntary": (vol - was[2]) / n, "involuntary": (invol - was[3]) / n}
         else:
-            others[name] = others.get(name, 0.0) + (cpu - was[1]) / n / 1e3
-    detail = {k: v / n / 1e3 for k, v in seg.items() if k not in (*SEGMENTS, "main", "tid")}
+            name = seg["names"].get(tid, name)  # e.g. the ledger's `fairserve-ledger`, not `python`
+            spent = cpu - was[1] - idle_rate.get(tid, 0.0) * wall  # less its idle rate, as bench.gateway_cpu
+            others[name] = others.get(name, 0.0) + spent / n / 1e3
+    detail = {k: v / n / 1e3 for k, v in seg.items() if k not in (*SEGMENTS, "main", "tid", "names")}
     return {"loop thread, µs": loop_thread, "other threads, µs": others, "loop thread switches": switches} | (
         {"stages (inclusive, instrumented), µs": detail} if detail else {}
     )
@@ -243,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--stream", action="store_true", help="16-token streams instead of max_tokens 1")
     p.add_argument("--detail", action="store_true", help="also time the pipeline's stages inclusively")
+    p.add_argument("--idle-s", type=float, default=1.0, help="the other threads' idle rate sampled first")
     args = p.parse_args(argv)
     if args.detail:
         os.environ[_DETAIL_ENV] = "1"  # the server inherits it
