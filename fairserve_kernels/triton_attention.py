@@ -21,7 +21,7 @@ from fairserve_kernels.attention_args import check_attention_args
 from fairserve_kernels.checks import check_same_device, is_interpreted
 from fairserve_kernels.launch_heuristics import launch_config, num_sms
 
-LOG2E = 1.4426950408889634
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
