@@ -8,6 +8,8 @@ each context into NUM_SPLITS slices multiplies the programs, at the cost of a sm
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -41,15 +43,30 @@ def choose_num_splits(num_programs: int, max_seq_len: int | None, sm_count: int)
     return 1 << (splits.bit_length() - 1)  # round down: one compiled variant per power of two
 
 
+# Set only by `assume_sm_count` (the compile gate binds launches for a GPU it does not have).
+_assumed_sm_count: int | None = None
+
+
+@contextmanager
+def assume_sm_count(sm_count: int) -> Iterator[None]:
+    """Within: a non-CUDA device reports `sm_count` SMs, so launches pick what they would on that GPU."""
+    global _assumed_sm_count
+    previous, _assumed_sm_count = _assumed_sm_count, sm_count
+    try:
+        yield
+    finally:
+        _assumed_sm_count = previous
+
+
 @functools.lru_cache(maxsize=8)
 def _cuda_sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
 def num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of `device`, or DEFAULT_SM_COUNT where it is not a CUDA device."""
+    """Streaming multiprocessors of `device`; elsewhere DEFAULT_SM_COUNT, or what `assume_sm_count` set."""
     if device.type != "cuda":
-        return DEFAULT_SM_COUNT
+        return DEFAULT_SM_COUNT if _assumed_sm_count is None else _assumed_sm_count
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _cuda_sm_count(index)
 

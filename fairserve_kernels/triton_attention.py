@@ -13,6 +13,10 @@ fp32 online softmax. With NUM_SPLITS > 1 (flash-decoding) each split writes a pa
 
 from __future__ import annotations
 
+import functools
+import itertools
+from collections.abc import Callable, Iterator
+
 import torch
 import triton
 import triton.language as tl
@@ -346,3 +350,69 @@ def paged_attention(
             BLOCK_S=triton.next_power_of_2(cfg.num_splits),
         )
     return out
+
+
+# What the engine can hand the launcher (the compile gate, fairserve_kernels/compile_gate.py, binds each).
+_GATE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_GATE_HEAD_DIMS = (64, 80, 96, 128, 160, 192, 256)  # powers of two and the padded ones (BLOCK_D > HEAD_DIM)
+_GATE_GROUPS = (1, 2, 4, 8)  # query heads per kv head (GQA)
+_GATE_BLOCK_SIZES = (1, 16, 32, 64)  # EngineConfig.block_size: any power of two; 16 by default
+# Decode shapes: (sequences, longest context). Every batch size at the longest context reaches the
+# splits the batch size allows; batch 1 at shorter contexts the splits the length allows.
+_GATE_DECODES = tuple((seqs, 32768) for seqs in (1, 2, 4, 8, 16, 32, 64, 128, 256)) + tuple(
+    (1, context) for context in (1, 256, 512, 1024, 2048, 4096, 8192)
+)
+_GATE_PREFILL_TOKENS = 512  # a prefill chunk: decode_only is False, whatever its length
+
+
+def compile_gate_cases() -> Iterator[Callable[[], object]]:
+    """Launches on "meta" tensors over every shape class the engine produces; see compile_gate.py.
+
+    Decode batches of every size and contexts of every length let the heuristic pick each split count
+    it can; prefill chunks take the prefill tiles. Every dtype, head dim, GQA group, cache block size,
+    sliding window and soft cap is crossed with them.
+    """
+    for dtype, head_dim, group, block_size in itertools.product(
+        _GATE_DTYPES, _GATE_HEAD_DIMS, _GATE_GROUPS, _GATE_BLOCK_SIZES
+    ):
+        for window, cap in itertools.product((None, 128), (None, 50.0)):
+            for seqs, context in _GATE_DECODES:
+                yield functools.partial(
+                    _gate_launch, dtype, head_dim, group, block_size, window, cap, seqs, seqs, context
+                )
+            yield functools.partial(
+                _gate_launch, dtype, head_dim, group, block_size, window, cap, _GATE_PREFILL_TOKENS, 2, 4096
+            )
+
+
+def _gate_launch(
+    dtype: torch.dtype,
+    head_dim: int,
+    group: int,
+    block_size: int,
+    window: int | None,
+    cap: float | None,
+    num_tokens: int,
+    num_seqs: int,
+    max_seq_len: int,
+) -> torch.Tensor:
+    kv_heads = 2
+    meta = torch.device("meta")
+    query = torch.empty(num_tokens, kv_heads * group, head_dim, dtype=dtype, device=meta)
+    cache = torch.empty(64, block_size, kv_heads, head_dim, dtype=dtype, device=meta)
+    block_tables = torch.empty(num_seqs, 8, dtype=torch.int32, device=meta)
+    query_start_loc = torch.empty(num_seqs + 1, dtype=torch.int32, device=meta)
+    seq_lens = torch.empty(num_seqs, dtype=torch.int32, device=meta)
+    return paged_attention(
+        query,
+        cache,
+        cache,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        head_dim**-0.5,
+        window,
+        cap,
+        max_query_len=-(-num_tokens // num_seqs),
+        max_seq_len=max_seq_len,
+    )

@@ -12,6 +12,10 @@ summed at the end.
 
 from __future__ import annotations
 
+import functools
+import itertools
+from collections.abc import Callable, Iterator
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -201,3 +205,30 @@ def _check_moe_args(
         )
     if w13.stride(2) != 1 or w2.stride(2) != 1:
         raise KernelInputError("w13 and w2 must be contiguous in their last dimension")
+
+
+def compile_gate_cases() -> Iterator[Callable[[], object]]:
+    """Both grouped GEMMs of `fused_moe` on "meta" tensors; see compile_gate.py.
+
+    `align_by_expert` sizes its output from the routing (a host sync), so the cases call the launcher
+    behind it, `_grouped_gemm`, with each projection's shape: gate|up [E, 2I, H] then down [E, H, I].
+    Hidden and expert sizes cover small test models up to Qwen3-MoE's (2048, 768) and beyond.
+    """
+    for dtype, hidden, inter, block_m in itertools.product(
+        (torch.bfloat16, torch.float16, torch.float32), (64, 1024, 2048, 4096), (32, 768, 1536), (16,)
+    ):
+        yield functools.partial(_gate_moe, dtype, hidden, inter, block_m)
+
+
+def _gate_moe(dtype: torch.dtype, hidden: int, inter: int, block_m: int) -> None:
+    meta = torch.device("meta")
+    experts, pairs, tiles = 8, 64, 16
+    sorted_pairs = torch.empty(tiles * block_m, dtype=torch.int64, device=meta)
+    tile_experts = torch.empty(tiles, dtype=torch.int64, device=meta)
+    weights = torch.empty(pairs, dtype=dtype, device=meta)
+    a = torch.empty(pairs, hidden, dtype=dtype, device=meta)
+    w13 = torch.empty(experts, 2 * inter, hidden, dtype=dtype, device=meta)
+    _grouped_gemm(a, w13, sorted_pairs, tile_experts, pairs, 2, None, block_m)
+    act = torch.empty(pairs, inter, dtype=dtype, device=meta)
+    w2 = torch.empty(experts, hidden, inter, dtype=dtype, device=meta)
+    _grouped_gemm(act, w2, sorted_pairs, tile_experts, pairs, 1, weights, block_m)

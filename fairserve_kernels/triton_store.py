@@ -7,6 +7,10 @@ Twin of `fairserve_kernels.reference.store_kv_ref`; layouts are documented there
 
 from __future__ import annotations
 
+import functools
+import itertools
+from collections.abc import Callable, Iterator
+
 import torch
 import triton
 import triton.language as tl
@@ -142,3 +146,21 @@ def store_kv(
         BLOCK_H=triton.next_power_of_2(num_kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
     )
+
+
+def compile_gate_cases() -> Iterator[Callable[[], object]]:
+    """Stores on "meta" tensors for every dtype, kv-head count, head dim and cache block size; see compile_gate.py."""
+    for dtype, kv_heads, head_dim, block_size in itertools.product(
+        (torch.bfloat16, torch.float16, torch.float32),
+        (1, 2, 4, 8),
+        (64, 80, 96, 128, 160, 192, 256),
+        (1, 16, 32, 64),
+    ):
+        yield functools.partial(_gate_store, dtype, kv_heads, head_dim, block_size)
+
+
+def _gate_store(dtype: torch.dtype, kv_heads: int, head_dim: int, block_size: int) -> None:
+    meta = torch.device("meta")
+    rows = torch.empty(8, kv_heads, head_dim, dtype=dtype, device=meta)
+    cache = torch.empty(4, block_size, kv_heads, head_dim, dtype=dtype, device=meta)
+    store_kv(rows, rows, cache, cache, torch.empty(8, dtype=torch.int64, device=meta))

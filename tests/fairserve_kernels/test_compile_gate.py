@@ -1,0 +1,116 @@
+"""The compile gate: every Triton kernel compiles to a cubin for sm_90 and sm_80 with Triton's own compiler.
+
+The gate runs in a subprocess: this directory's conftest sets TRITON_INTERPRET=1, and the interpreter
+is what let a kernel the compiler refuses pass every CPU test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fairserve_kernels.compile_gate import Variant, kernel_modules, pairwise_cover
+from fairserve_kernels.launch_heuristics import MAX_SPLITS, choose_num_splits
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run_gate(tmp_path: Path, *args: str, pythonpath: str = "") -> tuple[int, str, dict[str, Any]]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, str(REPO), env.get("PYTHONPATH", "")) if p)
+    out = tmp_path / "gate.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fairserve_kernels.compile_gate", "--json", str(out), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    report = json.loads(out.read_text()) if out.exists() else {}
+    return proc.returncode, proc.stdout + proc.stderr, report
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, dict[str, Any]]:
+    return _run_gate(tmp_path_factory.mktemp("gate"))
+
+
+def test_every_kernel_compiles_for_sm90_and_sm80(gate: tuple[int, str, dict[str, Any]]) -> None:
+    rc, output, report = gate
+    assert rc == 0, output
+    assert report["failures"] == []
+    assert set(report["archs"]) == {"sm_90", "sm_80"}
+    for kernels in report["archs"].values():
+        modules = {name.split(".")[0] for name in kernels}
+        assert modules == {m.rsplit(".", 1)[-1] for m in kernel_modules()}
+        assert all(k["compiled"] >= 1 for k in kernels.values())
+    assert report["compiled"] == sum(k["compiled"] for a in report["archs"].values() for k in a.values())
+
+
+def test_every_value_the_launch_code_picks_is_compiled(gate: tuple[int, str, dict[str, Any]]) -> None:
+    """Split counts, tiles, dtypes, windows, soft caps: each value any launch asked for is in a compiled variant."""
+    _, output, report = gate
+    for arch, kernels in report["archs"].items():
+        for name, kernel in kernels.items():
+            assert kernel["compiled_values"] == kernel["values"], f"{arch} {name}"
+    attention = report["archs"]["sm_90"]["triton_attention._paged_attention_kernel"]["values"]
+    # The split counts are the heuristic's own: whatever choose_num_splits can return for the decode shapes.
+    reachable = {choose_num_splits(2 * seqs, ctx, 132) for seqs in range(1, 257) for ctx in (1, 32768)}
+    assert {int(s) for s in attention["NUM_SPLITS"]} >= reachable | {MAX_SPLITS}
+    assert attention["USE_WINDOW"] == ["False", "True"] and attention["USE_SOFT_CAP"] == ["False", "True"]
+    assert {"*bf16", "*fp16", "*fp32"} <= set(attention["dtype:query_ptr"])
+    assert {"64", "80", "256"} <= set(attention["HEAD_DIM"])
+
+
+def test_a_kernel_the_compiler_refuses_fails_the_gate(tmp_path: Path) -> None:
+    """The failure this gate exists for: a plain module-level float read inside a kernel."""
+    package = tmp_path / "gate_probe"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "triton_bad.py").write_text(
+        textwrap.dedent(
+            """
+            import torch, triton, triton.language as tl
+
+            SCALE = 1.5  # not tl.constexpr: the interpreter reads it, the compiler refuses it
+
+            @triton.jit
+            def _scale_kernel(x_ptr, N: tl.constexpr):
+                offs = tl.arange(0, N)
+                tl.store(x_ptr + offs, tl.load(x_ptr + offs) * SCALE)
+
+            def compile_gate_cases():
+                yield lambda: _scale_kernel[(1,)](torch.empty(16, device="meta"), N=16)
+            """
+        )
+    )
+    rc, output, report = _run_gate(
+        tmp_path, "--module", "gate_probe.triton_bad", "--arch", "90", pythonpath=str(tmp_path)
+    )
+    assert rc == 1, output
+    assert len(report["failures"]) == 1
+    assert "SCALE" in report["failures"][0]["error"]
+
+
+def _variant(**features: str) -> Variant:
+    items = tuple(features.items())
+    return Variant("m.triton_x", "k", (), (), (), 4, 2, items)
+
+
+def test_pairwise_cover_holds_every_pair() -> None:
+    variants = [
+        _variant(a=str(a), b=str(b), c=str(c), d="same") for a in range(4) for b in range(3) for c in range(2)
+    ]
+    chosen = pairwise_cover(variants)
+    assert len(chosen) < len(variants)
+    for f, g in (("a", "b"), ("a", "c"), ("b", "c")):
+        wanted = {(dict(v.features)[f], dict(v.features)[g]) for v in variants}
+        assert {(dict(v.features)[f], dict(v.features)[g]) for v in chosen} == wanted
