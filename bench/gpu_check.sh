@@ -1,12 +1,26 @@
 #!/usr/bin/env bash
-# The one prepared GPU check (an H200; well under 10 minutes): kernel correctness on CUDA against the
-# torch reference (bf16 included), decode bandwidth and prefill TFLOP/s against SDPA, the fused-MoE
-# kernel against its torch path, and engine decode throughput against transformers. Results (Markdown + JSON) go to $OUT, else ./artifacts.
+# The one prepared GPU check (one H200; under 8 minutes): the compile gate for sm_90/sm_80, kernel
+# correctness on CUDA against the torch twins (bf16 included), decode bandwidth and prefill TFLOP/s
+# against SDPA, the fused-MoE kernel against its torch path, and engine decode throughput at batch 1,
+# 64 and 256 with and without CUDA graphs against transformers, with the GPU-busy fraction and kernel
+# launches per decode step from torch.profiler. Results: $OUT (else ./artifacts)/gpu_check.md and
+# gpu_check.json, plus each step's log and JSON.
+#
 # Usage: bash bench/gpu_check.sh [--quick]      (PYTHON=... to pick the interpreter)
+#
+# On a bare CUDA machine whose Python (3.12) has torch, triton and transformers but nothing of ours and
+# no package registry, bring these cp312 manylinux wheels (no dependencies beyond them), in a folder
+# carried with the tree, named by FAIRSERVE_WHEELS (default ./wheels):
+#   pyzmq msgspec pydantic pydantic-core pydantic-settings annotated-types typing-inspection
+#   typing-extensions python-dotenv redis tenacity
+# Fetch them on any machine with a registry:  bash bench/gpu_wheels.sh   (writes ./wheels)
+# This script installs them with  pip install --no-index --no-deps --target "$WHEELS_DIR/site" wheels/*.whl
+# and puts that folder on PYTHONPATH; nothing else is installed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="${OUT:-./artifacts}"
 mkdir -p "$OUT_DIR"
+WHEELS="${FAIRSERVE_WHEELS:-./wheels}"
 if [ -z "${PYTHON:-}" ]; then
     # The repo's venv when it sees a GPU, else the machine's own python3 (the device image's torch + triton).
     if [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
@@ -15,24 +29,40 @@ if [ -z "${PYTHON:-}" ]; then
         PYTHON=python3
     fi
 fi
+if ! $PYTHON -c 'import zmq, msgspec, pydantic_settings, tenacity, redis' 2>/dev/null && [ -d "$WHEELS" ]; then
+    SITE="$(mktemp -d)/site"
+    $PYTHON -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
+    export PYTHONPATH="$SITE:${PYTHONPATH:-}"
+fi
+export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 QUICK="${1:-}"
 unset TRITON_INTERPRET
 status=0
+SUMMARY="$OUT_DIR/gpu_check.md"
+STEPS_JSON=""
+echo "# GPU check $(date -u +%FT%TZ)" > "$SUMMARY"
 step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT_DIR/NAME.log, remember failures
     local name=$1 limit=$2; shift 2
     echo "=== $name (limit ${limit}s) ==="
     local start=$SECONDS
     timeout "$limit" "$@" 2>&1 | tee "$OUT_DIR/$name.log"
     local rc=${PIPESTATUS[0]}
-    echo "=== $name: rc=$rc, $((SECONDS - start))s ==="
+    local took=$((SECONDS - start))
+    echo "=== $name: rc=$rc, ${took}s ==="
     [ "$rc" -eq 0 ] || status=1
+    { echo; echo "## $name (rc=$rc, ${took}s)"; echo; grep -v '^\s*$' "$OUT_DIR/$name.log" | tail -40; } >> "$SUMMARY"
+    STEPS_JSON="$STEPS_JSON${STEPS_JSON:+,}{\"step\":\"$name\",\"rc\":$rc,\"seconds\":$took}"
 }
 nvidia-smi -L || true
-$PYTHON -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
-step kernel_tests 200 $PYTHON -m pytest tests/fairserve_kernels -q -p no:cacheprovider -o addopts="" -rs
-step gpu_kernels 200 $PYTHON -m experiments.gpu_kernels --out "$OUT_DIR/gpu_kernels.json" $QUICK
-step gpu_moe 90 $PYTHON -m experiments.gpu_moe --out "$OUT_DIR/gpu_moe.json" $QUICK
+$PYTHON -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())' | tee -a "$SUMMARY"
+JOBS=$(nproc)
+step compile_gate 150 $PYTHON -m fairserve_kernels.compile_gate --jobs "$JOBS" --json "$OUT_DIR/compile_gate.json"
+step kernel_tests 150 $PYTHON -m pytest tests/fairserve_kernels -q -p no:cacheprovider -o addopts="" -rs
+step gpu_kernels 120 $PYTHON -m experiments.gpu_kernels --out "$OUT_DIR/gpu_kernels.json" $QUICK
+step gpu_moe 60 $PYTHON -m experiments.gpu_moe --out "$OUT_DIR/gpu_moe.json" $QUICK
 if [ "$QUICK" != "--quick" ]; then
     step gpu_engine 180 $PYTHON -m experiments.gpu_engine --out "$OUT_DIR/gpu_engine.json"
 fi
+echo "{\"status\":$status,\"steps\":[$STEPS_JSON]}" > "$OUT_DIR/gpu_check.json"
+echo "wrote $SUMMARY and $OUT_DIR/gpu_check.json"
 exit $status

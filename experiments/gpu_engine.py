@@ -1,9 +1,11 @@
 """GPU engine benchmark: decode throughput of `engine.LLM` (Triton backend) against transformers `generate()`.
 
 Both serve the same random-weight ~0.85B-parameter Llama (written with transformers into a temp dir,
-plus the engine's byte-level tokenizer) at batch 64, in the same run. Decode throughput is
-batch * (N - 1) / (t(N new tokens) - t(1 new token)), so prefill and start-up cancel out.
-Prints a Markdown table; writes JSON to --out (default $OUT/gpu_engine.json, else ./artifacts/).
+plus the engine's byte-level tokenizer) at batch 1, 64 and 256, in the same run; the engine with CUDA
+graphs and with `enforce_eager`. Decode throughput is batch * (N - 1) / (t(N new tokens) - t(1 new
+token)), so prefill and start-up cancel out. At batch 64, torch.profiler gives the decode step's
+GPU-busy fraction (summed kernel time over wall time of a steady decode run) and kernel launches
+per step. Prints a Markdown table; writes JSON to --out (default $OUT/gpu_engine.json, else ./artifacts/).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typing import Any
 
 import torch
 
-BATCH, PROMPT_LEN, NEW_TOKENS = 64, 128, 128
+BATCHES, PROMPT_LEN, NEW_TOKENS = (1, 64, 256), 128, 128
+PROFILED_BATCH, PROFILED_TOKENS = 64, 16
 # TinyLlama-like geometry with 16 layers: about 0.85B parameters.
 MODEL_GEOMETRY: dict[str, Any] = {
     "hidden_size": 2048,
@@ -62,27 +65,60 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def decode_tps(run: Callable[[int], Any]) -> dict[str, float]:
+def decode_tps(run: Callable[[int], Any], batch: int) -> dict[str, float]:
     """Decode tokens/s from a 1-token and an N-token run (after a warm-up that compiles kernels)."""
     run(4)
     t1 = timed(lambda: run(1))
     tn = timed(lambda: run(NEW_TOKENS))
-    return {"t_1_s": t1, "t_n_s": tn, "decode_tokens_per_s": BATCH * (NEW_TOKENS - 1) / max(tn - t1, 1e-9)}
+    step_ms = (tn - t1) / (NEW_TOKENS - 1) * 1e3
+    return {
+        "t_1_s": t1,
+        "t_n_s": tn,
+        "step_ms": step_ms,
+        "decode_tokens_per_s": batch * (NEW_TOKENS - 1) / max(tn - t1, 1e-9),
+    }
 
 
-def engine_run(model_dir: Path, prompts: list[list[int]], backend: str) -> Callable[[int], Any]:
+def profile_decode(run: Callable[[int], Any]) -> dict[str, float]:
+    """GPU-busy fraction and kernel launches per step of a decode run, from torch.profiler.
+
+    The difference of a PROFILED_TOKENS run and a 1-token run isolates the decode steps from the
+    prefill, as `decode_tps` does for time: busy = kernel time / wall time of those steps.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    def measure(n: int) -> tuple[float, float, int]:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            wall = timed(lambda: run(n))
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        busy_us = sum(e.device_time for e in kernels)
+        return wall * 1e6, busy_us, len(kernels)
+
+    run(4)
+    wall_1, busy_1, launches_1 = measure(1)
+    wall_n, busy_n, launches_n = measure(PROFILED_TOKENS)
+    steps = PROFILED_TOKENS - 1
+    return {
+        "gpu_busy_fraction": (busy_n - busy_1) / max(wall_n - wall_1, 1e-9),
+        "kernel_launches_per_step": (launches_n - launches_1) / steps,
+    }
+
+
+def engine_run(model_dir: Path, prompts: list[list[int]], backend: str, eager: bool) -> Callable[[int], Any]:
     """A function generating `n` tokens for every prompt with `engine.LLM` on `backend`."""
     from engine import LLM, SamplingParams
 
+    batch = len(prompts)
     llm = LLM(
         model=str(model_dir),
         device="cuda",
         dtype="bfloat16",
         attention_backend=backend,
-        max_num_seqs=BATCH,
-        max_num_batched_tokens=BATCH * PROMPT_LEN,
+        max_num_seqs=batch,
+        max_num_batched_tokens=max(batch * PROMPT_LEN, 2048),
         enable_prefix_caching=False,
         kv_cache_memory_fraction=0.3,
+        enforce_eager=eager,
     )
 
     def run(n: int) -> Any:
@@ -112,52 +148,74 @@ def hf_run(model: Any, prompts: list[list[int]]) -> Callable[[int], Any]:
     return run
 
 
+def _engine_rows(model_dir: Path, prompts: list[list[int]], backend: str, batch: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for eager in (False, True):
+        system = f"engine.LLM ({backend}{', eager' if eager else ', graphs'})"
+        try:
+            run = engine_run(model_dir, prompts, backend, eager)
+            row: dict[str, Any] = {"system": system, "batch": batch, **decode_tps(run, batch)}
+            if batch == PROFILED_BATCH:
+                row.update(profile_decode(run))
+            rows.append(row)
+            del run
+        except Exception as exc:  # report and keep the other measurements
+            rows.append({"system": system, "batch": batch, "error": f"{type(exc).__name__}: {exc}"})
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Measure the engine (Triton and torch backends) and transformers; print and write the results."""
+    """Measure the engine (graphs and eager; Triton and torch backends) and transformers; print and write."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--skip-torch-backend", action="store_true")
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_engine: no CUDA device; nothing measured", file=sys.stderr)
         return 2
     gen = torch.Generator().manual_seed(1)
-    prompts = torch.randint(0, 256, (BATCH, PROMPT_LEN), generator=gen).tolist()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp)
         model = write_model(model_dir)
         params = sum(p.numel() for p in model.parameters())
-        rows.append({"system": "transformers generate()", **decode_tps(hf_run(model, prompts))})
+        for batch in args.batches:
+            prompts = torch.randint(0, 256, (batch, PROMPT_LEN), generator=gen).tolist()
+            rows.append(
+                {
+                    "system": "transformers generate()",
+                    "batch": batch,
+                    **decode_tps(hf_run(model, prompts), batch),
+                }
+            )
         del model
         torch.cuda.empty_cache()
-        backends = ["triton"] if args.skip_torch_backend else ["triton", "torch"]
-        for backend in backends:
-            try:
-                rows.append(
-                    {
-                        "system": f"engine.LLM ({backend})",
-                        **decode_tps(engine_run(model_dir, prompts, backend)),
-                    }
-                )
-            except Exception as exc:  # report and keep the other measurements
-                rows.append({"system": f"engine.LLM ({backend})", "error": f"{type(exc).__name__}: {exc}"})
-            torch.cuda.empty_cache()
-    peer = rows[0]["decode_tokens_per_s"]
+        for batch in args.batches:
+            prompts = torch.randint(0, 256, (batch, PROMPT_LEN), generator=gen).tolist()
+            rows += _engine_rows(model_dir, prompts, "triton", batch)
+            if not args.skip_torch_backend and batch == PROFILED_BATCH:
+                rows += _engine_rows(model_dir, prompts, "torch", batch)[:1]
+    peers = {r["batch"]: r["decode_tokens_per_s"] for r in rows if r["system"].startswith("transformers")}
     for row in rows:
-        if "decode_tokens_per_s" in row:
-            row["ratio_vs_transformers"] = row["decode_tokens_per_s"] / peer
+        if "decode_tokens_per_s" in row and peers.get(row["batch"]):
+            row["ratio_vs_transformers"] = row["decode_tokens_per_s"] / peers[row["batch"]]
     print(
-        f"## Engine decode throughput: {params / 1e9:.2f}B-param random Llama, bf16, batch {BATCH}, "
+        f"## Engine decode throughput: {params / 1e9:.2f}B-param random Llama, bf16, "
         f"prompt {PROMPT_LEN}, {NEW_TOKENS} new tokens\n"
     )
     print(
-        "| system | decode tok/s | ratio vs transformers | t(1) s | t(N) s | error |\n|---|---|---|---|---|---|"
+        "| system | batch | decode tok/s | ratio vs transformers | step ms | GPU busy | launches/step | error |\n"
+        "|---|---|---|---|---|---|---|---|"
     )
     for row in rows:
+        busy = f"{row['gpu_busy_fraction']:.0%}" if "gpu_busy_fraction" in row else ""
+        launches = f"{row['kernel_launches_per_step']:.0f}" if "kernel_launches_per_step" in row else ""
         print(
-            f"| {row['system']} | {row.get('decode_tokens_per_s', 0):.0f} | {row.get('ratio_vs_transformers', 0):.2f} "
-            f"| {row.get('t_1_s', 0):.3f} | {row.get('t_n_s', 0):.3f} | {row.get('error', '')} |"
+            f"| {row['system']} | {row['batch']} | {row.get('decode_tokens_per_s', 0):.0f} "
+            f"| {row.get('ratio_vs_transformers', 0):.2f} | {row.get('step_ms', 0):.2f} | {busy} | {launches} "
+            f"| {row.get('error', '')} |"
         )
     out = args.out or Path(os.environ.get("OUT") or "artifacts") / "gpu_engine.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -166,7 +224,6 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "device": torch.cuda.get_device_name(),
                 "params": params,
-                "batch": BATCH,
                 "prompt_len": PROMPT_LEN,
                 "new_tokens": NEW_TOKENS,
                 "rows": rows,
