@@ -85,12 +85,12 @@ def profile_decode(run: Callable[[int], Any]) -> dict[str, float]:
     The difference of a PROFILED_TOKENS run and a 1-token run isolates the decode steps from the
     prefill, as `decode_tps` does for time: busy = kernel time / wall time of those steps.
     """
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import DeviceType, ProfilerActivity, profile
 
     def measure(n: int) -> tuple[float, float, int]:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             wall = timed(lambda: run(n))
-        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
         busy_us = sum(e.device_time for e in kernels)
         return wall * 1e6, busy_us, len(kernels)
 
