@@ -110,6 +110,10 @@ class Tokenizer:
         """Text of ids; incomplete UTF-8 sequences become U+FFFD."""
         return str(self._tk.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json text: what llguidance's tokenizer adapter reads (engine/grammar/)."""
+        return str(self._tk.to_str())
+
     def token_to_id(self, token: str) -> int | None:
         """The id of one vocabulary entry (e.g. a special token), or None."""
         result = self._tk.token_to_id(token)

@@ -18,6 +18,7 @@ from engine.limits import RequestCaps
 from gateway.edge.auth import bearer_token
 from gateway.edge.errors import APIError
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, first_error
+from gateway.openai.structured import response_grammar
 
 # X-Task-Id and X-Workflow-Run-Id are stored in the ledger's columns of those names: capped at their width
 # (TASK_ID_MAX, WORKFLOW_RUN_ID_MAX).
@@ -231,6 +232,9 @@ def engine_input(body: CompletionRequest | ChatCompletionRequest, engine: Engine
         )
     caps: RequestCaps = engine.caps
     params = body.sampling(None)
+    params.grammar = response_grammar(
+        body.response_format
+    )  # structured outputs (gateway/openai/structured.py)
     try:
         params.validate()
         caps.check(params)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from billing.fields import MODEL_MAX
 from engine.boundary.messages import WIRE_INT_MAX, WIRE_INT_MIN
@@ -129,6 +129,30 @@ class _Sampling(_Strict):
         return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
+class JsonSchemaFormat(_Strict):
+    """`response_format.json_schema`: the schema the output must validate against (gateway/openai/structured.py)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """`response_format`: text, any JSON object, or JSON valid against a schema (constrained decoding)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required with type 'json_schema', and only with it")
+        return self
+
+
 class CompletionRequest(_Sampling):
     """`POST /v1/completions`."""
 
@@ -137,6 +161,7 @@ class CompletionRequest(_Sampling):
     echo: bool = False
     best_of: WireInt | None = None
     suffix: str | None = None
+    response_format: ResponseFormat | None = None  # as vLLM: structured output on completions too
 
     @field_validator("prompt")
     @classmethod
@@ -166,12 +191,6 @@ class CompletionRequest(_Sampling):
     @classmethod
     def _no_suffix(cls, v: str | None) -> str | None:
         return _off(v, (None, ""), "suffix", "insertion is not supported")
-
-
-class ResponseFormat(_Strict):
-    """`response_format`: plain text only."""
-
-    type: Literal["text"]
 
 
 class ChatCompletionRequest(_Sampling):
