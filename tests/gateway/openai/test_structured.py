@@ -4,12 +4,13 @@ output that parses and validates, by constrained decoding; what the engine canno
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import jsonschema
 import openai
 import pytest
+from openai.types.shared_params import ResponseFormatJSONSchema
 from pydantic import BaseModel, Field
 
 from tests.gateway.conftest import Server
@@ -81,7 +82,7 @@ def test_streamed_json_schema_output_validates(server: Server) -> None:
         model=server.model,
         messages=[{"role": "user", "content": "JSON please"}],
         max_tokens=200,
-        response_format=_schema_format(PERSON),  # type: ignore[arg-type]
+        response_format=cast(ResponseFormatJSONSchema, _schema_format(PERSON)),
         stream=True,
     )
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
