@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from engine.grammar.config import GrammarConfig
 from engine.limits import RequestCaps
 from fairness.config import FairnessConfig
 from fairness.registry import policy_entry
@@ -83,6 +84,7 @@ class EngineConfig(BaseModel):
         default="forkserver", description="how the process engine starts its worker"
     )
     caps: RequestCaps = Field(default_factory=RequestCaps)
+    grammar: GrammarConfig = Field(default_factory=GrammarConfig)  # constrained decoding (engine/grammar/)
     # Async scheduling (engine/async_scheduler.py, engine/overlap.py). auto: on for CUDA, where the forward runs on the device and
     # the host work beside it is free; off on CPU, where the forward needs the same cores and the GIL
     # (measured: docs/engine.md, "Overlap").

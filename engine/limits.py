@@ -33,6 +33,10 @@ class RequestCaps(BaseModel):
     max_prompt_bytes: int = Field(
         default=256 * 1024, ge=1, description="UTF-8 bytes of a text prompt, checked before tokenising"
     )
+    # A grammar's compile and masks grow with its text (engine/grammar/); JSON-schema benchmark sets stay below.
+    max_grammar_chars: int = Field(
+        default=128 * 1024, ge=1, description="characters of a grammar (JSON schema or Lark) per request"
+    )
 
     def check(self, params: SamplingParams) -> None:
         """Raise InvalidRequestError naming the field that is over its cap (an empty field, the common
@@ -56,6 +60,12 @@ class RequestCaps(BaseModel):
             raise InvalidRequestError(
                 f"logit_bias has {len(params.logit_bias)} entries; at most {self.max_logit_bias} are allowed",
                 "logit_bias",
+            )
+        grammar = params.grammar
+        if grammar is not None and len(grammar.source) > self.max_grammar_chars:
+            raise InvalidRequestError(
+                f"the grammar has {len(grammar.source)} characters; at most {self.max_grammar_chars} are allowed",
+                grammar.field,
             )
 
     def check_prompt_text(self, prompt: str, field_name: str = "prompt") -> None:

@@ -62,7 +62,10 @@ class LLM:
         texts: dict[str, list[str]] = {i: [] for i in prompts_by_id}
         done: dict[str, CompletionOutput] = {}
         while self.engine.has_unfinished():
-            for out in self.engine.step_deltas():
+            outputs = self.engine.step_deltas()
+            for _, refused in self.engine.take_refused():  # a grammar that did not compile (engine/grammar/)
+                raise refused
+            for out in outputs:
                 tokens[out.request_id] += out.new_token_ids
                 texts[out.request_id].append(out.delta_text)
                 if out.finished:

@@ -31,6 +31,9 @@ from engine.attention import resolve_backend
 from engine.config import EngineConfig
 from engine.counter_sync import CounterSync
 from engine.executor import InlineExecutor, Ran
+from engine.grammar.backend import Backend
+from engine.grammar.intake import GrammarIntake
+from engine.grammar.masks import GrammarMasks
 from engine.isolation import RequestFailures
 from engine.kv_cache import BlockPool
 from engine.limits import RequestLimits
@@ -40,7 +43,14 @@ from engine.outputs import EngineStats, OutputDelta, RequestInfo, RequestMetrics
 from engine.overlap import OverlapExecutor
 from engine.policy import build_policy
 from engine.recorder import EngineRecorder
-from engine.request import DuplicateRequestError, FinishReason, Request, RequestMeta, SamplingParams
+from engine.request import (
+    DuplicateRequestError,
+    FinishReason,
+    InvalidRequestError,
+    Request,
+    RequestMeta,
+    SamplingParams,
+)
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.stop import StopMatcher
 from engine.tokenizer import Detokenizer
@@ -115,6 +125,10 @@ class LLMEngine:
             if config.enable_prefix_caching
             else (config.max_num_seqs, config.max_num_batched_tokens),
         )
+        # Constrained decoding (engine/grammar/): compiles off this loop, masks beside the forward.
+        masks = self.runner.grammar = GrammarMasks(mc.vocab_size, self.runner.sampler.failures)
+        backend = Backend(self.tokenizer.to_json(), mc.vocab_size, sorted(self.eos_token_ids), config.grammar)
+        self.grammar = GrammarIntake(backend, config.grammar, masks)
         self.scheduler.swap_out = self._swap_out
         self.scheduler.swap_in = self._swap_in
         self._streams: dict[str, _Stream] = {}
@@ -176,8 +190,10 @@ class LLMEngine:
         ids = self.encode(prompt)
         self.validate(ids, params)
         request = Request(request_id, ids, params, meta or RequestMeta())
+        held = self.grammar.hold(request)  # waits for its grammar outside the scheduler unless it is cached
         self._streams[request_id] = self._stream(request)
-        self.scheduler.add(request)
+        if not held:
+            self.scheduler.add(request)
         return request
 
     def _stream(self, request: Request) -> _Stream:
@@ -196,6 +212,9 @@ class LLMEngine:
         self, request_id: str, reason: str = "cancelled", signal_time: float | None = None
     ) -> bool:
         """Cancel at the next iteration boundary; tokens computed after `signal_time` are counted against it."""
+        waiting = self.grammar.release(request_id)  # still waiting for its grammar: it ends as queued ones do
+        if waiting is not None:
+            self.scheduler.add(waiting)
         ok = self.scheduler.abort(request_id, reason, signal_time)
         if ok:
             request = self.scheduler.requests[request_id]
@@ -213,7 +232,14 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         """True while any request is queued or running, or a step's results have not landed."""
-        return self.scheduler.has_unfinished() or self.executor.in_flight
+        return self.scheduler.has_unfinished() or self.executor.in_flight or self.grammar.waiting > 0
+
+    def take_refused(self) -> list[tuple[str, InvalidRequestError]]:
+        """Requests refused after `add_request` accepted them (their grammar failed); the loop reports each."""
+        refused = self.grammar.take_refused()
+        for request_id, _ in refused:
+            self._streams.pop(request_id, None)
+        return refused
 
     def live_request(self, request_id: str) -> RequestInfo | None:
         """Owner and state of a live request."""
@@ -255,10 +281,13 @@ class LLMEngine:
                 cast(SharedCounters, self.policy)
             )  # config checked that it shares counters
         p0, t0 = perf_counter(), time.time()
+        for request in self.grammar.admit():  # grammars compiled since the last step
+            self.scheduler.add(request, t0)
         scheduled = self.scheduler.schedule(t0)
         p1 = perf_counter()
         ran = self.executor.execute(scheduled, t0)  # this step; with async scheduling, the one before
         self.fail_requests(ran.failures, ran.ended)
+        self.grammar.charge(self.policy, self.scheduler.requests)
         self.note_ran(ran.out, ran.started, ran.ended)
         p2 = perf_counter()
         finished = self.scheduler.update(ran.out, ran.sampled, self.eos_token_ids, ran.ended)
@@ -351,6 +380,7 @@ class LLMEngine:
         self._last_step.pop(request_id, None)
         self.executor.forget(request_id)  # overlapped: once the forward in flight cannot sample it
         self.runner.forget(request_id)
+        self.grammar.forget(request_id)
 
     def write_trace(self, trace: IterationTrace) -> None:
         """Append a finished trace row to the trace file, if one is configured."""
@@ -388,6 +418,7 @@ class LLMEngine:
     def close(self) -> None:
         """Stop the forward thread and the counter sync, and release the trace file."""
         self.executor.close()
+        self.grammar.close()
         if self.counter_sync is not None:
             self.counter_sync.close()
         self.recorder.close()

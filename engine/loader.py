@@ -32,7 +32,9 @@ from engine.tokenizer import (
 )
 
 DEFAULT_MODEL_NAME = "fairserve-tiny"
-DEFAULT_MODEL_VERSION = "fairserve-tiny-v2"  # bump when the default model's files change
+DEFAULT_MODEL_VERSION = (
+    "fairserve-tiny-v3"  # bump when the default model's files change (v3: tools in its template)
+)
 DEFAULT_MODEL_SEED = 1234
 _READABLE_BYTES = [10, *range(32, 127)]
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from engine.attention import AttentionMetadata, KVCache
+from engine.grammar.masks import GrammarMasks
 from engine.input_batch import BlockTableRows
 from engine.models.config import ModelConfig
 from engine.models.protocol import CausalLM
@@ -107,6 +108,9 @@ class ModelRunner:
         ]
         self._sync_window_caches()
         self.sampler = Sampler(seed)
+        self.grammar: GrammarMasks | None = (
+            None  # constrained decoding's masks (engine/grammar/), set by the engine
+        )
         self.timing = RunnerTiming()
         self.block_rows = BlockTableRows()
         self._swapped: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -274,8 +278,9 @@ class ModelRunner:
         timing = self.timing = RunnerTiming()
         t1 = time.perf_counter()
         ids, positions, meta = self._to_device(batch)
+        sampling, grammar = batch.sampling, self.grammar
+        masks = grammar.begin(sampling) if grammar else None  # computed beside the forward
         hidden = self.model(ids, positions, self.kv_caches, meta)
-        sampling = batch.sampling
         if not sampling:
             self.sampler.last_sampled = None
             timing.forward_s = time.perf_counter() - t1
@@ -284,7 +289,11 @@ class ModelRunner:
             hidden[torch.tensor(batch.sample_rows, device=hidden.device)]
         )
         t2 = time.perf_counter()
+        if masks is not None and grammar is not None:
+            grammar.apply(masks, logits)
         tokens = self.sampler.sample(logits, sampling)
+        if grammar:
+            grammar.accept(sampling, tokens)
         sampled = {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
         timing.forward_s, timing.sample_s = t2 - t1, time.perf_counter() - t2
         return sampled

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import math
 import sys
 import time
@@ -59,6 +60,25 @@ GREEDY_TEMPERATURE = 1e-5
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 LOGIT_BIAS_MAX = 100.0  # OpenAI's range for logit_bias values
 _FLOAT_MAX = sys.float_info.max  # a float is finite exactly when it lies in [-this, this] (NaN in none)
+GRAMMAR_KINDS = ("json_schema", "json_object", "lark")
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What a request's output must match (engine/grammar/): a JSON schema (text), any JSON object, or a
+    Lark grammar. `field` is the request field it came from, so a compile error's 400 names it."""
+
+    kind: str
+    source: str = ""
+    field: str = "response_format"
+
+    @property
+    def key(self) -> str:
+        """The compile cache's key: identical grammars compile once (engine/grammar/compiler.py)."""
+        digest = hashlib.sha256(self.kind.encode())
+        digest.update(b"\0")
+        digest.update(self.source.encode("utf-8", "surrogatepass"))
+        return digest.hexdigest()
 
 
 @dataclass
@@ -78,6 +98,8 @@ class SamplingParams:
     # text since the previous one. A non-streaming caller needs nothing in between, and every skipped
     # output is a message the engine does not send and the caller does not wake up for.
     stream_outputs: bool = True
+    # Constrained decoding (engine/grammar/): each sampled token is masked to those the grammar allows.
+    grammar: Grammar | None = None
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first field the sampler could not compute with.
@@ -119,6 +141,16 @@ class SamplingParams:
             raise InvalidRequestError("ignore_eos must be a boolean", "ignore_eos")
         if type(self.logit_bias) is not dict or self.logit_bias:
             self._validate_logit_bias()
+        if self.grammar is not None:
+            self._validate_grammar(self.grammar)
+
+    def _validate_grammar(self, grammar: object) -> None:
+        if not isinstance(grammar, Grammar) or grammar.kind not in GRAMMAR_KINDS:
+            raise InvalidRequestError(f"grammar kind must be one of {GRAMMAR_KINDS}", "grammar")
+        if not isinstance(grammar.source, str) or (grammar.kind != "json_object" and not grammar.source):
+            raise InvalidRequestError("a grammar needs its source text", grammar.field)
+        if self.ignore_eos:  # the grammar ends the output with EOS; ignoring it would run past the grammar
+            raise InvalidRequestError("ignore_eos cannot be combined with a grammar", "ignore_eos")
 
     def _validate_logit_bias(self) -> None:
         if not isinstance(self.logit_bias, dict):

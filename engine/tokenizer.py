@@ -21,9 +21,23 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 BYTE_SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>")
 
 # The embedded byte tokenizer's own chat template (written into its tokenizer_config.json, so the default
-# model chats): "<|role|>\ncontent\n" per message, then "<|assistant|>\n".
+# model chats): "<|role|>\ncontent\n" per message, then "<|assistant|>\n". With tools it lists them and asks
+# for Qwen3's (Hermes) call format, writes an assistant's calls that way and a tool's result as Qwen3 does
+# (a user turn in <tool_response>), so `make serve` shows tools end to end (gateway/openai/tools.py).
+# Written without a newline after any tag: the environment trims those (trim_blocks).
 BYTE_CHAT_TEMPLATE = (
-    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
+    "{% if tools %}<|system|>\n# Tools\nYou may call these functions:\n"
+    "{% for tool in tools %}{{ tool | tojson }}{{ '\\n' }}{% endfor %}"
+    'Call one as <tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>\n'
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'tool' %}<|user|>\n<tool_response>\n{{ message['content'] }}\n</tool_response>\n"
+    "{% else %}<|{{ message['role'] }}|>\n{{ message['content'] or '' }}"
+    "{% for call in message.tool_calls or [] %}{% if message['content'] or not loop.first %}{{ '\\n' }}{% endif %}"
+    '<tool_call>\n{"name": "{{ call.function.name }}", "arguments": '
+    "{{ call.function.arguments if call.function.arguments is string else call.function.arguments | tojson }}"
+    "}\n</tool_call>{% endfor %}{{ '\\n' }}{% endif %}"
+    "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
@@ -110,14 +124,24 @@ class Tokenizer:
         """Text of ids; incomplete UTF-8 sequences become U+FFFD."""
         return str(self._tk.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json text: what llguidance's tokenizer adapter reads (engine/grammar/)."""
+        return str(self._tk.to_str())
+
     def token_to_id(self, token: str) -> int | None:
         """The id of one vocabulary entry (e.g. a special token), or None."""
         result = self._tk.token_to_id(token)
         return None if result is None else int(result)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """Render messages with the model's own chat template (sandboxed jinja2); NoChatTemplateError when
-        the model ships none (a guessed format would prompt it in a way it was never trained on)."""
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """Render messages (and `tools`, OpenAI's definitions) with the model's own chat template (sandboxed
+        jinja2); NoChatTemplateError when the model ships none (a guessed format would prompt it in a way it
+        was never trained on), ValueError when tools are given to a template that does not render them."""
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise ValueError(f"messages[{i}] must be an object with a string 'role'")
@@ -130,15 +154,24 @@ class Tokenizer:
                 "this model has no chat template (tokenizer_config.json 'chat_template' or chat_template.jinja): "
                 "use /v1/completions, or add the model's template to its directory"
             )
+        if tools and "tools" not in self.chat_template:
+            raise ValueError("this model's chat template does not render tools")
         try:
             template = self._template_env.from_string(self.chat_template)
-            return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **special)
+            return template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt, tools=tools, **special
+            )
         except TemplateError as exc:
             raise ValueError(f"chat template failed: {exc}") from exc
 
-    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
         """Render and encode a chat, adding BOS only when the template did not already write it."""
-        text = self.apply_chat_template(messages, add_generation_prompt)
+        text = self.apply_chat_template(messages, add_generation_prompt, tools)
         bos_text = self._token_text(self.bos_token_id)
         return self.encode(text, add_special_tokens=not (bos_text and text.startswith(bos_text)))
 

@@ -85,6 +85,8 @@ class EngineLoop:
             if not engine.has_unfinished():
                 continue
             outputs = engine.step_deltas()
+            for request_id, exc in engine.take_refused():  # a grammar that failed to compile: a 400
+                self.publish(SubmitFailed(request_id, type(exc).__name__, str(exc), exc.field_name))
             last = engine.traces[-1]
             busy = bool(outputs) or last.prefill_tokens + last.decode_tokens > 0
             if busy or time.monotonic() - self._published_at >= STATS_INTERVAL_S:

@@ -30,6 +30,7 @@ from gateway.openai.format import Shape
 from gateway.openai.runs import Outcome, RunSpec
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.openai.served import ServedAs, model_engine, requested_policy
+from gateway.openai.tools import reply_stream
 from gateway.state import GatewayState
 
 # Ledger columns that are the engine's RequestMetrics fields of the same name, and their value when the
@@ -104,7 +105,9 @@ class RequestContext:
 
     def run_spec(self) -> RunSpec:
         """The shape of the response the Run produces."""
-        shape = Shape(self.chat, self.request_id, self.served.model, int(self.arrival))
+        shape = Shape(
+            self.chat, self.request_id, self.served.model, int(self.arrival), tools=reply_stream(self.body)
+        )
         return RunSpec(
             self.request_id,
             self.tenant_id,

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from engine import FinishReason, RequestMetrics
+from gateway.openai.tools import ToolStream, parse
 
 DONE = "[DONE]"
 _MARK = "fairserve-delta-7f3a"  # stands for the delta text while a middle event's fixed text is cut out
@@ -52,6 +53,8 @@ class Shape:
     model: str
     created: int
     _around_cache: list[tuple[str, str] | None] = field(default_factory=list, compare=False, repr=False)
+    # A chat offered tools: the reply's <tool_call> blocks become tool_calls (gateway/openai/tools.py).
+    tools: ToolStream | None = field(default=None, compare=False, repr=False)
 
     @property
     def object(self) -> str:
@@ -64,8 +67,20 @@ class Shape:
     def body(self, text: str, reason: FinishReason | None, m: RequestMetrics) -> str:
         """The complete non-streaming response body."""
         finish = openai_finish_reason(reason)
-        if self.chat:
+        if self.tools is not None:
+            content, calls = parse(text, self.tools.parallel)
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = calls
+                finish = "tool_calls" if reason is FinishReason.STOP else finish
             choice: dict[str, Any] = {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        elif self.chat:
+            choice = {
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
                 "logprobs": None,
@@ -84,6 +99,8 @@ class Shape:
 
         A middle event (not the first, not the last, no usage) is the run's fixed text around the delta's
         JSON string: built once per run, it saves a dict and a whole encode per token."""
+        if self.tools is not None:
+            return self._tool_chunk(delta_text, reason, first, so_far)
         if reason is None and not first and so_far is None:
             around = self._around()
             if around is not None:
@@ -111,6 +128,26 @@ class Shape:
             choice = {"index": 0, "text": delta_text, "logprobs": None, "finish_reason": finish}
             obj = "text_completion"
         out = self._head(obj) | {"choices": [choice]}
+        if so_far is not None:
+            out["usage"] = usage(so_far)
+        return _json(out)
+
+    def _tool_chunk(
+        self, delta_text: str, reason: FinishReason | None, first: bool, so_far: RequestMetrics | None
+    ) -> str:
+        """A chat stream event when tools were offered: content and `tool_calls` deltas (gateway/openai/tools.py)."""
+        assert self.tools is not None
+        content, calls = self.tools.feed(delta_text, final=reason is not None)
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        if content or not calls:
+            delta["content"] = content
+        if calls:
+            delta["tool_calls"] = calls
+        finish = openai_finish_reason(reason)
+        if reason is FinishReason.STOP and self.tools.called:
+            finish = "tool_calls"
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        out = self._head("chat.completion.chunk") | {"choices": [choice]}
         if so_far is not None:
             out["usage"] = usage(so_far)
         return _json(out)

@@ -17,7 +17,9 @@ from engine import EngineClient, InvalidRequestError, SamplingParams
 from engine.limits import RequestCaps
 from gateway.edge.auth import bearer_token
 from gateway.edge.errors import APIError
+from gateway.openai import tools
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, first_error
+from gateway.openai.structured import response_grammar
 
 # X-Task-Id and X-Workflow-Run-Id are stored in the ledger's columns of those names: capped at their width
 # (TASK_ID_MAX, WORKFLOW_RUN_ID_MAX).
@@ -231,6 +233,11 @@ def engine_input(body: CompletionRequest | ChatCompletionRequest, engine: Engine
         )
     caps: RequestCaps = engine.caps
     params = body.sampling(None)
+    # Structured outputs (gateway/openai/structured.py), or a required tool call (gateway/openai/tools.py).
+    params.grammar = response_grammar(body.response_format)
+    if isinstance(body, ChatCompletionRequest) and (body.tools is not None or body.tool_choice is not None):
+        tools.check(body)
+        params.grammar = params.grammar or tools.tool_grammar(body)
     try:
         params.validate()
         caps.check(params)
@@ -270,10 +277,11 @@ def _tokens(
     if isinstance(body, ChatCompletionRequest):
         try:
             caps.check_prompt_text("".join(m.text() for m in body.messages), "messages")
-            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            messages = [tools.template_message(m) for m in body.messages]
+            offered = tools.template_tools(body)
             if _text_chars(body) > TOKENIZE_INLINE_CHARS:  # rendering is cheap; encoding is what it spares
-                size_proof(tok.apply_chat_template(messages), engine, "messages")
-            ids = tok.encode_chat(messages)
+                size_proof(tok.apply_chat_template(messages, tools=offered), engine, "messages")
+            ids = tok.encode_chat(messages, tools=offered)
         except ValueError as exc:  # InvalidRequestError (over the cap) or a chat template refusal
             raise APIError(400, str(exc), "invalid_value", "messages") from None
         max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"

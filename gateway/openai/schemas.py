@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from billing.fields import MODEL_MAX
 from engine.boundary.messages import WIRE_INT_MAX, WIRE_INT_MIN
 from engine.request import SamplingParams
+from gateway.openai.tool_schemas import NamedToolChoice, ToolCall, ToolDefinition
 
 # Every integer a body can carry fits the engine's wire types (a 400 naming the field, not a 500 in the
 # encoder).
@@ -42,15 +43,31 @@ class TextPart(_Strict):
 
 
 class ChatMessage(_Strict):
-    """A chat turn. Tool calls and images are not supported by the serving engine."""
+    """A chat turn: text content, and in a tool loop the assistant's `tool_calls` and the `tool` results
+    (gateway/openai/tools.py). Images are not supported by the serving engine."""
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = Field(default=None, min_length=1, max_length=128)
+
+    @model_validator(mode="after")
+    def _tool_fields_by_role(self) -> ChatMessage:
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant message carries tool_calls")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (null only on an assistant message with tool_calls)")
+        return self
 
     def text(self) -> str:
         """The content as one string."""
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        content = self.content
+        if content is None:
+            return ""
+        return content if isinstance(content, str) else "".join(p.text for p in content)
 
 
 _V = TypeVar("_V")
@@ -129,6 +146,30 @@ class _Sampling(_Strict):
         return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
+class JsonSchemaFormat(_Strict):
+    """`response_format.json_schema`: the schema the output must validate against (gateway/openai/structured.py)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """`response_format`: text, any JSON object, or JSON valid against a schema (constrained decoding)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required with type 'json_schema', and only with it")
+        return self
+
+
 class CompletionRequest(_Sampling):
     """`POST /v1/completions`."""
 
@@ -137,6 +178,7 @@ class CompletionRequest(_Sampling):
     echo: bool = False
     best_of: WireInt | None = None
     suffix: str | None = None
+    response_format: ResponseFormat | None = None  # as vLLM: structured output on completions too
 
     @field_validator("prompt")
     @classmethod
@@ -168,12 +210,6 @@ class CompletionRequest(_Sampling):
         return _off(v, (None, ""), "suffix", "insertion is not supported")
 
 
-class ResponseFormat(_Strict):
-    """`response_format`: plain text only."""
-
-    type: Literal["text"]
-
-
 class ChatCompletionRequest(_Sampling):
     """`POST /v1/chat/completions`."""
 
@@ -182,8 +218,8 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool | None = None
     top_logprobs: WireInt | None = None
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto"] | None = None
+    tools: list[ToolDefinition] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
@@ -201,9 +237,10 @@ class ChatCompletionRequest(_Sampling):
 
     @field_validator("tools")
     @classmethod
-    def _no_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if v:
-            raise ValueError("tools are not supported by this server")
+    def _distinct_names(cls, v: list[ToolDefinition] | None) -> list[ToolDefinition] | None:
+        names = [t.function.name for t in v or []]
+        if len(set(names)) != len(names):
+            raise ValueError("two tools have the same function name")
         return v
 
     @property
@@ -213,7 +250,7 @@ class ChatCompletionRequest(_Sampling):
 
 
 # Union branches and validators appear in error locations; field names are snake_case or indices.
-_UNION_TAG = re.compile(r"^(str|int|float|bool|none|(list|dict|function-\w+)\[.*\]|[A-Z]\w*)$")
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|(list|dict|literal|function-\w+)\[.*\]|[A-Z]\w*)$")
 
 
 def first_error(exc: ValidationError) -> tuple[str, str]:

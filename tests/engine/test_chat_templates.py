@@ -4,8 +4,10 @@ renders them, from tokenizer_config.json or chat_template.jinja; a model without
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import transformers
@@ -90,3 +92,55 @@ def test_chat_completions_use_the_template_and_refuse_a_model_without_one(tmp_pa
     with pytest.raises(APIError) as err:
         _gateway_input(bare, messages)
     assert err.value.status == 400 and err.value.param == "messages" and "no chat template" in str(err.value)
+
+
+TOOLS: list[dict[Any, Any] | Callable[..., Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+TOOL_LOOP: list[dict[str, Any]] = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+]
+
+
+def test_qwen3_renders_tools_and_a_tool_loop_as_transformers_does(tmp_path: Path) -> None:
+    root = _model_dir(tmp_path, "qwen3", in_config=True)
+    ours = Tokenizer.from_dir(root)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(root))
+    for messages in (TOOL_LOOP[:2], TOOL_LOOP):
+        expected = theirs.apply_chat_template(
+            messages, tools=TOOLS, tokenize=False, add_generation_prompt=True
+        )
+        text = ours.apply_chat_template(messages, tools=cast(list[dict[str, Any]], TOOLS))
+        assert text == expected
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    assert '<tool_response>\n{"temp": 21}\n</tool_response>' in text
+
+
+def test_a_template_without_tools_refuses_them(tmp_path: Path) -> None:
+    root = _model_dir(tmp_path, "gemma3", in_config=False)
+    with pytest.raises(ValueError, match="does not render tools"):
+        Tokenizer.from_dir(root).apply_chat_template(TOOL_LOOP[1:2], tools=cast(list[dict[str, Any]], TOOLS))

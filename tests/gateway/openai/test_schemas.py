@@ -44,7 +44,7 @@ def test_common_openai_fields_are_accepted() -> None:
     [
         ({"n": 3}, "n"),
         ({"logprobs": True}, "logprobs"),
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools.0.function"),
         ({"temperature": "hot"}, "temperature"),
         ({"extra_thing": 1}, "extra_thing"),
         ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),

@@ -1,0 +1,168 @@
+"""GrammarMasks: each grammar request's token mask, computed on a thread of its own beside the forward pass.
+
+    runner.run(batch):
+        pending = masks.begin(batch.sampling)   the mask thread starts on this step's grammar rows
+        hidden = model(...)                     the forward runs meanwhile (llguidance drops the GIL)
+        masks.apply(pending, logits)            waits for the masks (done by then), disallowed -> -inf
+        tokens = sampler.sample(logits, ...)
+        masks.accept(batch.sampling, tokens)    each matcher consumes its token
+
+The matchers consume every sampled token before the next step's `begin`, async scheduling included:
+forwards run one after another on one thread, and a step's samples are taken at the end of its `run`.
+Each mask's thread CPU time is kept per request, for the engine loop to charge as service (`take_cpu`).
+A matcher that errs (a token it cannot take, a mask over its llguidance limits) fails its own request.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from engine.isolation import RequestFailures
+from engine.request import Request
+
+if TYPE_CHECKING:
+    import llguidance
+
+
+class GrammarFailed(RuntimeError):
+    """A request's grammar matcher reached an error state (its mask or its token)."""
+
+
+@dataclass
+class PendingMasks:
+    """Masks being computed for one step: the grammar rows and the packed bitmask they fill."""
+
+    rows: list[int]
+    future: Future[tuple[np.ndarray, dict[str, str]]]
+
+
+_SHIFTS: dict[torch.device, torch.Tensor] = {}
+
+
+class GrammarMasks:
+    """The matchers of the grammar requests, and their masks step by step."""
+
+    def __init__(self, vocab_size: int, failures: RequestFailures) -> None:
+        self.vocab_size = vocab_size
+        self.failures = failures  # the sampler's: the executors take them with the step's samples
+        self._matchers: dict[str, llguidance.LLMatcher] = {}
+        self._lock = threading.Lock()  # attach/forget on the loop thread, the rest on the forward thread
+        self._cpu: dict[str, float] = {}  # request -> grammar CPU seconds not yet charged
+        self._thread: ThreadPoolExecutor | None = None
+        self.mask_seconds: list[float] = []  # CPU of recent masks, one per token (bench.structured)
+
+    def attach(self, request_id: str, matcher: llguidance.LLMatcher, compile_cpu_s: float) -> None:
+        """A request's own matcher, before it is first scheduled; its compile CPU is charged with its masks."""
+        with self._lock:
+            self._matchers[request_id] = matcher
+            if compile_cpu_s:
+                self._cpu[request_id] = self._cpu.get(request_id, 0.0) + compile_cpu_s
+
+    def forget(self, request_id: str) -> None:
+        """A request ended: drop its matcher (a mask in flight keeps its own reference)."""
+        with self._lock:
+            self._matchers.pop(request_id, None)
+
+    def __bool__(self) -> bool:
+        return bool(self._matchers)
+
+    def begin(self, requests: list[Request]) -> PendingMasks | None:
+        """Start computing the masks of this step's grammar rows; None when the step has none."""
+        if not self._matchers:
+            return None
+        with self._lock:
+            found = [(row, r.request_id, self._matchers.get(r.request_id)) for row, r in enumerate(requests)]
+        rows = [(row, rid, m) for row, rid, m in found if m is not None]
+        if not rows:
+            return None
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, "fairserve-masks")
+        future = self._thread.submit(self._compute, rows)
+        return PendingMasks([row for row, _, _ in rows], future)
+
+    def _compute(
+        self, rows: list[tuple[int, str, llguidance.LLMatcher]]
+    ) -> tuple[np.ndarray, dict[str, str]]:
+        """On the mask thread: one packed mask per grammar row (32 tokens a word), timed per request, and
+        the rows whose matcher erred (their mask allows everything: their request is failed anyway)."""
+        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+        bitmask = allocate_token_bitmask(len(rows), self.vocab_size)
+        spent: list[tuple[str, float]] = []
+        errors: dict[str, str] = {}
+        for i, (_, request_id, matcher) in enumerate(rows):
+            t0 = time.thread_time()
+            fill_next_token_bitmask(matcher, bitmask, i)
+            spent.append((request_id, time.thread_time() - t0))
+            if matcher.is_error():
+                errors[request_id] = matcher.get_error()[:200]
+                bitmask[i] = -1
+        with self._lock:
+            for request_id, seconds in spent:
+                self._cpu[request_id] = self._cpu.get(request_id, 0.0) + seconds
+        self.mask_seconds = [*self.mask_seconds[-9_999 + len(spent) :], *(s for _, s in spent)]
+        return bitmask, errors
+
+    def apply(self, pending: PendingMasks, logits: torch.Tensor) -> None:
+        """Wait for the step's masks and set every disallowed token's logit to -inf, in place."""
+        bitmask, errors = pending.future.result()
+        for request_id, error in errors.items():
+            self.failures.run(request_id, partial(_fail, error), None)
+        device = logits.device
+        shifts = _SHIFTS.get(device)
+        if shifts is None:
+            shifts = _SHIFTS[device] = torch.arange(32, dtype=torch.int32, device=device)
+        words = torch.from_numpy(bitmask).to(device, non_blocking=True)
+        allowed = ((words.unsqueeze(-1) >> shifts) & 1).bool().view(len(pending.rows), -1)
+        width = logits.shape[-1]
+        allowed = allowed[:, :width]
+        if (
+            allowed.shape[1] < width
+        ):  # logits wider than the tokenizer's vocabulary: the rest is never allowed
+            pad = torch.zeros(len(pending.rows), width - allowed.shape[1], dtype=torch.bool, device=device)
+            allowed = torch.cat([allowed, pad], dim=1)
+        rows = torch.tensor(pending.rows, dtype=torch.long, device=device)
+        logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+
+    def accept(self, requests: list[Request], tokens: list[int]) -> None:
+        """Each grammar request's matcher consumes its sampled token; one that cannot fails its request."""
+        if not self._matchers:
+            return
+        with self._lock:
+            found = [
+                (r.request_id, self._matchers.get(r.request_id), t)
+                for r, t in zip(requests, tokens, strict=True)
+            ]
+        for request_id, matcher, token in found:
+            if matcher is not None:
+                self.failures.run(request_id, partial(_consume, matcher, token), None)
+
+    def take_cpu(self) -> dict[str, float]:
+        """Grammar CPU seconds per request since the last call (the loop charges them as service)."""
+        with self._lock:
+            cpu, self._cpu = self._cpu, {}
+        return cpu
+
+    def close(self) -> None:
+        """Stop the mask thread."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+
+
+def _fail(error: str) -> None:
+    raise GrammarFailed(f"grammar mask failed: {error}")
+
+
+def _consume(matcher: llguidance.LLMatcher, token: int) -> None:
+    if matcher.is_stopped():  # ended (EOS taken): a sample after it is discarded by the scheduler anyway
+        return
+    if not matcher.consume_token(token):
+        raise GrammarFailed(f"grammar refused token {token}: {matcher.get_error()[:200]}")
