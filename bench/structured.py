@@ -71,7 +71,8 @@ def hard_schemas() -> dict[str, dict[str, Any]]:
             for i in range(8)
         },
     }
-    # The same nesting with anyOf, which llguidance enforces (oneOf it refuses: exclusivity is not enforced).
+    # Its branches are of disjoint types, so llguidance can enforce oneOf (overlapping ones it refuses);
+    # the same nesting with anyOf beside it.
     nested_any = json.loads(json.dumps(nested).replace('"oneOf"', '"anyOf"'))
     return {"nested-oneOf": nested, "nested-anyOf": nested_any, "enum-5000": enum, "long-patterns": pattern}
 
