@@ -78,6 +78,9 @@ class SamplingParams:
     # text since the previous one. A non-streaming caller needs nothing in between, and every skipped
     # output is a message the engine does not send and the caller does not wake up for.
     stream_outputs: bool = True
+    # -- log probabilities and several choices (engine/sampler.py; docs/gateway.md) --
+    # None: no logprobs; k >= 0: each sampled token's logprob and the k most likely tokens' (RequestCaps caps k).
+    logprobs: int | None = None
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first field the sampler could not compute with.
@@ -119,6 +122,10 @@ class SamplingParams:
             raise InvalidRequestError("ignore_eos must be a boolean", "ignore_eos")
         if type(self.logit_bias) is not dict or self.logit_bias:
             self._validate_logit_bias()
+        if self.logprobs is not None and (not _integer(self.logprobs) or self.logprobs < 0):
+            raise InvalidRequestError(
+                f"logprobs must be an integer >= 0 or absent, got {self.logprobs!r}", "logprobs"
+            )
 
     def _validate_logit_bias(self) -> None:
         if not isinstance(self.logit_bias, dict):
