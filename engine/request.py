@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from engine.kv_cache import prefix_root
+from engine.token_logprobs import TokenLogprobs
 
 
 class RequestState(enum.Enum):
@@ -245,6 +246,8 @@ class Request:
     # Prefix-cache keys of the prompt's full blocks, computed once when a locality policy first asks
     # (engine/policy.py, `cached_blocks_probe`).
     prompt_block_keys: list[bytes] | None = None
+    # SamplingParams.logprobs: one entry per output token, in step with output_token_ids.
+    output_logprobs: list[TokenLogprobs] = field(default_factory=list)
 
     @property
     def num_prompt_tokens(self) -> int:
