@@ -13,6 +13,7 @@ from time import perf_counter
 from engine.kv_cache import BlockPool
 from engine.model_runner import ModelRunner, RunnerTiming
 from engine.scheduler import SchedulerOutput
+from engine.token_logprobs import TokenLogprobs
 
 
 @dataclass
@@ -28,6 +29,7 @@ class Ran:
     prepare_s: float = 0.0  # host work building the batch submitted by this call
     wait_s: float = 0.0  # how long the host waited for the samples (overlapped only)
     overlapped_s: float = 0.0  # host work its forward hid (overlapped only)
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)  # of the requests that asked for them
 
 
 def without_failures(sampled: dict[str, int], failures: dict[str, Exception]) -> dict[str, int]:
@@ -57,9 +59,9 @@ class InlineExecutor:
         failures = runner.sampler.failures.take()
         timing = runner.timing
         prepare_s = (p1 - p0) - timing.forward_s - timing.sample_s  # block tables and inputs
-        return Ran(
-            out, without_failures(sampled, failures), failures, started, time.time(), timing, prepare_s
-        )
+        ran = Ran(out, without_failures(sampled, failures), failures, started, time.time(), timing, prepare_s)
+        ran.logprobs = runner.sampler.last_logprobs
+        return ran
 
     def forget(self, request_id: str) -> None:
         """A request ended: drop its sampler state."""

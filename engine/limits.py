@@ -30,6 +30,8 @@ class RequestCaps(BaseModel):
     max_stop_token_ids: int = Field(default=64, ge=0, description="stop_token_ids per request")
     # OpenAI documents token ids with a bias in [-100, 100].
     max_logit_bias: int = Field(default=300, ge=0, description="logit_bias entries per request")
+    # Each costs a log-softmax over the vocabulary and a top-k per sampled token; OpenAI's chat allows 20.
+    max_logprobs: int = Field(default=20, ge=0, description="top logprobs per sampled token")
     max_prompt_bytes: int = Field(
         default=256 * 1024, ge=1, description="UTF-8 bytes of a text prompt, checked before tokenising"
     )
@@ -66,6 +68,12 @@ class RequestCaps(BaseModel):
             raise InvalidRequestError(
                 f"the grammar has {len(grammar.source)} characters; at most {self.max_grammar_chars} are allowed",
                 grammar.field,
+            )
+
+        if params.logprobs is not None and params.logprobs > self.max_logprobs:
+            raise InvalidRequestError(
+                f"logprobs asks for {params.logprobs} top tokens; at most {self.max_logprobs} are allowed",
+                "logprobs",
             )
 
     def check_prompt_text(self, prompt: str, field_name: str = "prompt") -> None:

@@ -10,6 +10,7 @@ from typing import Any, cast
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.request import FinishReason, RequestMeta, SamplingParams
+from engine.token_logprobs import TokenLogprobs
 
 Prompt = str | Sequence[int]
 
@@ -25,6 +26,7 @@ class CompletionOutput:
     finish_reason: FinishReason | None
     cached_tokens: int = 0
     preemptions: int = 0
+    logprobs: list[TokenLogprobs] | None = None  # one per token, when SamplingParams.logprobs asked
 
 
 class LLM:
@@ -60,6 +62,7 @@ class LLM:
         # Deltas, summed here once per request: step() would copy every token so far, every iteration.
         tokens: dict[str, list[int]] = {i: [] for i in prompts_by_id}
         texts: dict[str, list[str]] = {i: [] for i in prompts_by_id}
+        logprobs: dict[str, list[TokenLogprobs]] = {i: [] for i in prompts_by_id}
         done: dict[str, CompletionOutput] = {}
         while self.engine.has_unfinished():
             outputs = self.engine.step_deltas()
@@ -68,6 +71,7 @@ class LLM:
             for out in outputs:
                 tokens[out.request_id] += out.new_token_ids
                 texts[out.request_id].append(out.delta_text)
+                logprobs[out.request_id] += out.logprobs or []
                 if out.finished:
                     done[out.request_id] = CompletionOutput(
                         out.request_id,
@@ -77,5 +81,6 @@ class LLM:
                         out.finish_reason,
                         out.metrics.cached_tokens,
                         out.metrics.preemptions,
+                        logprobs.pop(out.request_id) if out.logprobs is not None else None,
                     )
         return [done[i] for i in prompts_by_id]

@@ -39,7 +39,16 @@ from engine.kv_cache import BlockPool
 from engine.limits import RequestLimits
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner, kv_block_bytes
-from engine.outputs import EngineStats, OutputDelta, RequestInfo, RequestMetrics, RequestOutput, text_in_loop
+from engine.outputs import (
+    EngineStats,
+    OutputDelta,
+    RequestInfo,
+    RequestMetrics,
+    RequestOutput,
+    land_logprobs,
+    new_logprobs,
+    text_in_loop,
+)
 from engine.overlap import OverlapExecutor
 from engine.policy import build_policy
 from engine.recorder import EngineRecorder
@@ -262,6 +271,7 @@ class LLMEngine:
                 finished=r.is_finished,
                 finish_reason=r.finish_reason,
                 metrics=RequestMetrics.of(r),
+                new_logprobs=new_logprobs(r, new_ids),
             )
             for r, stream, new_ids, delta in self._iterate()
         ]
@@ -270,7 +280,15 @@ class LLMEngine:
         """`step` without the running totals: no copy of every token and character so far, per stream, per
         iteration (O(context) each). The engine loop uses this; its front rebuilds the totals."""
         return [
-            OutputDelta(r.request_id, new_ids, delta, r.is_finished, r.finish_reason, RequestMetrics.of(r))
+            OutputDelta(
+                r.request_id,
+                new_ids,
+                delta,
+                r.is_finished,
+                r.finish_reason,
+                RequestMetrics.of(r),
+                logprobs=new_logprobs(r, new_ids),
+            )
             for r, _, new_ids, delta in self._iterate()
         ]
 
@@ -291,6 +309,8 @@ class LLMEngine:
         self.note_ran(ran.out, ran.started, ran.ended)
         p2 = perf_counter()
         finished = self.scheduler.update(ran.out, ran.sampled, self.eos_token_ids, ran.ended)
+        if ran.logprobs:
+            land_logprobs(ran)
         p3 = perf_counter()
         outputs = self.collect_outputs(scheduled.finished + [c.request for c in ran.out.chunks])
         self._trace_step(ran, len(finished) + len(scheduled.finished), (p0, p1, p2, p3, perf_counter()))

@@ -16,7 +16,7 @@ from engine.input_batch import BlockTableRows
 from engine.models.config import ModelConfig
 from engine.models.protocol import CausalLM
 from engine.request import Request
-from engine.sampler import Sampler
+from engine.sampler import Sampler, to_device
 from engine.scheduler import SchedulerOutput
 from engine.window_cache import WindowBlocks, pool_blocks
 
@@ -286,7 +286,7 @@ class ModelRunner:
             timing.forward_s = time.perf_counter() - t1
             return {}
         logits = cast(CausalLM, self.model).compute_logits(  # every registered model has it
-            hidden[torch.tensor(batch.sample_rows, device=hidden.device)]
+            hidden[to_device(batch.sample_rows, torch.int64, hidden.device)]  # no wait for the forward
         )
         t2 = time.perf_counter()
         if masks is not None and grammar is not None:

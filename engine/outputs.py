@@ -5,11 +5,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import msgspec
 
 from engine.request import FinishReason, Request, SamplingParams
+from engine.token_logprobs import TokenLogprobs
+
+if TYPE_CHECKING:
+    from engine.executor import Ran
 
 
 def text_in_loop(params: SamplingParams) -> bool:
@@ -21,6 +25,25 @@ def text_in_loop(params: SamplingParams) -> bool:
     Every other request's ids are turned into text by the front (engine/boundary/front.py), off the loop.
     """
     return bool(params.stop)
+
+
+def land_logprobs(ran: Ran) -> None:
+    """Keep each sampled token's logprobs with its request, in step with its output ids: after `update`
+    the step's token is its request's last (async scheduling adds the next placeholder only later)."""
+    logprobs = ran.logprobs
+    for chunk in ran.out.chunks:
+        request = chunk.request
+        found = logprobs.get(request.request_id)
+        if found is not None and len(request.output_logprobs) < len(request.output_token_ids):
+            request.output_logprobs.append(found)
+
+
+def new_logprobs(request: Request, new_ids: list[int]) -> list[TokenLogprobs] | None:
+    """The logprobs of a request's `new_ids` (its last output ids), or None when it did not ask for them."""
+    if request.sampling.logprobs is None:
+        return None
+    end = len(request.output_token_ids)
+    return request.output_logprobs[end - len(new_ids) : end]
 
 
 class RequestMetrics(msgspec.Struct, array_like=True, gc=False):
@@ -125,6 +148,7 @@ class RequestOutput:
     finish_reason: FinishReason | None
     metrics: RequestMetrics
     held_text: str = ""  # finish_reason `handoff`: the text held back for the decode part (OutputDelta)
+    new_logprobs: list[TokenLogprobs] | None = None  # of new_token_ids, when SamplingParams.logprobs asked
 
 
 class OutputDelta(msgspec.Struct, array_like=True, gc=False):
@@ -143,6 +167,7 @@ class OutputDelta(msgspec.Struct, array_like=True, gc=False):
     # start of a stop string its StopMatcher held back, not released; the decode part starts with it.
     # Trailing with a default, so a frame without it still decodes; empty, it is one byte on the wire.
     held_text: str = ""
+    logprobs: list[TokenLogprobs] | None = None  # of new_token_ids, when SamplingParams.logprobs asked
 
 
 @dataclass

@@ -20,6 +20,7 @@ from engine.executor import Ran, without_failures
 from engine.kv_cache import BlockPool
 from engine.model_runner import HostBatch, ModelRunner, RunnerTiming
 from engine.scheduler import SchedulerOutput
+from engine.token_logprobs import TokenLogprobs
 
 
 @dataclass
@@ -31,6 +32,7 @@ class _Sampled:
     timing: RunnerTiming
     began: float  # perf_counter on the forward thread
     ended: float
+    logprobs: dict[str, TokenLogprobs]
 
 
 @dataclass
@@ -95,6 +97,7 @@ class OverlapExecutor:
             p1 - p0,
             p2 - p1,
             overlapped,
+            done.logprobs,
         )
 
     def _run(self, batch: HostBatch) -> _Sampled:
@@ -102,7 +105,8 @@ class OverlapExecutor:
         runner = self.runner
         began = perf_counter()
         sampled = runner.run(batch)
-        return _Sampled(sampled, runner.sampler.failures.take(), runner.timing, began, perf_counter())
+        failures = runner.sampler.failures.take()
+        return _Sampled(sampled, failures, runner.timing, began, perf_counter(), runner.sampler.last_logprobs)
 
     def forget(self, request_id: str) -> None:
         """Drop an ended request's sampler state once no forward in flight can still sample it."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from engine.kv_cache import prefix_root
+from engine.token_logprobs import TokenLogprobs
 
 
 class RequestState(enum.Enum):
@@ -100,6 +101,9 @@ class SamplingParams:
     stream_outputs: bool = True
     # Constrained decoding (engine/grammar/): each sampled token is masked to those the grammar allows.
     grammar: Grammar | None = None
+    # -- log probabilities and several choices (engine/sampler.py; docs/gateway.md) --
+    # None: no logprobs; k >= 0: each sampled token's logprob and the k most likely tokens' (RequestCaps caps k).
+    logprobs: int | None = None
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first field the sampler could not compute with.
@@ -151,6 +155,10 @@ class SamplingParams:
             raise InvalidRequestError("a grammar needs its source text", grammar.field)
         if self.ignore_eos:  # the grammar ends the output with EOS; ignoring it would run past the grammar
             raise InvalidRequestError("ignore_eos cannot be combined with a grammar", "ignore_eos")
+        if self.logprobs is not None and (not _integer(self.logprobs) or self.logprobs < 0):
+            raise InvalidRequestError(
+                f"logprobs must be an integer >= 0 or absent, got {self.logprobs!r}", "logprobs"
+            )
 
     def _validate_logit_bias(self) -> None:
         if not isinstance(self.logit_bias, dict):
@@ -270,6 +278,8 @@ class Request:
     # Prefix-cache keys of the prompt's full blocks, computed once when a locality policy first asks
     # (engine/policy.py, `cached_blocks_probe`).
     prompt_block_keys: list[bytes] | None = None
+    # SamplingParams.logprobs: one entry per output token, in step with output_token_ids.
+    output_logprobs: list[TokenLogprobs] = field(default_factory=list)
 
     @property
     def num_prompt_tokens(self) -> int:

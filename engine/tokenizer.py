@@ -186,6 +186,30 @@ class Tokenizer:
             return WindowDetokenizer(self, context)
         return IncrementalDetokenizer(self, context)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (logprobs report them, gateway/openai/logprobs.py): a byte-level
+        vocabulary entry mapped back through GPT-2's byte map, a byte-fallback `<0xNN>` its byte, a
+        SentencePiece `▁` a space, any other token (a special one) its text in UTF-8."""
+        piece = self._tk.id_to_token(token_id)
+        if piece is None:
+            return b""
+        inverse = _unicode_to_bytes()
+        if self._byte_level and all(ch in inverse for ch in piece):
+            return bytes(inverse[ch] for ch in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        return piece.replace("\u2581", " ").encode("utf-8")
+
+    @functools.cached_property
+    def _byte_level(self) -> bool:
+        """Whether the decoder is GPT-2's byte-level one (alone or in a sequence)."""
+        decoder = json.loads(self._tk.to_str()).get("decoder") or {}
+        parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+        return any(isinstance(p, dict) and p.get("type") == "ByteLevel" for p in parts)
+
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else str(self._tk.id_to_token(token_id) or "")
 
@@ -348,6 +372,11 @@ def _bytes_to_unicode() -> dict[int, str]:
             chars.append(256 + extra)
             extra += 1
     return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
+
+
+@functools.cache
+def _unicode_to_bytes() -> dict[str, int]:
+    return {ch: b for b, ch in _bytes_to_unicode().items()}
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -274,6 +274,7 @@ class EngineFront:
             True,
             FinishReason.ERROR,
             item.metrics,
+            new_logprobs=item.logprobs,
         )
 
     def _fail_all(self, exc: BaseException) -> None:

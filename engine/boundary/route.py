@@ -60,4 +60,5 @@ class OutputRoute:
             delta.finish_reason,
             delta.metrics,
             delta.held_text,
+            delta.logprobs,
         )

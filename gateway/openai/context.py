@@ -27,6 +27,7 @@ from gateway.edge.middleware import BODY_KEY, new_engine_id
 from gateway.idempotency.records import fingerprint
 from gateway.openai import parsing as rp
 from gateway.openai.format import Shape
+from gateway.openai.logprobs import logprobs_view
 from gateway.openai.runs import Outcome, RunSpec
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.openai.served import ServedAs, model_engine, requested_policy
@@ -118,6 +119,7 @@ class RequestContext:
             self.idempotency_key,
             engine_id=self.engine_id,
             continuous_usage=self.body.continuous_usage,
+            logprobs=logprobs_view(self.chat, self.inputs.params.logprobs, self.served.engine.tokenizer),
         )
 
     def usage_record(self, outcome: Outcome, finished: float, delivered: int | None = None) -> UsageRecord:

@@ -64,8 +64,14 @@ class Shape:
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
 
-    def body(self, text: str, reason: FinishReason | None, m: RequestMetrics) -> str:
-        """The complete non-streaming response body."""
+    def body(
+        self,
+        text: str,
+        reason: FinishReason | None,
+        m: RequestMetrics,
+        logprobs: dict[str, Any] | None = None,
+    ) -> str:
+        """The complete non-streaming response body (`logprobs`: the choice's, gateway/openai/logprobs.py)."""
         finish = openai_finish_reason(reason)
         if self.tools is not None:
             content, calls = parse(text, self.tools.parallel)
@@ -83,16 +89,21 @@ class Shape:
             choice = {
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
         out = self._head(self.object) | {"choices": [choice], "usage": usage(m)}
         return _json(out)
 
     def chunk(
-        self, delta_text: str, reason: FinishReason | None, first: bool, so_far: RequestMetrics | None = None
+        self,
+        delta_text: str,
+        reason: FinishReason | None,
+        first: bool,
+        so_far: RequestMetrics | None = None,
+        logprobs: dict[str, Any] | None = None,
     ) -> str:
         """One stream event's JSON: a text delta, on the last one the finish reason, and with `so_far`
         the usage up to this event (`stream_options.continuous_usage_stats`).
@@ -101,11 +112,11 @@ class Shape:
         JSON string: built once per run, it saves a dict and a whole encode per token."""
         if self.tools is not None:
             return self._tool_chunk(delta_text, reason, first, so_far)
-        if reason is None and not first and so_far is None:
+        if reason is None and not first and so_far is None and logprobs is None:
             around = self._around()
             if around is not None:
                 return around[0] + _json(delta_text) + around[1]
-        return self._chunk(delta_text, reason, first, so_far)
+        return self._chunk(delta_text, reason, first, so_far, logprobs)
 
     def _around(self) -> tuple[str, str] | None:
         """The text of a middle event before and after its delta string, or None if it cannot be split."""
@@ -115,17 +126,27 @@ class Shape:
         return self._around_cache[0]
 
     def _chunk(
-        self, delta_text: str, reason: FinishReason | None, first: bool, so_far: RequestMetrics | None = None
+        self,
+        delta_text: str,
+        reason: FinishReason | None,
+        first: bool,
+        so_far: RequestMetrics | None = None,
+        logprobs: dict[str, Any] | None = None,
     ) -> str:
         finish = openai_finish_reason(reason)
         if self.chat:
             delta: dict[str, Any] = (
                 {"role": "assistant", "content": delta_text} if first else {"content": delta_text}
             )
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": delta,
+                "logprobs": logprobs,
+                "finish_reason": finish,
+            }
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": delta_text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": delta_text, "logprobs": logprobs, "finish_reason": finish}
             obj = "text_completion"
         out = self._head(obj) | {"choices": [choice]}
         if so_far is not None:

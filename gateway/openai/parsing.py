@@ -242,7 +242,10 @@ def engine_input(body: CompletionRequest | ChatCompletionRequest, engine: Engine
         params.validate()
         caps.check(params)
     except InvalidRequestError as exc:
-        raise APIError(400, str(exc), "invalid_value", exc.field_name) from None
+        field_name = exc.field_name
+        if field_name == "logprobs" and isinstance(body, ChatCompletionRequest):
+            field_name = "top_logprobs"  # chat's count of alternatives (its `logprobs` is a boolean)
+        raise APIError(400, str(exc), "invalid_value", field_name) from None
     ids, requested, max_param, prompt_param = _tokens(body, engine, caps)
     if not ids:
         raise APIError(400, f"{prompt_param} encodes to no tokens", "invalid_value", prompt_param)

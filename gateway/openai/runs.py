@@ -28,6 +28,7 @@ from engine import (
 from gateway.edge.errors import APIError, error_body
 from gateway.idempotency.records import StoredResponse
 from gateway.openai.format import DONE, Shape
+from gateway.openai.logprobs import LogprobsView
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class RunSpec:
     idempotency_key: str | None = None
     engine_id: str = ""
     continuous_usage: bool = False  # usage in every stream event (stream_options.continuous_usage_stats)
+    logprobs: LogprobsView | None = None  # the caller asked for logprobs (gateway/openai/logprobs.py)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -225,10 +227,18 @@ class RunFeed:
                 run.started = True
                 run.first_output_at = now
                 self.on_first()
+        view = spec.logprobs
+        if view is not None and out.new_logprobs:
+            view.add(out.new_token_ids, out.new_logprobs)  # a chunk without text carries them to the next
         if spec.stream and (out.delta_text or out.finished or not run.chunks):
             reason = out.finish_reason if out.finished else None
             so_far = out.metrics if spec.continuous_usage else None
-            run.chunks.append(spec.shape.chunk(out.delta_text, reason, first=not run.chunks, so_far=so_far))
+            logprobs = None if view is None else view.take()
+            run.chunks.append(
+                spec.shape.chunk(
+                    out.delta_text, reason, first=not run.chunks, so_far=so_far, logprobs=logprobs
+                )
+            )
             run.chunk_tokens.append(out.metrics.completion_tokens)
         self.last = out
         if not out.finished:
@@ -305,8 +315,9 @@ def _final(run: Run, last: RequestOutput) -> StoredResponse:
     if last.finish_reason is FinishReason.ERROR:
         body = error_body(500, "the engine failed while generating", "engine_error")
         return StoredResponse(500, "json", [json.dumps(body)], headers)
+    logprobs = None if spec.logprobs is None else spec.logprobs.take()
     return StoredResponse(
-        200, "json", [spec.shape.body(last.text, last.finish_reason, last.metrics)], headers
+        200, "json", [spec.shape.body(last.text, last.finish_reason, last.metrics, logprobs)], headers
     )
 
 

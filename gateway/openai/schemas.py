@@ -9,7 +9,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from billing.fields import MODEL_MAX
 from engine.boundary.messages import WIRE_INT_MAX, WIRE_INT_MIN
@@ -22,6 +30,10 @@ WireInt = Annotated[int, Field(ge=WIRE_INT_MIN, le=WIRE_INT_MAX)]
 # `user` becomes a fairness key (--fairness-key user) and a label of the engine's state: bounded like the
 # ledger's identifier columns.
 USER_MAX_CHARS = 128
+# OpenAI's bounds: a completion's `logprobs` and a chat's `top_logprobs` (the engine's RequestCaps.max_logprobs
+# may be lower; each costs a log-softmax and a top-k over the vocabulary per token, and its JSON).
+COMPLETION_LOGPROBS_MAX = 5
+CHAT_TOP_LOGPROBS_MAX = 20
 
 
 class _Strict(BaseModel):
@@ -133,7 +145,13 @@ class _Sampling(_Strict):
             ignore_eos=self.ignore_eos,
             logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()},
             stream_outputs=bool(self.stream),  # a whole response needs only the start and the end
+            logprobs=self.engine_logprobs,
         )
+
+    @property
+    def engine_logprobs(self) -> int | None:
+        """SamplingParams.logprobs: how many alternatives per token, None for no logprobs."""
+        return None
 
     @property
     def include_usage(self) -> bool:
@@ -191,8 +209,15 @@ class CompletionRequest(_Sampling):
 
     @field_validator("logprobs")
     @classmethod
-    def _no_logprobs(cls, v: int | None) -> int | None:
-        return _off(v, (None,), "logprobs", "log probabilities are not returned")
+    def _logprobs_range(cls, v: int | None) -> int | None:
+        if v is not None and not 0 <= v <= COMPLETION_LOGPROBS_MAX:
+            raise ValueError(f"logprobs must be in [0, {COMPLETION_LOGPROBS_MAX}], got {v}")
+        return v
+
+    @property
+    def engine_logprobs(self) -> int | None:
+        """The k most likely tokens per position (plus the sampled one), as OpenAI's legacy field."""
+        return self.logprobs
 
     @field_validator("echo")
     @classmethod
@@ -225,15 +250,19 @@ class ChatCompletionRequest(_Sampling):
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: bool | None) -> bool | None:
-        return _off(v, (None, False), "logprobs", "log probabilities are not returned")
-
     @field_validator("top_logprobs")
     @classmethod
-    def _no_top_logprobs(cls, v: int | None) -> int | None:
-        return _off(v, (None, 0), "top_logprobs", "log probabilities are not returned")
+    def _top_logprobs_range(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and not 0 <= v <= CHAT_TOP_LOGPROBS_MAX:
+            raise ValueError(f"top_logprobs must be in [0, {CHAT_TOP_LOGPROBS_MAX}], got {v}")
+        if v and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return v
+
+    @property
+    def engine_logprobs(self) -> int | None:
+        """`logprobs: true` asks for each token's logprob, `top_logprobs` for that many alternatives."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @field_validator("tools")
     @classmethod

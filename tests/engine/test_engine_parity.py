@@ -157,3 +157,23 @@ def test_prefix_cache_hits_match(reference: Reference, scheduling: str) -> None:
     )
     assert [o.token_ids for o in first + outs] == expected(reference, items)
     assert all(o.cached_tokens >= 32 for o in outs), "the 40-token shared prefix fills two 16-token blocks"
+
+
+def test_greedy_logprobs_match_transformers_logits(reference: Reference, scheduling: str) -> None:
+    """SamplingParams.logprobs under greedy decoding: each token's logprob and its five most likely
+    alternatives are log_softmax of transformers' logits at that position (several requests batched)."""
+    items = workload(4, seed=6)
+    llm = LLM(str(reference.path), dtype="float32", async_scheduling=scheduling)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=5) for _, n in items]
+    outs = llm.generate([p for p, _ in items], params)
+    for (prompt, n), out in zip(items, outs, strict=True):
+        assert out.token_ids == reference.greedy(prompt, n)
+        assert out.logprobs is not None and len(out.logprobs) == n
+        with torch.no_grad():
+            logits = reference.hf(torch.tensor([prompt + out.token_ids])).logits[0]
+        want = torch.log_softmax(logits[len(prompt) - 1 : len(prompt) - 1 + n].float(), dim=-1)
+        for step, (token, got) in enumerate(zip(out.token_ids, out.logprobs, strict=True)):
+            assert got.logprob == pytest.approx(float(want[step, token]), abs=1e-4)
+            top = torch.topk(want[step], 5)
+            assert got.top_ids == top.indices.tolist()
+            assert got.top_logprobs == pytest.approx(top.values.tolist(), abs=1e-4)

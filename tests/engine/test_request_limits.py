@@ -96,3 +96,15 @@ def test_sampling_params_refuse_what_the_sampler_cannot_use(field: str, value: A
 
 def test_sampling_params_accept_ints_where_floats_are_usual() -> None:
     SamplingParams(max_tokens=4, temperature=0, top_p=1).validate()  # JSON's 0 and 1 arrive as ints
+
+
+@pytest.mark.parametrize("logprobs", [-1, 21, 2.5, True, "3"])
+def test_logprobs_outside_zero_to_the_cap_is_refused_naming_it(logprobs: Any) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        LIMITS.validate([1, 2], SamplingParams(max_tokens=4, logprobs=logprobs))
+    assert info.value.field_name == "logprobs"
+
+
+@pytest.mark.parametrize("logprobs", [None, 0, 5, 20])
+def test_logprobs_up_to_the_cap_is_accepted(logprobs: int | None) -> None:
+    LIMITS.validate([1, 2], SamplingParams(max_tokens=4, logprobs=logprobs))

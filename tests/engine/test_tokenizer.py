@@ -204,3 +204,17 @@ def test_chat_template_errors_are_value_errors(tmp_path: Path) -> None:
 def test_missing_tokenizer_json_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
         Tokenizer.from_dir(tmp_path)
+
+
+def test_token_bytes_are_the_bytes_a_token_stands_for(tok: Tokenizer, tmp_path: Path) -> None:
+    """What logprobs report as `bytes`: the byte-level map undone, a byte-fallback byte, a `▁` space."""
+    assert [tok.token_bytes(b) for b in range(256)] == [bytes([b]) for b in range(256)]
+    eos = tok.eos_token_ids[0]
+    assert tok.token_bytes(eos) == tok.decode([eos], skip_special_tokens=False).encode()
+    tk = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({"<unk>": 0, "▁hi": 1, "<0x0A>": 2}, unk_token="<unk>")
+    )
+    tk.decoder = tokenizers.decoders.Metaspace()
+    tk.save(str(tmp_path / "tokenizer.json"))
+    piece = Tokenizer.from_dir(tmp_path)
+    assert [piece.token_bytes(i) for i in (1, 2)] == [b" hi", b"\n"]

@@ -179,15 +179,15 @@ def test_a_request_whose_sampling_raises_ends_alone_with_an_error(
     """Fault injected into the real engine's sampler for bob's requests only: bob's stream gets finish_reason
     "error", an error event and a ledger row with status error; alice's concurrent request completes."""
     sampler = server.state.engine.engine.runner.sampler  # type: ignore[attr-defined]
-    real = sampler._sample_row
+    real = sampler._plan_row
     bob = server.tenants["bob"].id
 
-    def faulty(scores: Any, request: Any) -> int:
+    def faulty(request: Any, vocab: int, device: Any) -> Any:
         if request.meta.tenant_id == bob:
             raise RuntimeError("injected sampling fault")
-        return int(real(scores, request))
+        return real(request, vocab, device)
 
-    monkeypatch.setattr(sampler, "_sample_row", faulty)
+    monkeypatch.setattr(sampler, "_plan_row", faulty)
     result: dict[str, Any] = {}
 
     def alice() -> None:

@@ -43,7 +43,8 @@ def test_common_openai_fields_are_accepted() -> None:
     ("patch", "param"),
     [
         ({"n": 3}, "n"),
-        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
         ({"tools": [{"type": "function"}]}, "tools.0.function"),
         ({"temperature": "hot"}, "temperature"),
         ({"extra_thing": 1}, "extra_thing"),
