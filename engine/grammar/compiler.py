@@ -168,6 +168,9 @@ class GrammarCompiler:
             started = False
             for tenant in list(self._queued):
                 queue = self._queued[tenant]
+                if not queue:  # its last waiter left (aborted)
+                    del self._queued[tenant]
+                    continue
                 if self._running.get(tenant, 0) >= bound:
                     continue
                 waiter = queue.popleft()

@@ -170,3 +170,16 @@ def test_grammar_cpu_is_charged_as_service(loaded: LoadedModel) -> None:
     assert done["g"][2] > 1000 + tokens
     assert done["p"][2] < 1000
     engine.close()
+
+
+def test_aborting_a_tenants_only_queued_request_leaves_the_compiler_working(loaded: LoadedModel) -> None:
+    engine, gated = _engine(loaded)
+    engine.add_request("a1", "hi", _params(_schema(1)), RequestMeta(tenant_id="a"))  # compiling (held)
+    engine.add_request("a2", "hi", _params(_schema(2)), RequestMeta(tenant_id="a"))  # queued behind it
+    assert engine.abort_request("a2")
+    engine.add_request("b1", "hi", _params(_schema(3)), RequestMeta(tenant_id="b"))
+    gated.gate.set()
+    done = _finish(engine)
+    assert done["a2"][1] is FinishReason.CANCELLED
+    assert {json.loads(done[r][0]).keys() == {k} for r, k in (("a1", "k1"), ("b1", "k3"))} == {True}
+    engine.close()
