@@ -71,7 +71,7 @@ class GrammarCompiler:
         self._running: dict[str, int] = {}  # per tenant, compiles on a thread (timed out or not)
         self._jobs: dict[CacheKey, _Job] = {}
         self.compiles = 0  # compiles started, since the engine started
-        self.compile_seconds: list[float] = []  # CPU seconds of the last compiles (bench.structured)
+        self.compile_seconds: deque[float] = deque(maxlen=1_000)  # CPU seconds of the last compiles
 
     @staticmethod
     def key(request: Request) -> CacheKey:
@@ -168,6 +168,9 @@ class GrammarCompiler:
             started = False
             for tenant in list(self._queued):
                 queue = self._queued[tenant]
+                if not queue:  # its last waiter left (aborted)
+                    del self._queued[tenant]
+                    continue
                 if self._running.get(tenant, 0) >= bound:
                     continue
                 waiter = queue.popleft()
@@ -204,7 +207,7 @@ class GrammarCompiler:
         except GrammarError as exc:
             return Compiled(None, str(exc), time.thread_time() - t0)
         cpu = time.thread_time() - t0
-        self.compile_seconds = [*self.compile_seconds[-999:], cpu]
+        self.compile_seconds.append(cpu)
         return Compiled(matcher, None, cpu)
 
     def close(self) -> None:

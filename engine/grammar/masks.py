@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -57,7 +58,7 @@ class GrammarMasks:
         self._lock = threading.Lock()  # attach/forget on the loop thread, the rest on the forward thread
         self._cpu: dict[str, float] = {}  # request -> grammar CPU seconds not yet charged
         self._thread: ThreadPoolExecutor | None = None
-        self.mask_seconds: list[float] = []  # CPU of recent masks, one per token (bench.structured)
+        self.mask_seconds: deque[float] = deque(maxlen=10_000)  # CPU of recent masks, one per token
 
     def attach(self, request_id: str, matcher: llguidance.LLMatcher, compile_cpu_s: float) -> None:
         """A request's own matcher, before it is first scheduled; its compile CPU is charged with its masks."""
@@ -92,23 +93,26 @@ class GrammarMasks:
         self, rows: list[tuple[int, str, llguidance.LLMatcher]]
     ) -> tuple[np.ndarray, dict[str, str]]:
         """On the mask thread: one packed mask per grammar row (32 tokens a word), timed per request, and
-        the rows whose matcher erred (their mask allows everything: their request is failed anyway)."""
-        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+        the rows whose matcher erred (their mask allows everything: their request is failed anyway).
 
-        bitmask = allocate_token_bitmask(len(rows), self.vocab_size)
+        Each row is written through llguidance's pointer call at an offset into one array: its numpy
+        helper builds a ctypes view per row, which cost more than a small grammar's mask."""
+        bitmask = np.full((len(rows), (self.vocab_size + 31) // 32), -1, dtype=np.int32)
+        base, stride = bitmask.ctypes.data, bitmask.strides[0]
         spent: list[tuple[str, float]] = []
         errors: dict[str, str] = {}
+        clock = time.thread_time
         for i, (_, request_id, matcher) in enumerate(rows):
-            t0 = time.thread_time()
-            fill_next_token_bitmask(matcher, bitmask, i)
-            spent.append((request_id, time.thread_time() - t0))
+            t0 = clock()
+            matcher.unsafe_compute_mask_ptr(base + i * stride, stride)
+            spent.append((request_id, clock() - t0))
             if matcher.is_error():
                 errors[request_id] = matcher.get_error()[:200]
                 bitmask[i] = -1
         with self._lock:
             for request_id, seconds in spent:
                 self._cpu[request_id] = self._cpu.get(request_id, 0.0) + seconds
-        self.mask_seconds = [*self.mask_seconds[-9_999 + len(spent) :], *(s for _, s in spent)]
+        self.mask_seconds.extend(s for _, s in spent)
         return bitmask, errors
 
     def apply(self, pending: PendingMasks, logits: torch.Tensor) -> None:
@@ -116,20 +120,12 @@ class GrammarMasks:
         bitmask, errors = pending.future.result()
         for request_id, error in errors.items():
             self.failures.run(request_id, partial(_fail, error), None)
-        device = logits.device
-        shifts = _SHIFTS.get(device)
-        if shifts is None:
-            shifts = _SHIFTS[device] = torch.arange(32, dtype=torch.int32, device=device)
-        words = torch.from_numpy(bitmask).to(device, non_blocking=True)
-        allowed = ((words.unsqueeze(-1) >> shifts) & 1).bool().view(len(pending.rows), -1)
         width = logits.shape[-1]
-        allowed = allowed[:, :width]
-        if (
-            allowed.shape[1] < width
-        ):  # logits wider than the tokenizer's vocabulary: the rest is never allowed
-            pad = torch.zeros(len(pending.rows), width - allowed.shape[1], dtype=torch.bool, device=device)
-            allowed = torch.cat([allowed, pad], dim=1)
-        rows = torch.tensor(pending.rows, dtype=torch.long, device=device)
+        allowed = _allowed(bitmask, width, logits.device)
+        if pending.rows == list(range(len(logits))):  # every row has a grammar: in place, no gather
+            logits.masked_fill_(~allowed, float("-inf"))
+            return
+        rows = torch.tensor(pending.rows, dtype=torch.long, device=logits.device)
         logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
 
     def accept(self, requests: list[Request], tokens: list[int]) -> None:
@@ -155,6 +151,26 @@ class GrammarMasks:
         """Stop the mask thread."""
         if self._thread is not None:
             self._thread.shutdown(wait=True)
+
+
+def _allowed(bitmask: np.ndarray, width: int, device: torch.device) -> torch.Tensor:
+    """The packed masks as a [rows, width] bool tensor on `device` (columns past the tokenizer's vocabulary:
+    never allowed). On the host numpy unpacks in one call; for a device the packed words travel (32 times
+    fewer bytes) and are unpacked there."""
+    rows = bitmask.shape[0]
+    if device.type == "cpu":
+        bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :width].astype(bool)
+        allowed = torch.from_numpy(bits)
+    else:
+        shifts = _SHIFTS.get(device)
+        if shifts is None:
+            shifts = _SHIFTS[device] = torch.arange(32, dtype=torch.int32, device=device)
+        words = torch.from_numpy(bitmask).to(device, non_blocking=True)
+        allowed = ((words.unsqueeze(-1) >> shifts) & 1).bool().view(rows, -1)[:, :width]
+    if allowed.shape[1] < width:
+        pad = torch.zeros(rows, width - allowed.shape[1], dtype=torch.bool, device=device)
+        allowed = torch.cat([allowed, pad], dim=1)
+    return allowed
 
 
 def _fail(error: str) -> None:

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from engine import EngineConfig, FinishReason, LLMEngine, RequestMeta, SamplingParams
+from engine import EngineConfig, FinishReason, InvalidRequestError, LLMEngine, RequestMeta, SamplingParams
 from engine.grammar.backend import Backend
 from engine.grammar.config import GrammarConfig
 from engine.loader import LoadedModel, load_model
@@ -99,7 +99,7 @@ def test_compiles_are_bounded_per_tenant_and_taken_in_turn(loaded: LoadedModel) 
     engine.close()
 
 
-def test_a_late_or_failed_compile_refuses_only_its_request(loaded: LoadedModel) -> None:
+def test_a_late_compile_refuses_only_its_request(loaded: LoadedModel) -> None:
     engine, gated = _engine(loaded, compile_timeout_s=0.05)
     engine.add_request("late", "hi", _params(_schema(1)), RequestMeta(tenant_id="a"))
     engine.add_request("plain", "hi", _params(None), RequestMeta(tenant_id="a"))
@@ -115,16 +115,25 @@ def test_a_late_or_failed_compile_refuses_only_its_request(loaded: LoadedModel) 
         and refused[0][1].field_name == "response_format"
     )
     gated.gate.set()
-    bad = Grammar(
-        "json_schema",
-        json.dumps({"type": "array", "uniqueItems": True}),
-        "response_format.json_schema.schema",
-    )
+    assert _finish(engine)["plain"][1] is FinishReason.LENGTH
+    engine.close()
+
+
+def test_a_failed_compile_refuses_only_its_request_and_is_cached(loaded: LoadedModel) -> None:
+    engine, gated = _engine(loaded)
+    gated.gate.set()
+    field = "response_format.json_schema.schema"
+    bad = Grammar("json_schema", json.dumps({"type": "array", "uniqueItems": True}), field)
     engine.add_request("bad", "hi", _params(bad), RequestMeta(tenant_id="a"))
+    engine.add_request("plain", "hi", _params(None), RequestMeta(tenant_id="a"))
     done = _finish(engine)
     refused = engine.take_refused()
     assert [r for r, _ in refused] == ["bad"] and "uniqueItems" in str(refused[0][1])
+    assert refused[0][1].field_name == field
     assert done["plain"][1] is FinishReason.LENGTH and "bad" not in done
+    with pytest.raises(InvalidRequestError, match="uniqueItems"):  # the failure is cached: refused at once
+        engine.add_request("bad-again", "hi", _params(bad), RequestMeta(tenant_id="a"))
+    assert engine.grammar.compiler.compiles == 1
     engine.close()
 
 
@@ -160,4 +169,17 @@ def test_grammar_cpu_is_charged_as_service(loaded: LoadedModel) -> None:
     tokens = 2 + 2 * len(done["g"][0])  # prompt and output at w_in=1, w_out=2: the plain request's charge
     assert done["g"][2] > 1000 + tokens
     assert done["p"][2] < 1000
+    engine.close()
+
+
+def test_aborting_a_tenants_only_queued_request_leaves_the_compiler_working(loaded: LoadedModel) -> None:
+    engine, gated = _engine(loaded)
+    engine.add_request("a1", "hi", _params(_schema(1)), RequestMeta(tenant_id="a"))  # compiling (held)
+    engine.add_request("a2", "hi", _params(_schema(2)), RequestMeta(tenant_id="a"))  # queued behind it
+    assert engine.abort_request("a2")
+    engine.add_request("b1", "hi", _params(_schema(3)), RequestMeta(tenant_id="b"))
+    gated.gate.set()
+    done = _finish(engine)
+    assert done["a2"][1] is FinishReason.CANCELLED
+    assert {json.loads(done[r][0]).keys() == {k} for r, k in (("a1", "k1"), ("b1", "k3"))} == {True}
     engine.close()
