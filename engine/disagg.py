@@ -200,6 +200,7 @@ class HandoffLoop(EngineLoop):
             FinishReason.HANDOFF,
             RequestMetrics.of(request),
             held,
+            delta.logprobs,
         )
 
     def _release(self, request_id: str) -> None:

@@ -96,6 +96,20 @@ def test_streams_the_same_greedy_tokens_as_llm(engine: ProcessEngine, reference:
     assert engine.recent_traces(5) and engine.recent_traces(5)[-1].iteration == stats.iterations
 
 
+def test_logprobs_cross_the_process_boundary_as_llm_computes_them(
+    engine: ProcessEngine, reference: LLM
+) -> None:
+    """Each output's TokenLogprobs (msgspec, inside OutputDelta) arrive one per new token, equal to LLM's."""
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3)
+    want = reference.generate(PROMPTS[:1], params)[0]
+    outs = asyncio.run(collect(engine, engine.tokenizer.encode(PROMPTS[0]), params, "logprobs-0"))
+    got = [lp for o in outs for lp in o.new_logprobs or []]
+    assert [len(o.new_logprobs or []) for o in outs] == [len(o.new_token_ids) for o in outs]
+    assert want.logprobs is not None and len(got) == len(want.logprobs) == 8
+    for a, b in zip(got, want.logprobs, strict=True):
+        assert a.top_ids == b.top_ids and a.logprob == pytest.approx(b.logprob, abs=1e-5)
+
+
 def test_stop_strings_and_whole_responses_match_llm(engine: ProcessEngine, reference: LLM) -> None:
     """Only deltas cross the pipe; the totals the front rebuilds must equal the engine's own."""
     base = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)

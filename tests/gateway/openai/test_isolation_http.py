@@ -32,7 +32,7 @@ def _complete(client: httpx.Client, server: Server, tenant: str, **body: Any) ->
         ({"logit_bias": {"5": 250.0}}, "logit_bias"),
         ({"logit_bias": {"99999999": 1.0}}, "logit_bias"),
         ({"n": 2}, "n"),
-        ({"logprobs": 3}, "logprobs"),
+        ({"logprobs": 6}, "logprobs"),
         ({"seed": 2**64}, "seed"),
         ({"seed": -(2**63) - 1}, "seed"),
         ({"temperature": -1}, "temperature"),
