@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from fairserve_kernels.reference import paged_attention_ref, store_kv_ref
+from engine.kernels import kernels
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -30,21 +29,8 @@ class AttentionMetadata:
     window_group: AttentionMetadata | None = None
 
 
-StoreFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
-AttnFn = Callable[..., torch.Tensor]
-
-
-def _backend_fns(name: str) -> tuple[StoreFn, AttnFn]:
-    if name == "triton":
-        from fairserve_kernels.triton_attention import paged_attention
-        from fairserve_kernels.triton_store import store_kv
-
-        return store_kv, paged_attention
-    return store_kv_ref, paged_attention_ref
-
-
 def resolve_backend(name: str, device: torch.device | str) -> str:
-    """`auto` picks Triton on CUDA and the torch reference elsewhere."""
+    """`auto` picks Triton on CUDA and the torch reference elsewhere (the table: engine/kernels.py)."""
     if name not in ("auto", "torch", "triton"):
         raise ValueError(f"attention_backend must be auto, torch or triton, got {name!r}")
     if name == "auto":
@@ -66,14 +52,14 @@ def paged_attention(
 
     q: [N, H, D]; k, v: [N, Hkv, D]; returns [N, H, D].
     """
-    store, attend = _backend_fns(meta.backend)
+    table = kernels(meta.backend)
     k_cache, v_cache = kv_cache
-    store(k, v, k_cache, v_cache, meta.slot_mapping)
+    table.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     if meta.backend == "triton":
         # Host-side maxima spare the kernel wrapper a device sync per layer.
         kwargs.setdefault("max_query_len", meta.max_query_len)
         kwargs.setdefault("max_seq_len", meta.max_seq_len)
-    return attend(
+    return table.paged_attention(
         q,
         k_cache,
         v_cache,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from engine.attention import AttentionMetadata, KVCache
+from engine.kernels import kernels
 from engine.models.config import ModelConfig
 from engine.models.layers import RMSNorm, WeightTargets, norm_class, rope_inv_freq, rope_tables
 from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
@@ -30,16 +31,22 @@ class Gemma3DecoderLayer(LlamaDecoderLayer):
     def forward(
         self,
         h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
         kv_cache: KVCache,
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        """One sandwich-normed block; cos/sin are this layer kind's (local or global) RoPE tables."""
-        attn = self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
-        h = h + self.post_attention_layernorm(attn)
-        out: torch.Tensor = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
-        return out
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sandwich-normed block; rope is this layer kind's (local or global) cos/sin.
+
+        The post-norms stay plain norms; the stream is added in the pre-norms after them (pre-feedforward
+        here, the next layer's input norm, or the final norm), each in one fused add+norm.
+        """
+        ops = kernels(meta.backend)
+        x, residual = self.input_norm(h, residual, ops)
+        x = self.post_attention_layernorm(self.self_attn(x, *rope, kv_cache, meta, ops), ops)
+        x, residual = self.pre_feedforward_layernorm.add(x, residual, ops)
+        out = self.post_feedforward_layernorm(self.mlp(x, ops), ops)
+        return out, residual
 
     def weight_targets(self, prefix: str) -> WeightTargets:
         """The Llama layer's names plus the two feed-forward norms."""
@@ -77,21 +84,14 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         # HF multiplies by sqrt(hidden) rounded to the model dtype.
         h = h * torch.tensor(self.config.embed_scale or 1.0, dtype=h.dtype)
         ropes = {
-            False: (
-                self.rope_cos[positions].to(h.dtype).unsqueeze(1),
-                self.rope_sin[positions].to(h.dtype).unsqueeze(1),
-            ),
-            True: (
-                self.local_cos[positions].to(h.dtype).unsqueeze(1),
-                self.local_sin[positions].to(h.dtype).unsqueeze(1),
-            ),
+            False: (self.rope_cos[positions].to(h.dtype), self.rope_sin[positions].to(h.dtype)),
+            True: (self.local_cos[positions].to(h.dtype), self.local_sin[positions].to(h.dtype)),
         }
+        residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             assert isinstance(layer, Gemma3DecoderLayer)
-            cos, sin = ropes[layer.sliding]
-            h = layer(h, cos, sin, kv_cache, attn_meta)
-        normed: torch.Tensor = self.norm(h)
-        return normed
+            h, residual = layer(h, residual, ropes[layer.sliding], kv_cache, attn_meta)
+        return self.final_norm(h, residual, attn_meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits in float32, soft-capped when final_logit_softcapping is set."""

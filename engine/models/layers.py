@@ -1,44 +1,47 @@
-"""Building blocks the decoders share: norms, rotary tables, activations and uninitialised linears."""
+"""Building blocks the decoders share: norms, rotary tables, the activation name and uninitialised linears."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from engine.kernels import Kernels
 from engine.models.config import ModelConfig
+from fairserve_kernels.layer_reference import signed_sin
 
 # HF tensor name -> (our parameter, first row, number of rows) it fills.
 WeightTargets = dict[str, tuple[torch.Tensor, int, int]]
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm computed in float32, weight applied in the model dtype (as HF Llama does)."""
+    """Root-mean-square norm computed in float32, weight applied in the model dtype (as HF Llama does).
+
+    It runs through the backend's kernels (engine/kernels.py): a Triton launch on CUDA, the torch twin
+    on CPU; `add` fuses the residual add before it (vLLM's fused_add_rms_norm).
+    """
+
+    unit_offset = False  # Gemma's (1 + w) flavour sets it
 
     def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(size, dtype=dtype, device=device))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalise the last dimension of x."""
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one fused kernel, same math
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+    def forward(self, x: torch.Tensor, ops: Kernels) -> torch.Tensor:
+        """Normalise the last dimension of x ([N, hidden], or [N, heads, head_dim] for q/k norms)."""
+        return ops.rms_norm(x, self.weight, self.eps, self.unit_offset)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor, ops: Kernels) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): a block's output joins the residual stream and is normed."""
+        return ops.fused_add_rms_norm(x, residual, self.weight, self.eps, self.unit_offset)
 
 
 class GemmaRMSNorm(RMSNorm):
     """Gemma's norm: the stored weight is an offset, (1 + w) scales, all in float32 before the cast back."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalise the last dimension of x."""
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+    unit_offset = True
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, object] | None) -> torch.Tensor:
@@ -63,27 +66,19 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, object] | None
 def rope_tables(
     inv_freq: torch.Tensor, max_positions: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sign-folded sin for every position, float32 (cast to the model dtype per forward, as HF does)."""
+    """cos and sign-folded sin for every position, float32 (cast to the model dtype per forward, as HF does).
+
+    The sign fold (fairserve_kernels.layer_reference.signed_sin) makes rotate-half one `roll` in the
+    torch twin and a sign-free multiply-add in the Triton kernel.
+    """
     freqs = torch.outer(torch.arange(max_positions).float(), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
-    half = emb.shape[-1] // 2
-    sign = torch.cat((-torch.ones(half), torch.ones(emb.shape[-1] - half)))
-    return emb.cos().to(device), (emb.sin() * sign).to(device)
+    return emb.cos().to(device), signed_sin(emb.sin()).to(device)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """HF's rotary convention (halves of the head dimension pair up): x*cos + rotate_half(x)*sin.
-
-    `signed_sin` carries rotate_half's minus sign on its first half, so the rotation is one roll.
-    """
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
-
-
-def activation(name: str, x: torch.Tensor) -> torch.Tensor:
-    """The gated MLP's activation: SiLU (Llama, Qwen) or tanh-approximated GELU (Gemma)."""
-    if name == "gelu_pytorch_tanh":
-        return F.gelu(x, approximate="tanh")
-    return F.silu(x)
+def gated_activation(hidden_act: str) -> str:
+    """The kernels' name (fairserve_kernels.layer_reference.GATED_ACTIVATIONS) of an HF `hidden_act`."""
+    return "gelu_tanh" if hidden_act == "gelu_pytorch_tanh" else "silu"
 
 
 def norm_class(cfg: ModelConfig) -> type[RMSNorm]:

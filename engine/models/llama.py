@@ -2,9 +2,12 @@
 
 Tokens of every sequence in the batch are laid end to end (no padding); `positions` says where
 each token sits in its own sequence, and `AttentionMetadata` says which cache slots it reads and
-writes. q/k/v and gate/up projections are fused into one matmul each; `load_weights` maps the
-Hugging Face checkpoint names onto the fused shards. Config-driven options: q/k/v bias, per-layer
-sliding windows, Qwen3's q/k norms, Qwen3-MoE's routed experts on its sparse layers.
+writes. q/k/v and gate/up projections are merged into one GEMM each (one weight, the HF q/k/v and
+gate/up tensors concatenated at load: `weight_targets` maps each HF name onto its rows); the residual
+stream travels beside the hidden states so each norm is fused with the add before it, and norms,
+rotary and the gated activation run through the backend's kernels (engine/kernels.py). Config-driven
+options: q/k/v bias, per-layer sliding windows, Qwen3's q/k norms, Qwen3-MoE's routed experts on its
+sparse layers.
 """
 
 from __future__ import annotations
@@ -15,12 +18,12 @@ import torch
 from torch import nn
 
 from engine.attention import AttentionMetadata, KVCache, paged_attention
+from engine.kernels import Kernels, kernels
 from engine.models.config import ModelConfig
 from engine.models.layers import (
     RMSNorm,
     WeightTargets,
-    activation,
-    apply_rope,
+    gated_activation,
     linear,
     linear_targets,
     norm_class,
@@ -57,18 +60,23 @@ class LlamaAttention(nn.Module):
         sin: torch.Tensor,
         kv_cache: KVCache,
         meta: AttentionMetadata,
+        ops: Kernels,
     ) -> torch.Tensor:
-        """x: [N, hidden]; cos/sin: [N, 1, head_dim] in x's dtype (sin sign-folded, see apply_rope)."""
+        """x: [N, hidden]; cos/sin: [N, head_dim] in x's dtype (sin sign-folded, see layers.rope_tables)."""
         heads = self.num_heads + self.num_kv_heads
         qkv = self.qkv_proj(x).view(-1, heads + self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             qk = torch.cat(
-                (self.q_norm(qkv[:, : self.num_heads]), self.k_norm(qkv[:, self.num_heads : heads])), 1
+                (
+                    self.q_norm(qkv[:, : self.num_heads], ops),
+                    self.k_norm(qkv[:, self.num_heads : heads], ops),
+                ),
+                1,
             )
         else:
             qk = qkv[:, :heads]
-        # q and k heads are adjacent: rotate them in one pass.
-        qk = apply_rope(qk, cos, sin)
+        # q and k heads are adjacent: one rotary launch (or one torch pass) rotates both.
+        qk = ops.rotary_embedding(qk, cos, sin)
         q, k, v = qk[:, : self.num_heads], qk[:, self.num_heads :], qkv[:, heads:]
         if self.sliding_window is not None and meta.window_group is not None:
             meta = (
@@ -101,19 +109,18 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """Gated feed-forward (SwiGLU, or GELU-tanh for Gemma) with fused gate/up projection."""
+    """Gated feed-forward (SwiGLU, or GELU-tanh for Gemma): one gate/up GEMM, one act-and-mul, down."""
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.intermediate_size = cfg.intermediate_size
-        self.act = cfg.hidden_act
+        self.act = gated_activation(cfg.hidden_act)
         self.gate_up_proj = linear(cfg.hidden_size, 2 * cfg.intermediate_size, cfg.mlp_bias, dtype, device)
         self.down_proj = linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, dtype, device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ops: Kernels) -> torch.Tensor:
         """down(act(gate(x)) * up(x))."""
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        down: torch.Tensor = self.down_proj(activation(self.act, gate) * up)
+        down: torch.Tensor = self.down_proj(ops.act_and_mul(self.gate_up_proj(x), self.act))
         return down
 
     def weight_targets(self, prefix: str) -> WeightTargets:
@@ -125,7 +132,11 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm attention and MLP (dense or routed experts) blocks, each with a residual connection."""
+    """Pre-norm attention and MLP (dense or routed experts) blocks, each with a residual connection.
+
+    The residual stream is carried apart from the block outputs (as in vLLM): a layer returns its MLP
+    output and the stream without adding them, and the next norm adds them in the same kernel.
+    """
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
@@ -141,15 +152,29 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
         kv_cache: KVCache,
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        """One transformer block over the flat batch."""
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
-        mlp: torch.Tensor = self.mlp(self.post_attention_layernorm(h))
-        return h + mlp
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One block over the flat batch: (the block's output, the residual stream it has not been added to).
+
+        residual None: h is the embedding itself (the first layer).
+        """
+        ops = kernels(meta.backend)
+        x, residual = self.input_norm(h, residual, ops)
+        x = self.self_attn(x, *rope, kv_cache, meta, ops)
+        x, residual = self.post_attention_layernorm.add(x, residual, ops)
+        mlp: torch.Tensor = self.mlp(x, ops)
+        return mlp, residual
+
+    def input_norm(
+        self, h: torch.Tensor, residual: torch.Tensor | None, ops: Kernels
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first norm of the block, with the previous block's output added to the stream first."""
+        if residual is None:
+            return self.input_layernorm(h, ops), h
+        return self.input_layernorm.add(h, residual, ops)
 
     def weight_targets(self, prefix: str) -> WeightTargets:
         """This layer's HF tensor names onto its parameters."""
@@ -199,11 +224,21 @@ class LlamaForCausalLM(nn.Module):
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"expected {len(self.layers)} KV caches, got {len(kv_caches)}")
         h = self.embed_tokens(input_ids)
-        cos = self.rope_cos[positions].to(h.dtype).unsqueeze(1)
-        sin = self.rope_sin[positions].to(h.dtype).unsqueeze(1)
+        rope = (self.rope_cos[positions].to(h.dtype), self.rope_sin[positions].to(h.dtype))
+        residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            h = layer(h, cos, sin, kv_cache, attn_meta)
-        normed: torch.Tensor = self.norm(h)
+            h, residual = layer(h, residual, rope, kv_cache, attn_meta)
+        return self.final_norm(h, residual, attn_meta)
+
+    def final_norm(
+        self, h: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """The last block's output added to the stream, normed (a model with no layers norms h itself)."""
+        ops = kernels(meta.backend)
+        if residual is None:
+            alone: torch.Tensor = self.norm(h, ops)
+            return alone
+        normed, _ = self.norm.add(h, residual, ops)
         return normed
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

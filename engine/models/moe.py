@@ -1,8 +1,9 @@
 """Qwen3-MoE's routed-expert MLP: a router picks top_k experts per token, their SwiGLU outputs are mixed.
 
 Expert weights are held fused, [experts, 2 * inter, hidden] (gate rows then up rows) and
-[experts, hidden, inter], the layout of the fused-MoE kernels: the torch path on CPU
-(fairserve_kernels/moe_reference.py) and one Triton grouped GEMM per projection on CUDA (fairserve_kernels/triton_moe.py).
+[experts, hidden, inter], the layout of the fused-MoE kernels: the torch twin
+(fairserve_kernels/moe_reference.py) and one Triton grouped GEMM per projection
+(fairserve_kernels/triton_moe.py), picked by the backend like every other kernel (engine/kernels.py).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.kernels import Kernels
 from engine.models.config import ModelConfig
 from engine.models.layers import WeightTargets
-from fairserve_kernels.moe_reference import fused_moe_ref, route
+from fairserve_kernels.moe_reference import route
 
 
 class SparseMoeBlock(nn.Module):
@@ -32,14 +34,10 @@ class SparseMoeBlock(nn.Module):
         )
         self.w2 = nn.Parameter(torch.empty(self.num_experts, hidden, self.inter, dtype=dtype, device=device))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ops: Kernels) -> torch.Tensor:
         """x: [N, hidden] -> [N, hidden]."""
         weights, ids = route(F.linear(x, self.gate), self.top_k, self.normalise)
-        if x.is_cuda:
-            from fairserve_kernels.triton_moe import fused_moe
-
-            return fused_moe(x, self.w13, self.w2, weights, ids)
-        return fused_moe_ref(x, self.w13, self.w2, weights, ids)
+        return ops.fused_moe(x, self.w13, self.w2, weights, ids)
 
     def weight_targets(self, prefix: str) -> WeightTargets:
         """HF names: `mlp.gate.weight` and `mlp.experts.<e>.{gate,up,down}_proj.weight`."""

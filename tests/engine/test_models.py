@@ -285,6 +285,25 @@ def test_load_weights_rejects_missing_and_misshaped_tensors(pair: Pair) -> None:
         model.load_weights([*state.items(), ("model.layers.9.foo", torch.zeros(1))])  # type: ignore[operator]
 
 
+def test_projections_are_merged_at_load(pair: Pair) -> None:
+    """q/k/v and gate/up are one GEMM each: one weight, the checkpoint's separate tensors concatenated."""
+    state = dict(iter_tensors(safetensors_files(pair.path)))
+    model: Any = pair.ours.model
+    leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    assert {"qkv_proj", "gate_up_proj"} <= leaves
+    assert not leaves & {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}"
+        qkv = torch.cat([state[f"{p}.self_attn.{n}_proj.weight"] for n in "qkv"])
+        assert torch.equal(layer.self_attn.qkv_proj.weight, qkv)
+        if f"{p}.self_attn.q_proj.bias" in state:
+            bias = torch.cat([state[f"{p}.self_attn.{n}_proj.bias"] for n in "qkv"])
+            assert torch.equal(layer.self_attn.qkv_proj.bias, bias)
+        if f"{p}.mlp.gate_proj.weight" in state:  # a dense layer (Qwen3-MoE's routed ones keep their experts)
+            gate_up = torch.cat([state[f"{p}.mlp.{n}_proj.weight"] for n in ("gate", "up")])
+            assert torch.equal(layer.mlp.gate_up_proj.weight, gate_up)
+
+
 def test_new_architectures_read_their_options(tmp_path: Path) -> None:
     """The config fields each new architecture needs reach ModelConfig (and sharded checkpoints load)."""
     moe = load_model(_saved(tmp_path / "moe", "qwen3_moe"), dtype="float32", device="cpu").config

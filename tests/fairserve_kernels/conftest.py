@@ -17,14 +17,10 @@ import torch
 ON_CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 if not ON_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
-    for name in (
-        "fairserve_kernels.triton_store",
-        "fairserve_kernels.triton_attention",
-        "fairserve_kernels.triton_moe",
-    ):
-        module = sys.modules.get(name)
-        if module is not None:
-            importlib.reload(module)
+    for name in [n for n in sys.modules if n.startswith("fairserve_kernels.triton_")]:
+        importlib.reload(sys.modules[name])
+    if "engine.kernels" in sys.modules:  # its Triton table holds the kernels as first imported
+        sys.modules["engine.kernels"].clear_cache()
 
 KERNEL_DEVICE = torch.device("cuda") if ON_CUDA else torch.device("cpu")
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import engine
+import engine.kernels
 import fairserve_kernels.triton_attention as triton_attention
 
 # Lengths straddle the 16-token cache block, and a batched-token budget of 24 forces chunked
@@ -47,9 +48,11 @@ def test_triton_backend_matches_reference_greedy_tokens(
         return kernel(query, *args, **kwargs)
 
     monkeypatch.setattr(triton_attention, "paged_attention", counting)
+    engine.kernels.clear_cache()  # the backend's table is rebuilt from the patched module
     expected = _generate("torch", device)
     assert not shapes, "the torch backend must not call the Triton kernel"
     got = _generate("triton", device)
+    engine.kernels.clear_cache()
     assert shapes, "the Triton backend never launched the Triton kernel"
     assert any(1 < seqs < tokens for tokens, seqs in shapes), (
         "no iteration batched several sequences with a prefill chunk"
