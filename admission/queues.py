@@ -5,7 +5,7 @@ tenants (those with a queued request, and the one arriving) in proportion to the
 borrow what the others leave idle, so a lone tenant can fill the queue. When the queue is full, a request
 from a tenant that stays within its share still enters: the newest queued requests of the tenant furthest
 over its share are pushed out to make room (buffer management as fair queueing does it, e.g. Longest Queue
-Drop). Only when no backlogged tenant is over its share is the arrival refused as `global`.
+Drop); between tenants equally far over, the one pushed out least recently (ties rotate). Only when no backlogged tenant is over its share is the arrival refused as `global`.
 
 A tenant's load is the larger of its two fractions of its share, `max(requests / share_of_requests,
 tokens / share_of_tokens)`; over its share means a load above 1.
@@ -79,6 +79,7 @@ class _Backlog:
     weight: float
     tokens: int = 0
     slots: dict[int, QueueSlot] = field(default_factory=dict)  # id(slot) -> slot, in arrival order
+    pushed_at: int = -1  # the push-out (server-wide count) that last took one of its slots; -1: none yet
 
 
 class AdmissionQueues:
@@ -95,6 +96,7 @@ class AdmissionQueues:
         self._requests = 0
         self._tokens = 0
         self._tenants: dict[str, _Backlog] = {}
+        self._push_outs = 0  # push-outs so far: orders ties between equally loaded tenants
 
     def try_enter(
         self, tenant_id: str, tokens: int, tenant_bound: int | None, weight: float = 1.0
@@ -123,6 +125,8 @@ class AdmissionQueues:
                 victims = found
                 for victim in victims:
                     victim.pushed_out = True
+                    self._tenants[victim.tenant_id].pushed_at = self._push_outs
+                    self._push_outs += 1
                     self._remove(victim)
             slot = QueueSlot(tenant_id, tokens, self)
             backlog = self._tenants.setdefault(tenant_id, _Backlog(weight))
@@ -168,6 +172,9 @@ class AdmissionQueues:
         if load(tenant_id) > 1.0:
             return "over_share"
         queued = {t: list(b.slots.values()) for t, b in self._tenants.items() if t != tenant_id}
+        # Ties in load rotate: the tenant hit least recently goes first (hit in this call counts too), so at
+        # equal load push-outs take turns instead of always hitting the earliest backlogged tenant.
+        pushed_at = {t: self._tenants[t].pushed_at for t in queued}
         requests, queued_tokens = self._requests + 1, self._tokens + tokens
         victims: list[QueueSlot] = []
         while requests > self.bounds.max_queued_requests or (
@@ -176,7 +183,9 @@ class AdmissionQueues:
             over = [t for t, slots in queued.items() if slots and load(t) > 1.0]
             if not over:
                 return None
-            victim = queued[max(over, key=load)].pop()
+            chosen = max(over, key=lambda t: (round(load(t), 9), -pushed_at[t]))
+            pushed_at[chosen] = self._push_outs + len(victims)
+            victim = queued[chosen].pop()
             victims.append(victim)
             counts[victim.tenant_id][0] -= 1
             counts[victim.tenant_id][1] -= victim.tokens

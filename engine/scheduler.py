@@ -1,8 +1,9 @@
 """Iteration-level scheduler in the unified-token-budget form (Orca + Sarathi-Serve + PagedAttention).
 
 Every iteration each live request's `num_computed_tokens` catches up with its `num_tokens` as far as
-the token budget allows: running decodes first (stall-free), then continuing prefill chunks, then
-new admissions in the order the fairness policy gives, while KV blocks allow.
+the token budget allows: running decodes first (stall-free), then the rest of the budget goes to prefill
+chunks in the fairness policy's order, continuing prompts and new admissions alike, while seats and KV
+blocks allow (docs/fairness.md, "The step's budget").
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class Scheduler:
         self._deadlines = Deadlines()
         self._pending_aborts: dict[str, tuple[str, float]] = {}
         self._decoding: list[Request] = []  # decodes scheduled this step and not yet charged
+        self._prefilling: list[Request] = []  # running prompts waiting for this step's share_budget
+        self._admitting = True  # False once admission stopped in this step (blocks, static batching)
         self.iteration = 0
         self.waiting_for_blocks = 0
         self.block_waits_total = 0  # iterations in which admission stopped for want of free blocks
@@ -87,8 +90,8 @@ class Scheduler:
         out = SchedulerOutput(self.iteration)
         self.retire_aborted(out, now)
         self.expire_deadlines(now, out)
-        budget = self.schedule_running(now, out, self.config.max_num_batched_tokens)
-        self.admit_waiting(now, out, budget)
+        budget = self.schedule_decodes(now, out, self.config.max_num_batched_tokens)
+        self.share_budget(now, out, budget)
         return out
 
     def retire_aborted(self, out: SchedulerOutput, now: float | None = None) -> None:
@@ -111,12 +114,17 @@ class Scheduler:
             self.finish(request, reason, now)
             out.finished.append(request)
 
-    def schedule_running(self, now: float, out: SchedulerOutput, budget: int) -> int:
-        """Give running requests their next tokens, decodes before partial prefills; preempt on block shortage.
+    def schedule_decodes(self, now: float, out: SchedulerOutput, budget: int) -> int:
+        """Give each running decode its next token (stall-free: decodes come before any prefill, so no prompt
+        can starve them); preempt on block shortage. Running prompts are set aside for `share_budget`.
 
-        `running` is kept sorted by class, so with several classes present the more important ones are
-        scheduled (and get blocks) first and a victim is never taken from a class above the one in need.
+        `running` is kept sorted by class. With several classes present the more important ones are scheduled
+        (and get blocks) first: each class's decodes, then the budget shared among its prompts and the waiting
+        requests of classes up to it, then the next class; so a victim is never taken from a class above the
+        one in need. With one class (the common case) this is all decodes, then `share_budget`.
         """
+        self.waiting_for_blocks = 0
+        self._admitting = not (self.config.request_batching and self.running)
         if not self.running:
             return budget
         ordered = decodes_first(self.running)
@@ -127,12 +135,20 @@ class Scheduler:
         block_size = self.pool.block_size
         max_model_len = self.config.max_model_len
         decoding = self._decoding
+        prefilling = self._prefilling
         chunks = out.chunks
         decode_tokens = 0
         running_state = RequestState.RUNNING
+        cls = ordered[0].meta.priority
         for request in ordered:
             if budget <= 0:
                 break
+            if request.meta.priority != cls:  # a less important class: the more important prompts go first
+                self._charge_decodes()
+                budget = self._share(now, out, budget, up_to=cls)
+                cls = request.meta.priority
+                if budget <= 0:
+                    break
             if request.state is not running_state:
                 continue  # preempted earlier in this iteration
             computed = request.num_computed_tokens
@@ -150,15 +166,8 @@ class Scheduler:
                 (out.provisional if in_flight else decoding).append(request)
                 decode_tokens += 1
                 budget -= 1
-                continue
-            length = min(remaining, budget)
-            if length <= 0:
-                continue
-            if not self._grow(request, computed + length, out, now):
-                continue
-            self._charge_decodes()
-            self._add_chunk(out, request, length)
-            budget -= length
+            elif remaining > 0:
+                prefilling.append(request)  # a prompt (or a recompute) under way: it competes in share_budget
         self._charge_decodes()
         out.decode_tokens += decode_tokens
         return budget
@@ -186,52 +195,100 @@ class Scheduler:
                 return False
         return True
 
-    def admit_waiting(self, now: float, out: SchedulerOutput, budget: int) -> None:
-        """Admit queued requests in policy order while the token budget, seat count and free blocks allow."""
-        self.waiting_for_blocks = 0
-        if self.config.request_batching and self.running:
-            return
-        while budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.policy.peek(now)
-            if request is None or request.num_output_placeholders:
-                break  # (a victim whose last token is still in flight comes back once it lands)
-            if request.state is RequestState.SWAPPED:
-                if not self._swap_back(request):
-                    self._wait_for_blocks()
-                    break
-                self.policy.pop(request)
-                self._enter_running(request)
-                continue
-            chain = request.cache_chain(self.pool.block_size)  # ([], []) with prefix caching off
-            hit_ids, hit_hashes = self.pool.match_prefix(request.all_token_ids, *chain)
-            cached = len(hit_ids) * self.pool.block_size
-            length = min(request.num_tokens - cached, budget)
-            blocks_from_free = sum(1 for b in hit_ids if self.pool.blocks[b].ref_count == 0)
-            # Admit only when the whole (re)prefill fits beside the watermark, not just its first chunk:
-            # a prompt admitted into memory it cannot finish in is preempted again, and recompute thrashes.
-            new_blocks = -(-request.num_tokens // self.pool.block_size) - len(hit_ids)
-            if blocks_from_free + new_blocks > self.pool.num_free - self.config.watermark_blocks:
-                self._wait_for_blocks()
+    def share_budget(self, now: float, out: SchedulerOutput, budget: int) -> None:
+        """Hand the budget the decodes left to prefill chunks in the policy's order (`_share`)."""
+        self._share(now, out, budget)
+
+    def _share(self, now: float, out: SchedulerOutput, budget: int, up_to: int | None = None) -> int:
+        """Hand the budget the decodes left to prefill chunks, in the policy's order (`rank`): a running prompt's
+        next chunk and the admission of `peek`'s head compete alike, so a prompt already admitted does not keep
+        the budget from a less served key's waiting request (docs/fairness.md, "The step's budget"). Ties go
+        to the running prompt (it was admitted first); within a key a running prompt always goes first, so a
+        key cannot spread its queue over many half-done prompts. Admission also needs a seat and free blocks.
+        `up_to`: only waiting requests of that class or a more important one (between classes of decodes).
+        Returns the budget left.
+        """
+        prefilling = self._prefilling
+        rank = self.policy.rank
+        while budget > 0:
+            head = self._head(now) if self._admitting else None
+            if head is not None and up_to is not None and head.meta.priority > up_to:
+                head = None
+            first = min(prefilling, key=rank) if prefilling else None  # the earliest admitted among equals
+            if head is not None and (first is None or rank(head) < rank(first)):
+                used = self._admit(head, now, out, budget)
+                if used is None:
+                    self._admitting = False  # blocks ran out: running prompts may still go on
+                budget -= used or 0
+            elif first is not None:
+                _remove(prefilling, first)
+                if first.state is RequestState.RUNNING:
+                    budget -= self._continue_prefill(first, now, out, budget)
+            else:
                 break
+        if up_to is None:
+            prefilling.clear()
+        return budget
+
+    def _head(self, now: float) -> Request | None:
+        """The waiting request the policy would admit next, when a seat is free and it can be admitted now."""
+        if len(self.running) >= self.config.max_num_seqs:
+            return None
+        request = self.policy.peek(now)
+        if request is None or request.num_output_placeholders:
+            return None  # (a victim whose last token is still in flight comes back once it lands)
+        return request
+
+    def _continue_prefill(self, request: Request, now: float, out: SchedulerOutput, budget: int) -> int:
+        """Schedule a running prompt's next chunk; the tokens it took (0 when it was preempted)."""
+        computed = request.num_computed_tokens
+        length = min(request.num_tokens - computed, budget)
+        if length <= 0 or not self._grow(request, computed + length, out, now):
+            return 0
+        self._charge_decodes()
+        self._add_chunk(out, request, length)
+        return length
+
+    def _admit(self, request: Request, now: float, out: SchedulerOutput, budget: int) -> int | None:
+        """Admit `request` with a first chunk of at most `budget` tokens; the tokens it took, or None when the
+        free blocks cannot hold its whole (re)prefill (admission stops for this step)."""
+        if request.state is RequestState.SWAPPED:
+            if not self._swap_back(request):
+                self._wait_for_blocks()
+                return None
             self.policy.pop(request)
-            self.pool.attach_prefix(request.request_id, hit_ids, hit_hashes)
-            allocated = self.pool.allocate(request.request_id, cached + length)
-            assert allocated, "admission checked free blocks"
-            fresh = request.num_computed_tokens == 0 and not request.preemptions
-            request.num_computed_tokens = cached
-            if fresh:
-                request.num_cached_tokens = cached
-                request.num_public_cached_tokens = min(len(hit_ids), chain[1]) * self.pool.block_size
-                if cached:
-                    out.cached_tokens += cached
-                    request.charged_service += self.policy.charge(request, 0, 0, cached)
-                    request.num_charged_prompt_tokens = cached
-            if request.first_scheduled_time is None:
-                request.first_scheduled_time = now
-            request.state = RequestState.RUNNING
             self._enter_running(request)
-            self._add_chunk(out, request, length)
-            budget -= length
+            return 0
+        chain = request.cache_chain(self.pool.block_size)  # ([], []) with prefix caching off
+        hit_ids, hit_hashes = self.pool.match_prefix(request.all_token_ids, *chain)
+        cached = len(hit_ids) * self.pool.block_size
+        length = min(request.num_tokens - cached, budget)
+        blocks_from_free = sum(1 for b in hit_ids if self.pool.blocks[b].ref_count == 0)
+        # Admit only when the whole (re)prefill fits beside the watermark, not just its first chunk:
+        # a prompt admitted into memory it cannot finish in is preempted again, and recompute thrashes.
+        new_blocks = -(-request.num_tokens // self.pool.block_size) - len(hit_ids)
+        if blocks_from_free + new_blocks > self.pool.num_free - self.config.watermark_blocks:
+            self._wait_for_blocks()
+            return None
+        self.policy.pop(request)
+        self.pool.attach_prefix(request.request_id, hit_ids, hit_hashes)
+        allocated = self.pool.allocate(request.request_id, cached + length)
+        assert allocated, "admission checked free blocks"
+        fresh = request.num_computed_tokens == 0 and not request.preemptions
+        request.num_computed_tokens = cached
+        if fresh:
+            request.num_cached_tokens = cached
+            request.num_public_cached_tokens = min(len(hit_ids), chain[1]) * self.pool.block_size
+            if cached:
+                out.cached_tokens += cached
+                request.charged_service += self.policy.charge(request, 0, 0, cached)
+                request.num_charged_prompt_tokens = cached
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = now
+        request.state = RequestState.RUNNING
+        self._enter_running(request)
+        self._add_chunk(out, request, length)
+        return length
 
     def _wait_for_blocks(self) -> None:
         self.waiting_for_blocks = len(self.policy)
@@ -282,6 +339,7 @@ class Scheduler:
         """Take `victim`'s blocks: swap them out when configured and possible, else drop them for recompute."""
         t0 = time.perf_counter()
         self._leave_running(victim)
+        _remove(self._prefilling, victim)  # re-admitted this step, it must not get a second chunk too
         record = Preemption(reason=reason, mode="recompute", iteration=self.iteration)
         moved = self.swap_out(victim) if self.config.preemption_mode == "swap" and self.swap_out else -1
         if moved >= 0:
@@ -386,3 +444,11 @@ class Scheduler:
         request.finish_reason = reason
         request.finished_time = time.time() if now is None else now
         self.requests.pop(request.request_id, None)
+
+
+def _remove(requests: list[Request], request: Request) -> None:
+    """Drop `request` from `requests` by identity (Request is a dataclass: `list.remove` compares fields)."""
+    for i, r in enumerate(requests):
+        if r is request:
+            del requests[i]
+            return

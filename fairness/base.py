@@ -56,6 +56,12 @@ class SchedulingPolicy(Protocol[T]):
     def pop(self, item: T) -> None:
         """Remove `item` (the one `peek` returned) because it was admitted."""
 
+    def rank(self, item: T) -> tuple[float, ...]:
+        """Where `item`, queued or running, stands in the order this policy serves: smaller first (VTC: its
+        key's counter). The scheduler hands each step's prefill budget to running prompts and to `peek`'s
+        head by it, so a running prompt does not keep the budget from a less served key (docs/fairness.md,
+        "The step's budget"). Reads state only: it lifts nothing and creates no key."""
+
     def charge(self, item: T, prefill: int, decode: int, cached: int) -> float:
         """Charge the item's fairness key for tokens just scheduled; returns the service charged."""
 

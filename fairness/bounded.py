@@ -64,6 +64,13 @@ class BoundedVTCPolicy(VTCPolicy[T]):
             self.resume(key, retired)
         return key
 
+    def rank(self, item: T) -> tuple[float, ...]:
+        """The counter of the key the item is counted under, without remembering a new name (`rank` reads)."""
+        key, tenant = self.raw_key(item), tenant_key(item)
+        if key != tenant and key not in self._tenant_keys.get(tenant, ()):
+            key = tenant
+        return (self.counter(key),)
+
     def add(self, item: T, now: float, front: bool = False) -> None:
         """Queue `item`; every `_SWEEP_EVERY` arrivals, forget the idle keys whose forgetting is lossless."""
         self._arrivals += 1

@@ -65,6 +65,11 @@ class EDFPolicy(Generic[T]):
         else:
             self.remove(item)
 
+    def rank(self, item: T) -> tuple[float, ...]:
+        """Deadline items first, earliest first; the rest in the base policy's order."""
+        deadline = item.meta.deadline
+        return (1.0, *self.base.rank(item)) if deadline is None else (0.0, float(deadline))
+
     def finish(self, item: T) -> None:
         """Forwarded to the base policy, which tracks running requests per key."""
         finish = getattr(self.base, "finish", None)

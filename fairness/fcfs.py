@@ -38,6 +38,10 @@ class FCFSPolicy(Generic[T]):
         """Remove the admitted item."""
         self._queue.discard(item)
 
+    def rank(self, item: T) -> tuple[float, ...]:
+        """Arrival order."""
+        return (item.meta.arrival_time,)
+
     def charge(self, item: T, prefill: int, decode: int, cached: int) -> float:
         """Record service for reporting; FCFS does not order by it."""
         cost = self.cost(prefill, decode, cached)

@@ -216,6 +216,12 @@ class FlowVTCPolicy(Generic[T]):
         self._admitted.add(item.request_id)
         self._running[flow_of] += 1
 
+    def rank(self, item: T) -> tuple[float, ...]:
+        """Its tenant's counter, then its flow's inside the tenant: the order `peek` serves them in."""
+        tenant, flow = self._flow_of.get(item.request_id) or (str(item.meta.tenant_id), self.flow_fn(item))
+        inner = self._inner.get(tenant)
+        return self.outer.counter(tenant), 0.0 if inner is None else inner.counter(flow)
+
     def finish(self, item: T) -> None:
         """`item` ended: its flow may become idle and be forgotten."""
         rid = item.request_id

@@ -106,6 +106,15 @@ class PriorityPolicy(Generic[T]):
             if len(self._admitted_in) > _MAX_PROMOTED_TRACKED:
                 self._admitted_in.popitem(last=False)
 
+    def rank(self, item: T) -> tuple[float, ...]:
+        """Class first (the one it waits in, or was admitted in), then its class's own order."""
+        rid = item.request_id
+        cls = self._class_of.get(rid)
+        if cls is None:
+            cls = self._admitted_in.get(rid, item.meta.priority)
+        base = self._classes.get(cls)
+        return (float(cls),) if base is None else (float(cls), *base.rank(item))
+
     def finish(self, item: T) -> None:
         """The scheduler says `item` is done: tell the class it ran in, forget its promotion."""
         cls = self._admitted_in.pop(item.request_id, item.meta.priority)

@@ -162,6 +162,10 @@ class VTCPolicy(Generic[T]):
         """Remove the admitted item; charging happens in `charge` as its tokens are scheduled."""
         self.remove(item)
 
+    def rank(self, item: T) -> tuple[float, ...]:
+        """The item's key's counter: the order `peek` serves keys in, for running items too."""
+        return (self._counters.get(self.key_fn(item), 0.0),)
+
     def _lift(self, key: str) -> None:
         floor_key = self._min_key()
         if floor_key is None:

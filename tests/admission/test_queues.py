@@ -110,3 +110,26 @@ def test_concurrent_entries_never_exceed_bound() -> None:
     for t in threads:
         t.join()
     assert len(taken) == 50 == q.queued()
+
+
+def test_push_out_ties_rotate_between_equally_loaded_tenants() -> None:
+    """Issue 45: A and C hold equal queues and refill what they lose (closed loops); each arrival of B, under
+    its share, pushes one out. The hits take turns instead of all landing on A, the earliest backlogged."""
+    q = AdmissionQueues(queue_bounds(max_queued_requests=64, default_tenant_queued_requests=64))
+    told: list[QueueSlot] = []
+
+    def enter(tenant: str) -> QueueSlot:
+        slot = q.try_enter(tenant, 10, None)
+        assert isinstance(slot, QueueSlot)
+        slot.on_push_out = told.append
+        return slot
+
+    for _ in range(32):
+        enter("a")
+        enter("c")
+    for _ in range(16):
+        enter("b").start()  # B's request pushes one out, then starts and leaves the queue
+        enter(told[-1].tenant_id)  # the tenant that lost a slot sends again into the room B's start left
+        assert q.queued("a") == q.queued("c") == 32
+    hits = [slot.tenant_id for slot in told]
+    assert len(hits) == 16 and hits.count("a") == hits.count("c") == 8

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import math
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from engine.kv_cache import BlockPool
 from engine.policy import build_policy
 from engine.request import FinishReason, Request, RequestMeta, RequestState, SamplingParams
@@ -228,3 +231,54 @@ def test_the_policy_hears_of_each_finished_request_once() -> None:
             break
     scheduler.finish(dropped, FinishReason.CANCELLED, 10.0)
     assert sorted(finished) == ["done", "dropped"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    prompts=st.lists(st.integers(1, 2047), min_size=1, max_size=62),
+    outputs=st.integers(1, 24),
+    served_steps=st.integers(1, 12),
+)
+def test_a_short_request_of_an_under_served_tenant_starts_within_one_step_whatever_b_has_in_flight(
+    prompts: list[int], outputs: int, served_steps: int
+) -> None:
+    """Issue 45: B's admitted prompts (any number, any length, part-prefilled or decoding) do not keep the step's
+    budget from A, who is served less: A's 100-token prompt runs whole in the very next step, beside every
+    running decode (none is starved for it)."""
+    scheduler = Scheduler(
+        scheduler_config(max_model_len=4096), BlockPool(16384, 16, False), build_policy(FairnessConfig())
+    )
+    for i, length in enumerate(prompts):
+        meta = RequestMeta(tenant_id="B", arrival_time=0.0)
+        scheduler.add(
+            Request(f"b{i}", [1] * length, SamplingParams(max_tokens=outputs, ignore_eos=True), meta)
+        )
+    for step in range(served_steps):
+        out = scheduler.schedule(float(step))
+        scheduler.update(out, {c.request.request_id: 5 for c in out.chunks}, set(), now=float(step))
+    decoding = {r.request_id for r in scheduler.running if r.output_token_ids}
+    short = Request(
+        "a", [1] * 100, SamplingParams(max_tokens=1), RequestMeta(tenant_id="A", arrival_time=1.0)
+    )
+    scheduler.add(short, float(served_steps))
+    out = scheduler.schedule(float(served_steps))
+    ran = {c.request.request_id: (c.start, c.length) for c in out.chunks}
+    assert ran["a"] == (0, 100)
+    assert decoding <= ran.keys()
+    assert out.num_batched_tokens <= scheduler.config.max_num_batched_tokens
+
+
+def test_a_running_prompt_goes_before_its_own_tenants_queue_so_a_flood_does_not_spread() -> None:
+    """Within a key the prompt already under way continues first: B's queue is not admitted chunk by chunk."""
+    scheduler = Scheduler(scheduler_config(), BlockPool(4096, 16, False), build_policy(FairnessConfig()))
+    for i in range(8):
+        meta = RequestMeta(tenant_id="B", arrival_time=0.0)
+        scheduler.add(Request(f"b{i}", [1] * 2047, SamplingParams(max_tokens=1, ignore_eos=True), meta))
+    most = 0
+    for step in range(40):
+        out = scheduler.schedule(float(step))
+        prompts = [c for c in out.chunks if not c.samples or c.start < c.request.num_prompt_tokens]
+        most = max(most, len(prompts))
+        scheduler.update(out, {c.request.request_id: 5 for c in out.chunks}, set(), now=float(step))
+    assert most == 2  # one prompt's last chunk and the next one's first, never more
+    assert not scheduler.has_unfinished()
