@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import tokenizers
-from jinja2 import TemplateError
+from jinja2 import Template, TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -40,6 +40,11 @@ BYTE_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
+
+# Texts longer than this are encoded through `encode_batch`, which releases the GIL while the Rust tokenizer
+# runs (`encode` holds it for the whole call: a 300 KB text held every other thread of the process, the
+# gateway's event loop included, for half a second). Below it the batch call's overhead is not worth it.
+ENCODE_RELEASING_GIL_CHARS = 4096
 
 # Prompt tokens kept as left context when detokenizing, so tokenizers that drop a leading space
 # at the start of a decode (SentencePiece "▁") still produce the right first output character.
@@ -109,7 +114,10 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of text; with add_special_tokens, the model's BOS (if it uses one) comes first."""
-        ids: list[int] = self._tk.encode(text, add_special_tokens=add_special_tokens).ids
+        if len(text) > ENCODE_RELEASING_GIL_CHARS:
+            ids: list[int] = self._tk.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        else:
+            ids = self._tk.encode(text, add_special_tokens=add_special_tokens).ids
         # Some tokenizer.json files lack the BOS post-processor that tokenizer_config.json asks for.
         if (
             add_special_tokens
@@ -157,12 +165,16 @@ class Tokenizer:
         if tools and "tools" not in self.chat_template:
             raise ValueError("this model's chat template does not render tools")
         try:
-            template = self._template_env.from_string(self.chat_template)
-            return template.render(
+            return self._compiled_template.render(
                 messages=messages, add_generation_prompt=add_generation_prompt, tools=tools, **special
             )
         except TemplateError as exc:
             raise ValueError(f"chat template failed: {exc}") from exc
+
+    @functools.cached_property
+    def _compiled_template(self) -> Template:
+        """The chat template compiled once (compiling it costs more than rendering a short chat)."""
+        return self._template_env.from_string(self.chat_template or "")
 
     def encode_chat(
         self,
@@ -171,7 +183,11 @@ class Tokenizer:
         tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         """Render and encode a chat, adding BOS only when the template did not already write it."""
-        text = self.apply_chat_template(messages, add_generation_prompt, tools)
+        return self.encode_rendered_chat(self.apply_chat_template(messages, add_generation_prompt, tools))
+
+    def encode_rendered_chat(self, text: str) -> list[int]:
+        """Encode a chat `apply_chat_template` rendered, adding BOS only when the template did not write it
+        (for a caller that measures the rendered text before paying for its encoding)."""
         bos_text = self._token_text(self.bos_token_id)
         return self.encode(text, add_special_tokens=not (bos_text and text.startswith(bos_text)))
 

@@ -25,6 +25,7 @@ from gateway.openai import routes as openai_routes
 from gateway.openai.generation import refuse_spent_tenant
 from gateway.ops import routes as ops_routes
 from gateway.ops.engine_watch import keep_engine_alive
+from gateway.ops.loop_watch import RouteNamedTasks, watch_loop
 from gateway.ops.produced import confirm, keep_engines_billed, remote_engines
 from gateway.prefixes import keep_prefixes_fresh
 from gateway.settings import GatewaySettings
@@ -68,6 +69,8 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if settings.loop_debug:
+            watch_loop(settings.loop_budget_ms)
         state = await asyncio.to_thread(build_state, settings, engine, owns_engine)
         app.state.gateway = state
         if isinstance(
@@ -101,6 +104,7 @@ def create_app(
         routes=[*openai_routes.routes, *cancel_routes.routes, *ops_routes.routes, *admin_routes.routes],
         middleware=[
             Middleware(EdgeMiddleware, max_body_bytes=settings.max_body_bytes, early=refuse_spent_tenant),
+            *([Middleware(RouteNamedTasks)] if settings.loop_debug else []),  # inside: the request id is set
             Middleware(openai_routes.GenerationRoutes),
         ],
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _server_error},

@@ -144,6 +144,28 @@ class GatewaySettings(StorageSettings, ProcessSettings):
     tokenize_concurrency_per_tenant: int = Field(
         default=2, ge=1, description="large prompts of one tenant tokenised off the event loop at once"
     )
+    # The executor those run on (gateway/openai/refusal_budget.py): no tenant may hold all of it.
+    tokenize_workers: int = Field(
+        default=4, ge=2, le=64, description="threads that tokenise large prompts and chats off the event loop"
+    )
+    # OpenAI's own limit, so a client that works there is never refused here; validating costs the event
+    # loop per message (docs/gateway.md, "The event loop's budget").
+    max_chat_messages: int = Field(
+        default=2048, ge=1, description="messages (and text parts) a chat completion may carry"
+    )
+    # Debugging what holds the event loop (docs/gateway.md, "The event loop's budget"): off by default,
+    # since the loop's debug mode slows every request.
+    loop_debug: bool = Field(
+        default=False,
+        description="log every event-loop callback that runs longer than --loop-budget-ms, with its route "
+        "(runs the loop in debug mode: slower)",
+    )
+    loop_budget_ms: float = Field(
+        default=20.0,
+        gt=0,
+        le=10_000,
+        description="the longest an event-loop callback may run (see --loop-debug)",
+    )
     # Connections (gateway/edge/connections.py): what a client may hold open before its key is known.
     header_timeout_s: float = Field(
         default=10.0,
@@ -232,6 +254,15 @@ class GatewaySettings(StorageSettings, ProcessSettings):
     def _ledger_in_data_dir(self) -> GatewaySettings:
         if self.ledger.data_dir is None:
             self.ledger.data_dir = str(self.data_dir)
+        return self
+
+    @model_validator(mode="after")
+    def _no_tenant_fills_the_tokenizers(self) -> GatewaySettings:
+        if self.tokenize_concurrency_per_tenant >= self.tokenize_workers:
+            raise ValueError(
+                f"--tokenize-concurrency-per-tenant ({self.tokenize_concurrency_per_tenant}) must be below "
+                f"--tokenize-workers ({self.tokenize_workers}): one tenant must not hold every worker"
+            )
         return self
 
     @model_validator(mode="after")

@@ -83,7 +83,7 @@ class GatewayState:
         self.model_rates = ModelRates(self.admission.settings.priors)
         s = self.settings
         self.refusals = RefusalBudget(
-            s.refusal_burst, s.refusal_rate_per_s, s.tokenize_concurrency_per_tenant
+            s.refusal_burst, s.refusal_rate_per_s, s.tokenize_concurrency_per_tenant, s.tokenize_workers
         )
         self.prefixes = PrefixRegistry(self.db)
         try:
@@ -261,6 +261,7 @@ async def close_state(state: GatewayState) -> None:
         state.engine.shutdown(timeout_s=state.settings.grace_period_s)
     if state.tracing is not None:
         state.tracing.shutdown()
+    state.refusals.close()
     state.ledger.close(timeout_s=10.0)
     await state.idempotency.close()
     await state.quota.close()

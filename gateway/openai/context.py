@@ -26,6 +26,7 @@ from gateway.edge.errors import APIError
 from gateway.edge.middleware import BODY_KEY, new_engine_id
 from gateway.idempotency.records import fingerprint
 from gateway.openai import parsing as rp
+from gateway.openai.body_shape import SHAPE_SCAN_BYTES
 from gateway.openai.format import Shape
 from gateway.openai.logprobs import logprobs_view
 from gateway.openai.runs import Outcome, RunSpec
@@ -33,6 +34,7 @@ from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.openai.served import ServedAs, model_engine, requested_policy
 from gateway.openai.tools import reply_stream
 from gateway.state import GatewayState
+from routing import served_models
 
 # Ledger columns that are the engine's RequestMetrics fields of the same name, and their value when the
 # request ended without metrics (refused by the engine, or a gateway bug).
@@ -183,13 +185,17 @@ async def read_request(
     raw = request.scope.get(BODY_KEY)  # left by EdgeMiddleware: no body stream to run through again
     if raw is None:
         raw = await request.body()
-    body = rp.parse_body(raw, chat)
+    # Only a large body is counted before validation (gateway/openai/body_shape.py): only it needs this.
+    longest = (
+        max(c.max_model_len for c in served_models(state.engine)) if len(raw) > SHAPE_SCAN_BYTES else None
+    )
+    body = rp.parse_body(raw, chat, state.settings.max_chat_messages, longest)
     policy = requested_policy(headers.on_infeasible)  # 400 for a bad X-On-Infeasible
     engine = model_engine(state, body.model)  # 404 for a model not served
     if not state.engine_health.serves(engine):  # this model's engines; another model's may be down
         raise APIError(503, "the engine is not running", "engine_unavailable", headers={"Retry-After": "1"})
     tenant_id = caller.tenant.id
-    inputs = await rp.engine_input_async(body, engine, lambda: state.refusals.tokenizing(tenant_id))
+    inputs = await rp.engine_input_async(body, engine, lambda work: state.refusals.run(tenant_id, work))
     fp = fingerprint(request.url.path, json.loads(raw)) if ident.idempotency_key is not None else None
     return RequestContext(
         caller=caller,

@@ -141,18 +141,25 @@ def _truncated(state: GatewayState, ctx: RequestContext, budget: int) -> Request
 
 def _chat_kept(body: ChatCompletionRequest, engine: EngineClient, budget: int) -> list[int] | None:
     """Token ids of the chat with its oldest non-system turns dropped, whole, until it fits `budget`;
-    None when even the system messages and the last turn do not fit."""
+    None when even the system messages and the last turn do not fit.
+
+    The fewest turns to drop is found by bisection (dropping a turn never lengthens the rendered chat), so
+    a chat of n turns is encoded about log2(n) times on the event loop, not up to n times."""
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
     system = [m for m in messages if m["role"] in ("system", "developer")]
     turns = [m for m in messages if m["role"] not in ("system", "developer")]
-    while turns:
-        ids = engine.tokenizer.encode_chat(system + turns)
+    if not turns:
+        return None
+    low, high = 0, len(turns) - 1  # the answer, if any, is the fewest dropped in [low, high]
+    found: list[int] | None = None
+    while low <= high:
+        dropped = (low + high) // 2
+        ids = engine.tokenizer.encode_chat(system + turns[dropped:])
         if len(ids) <= budget:
-            return ids
-        if len(turns) == 1:
-            return None
-        turns = turns[1:]
-    return None
+            found, high = ids, dropped - 1
+        else:
+            low = dropped + 1
+    return found
 
 
 def _infeasible(state: GatewayState, est: Estimate, left: float) -> Rejection:

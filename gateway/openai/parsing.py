@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import re
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -18,16 +19,25 @@ from engine.limits import RequestCaps
 from gateway.edge.auth import bearer_token
 from gateway.edge.errors import APIError
 from gateway.openai import tools
+from gateway.openai.body_shape import SHAPE_SCAN_BYTES, BodyCount, count_body
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, first_error
 from gateway.openai.structured import response_grammar
 
 # X-Task-Id and X-Workflow-Run-Id are stored in the ledger's columns of those names: capped at their width
-# (TASK_ID_MAX, WORKFLOW_RUN_ID_MAX).
-_TOKEN_ID = re.compile(r"^[A-Za-z0-9._:\-/]+$")
-# Text prompts longer than this are tokenised on a worker thread, not on the event loop: the byte-level
-# tokenizer costs about a microsecond per byte here, so a 256 KiB prompt would hold every other
-# request's I/O for a quarter of a second. Below it the thread hop costs more than the work.
+# (TASK_ID_MAX, WORKFLOW_RUN_ID_MAX). Each must be readable back through its route (GET /v1/tasks/{id},
+# /v1/workflow-runs/{id}, POST /v1/tasks/{id}/cancel): no "/" (a path separator, which the routes never
+# match), and not "." or ".." (a client normalises those path segments away).
+_TOKEN_ID = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9._:\-]+$")
+# Prompts (text, or what a chat template will render) longer than this are tokenised on the tokenising
+# executor, not on the event loop: the byte-level tokenizer costs about a microsecond per byte here, so a
+# 256 KiB prompt would hold every other request's I/O for a quarter of a second. Below it the thread hop
+# costs more than the work. (docs/gateway.md, "The event loop's budget".)
 TOKENIZE_INLINE_CHARS = 8192
+# What a chat template adds around each message besides its role and content, as an estimate (the byte
+# tokenizer's own adds 3 characters, Llama 3's about 30): enough that many empty messages count as the
+# work they are, not as nothing. Only the choice of thread depends on it; the size proof measures the
+# rendered text itself.
+MESSAGE_MARKUP_CHARS = 16
 
 
 # The headers the generation path reads, by name as the scope has them (lower case: the ASGI spec, and
@@ -118,7 +128,11 @@ class Identity:
 def _checked_id(value: str, header: str, cap: int) -> str:
     if len(value) > cap or not _TOKEN_ID.match(value):
         raise APIError(
-            400, f"{header} must be 1-{cap} characters of letters, digits and ._:-/", "invalid_header", header
+            400,
+            f"{header} must be 1-{cap} characters of letters, digits and ._:- (not . or ..), to be read back "
+            "in a path",
+            "invalid_header",
+            header,
         )
     return value
 
@@ -155,13 +169,27 @@ def deadline(headers: RequestHeaders, now: float) -> float | None:
         raise APIError(400, str(exc), "invalid_deadline", exc.header) from None
 
 
-def parse_body(raw: bytes, chat: bool) -> CompletionRequest | ChatCompletionRequest:
-    """Validate the JSON body; 400 naming the field for malformed JSON, wrong types or unknown fields."""
+def parse_body(
+    raw: bytes, chat: bool, max_messages: int, max_context: int | None = None
+) -> CompletionRequest | ChatCompletionRequest:
+    """Validate the JSON body; 400 naming the field for malformed JSON, wrong types or unknown fields, and
+    for more than `max_messages` messages, text parts or entries of any other field but a token-id prompt,
+    which must be shorter than `max_context` (the longest context served): counted before validation in a
+    large body (gateway/openai/body_shape.py), as validating costs the event loop per entry; a small one
+    is validated first (its prompt's length is checked against its model's context when tokenised)."""
     model = ChatCompletionRequest if chat else CompletionRequest
     if not raw.strip():
         raise APIError(400, "request body is empty; send a JSON object", "invalid_json")
+    if len(raw) > SHAPE_SCAN_BYTES:
+        count = count_body(raw, max_messages)
+        _check_count(count, max_messages)
+        if count is not None and max_context is not None and count.prompt_ids >= max_context:
+            message = (
+                f"prompt has {count.prompt_ids} tokens; the longest context served here is {max_context}"
+            )
+            raise APIError(400, message, "context_length_exceeded", "prompt")
     try:
-        return model.model_validate_json(raw)
+        body = model.model_validate_json(raw)
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         if err["type"] == "json_invalid":
@@ -170,6 +198,23 @@ def parse_body(raw: bytes, chat: bool) -> CompletionRequest | ChatCompletionRequ
             raise APIError(400, "request body must be a JSON object", "invalid_json") from None
         param, message = first_error(exc)
         raise APIError(400, message, "invalid_value", param) from None
+    if isinstance(body, ChatCompletionRequest) and len(raw) <= SHAPE_SCAN_BYTES:  # the same cap, counted now
+        parts = sum(len(m.content) for m in body.messages if isinstance(m.content, list))
+        _check_count(BodyCount(len(body.messages), parts), max_messages)
+    return body
+
+
+def _check_count(count: BodyCount | None, cap: int) -> None:
+    if count is None:
+        return
+    for n, what in ((count.messages, "messages"), (count.parts, "text parts")):
+        if n > cap:
+            raise APIError(
+                400, f"messages has {n} {what}; at most {cap} are allowed", "invalid_value", "messages"
+            )
+    if count.widest is not None and count.widest[1] > cap:
+        name, n = count.widest
+        raise APIError(400, f"{name} has {n} entries; at most {cap} are allowed", "invalid_value", name)
 
 
 @dataclass(frozen=True)
@@ -183,18 +228,17 @@ class EngineInput:
 async def engine_input_async(
     body: CompletionRequest | ChatCompletionRequest,
     engine: EngineClient,
-    gate: Callable[[], AbstractAsyncContextManager[None]] | None = None,
+    offload: Callable[[Callable[[], EngineInput]], Awaitable[EngineInput]] | None = None,
 ) -> EngineInput:
-    """`engine_input`, with a large text prompt proved too long by its size alone (no tokenising), or
-    tokenised off the event loop inside `gate` (the tenant's bound on concurrent tokenisations)."""
-    if _text_chars(body) <= TOKENIZE_INLINE_CHARS:
+    """`engine_input`, inline for a small prompt; for a large one, a text prompt proved too long by its size
+    alone (no tokenising), else tokenised (a chat: rendered, proved, encoded) by `offload` (the tenant's
+    bounded share of the tokenising executor; a worker thread without one)."""
+    if prompt_chars(body) <= TOKENIZE_INLINE_CHARS:
         return engine_input(body, engine)
     if isinstance(body, CompletionRequest) and isinstance(body.prompt, str):
         size_proof(body.prompt, engine, "prompt")
-    if gate is None:
-        return await asyncio.to_thread(engine_input, body, engine)
-    async with gate():
-        return await asyncio.to_thread(engine_input, body, engine)
+    work = functools.partial(engine_input, body, engine)
+    return await (asyncio.to_thread(work) if offload is None else offload(work))
 
 
 def size_proof(text: str, engine: EngineClient, field_name: str) -> None:
@@ -213,13 +257,23 @@ def size_proof(text: str, engine: EngineClient, field_name: str) -> None:
         )
 
 
-def _text_chars(body: CompletionRequest | ChatCompletionRequest) -> int:
+def prompt_chars(body: CompletionRequest | ChatCompletionRequest) -> int:
+    """The characters tokenising this prompt works through: a text prompt's; for a chat, an estimate of what
+    its template renders (`template_chars`)."""
     if isinstance(body, ChatCompletionRequest):
-        return sum(len(m.text()) for m in body.messages)
+        return template_chars(body)
     prompt = body.prompt
     if isinstance(prompt, str):
         return len(prompt)
     return len(prompt[0]) if prompt and isinstance(prompt[0], str) else 0
+
+
+def template_chars(body: ChatCompletionRequest) -> int:
+    """An estimate of the characters the chat template renders, from every piece it is given: each
+    message's content, role and name and its markup (`MESSAGE_MARKUP_CHARS`), and the tool definitions'
+    JSON when the body carries any. 30,000 empty messages are 30,000 pieces of markup, not 0 characters."""
+    chars = sum(len(m.text()) + len(m.role) + len(m.name or "") + MESSAGE_MARKUP_CHARS for m in body.messages)
+    return chars + (len(json.dumps(body.tools, default=str)) if body.tools else 0)
 
 
 def engine_input(body: CompletionRequest | ChatCompletionRequest, engine: EngineClient) -> EngineInput:
@@ -281,10 +335,9 @@ def _tokens(
         try:
             caps.check_prompt_text("".join(m.text() for m in body.messages), "messages")
             messages = [tools.template_message(m) for m in body.messages]
-            offered = tools.template_tools(body)
-            if _text_chars(body) > TOKENIZE_INLINE_CHARS:  # rendering is cheap; encoding is what it spares
-                size_proof(tok.apply_chat_template(messages, tools=offered), engine, "messages")
-            ids = tok.encode_chat(messages, tools=offered)
+            rendered = tok.apply_chat_template(messages, tools=tools.template_tools(body))
+            size_proof(rendered, engine, "messages")  # what the template rendered, before encoding it
+            ids = tok.encode_rendered_chat(rendered)
         except ValueError as exc:  # InvalidRequestError (over the cap) or a chat template refusal
             raise APIError(400, str(exc), "invalid_value", "messages") from None
         max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"

@@ -6,16 +6,22 @@ body, its parsing and perhaps its tokenisation, and writes no ledger row and spe
 is charged here to its tenant: a token bucket (`burst`, refilled at `rate_per_s`, the same bucket as the
 per-address authentication failures, gateway/edge/auth_guard.py) that, once empty, answers the tenant's
 next requests 429 + Retry-After before their bodies are parsed. The tokenisation bound keeps one tenant's
-large prompts from taking every worker thread (and the GIL time they need) from the others.
+large prompts from taking every worker thread (and the GIL time they need) from the others: the work runs
+on an executor of its own (`workers` threads, shared by nobody else), of which one tenant holds at most
+`tokenize_concurrency`, fewer than all (checked by GatewaySettings).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import TypeVar
 
 from gateway.edge.auth_guard import FailureBudget
+
+_T = TypeVar("_T")
 
 
 class RefusalBudget(FailureBudget):
@@ -25,16 +31,22 @@ class RefusalBudget(FailureBudget):
     The bucket is FailureBudget itself (`retry_after`, `charge`), inherited rather than wrapped: every
     generation request asks `retry_after` once or twice, and a wrapper doubled those calls."""
 
-    def __init__(self, burst: int, rate_per_s: float, tokenize_concurrency: int) -> None:
-        if tokenize_concurrency < 1:
-            raise ValueError("tokenize_concurrency must be >= 1")
+    def __init__(self, burst: int, rate_per_s: float, tokenize_concurrency: int, workers: int = 4) -> None:
+        if not 1 <= tokenize_concurrency <= workers:
+            raise ValueError("tokenize_concurrency must be between 1 and the tokenising workers")
         super().__init__(burst, rate_per_s)
         self.tokenize_concurrency = tokenize_concurrency
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="fairserve-tokenize")
         self._gates: dict[str, tuple[asyncio.Semaphore, int]] = {}  # tenant -> (semaphore, users)
 
-    def tokenizing(self, tenant_id: str) -> AbstractAsyncContextManager[None]:
-        """Hold one of the tenant's tokenisation slots (waiting while all are taken)."""
-        return self._slot(tenant_id)
+    async def run(self, tenant_id: str, work: Callable[[], _T]) -> _T:
+        """`work()` on the tokenising executor, holding one of the tenant's slots."""
+        async with self._slot(tenant_id):
+            return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+
+    def close(self) -> None:
+        """Stop the executor's threads (work already started finishes)."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
     @asynccontextmanager
     async def _slot(self, tenant_id: str) -> AsyncIterator[None]:

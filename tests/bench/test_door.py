@@ -14,5 +14,6 @@ def test_quick_run_reports_every_flood() -> None:
     assert result["queue"]["flood"].get("200", 0) > 0  # the flood is served too, within its share
     assert result["refusable"]["flood"].get("400", 0) > 0  # refused, never served
     assert "200" not in result["refusable"]["flood"]
+    assert result["messages"]["flood"].get("400", 0) > 0 and "200" not in result["messages"]["flood"]
     assert result["slow_headers"]["flood"].get("closed_by_server", 0) > 0
     assert result["spoofed_xff"]["flood"].get("429", 0) > 0  # the spoofed header did not reset the budget

@@ -75,7 +75,7 @@ def test_qwen3_and_gemma3_prompts_read_as_their_models_expect(tmp_path: Path) ->
 
 def _gateway_input(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> list[int]:
     engine = SimpleNamespace(model_name="m", caps=RequestCaps(), tokenizer=tokenizer, max_model_len=4096)
-    body = parse_body(json.dumps({"model": "m", "messages": messages}).encode(), chat=True)
+    body = parse_body(json.dumps({"model": "m", "messages": messages}).encode(), chat=True, max_messages=2048)
     return list(engine_input(body, engine).prompt_token_ids)
 
 
