@@ -29,7 +29,7 @@ from billing.ledger_config import LedgerConfig, spill_path
 from billing.ledger_metrics import ledger_metrics
 from billing.ledger_sql import permanent, write_batch
 from billing.quarantine import Quarantine, adopt_rejects, requeue
-from billing.records import USAGE_STATUSES, UsageRecord
+from billing.records import USAGE_STATUSES, UsageRecord, check_counts
 from billing.spill import SpillFile, encode_line, read_batches
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,11 @@ class Ledger:
         """Queue one ended request for writing; never blocks on SQL and never raises on a database outage."""
         if row.status not in USAGE_STATUSES:
             raise ValueError(f"usage status must be one of {sorted(USAGE_STATUSES)}, got {row.status!r}")
+        try:
+            check_counts(row)
+        except ValueError as exc:  # a negative count is a bug upstream: kept for an operator, never billed
+            self.quarantine.add(row, str(exc))
+            return
         line = encode_line(row) if self.journal is not None else None
         with self._lock:
             closed = self._closed

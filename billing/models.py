@@ -1,5 +1,5 @@
-"""SQLAlchemy 2 models: tenants, api_keys, usage (one row per request), usage_daily rollups, audit_log,
-public_prefixes."""
+"""SQLAlchemy 2 models: tenants, api_keys, usage (one row per request), usage_daily and usage_scopes rollups,
+audit_log, public_prefixes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    CheckConstraint,
     Date,
     DateTime,
     Dialect,
@@ -97,14 +98,32 @@ class ApiKeyRow(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
+# The usage counts a CHECK constraint keeps at zero or above (delivered_tokens, nullable, has its own).
+NONNEGATIVE = (
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "tokens_after_cancel",
+    "preemptions",
+    "recomputed_tokens",
+    "dropped_tokens",
+)
+
+
 class UsageRow(Base):
     """One ended engine request. No foreign key to tenants: the ledger is an append-only fact table."""
 
     __tablename__ = "usage"
     __table_args__ = (
         Index("ix_usage_tenant_finished", "tenant_id", "finished_at"),
-        Index("ix_usage_task", "task_id"),
+        # Tenant first (migration 0009): a lookup of another tenant's task id ends where an unknown id does.
+        Index("ix_usage_tenant_task", "tenant_id", "task_id"),
         Index("ix_usage_workflow_run", "tenant_id", "workflow_run_id"),
+        # Token counts are never negative (migration 0010), whatever a journal line or a caller says.
+        *(CheckConstraint(f"{name} >= 0", name=f"ck_usage_{name}_nonnegative") for name in NONNEGATIVE),
+        CheckConstraint(
+            "delivered_tokens IS NULL OR delivered_tokens >= 0", name="ck_usage_delivered_tokens_nonnegative"
+        ),
     )
 
     # Request ids are the caller's choice, so they are unique only within a tenant (migration 0002).
@@ -154,6 +173,43 @@ class UsageDailyRow(Base):
     tokens_after_cancel: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
     preemptions: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
     recomputed_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+
+
+class UsageScopeRow(Base):
+    """Per tenant, task or workflow run, attempt and outcome: requests and engine tokens, maintained by the
+    ledger in the same transaction as the rows it inserts (migration 0009). A task report reads these few
+    rows instead of every usage row of the task, so polling a 50,000-row task costs what a 5-row one does.
+
+    `kind` is "task" (X-Task-Id) or "run" (X-Workflow-Run-Id); `outcome` is the row's status, except
+    "infeasible" for a request refused for an infeasible deadline (status "rejected", billing/tasks.py).
+    """
+
+    __tablename__ = "usage_scopes"
+
+    tenant_id: Mapped[str] = mapped_column(String(width.TENANT_ID_MAX), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8), primary_key=True)
+    scope_id: Mapped[str] = mapped_column(
+        String(max(width.TASK_ID_MAX, width.WORKFLOW_RUN_ID_MAX)), primary_key=True
+    )
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    outcome: Mapped[str] = mapped_column(String(width.STATUS_MAX), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    engine_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    tokens_after_cancel: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+
+
+class GatewayRow(Base):
+    """A gateway process of this deployment, by the identity it gives its engines (migration 0010).
+
+    A gateway bills an engine's records of a dead peer's requests only when the peer is registered here:
+    every gateway sharing this ledger registers as it starts, so a raw ZeroMQ peer of an engine without a
+    cluster key, which is in no table, never has its work billed to a tenant (gateway/ops/produced.py).
+    """
+
+    __tablename__ = "gateways"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    registered_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
 
 
 class AuditRow(Base):

@@ -86,6 +86,29 @@ class UsageRecord:
     dropped_tokens: int = 0
 
 
+# The counts a usage row may never hold below zero: the ledger refuses such a row before its journal, a
+# journal or spill line holding one is quarantined, and the database has a CHECK constraint for each
+# (migration 0010; delivered_tokens may also be None).
+TOKEN_COUNTS = (
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "tokens_after_cancel",
+    "preemptions",
+    "recomputed_tokens",
+    "dropped_tokens",
+    "delivered_tokens",
+)
+
+
+def check_counts(row: UsageRecord) -> None:
+    """ValueError naming the first count of `row` below zero."""
+    for name in TOKEN_COUNTS:
+        value = getattr(row, name)
+        if value is not None and value < 0:
+            raise ValueError(f"usage {name} must be >= 0, got {value!r}")
+
+
 # A journal or spill row written by an older fairserve may lack fields added since; these are the values
 # such a row is stored with (billing/spill.py decode_row). A field without an entry here is required.
 USAGE_DEFAULTS: dict[str, Any] = {

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import msgspec
 
-from billing.records import USAGE_DEFAULTS, UsageRecord
+from billing.records import USAGE_DEFAULTS, UsageRecord, check_counts
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,9 @@ def decode_row(line: str) -> UsageRecord:
             raise KeyError(f"usage row lacks {name!r}, which has no default")
     for name in _DATETIME_FIELDS:
         values[name] = datetime.fromisoformat(values[name])
-    return UsageRecord(**values)
+    row = UsageRecord(**values)
+    check_counts(row)  # a negative count is quarantined, never stored
+    return row
 
 
 def is_header(line: str) -> bool:

@@ -10,7 +10,9 @@ X-Attempt). From the usage rows of one tenant's task or run:
   cancelled requests (branches a client abandoned), and those of completed attempts whose answer a retry
   replaced: every completed row with an attempt number below the task's highest completed attempt.
 
-All of it is aggregated in SQL (a task with many rows costs one scan of its index range, not a transfer).
+A report reads the ledger's rollup of the task (usage_scopes: requests and engine tokens per attempt and
+outcome, kept by billing/ledger_sql.py as rows are stored), so a task of 50,000 requests costs what one of
+five does; the per-tenant report budget (gateway/openai/tasks.py) bounds how often it is read.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, select
+from sqlalchemy import ColumnElement, Select, and_, func, select
 from sqlalchemy.orm import Session
 
-from billing.models import UsageRow
+from billing.models import UsageRow, UsageScopeRow
 
 # The finish_reason of a ledger row the edge writes for a request refused for an infeasible deadline.
 INFEASIBLE = "infeasible"
@@ -70,49 +72,56 @@ def _engine_tokens() -> ColumnElement[Any]:
     return UsageRow.prompt_tokens - UsageRow.cached_tokens + UsageRow.completion_tokens
 
 
+def report_query(tenant_id: str, kind: str, scope_id: str) -> Select[int, str, int, int, int]:
+    """The rollup rows of one tenant's task (kind "task") or workflow run ("run"): a range of
+    usage_scopes' primary key, which begins with the tenant, so another tenant's id reads what an unknown
+    one does (nothing)."""
+    return select(
+        UsageScopeRow.attempt,
+        UsageScopeRow.outcome,
+        UsageScopeRow.requests,
+        UsageScopeRow.engine_tokens,
+        UsageScopeRow.tokens_after_cancel,
+    ).where(
+        UsageScopeRow.tenant_id == tenant_id, UsageScopeRow.kind == kind, UsageScopeRow.scope_id == scope_id
+    )
+
+
 def task_report(
     session: Session, tenant_id: str, task_id: str | None = None, workflow_run_id: str | None = None
 ) -> TaskReport | None:
-    """The report of `tenant_id`'s task (or workflow run); None when the ledger has no row of it."""
-    column = UsageRow.task_id if task_id is not None else UsageRow.workflow_run_id
-    scope = and_(
-        UsageRow.tenant_id == tenant_id, column == (task_id if task_id is not None else workflow_run_id)
-    )
-    tokens = _engine_tokens()
+    """The report of `tenant_id`'s task (or workflow run); None when the ledger has no row of it.
+
+    Read from the rollup the ledger keeps (usage_scopes, one row per attempt and outcome), so its cost is
+    the task's attempts, not its requests."""
+    kind, scope_id = ("task", task_id) if task_id is not None else ("run", workflow_run_id)
+    assert scope_id is not None
     report = TaskReport()
-    query = (
-        select(
-            UsageRow.status,
-            UsageRow.finish_reason,
-            func.count(),
-            func.sum(tokens),
-            func.sum(UsageRow.tokens_after_cancel),
-        )
-        .where(scope)
-        .group_by(UsageRow.status, UsageRow.finish_reason)
-    )
-    for status, reason, count, engine_tokens, after in session.execute(query):
+    attempts: set[int] = set()
+    completed: dict[int, int] = {}  # attempt -> engine tokens of its completed rows
+    for attempt, outcome, count, engine_tokens, after in session.execute(
+        report_query(tenant_id, kind, scope_id)
+    ):
+        attempts.add(attempt)
         report.requests += count
-        report.engine_tokens += int(engine_tokens or 0)
-        report.tokens_after_cancel += int(after or 0)
-        if status == "completed":
+        report.engine_tokens += engine_tokens
+        report.tokens_after_cancel += after
+        if outcome == "completed":
             report.completed += count
-        elif status == "cancelled":
+            completed[attempt] = engine_tokens
+        elif outcome == "cancelled":
             report.cancelled += count
-            report.cancelled_tokens += int(engine_tokens or 0)
-        elif status == "deadline":
+            report.cancelled_tokens += engine_tokens
+        elif outcome == "deadline":
             report.deadline += count
-        elif status == "rejected" and reason == INFEASIBLE:
+        elif outcome == INFEASIBLE:
             report.rejected_infeasible += count
     if not report.requests:
         return None
-    report.attempts = int(session.scalar(select(func.count(UsageRow.attempt.distinct())).where(scope)) or 0)
-    kept = session.scalar(select(func.max(UsageRow.attempt)).where(scope, UsageRow.status == "completed"))
-    if kept is not None:
-        replaced = select(func.sum(tokens)).where(
-            scope, UsageRow.status == "completed", UsageRow.attempt < kept
-        )
-        report.replaced_tokens = int(session.scalar(replaced) or 0)
+    report.attempts = len(attempts)
+    if completed:  # every completed attempt below the highest one was replaced by a retry
+        kept = max(completed)
+        report.replaced_tokens = sum(tokens for attempt, tokens in completed.items() if attempt < kept)
     return report
 
 

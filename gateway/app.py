@@ -17,6 +17,7 @@ from starlette.responses import Response
 from engine import EngineClient
 from engine.remote.client import RemoteEngine
 from gateway.admin import routes as admin_routes
+from gateway.admin.live import keep_share_history
 from gateway.edge.errors import APIError, error_response
 from gateway.edge.middleware import EdgeMiddleware
 from gateway.engine_health import process_engines
@@ -82,6 +83,7 @@ def create_app(
             state.billed_ids = []
             billing = asyncio.create_task(keep_engines_billed(state))
         prefixes = asyncio.create_task(keep_prefixes_fresh(state.prefixes))
+        history = asyncio.create_task(keep_share_history(app.state, state))  # the dashboard's, watched or not
         watches = []  # one per worker process it started: a lone engine, or one per `--model`
         if state.owns_engine and settings.restart_engine:
             watches = [
@@ -92,6 +94,7 @@ def create_app(
             yield
         finally:
             prefixes.cancel()
+            history.cancel()
             for watch in watches:
                 watch.cancel()
             await drain(state, settings.grace_period_s)

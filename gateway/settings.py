@@ -141,6 +141,13 @@ class GatewaySettings(StorageSettings, ProcessSettings):
     refusal_rate_per_s: float = Field(
         default=2.0, gt=0, description="refused requests per second a tenant may sustain"
     )
+    # Task and workflow-run reports per tenant (gateway/openai/tasks.py): a burst, then a rate.
+    report_burst: int = Field(
+        default=10, ge=1, description="task and workflow-run reports a tenant may read at once before 429"
+    )
+    report_rate_per_s: float = Field(
+        default=2.0, gt=0, description="task and workflow-run reports per second a tenant may sustain"
+    )
     tokenize_concurrency_per_tenant: int = Field(
         default=2, ge=1, description="large prompts of one tenant tokenised off the event loop at once"
     )

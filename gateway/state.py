@@ -69,12 +69,15 @@ class GatewayState:
     engine_health: EngineHealth = field(default_factory=EngineHealth)  # engines down, one by one
     # (engine id, completion tokens) of rows journaled, to confirm to attached engines; None: none attached
     billed_ids: list[tuple[str, int]] | None = None
+    # Gateway identities known to be this deployment's (billing/gateways.py): whose dead requests it bills.
+    deployment_gateways: set[str] = field(default_factory=set)
     metrics_server: Any = None  # the unauthenticated --metrics-port listener (prometheus_client), if any
     key_events: KeyEvents | None = None  # Redis pub/sub invalidation of the key cache (with --redis)
     tracing: GatewayTracing | None = None  # OpenTelemetry spans (gateway/ops/tracing.py); None: off
     _tenants_at: float = 0.0
     edge: EdgeAdmission = field(init=False)  # admission and quota behind one call (admission/edge.py)
     refusals: RefusalBudget = field(init=False)  # refused work charged to its tenant
+    reports: FailureBudget = field(init=False)  # task and workflow-run reports a tenant may read
     model_rates: ModelRates = field(init=False)  # each model's learned rates (admission/model_feasibility.py)
     prefixes: PrefixRegistry = field(init=False)  # public prompt prefixes (gateway/prefixes.py)
 
@@ -85,6 +88,7 @@ class GatewayState:
         self.refusals = RefusalBudget(
             s.refusal_burst, s.refusal_rate_per_s, s.tokenize_concurrency_per_tenant, s.tokenize_workers
         )
+        self.reports = FailureBudget(s.report_burst, s.report_rate_per_s)
         self.prefixes = PrefixRegistry(self.db)
         try:
             self.prefixes.reload()
@@ -146,6 +150,12 @@ def gateway_engine(settings: GatewaySettings) -> EngineClient:
         return engine_client(settings.engine, in_process=not settings.engine_process)
     if settings.models.local_models:
         raise EngineStartError("give --engine or several --model, not both")
+    if settings.cluster_key_file is None:  # the engine warns too; an operator reads either log
+        log.warning(
+            "no --cluster-key: the engines at %s admit any process that reaches them, which can submit work "
+            "as any tenant (this deployment never bills such work, docs/billing.md)",
+            ", ".join(settings.engines),
+        )
     if len(settings.engines) == 1:
         return RemoteEngine(settings.engines[0], settings.engine_silence(), settings.cluster_key())
     # Several: each is reached first (its announce names the model and brings the tokenizer), then the

@@ -53,6 +53,10 @@ class ProducedRecord(msgspec.Struct, array_like=True):
     arrival_time: float
     finished_time: float
     decode_part: bool = False  # of a split request (engine/disagg.py): its prefill part counts the request
+    # The ZeroMQ identity of the peer that submitted it (a gateway's `gateway_id`; "" on records older
+    # than it). A gateway bills a dead peer's records only when the peer was a gateway of its deployment
+    # (gateway/ops/produced.py): a raw peer's work on an engine without a cluster key is never billed.
+    submitter: str = ""
 
 
 class TenantProduced(msgspec.Struct, array_like=True):
@@ -157,6 +161,7 @@ class ProducedBook:
                 m.arrival_time,
                 m.finished_time or time.time(),
                 meta.decode_part,
+                owner.decode("utf-8", "replace"),
             )
             self._records[delta.request_id] = (owner, record)
             self._count(record)

@@ -1,10 +1,17 @@
-"""Live engine state for the dashboard: one snapshot, a share-of-service history, and an SSE stream."""
+"""Live engine state for the dashboard: one snapshot, a share-of-service history, and an SSE stream.
+
+The history is sampled by the server (`keep_share_history`, once a second from the app's start), whether
+or not a dashboard watches: a page opened after a burst of work shows that work. It is bounded
+(HISTORY_SAMPLES samples, 15 minutes), and each snapshot says which span its samples cover, so the chart
+says "no service" only where samples show none.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import heapq
 import json
+import logging
 import threading
 import time
 from collections import deque
@@ -21,8 +28,12 @@ from gateway.admin.http import NO_STORE, jsonable, query_int, reply
 from gateway.state import GatewayState
 from routing import engine_loads, model_client
 
+log = logging.getLogger(__name__)
+
 HISTORY_SAMPLES = 900  # at one sample a second: the last 15 minutes
+SAMPLE_INTERVAL_S = 1.0  # the server's own sampling of engine service (keep_share_history)
 MIN_SAMPLE_INTERVAL_S = 0.5
+SAMPLER_TENANTS_MAX_AGE_S = 10.0  # the sampler re-reads the tenant list (a SQL query) at most this often
 SHARE_WINDOW_S = 30.0  # each share point is the split of service charged over the trailing window
 TENANTS_MAX_AGE_S = 1.0
 RECENT_ITERATIONS = 20
@@ -80,6 +91,13 @@ class ServiceHistory:
         with self._lock:
             return len(self._samples)
 
+    def coverage(self) -> dict[str, Any]:
+        """The samples kept: how many, and the times of the oldest and newest (None when empty)."""
+        with self._lock:
+            first = self._samples[0].t if self._samples else None
+            last = self._samples[-1].t if self._samples else None
+            return {"samples": len(self._samples), "sampled_since": first, "sampled_until": last}
+
 
 def share_point(before: ServiceSample, now: ServiceSample) -> dict[str, Any] | None:
     """Shares of the service charged between two samples; None when nothing was charged."""
@@ -108,11 +126,11 @@ class LiveRuntime:
         self._tenants_at = -1e9
         self._lock = threading.Lock()
 
-    def tenants(self, state: GatewayState) -> list[Tenant]:
-        """The configured tenants, re-read from the store at most once a second (blocking; call off-loop)."""
+    def tenants(self, state: GatewayState, max_age_s: float = TENANTS_MAX_AGE_S) -> list[Tenant]:
+        """The configured tenants, re-read from the store at most every `max_age_s` (blocking; call off-loop)."""
         now = time.monotonic()
         with self._lock:
-            if now - self._tenants_at < TENANTS_MAX_AGE_S:
+            if now - self._tenants_at < max_age_s:
                 return self._tenants
         tenants = state.store.list_tenants()
         with self._lock:
@@ -127,11 +145,36 @@ class LiveRuntime:
 
 def runtime(request: Request) -> LiveRuntime:
     """The app's LiveRuntime, created on first use."""
-    app_state = request.app.state
+    return runtime_of(request.app.state)
+
+
+def runtime_of(app_state: Any) -> LiveRuntime:
+    """The LiveRuntime kept on an app's state, created on first use."""
     found = getattr(app_state, "admin_live", None)
     if found is None:
         found = app_state.admin_live = LiveRuntime()
     return found
+
+
+def sample_service(state: GatewayState, live: LiveRuntime) -> None:
+    """One history sample: the engine's cumulative service by tenant (and the most served other keys),
+    with the tenants' weights. Blocking (the tenant list may be re-read from SQL); call off the loop."""
+    stats = state.engine.stats()
+    tenants = live.tenants(state, SAMPLER_TENANTS_MAX_AGE_S)
+    by_id = {t.id: t for t in tenants}
+    service = {k: v for k, v in stats.service.items() if k in by_id} | _other_service(stats.service, by_id)
+    live.history.observe(time.time(), service, {t.id: t.weight for t in tenants})
+
+
+async def keep_share_history(app_state: Any, state: GatewayState) -> None:
+    """Sample the service history every SAMPLE_INTERVAL_S for as long as the app runs, watched or not."""
+    live_rt = runtime_of(app_state)
+    while True:
+        try:
+            await run_in_threadpool(sample_service, state, live_rt)
+        except Exception:  # a store or engine hiccup costs one sample, never the sampler
+            log.debug("share history sample failed", exc_info=True)
+        await asyncio.sleep(SAMPLE_INTERVAL_S)  # the sampling period, not a wait for a condition
 
 
 def rejections_by_reason(state: GatewayState) -> dict[str, int]:
@@ -169,9 +212,7 @@ def live_snapshot(state: GatewayState, live: LiveRuntime, history_points: int) -
     tenants = live.tenants(state)
     now = time.time()
     by_id = {t.id: t for t in tenants}
-    weights = {t.id: t.weight for t in tenants}
     other = _other_service(stats.service, by_id)
-    live.history.observe(now, {k: v for k, v in stats.service.items() if k in by_id} | other, weights)
     enabled_weight = sum(t.weight for t in tenants if not t.disabled) or 1.0
     rows = [
         {
@@ -220,6 +261,8 @@ def live_snapshot(state: GatewayState, live: LiveRuntime, history_points: int) -
         "iterations": [asdict(tr) for tr in reversed(state.engine.recent_traces(RECENT_ITERATIONS))],
         "share": {
             "window_s": SHARE_WINDOW_S,
+            "interval_s": SAMPLE_INTERVAL_S,
+            **live.history.coverage(),
             "points": live.history.share_points(SHARE_WINDOW_S, history_points),
         },
     }

@@ -4,6 +4,11 @@ GET /v1/tasks/{task_id} and GET /v1/workflow-runs/{run_id} answer from the ledge
 attempts, requests completed / cancelled / ended by deadline / rejected for an infeasible deadline, engine
 tokens, tokens computed after a cancel, and wasted tokens split into cancelled branches and attempts whose
 answer a retry replaced. The ledger writes behind the request path, so the last rows may take a moment.
+
+A report reads the ledger's rollup (billing/tasks.py), a few rows whatever the task's size, through an
+index that begins with the tenant. Each tenant may read `report_burst` reports at once and
+`report_rate_per_s` after that (a token bucket per tenant, as for refusals); past it, 429 + Retry-After
+before any query, so a tenant polling in a loop spends its own budget, not the database's time.
 """
 
 from __future__ import annotations
@@ -58,6 +63,13 @@ async def _report(request: Request, field: str, kind: str) -> JSONResponse:
         raise APIError(
             400, f"{field} must be 1-200 characters of letters, digits and ._:-", "invalid_value", field
         )
+    wait = state.reports.retry_after(caller.tenant.id)
+    if wait is not None:
+        message = (
+            f"too many {kind} reports from this tenant; poll at most {state.reports.rate_per_s:g} a second"
+        )
+        raise APIError(429, message, "too_many_reports", headers={"Retry-After": str(wait)})
+    state.reports.charge(caller.tenant.id)
     scope = {"task_id": ident} if kind == "task" else {"workflow_run_id": ident}
     try:
         report: TaskReport | None = await run_in_threadpool(

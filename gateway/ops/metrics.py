@@ -185,6 +185,14 @@ class GatewayMetrics:
             ["result"],
             registry=r,
         )
+        self.orphan_records = Counter(  # gateway/ops/produced.py: billed interrupted, or a foreign peer's
+            "fairserve_orphan_records",
+            "Engine records of gone peers' requests: billed (a dead gateway's) or foreign (never billed)",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("billed", "foreign"):
+            self.orphan_records.labels(outcome)
         self.tasks = TaskMetrics(r, labels.label)  # per-tenant task outcomes and waste (#28)
         self.degradations = Counter(  # gateway/openai/degrade.py: kind = fallback | partial | truncated
             "fairserve_degradations",

@@ -6,6 +6,13 @@ requests whose gateway died (status `interrupted`), then confirm those too. A re
 it is ORPHAN_AFTER_S old, so the dead gateway's own journal (replayed at its restart, or by a gateway
 sharing its data dir within `orphan_scan_s`) gets the first chance; both key the row on
 (tenant_id, request_id), so whichever comes second is a duplicate the ledger skips, never a second charge.
+
+Only a gateway's work is billed: each record names the peer that submitted it, and a record is billed only
+when that peer is a gateway of this deployment (registered in the shared database, billing/gateways.py).
+On an engine without a cluster key a raw ZeroMQ peer can submit work as any tenant; its records are
+logged, counted (`fairserve_orphan_records_total{outcome="foreign"}`) and confirmed, never billed. An
+interrupted row is priced as a completed one: the engine's charge times its model's `--model-cost`,
+under the model that engine serves.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from billing import Database, UsageRecord
+from billing.gateways import register_gateways, registered_gateways
 from billing.reconcile import COUNTS, Totals, differences, hour_start, ledger_totals
 from engine import EngineClient
 from engine.remote.accounting import ProducedRecord
@@ -40,8 +48,9 @@ def remote_engines(engine: EngineClient) -> list[RemoteEngine]:
     return []
 
 
-def interrupted_row(record: ProducedRecord, model: str) -> UsageRecord:
-    """The ledger row of a request whose gateway died: the engine's counts, status `interrupted`."""
+def interrupted_row(record: ProducedRecord, model: str, cost_factor: float = 1.0) -> UsageRecord:
+    """The ledger row of a request whose gateway died: the engine's counts, status `interrupted`, served by
+    `model` (the engine's) and charged at its `--model-cost` factor, as a completed row would be."""
     return UsageRecord(
         request_id=record.ledger_request_id or record.engine_request_id,
         tenant_id=record.tenant_id,
@@ -56,7 +65,7 @@ def interrupted_row(record: ProducedRecord, model: str) -> UsageRecord:
         prompt_tokens=record.prompt_tokens,
         cached_tokens=record.cached_tokens,
         completion_tokens=record.completion_tokens,
-        charged_service=record.charged_service,
+        charged_service=record.charged_service * cost_factor,
         tokens_after_cancel=record.tokens_after_cancel,
         preemptions=record.preemptions,
         recomputed_tokens=record.recomputed_tokens,
@@ -66,6 +75,7 @@ def interrupted_row(record: ProducedRecord, model: str) -> UsageRecord:
         created_at=datetime.fromtimestamp(record.arrival_time, UTC),
         finished_at=datetime.fromtimestamp(record.finished_time, UTC),
         delivered_tokens=None,  # the dead gateway alone knew
+        served_model=model,
     )
 
 
@@ -73,6 +83,44 @@ async def ask(engine: RemoteEngine, since: float, orphans_after_s: float = -1.0)
     """One engine's AskProduced answer, bounded by ASK_TIMEOUT_S."""
     future = engine.ask_produced(since, orphans_after_s)
     return await asyncio.wait_for(asyncio.wrap_future(future), ASK_TIMEOUT_S)
+
+
+async def register(state: GatewayState) -> bool:
+    """Register this gateway's identities (one per attached engine) as the deployment's; False on failure
+    (the billing loop tries again)."""
+    ids = {engine.gateway_id for engine in remote_engines(state.engine)}
+    try:
+        await asyncio.to_thread(register_gateways, state.db, ids)
+    except Exception:
+        log.warning("could not register this gateway in the ledger database; retrying", exc_info=True)
+        return False
+    state.deployment_gateways |= ids
+    return True
+
+
+async def _ours(state: GatewayState, records: list[ProducedRecord]) -> set[str]:
+    """The submitters among `records` that are gateways of this deployment (known ones from memory)."""
+    unknown = {r.submitter for r in records} - state.deployment_gateways
+    if unknown:
+        state.deployment_gateways |= await asyncio.to_thread(registered_gateways, state.db, unknown)
+    return {r.submitter for r in records} & state.deployment_gateways
+
+
+def _refuse_foreign(state: GatewayState, engine: RemoteEngine, foreign: list[ProducedRecord]) -> None:
+    """Log, count and confirm records a peer outside the deployment submitted: never billed."""
+    state.metrics.orphan_records.labels("foreign").inc(len(foreign))
+    for record in foreign:
+        log.warning(
+            "engine %s ran request %s for tenant %s (%d prompt + %d completion tokens) submitted by %r, "
+            "which is no gateway of this deployment: not billed (give the engine a --cluster-key)",
+            engine.address,
+            record.engine_request_id,
+            record.tenant_id,
+            record.prompt_tokens,
+            record.completion_tokens,
+            record.submitter,
+        )
+    engine.billed([r.engine_request_id for r in foreign])  # no counts: no supplement is kept
 
 
 async def bill_orphans(state: GatewayState) -> int:
@@ -86,12 +134,22 @@ async def bill_orphans(state: GatewayState) -> int:
         except Exception:  # an engine away now (or too slow to answer) is asked again next round
             log.debug("no produced-token answer from %s", engine.address, exc_info=True)
             continue
-        for record in answer.orphans:
-            state.ledger.record(interrupted_row(record, state.engine.model_name))  # journaled first
-        if answer.orphans:
-            engine.billed([r.engine_request_id for r in answer.orphans])
-            billed += len(answer.orphans)
-            log.warning("billed %d requests of a dead gateway as interrupted", len(answer.orphans))
+        if not answer.orphans:
+            continue
+        ours = await _ours(state, answer.orphans)
+        mine = [r for r in answer.orphans if r.submitter in ours]
+        foreign = [r for r in answer.orphans if r.submitter not in ours]
+        if foreign:
+            _refuse_foreign(state, engine, foreign)
+        model = engine.model_name
+        factor = state.settings.models.cost_factor(model)
+        for record in mine:
+            state.ledger.record(interrupted_row(record, model, factor))  # journaled first
+        if mine:
+            engine.billed([r.engine_request_id for r in mine])
+            state.metrics.orphan_records.labels("billed").inc(len(mine))
+            billed += len(mine)
+            log.warning("billed %d requests of a dead gateway as interrupted", len(mine))
     return billed
 
 
@@ -105,9 +163,13 @@ def confirm(state: GatewayState) -> None:
 
 
 async def keep_engines_billed(state: GatewayState) -> None:
-    """Bill dead gateways' requests every RECONCILE_S, for as long as the gateway serves."""
+    """Bill dead gateways' requests every RECONCILE_S, for as long as the gateway serves (registering
+    this gateway first, until that succeeds)."""
+    registered = await register(state)
     while True:
         await asyncio.sleep(RECONCILE_S)
+        if not registered:
+            registered = await register(state)
         try:
             await bill_orphans(state)
         except Exception:

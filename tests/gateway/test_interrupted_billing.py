@@ -14,10 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
+import zmq
 from sqlalchemy import text
 
 from billing import BillingStore, Database, default_db_url
+from engine.boundary.messages import IterationReport, Submit
+from engine.remote.messages import FromServer
+from engine.request import RequestMeta, SamplingParams
 from tests.billing.conftest import pg_url  # noqa: F401  (the fixture, for the PostgreSQL runs)
 from tests.engine.remote.engine_process import EngineProcess
 from tests.gateway.conftest import wait_for
@@ -63,11 +68,29 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     )
 
 
+MODEL, COST = "intr-model", 4.0  # interrupted rows are charged at the serving model's --model-cost
+
+
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[EngineProcess]:
-    proc = EngineProcess(tmp_path / "engine", "--max-num-seqs", "4", "--num-kv-blocks", "256")
+    proc = EngineProcess(
+        tmp_path / "engine",
+        *("--max-num-seqs", "4", "--num-kv-blocks", "256", "--served-model-name", MODEL),
+        *("--gateway-timeout", "1"),
+    )
     yield proc
     proc.kill()
+
+
+def _engine_charges(engine_dir: Path) -> dict[str, float]:
+    """The engine's own charge of each finished request, by ledger request id, from its produced.log."""
+    charges: dict[str, float] = {}
+    for line in (engine_dir / "produced.log").read_text().splitlines():
+        doc = json.loads(line)
+        if "f" in doc:
+            record = doc["f"][1]
+            charges[record[1]] = float(record[12])  # ledger_request_id, charged_service (ProducedRecord)
+    return charges
 
 
 def test_a_killed_gateways_requests_are_billed_interrupted(
@@ -80,9 +103,11 @@ def test_a_killed_gateways_requests_are_billed_interrupted(
     key = store.create_key(tenant_id)[0]
     db.dispose()
     tag = f"intr-{uuid.uuid4().hex[:8]}-"
-    first = ServeProcess(tmp_path / "gw1", "--db", db_url, "--engine", engine.address)
-    second = ServeProcess(tmp_path / "gw2", "--db", db_url, "--engine", engine.address)
+    cost = ("--model-cost", f"{MODEL}={COST:g}")
+    first = ServeProcess(tmp_path / "gw1", "--db", db_url, "--engine", engine.address, *cost)
+    second = ServeProcess(tmp_path / "gw2", "--db", db_url, "--engine", engine.address, *cost)
     try:
+        assert any("no --cluster-key: the engines at" in line for line in first.output)  # as the engine warns
         model = httpx.get(f"{first.url}/v1/models", headers=first.headers(key), timeout=10).json()["data"][0][
             "id"
         ]
@@ -108,16 +133,21 @@ def test_a_killed_gateways_requests_are_billed_interrupted(
         # gateway bills them once they are ORPHAN_AFTER_S old.
         want = {f"{tag}cut-{i}" for i in range(IN_FLIGHT)}
         rows = wait_for(lambda: (r := _rows(db_url, tag)) and want <= set(r) and r, 90, "interrupted rows")
+        charges = _engine_charges(tmp_path / "engine")
         for rid in want:
             assert rows[rid]["status"] == "interrupted", rows[rid]
             assert rows[rid]["completion_tokens"] > 0 and rows[rid]["delivered_tokens"] is None
+            assert rows[rid]["model"] == rows[rid]["served_model"] == MODEL
+            assert rows[rid]["charged_service"] == pytest.approx(COST * charges[rid]) and charges[rid] > 0
         # The answered request was confirmed to the engine, so only the killed gateway's journal holds it
         # (unless its writer got there first): its restart replays it, and it is billed once, completed.
-        again = ServeProcess(tmp_path / "gw1", "--db", db_url, "--engine", engine.address)
+        again = ServeProcess(tmp_path / "gw1", "--db", db_url, "--engine", engine.address, *cost)
         again.stop()
         rows = _rows(db_url, tag)
         assert rows[f"{tag}done"]["status"] == "completed"
         assert rows[f"{tag}done"]["delivered_tokens"] == rows[f"{tag}done"]["completion_tokens"]
+        done_charge = _engine_charges(tmp_path / "engine")[f"{tag}done"]
+        assert rows[f"{tag}done"]["charged_service"] == pytest.approx(COST * done_charge)  # the same price
         assert len(rows) == IN_FLIGHT + 1
         # A client that leaves mid-stream: produced tokens billed, delivered ones kept beside them.
         left = threading.Event()
@@ -154,3 +184,53 @@ def _reconciles(db_url: str, engine: EngineProcess, gateway: ServeProcess, tenan
     lost = _mine(json.loads(out.stdout)["differences"], tenant_id)
     assert {d["count"] for d in lost} >= {"requests", "completion_tokens"}
     assert next(d for d in lost if d["count"] == "requests")["delta"] == -1
+
+
+def _raw_peer_submits(address: str, tenant_id: str, ledger_id: str) -> None:
+    """A bare ZeroMQ DEALER (no gateway of the deployment) submits a request as `tenant_id`, reads until it
+    has finished, and leaves."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IDENTITY, b"intruder-peer")
+    decoder = msgspec.msgpack.Decoder(FromServer)
+    try:
+        sock.connect(address)
+        params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+        meta = RequestMeta(tenant_id=tenant_id, ledger_id=ledger_id)
+        sock.send(msgspec.msgpack.encode(Submit("intruder-1", [5, 6, 7, 8], params, meta)))
+        while sock.poll(60_000):
+            msg = decoder.decode(sock.recv())
+            if isinstance(msg, IterationReport) and any(
+                o.request_id == "intruder-1" and o.finished for o in msg.outputs
+            ):
+                return
+        raise AssertionError("the raw peer's request never finished")
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
+def _metric(gateway: ServeProcess, line_start: str) -> float:
+    headers = {"Authorization": f"Bearer {gateway.banner['metrics_token']}"}
+    text_ = httpx.get(f"{gateway.url}/metrics", headers=headers, timeout=10).text
+    return sum(float(line.split()[-1]) for line in text_.splitlines() if line.startswith(line_start))
+
+
+def test_a_raw_peers_work_is_logged_and_counted_never_billed(engine: EngineProcess, tmp_path: Path) -> None:
+    """On an engine without a cluster key a bare ZeroMQ peer runs a request as the victim tenant and
+    leaves. The engine keeps the record as it would a dead gateway's; the attached gateway sees that the
+    peer is no gateway of its deployment and bills nothing (it did bill a dead gateway's, above)."""
+    db_url = default_db_url(tmp_path / "gw")
+    gateway = ServeProcess(tmp_path / "gw", "--engine", engine.address)
+    try:
+        store = BillingStore(Database(db_url))
+        victim = store.create_tenant(f"victim-{uuid.uuid4().hex[:8]}").id
+        _raw_peer_submits(engine.address, victim, "stolen-row")
+        foreign = 'fairserve_orphan_records_total{outcome="foreign"}'
+        wait_for(lambda: _metric(gateway, foreign) >= 1, 60, "the raw peer's record refused")
+        assert _rows(db_url, "stolen") == {}
+        assert _metric(gateway, 'fairserve_orphan_records_total{outcome="billed"}') == 0
+        assert any("intruder-peer" in line and "not billed" in line for line in gateway.output)
+    finally:
+        gateway.stop()

@@ -7,7 +7,7 @@ const SVG = "http://www.w3.org/2000/svg";
 const W = 1100;
 const H = 280;
 const M = { left: 44, right: 12, top: 10, bottom: 24 };
-const GAP_S = 5; // points further apart than this are not joined (no dashboard was sampling)
+const GAP_S = 5; // points further apart than this are not joined (nothing charged, or no sample, between)
 const MAX_POINTS = 2000;
 
 function svg(tag, attrs = {}) {
@@ -24,6 +24,21 @@ export class ShareChart {
     this.colors = {};
     this.span = 300;
     this.updates = 0;
+    this.coverage = null; // the server's samples: { samples, sampled_since, sampled_until }
+  }
+
+  // What the server's history holds (each snapshot says): the chart says "no service" only over samples.
+  cover(share) {
+    this.coverage = { samples: share.samples, since: share.sampled_since, until: share.sampled_until };
+  }
+
+  // Why nothing is drawn: the samples covering [start, end] show no service, or there are none (yet).
+  emptyText(start) {
+    const c = this.coverage;
+    if (c && c.samples >= 2 && c.until !== null && c.until >= start) {
+      return "no service charged in this span — send some requests";
+    }
+    return "no samples in this span yet";
   }
 
   setSpan(seconds) {
@@ -107,7 +122,7 @@ export class ShareChart {
     }
     if (!view.length) {
       const t = svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "empty" });
-      t.textContent = "no service charged in this span — send some requests";
+      t.textContent = this.emptyText(start);
       root.append(t);
     }
     this.container.replaceChildren(root);
@@ -129,6 +144,7 @@ export class ShareChart {
     ds.latest = JSON.stringify(shares);
     ds.latestWeight = JSON.stringify(weights);
     ds.latestT = latest ? String(latest.t) : "";
+    ds.empty = view.length ? "" : this.emptyText(Date.now() / 1000 - this.span);
     const items = latest
       ? Object.keys(latest.share).map((k) => el("span", { class: "legend-item", title: identities.describe(k).id },
         el("span", { class: "swatch", dataset: { color: this.color(k) } }),

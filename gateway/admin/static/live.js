@@ -25,6 +25,7 @@ export class LiveView {
     this.controller = new AbortController();
     const snap = await api("GET", "/live");
     this.apply(snap);
+    this.chart.cover(snap.share);
     this.chart.reset(snap.share.points);
     this.loop(this.controller.signal);
   }
@@ -75,6 +76,7 @@ export class LiveView {
         if (!data) continue;
         const snap = JSON.parse(data);
         this.apply(snap);
+        this.chart.cover(snap.share);
         for (const p of snap.share.points) this.chart.push(p);
         if (!snap.share.points.length) this.chart.render();
       }

@@ -1,7 +1,8 @@
 """What a person sees on /admin, in a real headless Chromium: tenants named in the chart, nothing overflowing.
 
 The chart's legend and tooltips name tenants (a hover shows the id); every table and button stays inside its
-card from 1024 px wide up, and below 1024 px each table row wraps instead of running off the card.
+card at every width. Tenant rows keep their columns (one line each) down to 800 px; below, each wraps as a
+whole, every field in the same place row to row. Other tables wrap their rows below 1024 px.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from tests.gateway.conftest import Server, wait_for
 # (scripts/test.sh), as in a serial run, not after whatever the other files on its worker left there.
 pytestmark = pytest.mark.serial
 
-WIDE = (1367, 1024)  # a laptop and the narrowest width at which tables keep their columns
-NARROW = 800  # a tablet: rows wrap
+WIDE = (1367, 1024, 900, 800)  # a laptop down to the narrowest width at which tenant rows keep their columns
+NARROW = 700  # below: tenant rows wrap as whole rows
 SHOTS = Path(__file__).resolve().parents[3] / "artifacts"  # the repository's (ignored) artifacts/
 
 # Every visible button and table that sticks out of its card's content box (by more than half a pixel), and whether the
@@ -53,6 +54,12 @@ OVERFLOW_JS = """() => {
 # How many distinct lines the cells of each tenants row sit on (1 = the row reads as a table row).
 ROW_LINES_JS = """() => [...document.querySelectorAll('#tenants tbody tr')].map((tr) =>
   new Set([...tr.cells].map((td) => Math.round(td.getBoundingClientRect().top))).size)"""
+
+# Where each cell of each tenants row sits, relative to its row: [left, top] per cell.
+CELL_PLACES_JS = """() => [...document.querySelectorAll('#tenants tbody tr')].map((tr) => {
+  const r = tr.getBoundingClientRect();
+  return [...tr.cells].map((td) => { const b = td.getBoundingClientRect();
+    return [Math.round(b.left - r.left), Math.round(b.top - r.top)]; }); })"""
 
 LEGEND_JS = """() => [...document.querySelectorAll('#share-legend .legend-item')].map((item) =>
   ({ text: item.textContent, title: item.title }))"""
@@ -121,12 +128,14 @@ def test_chart_names_tenants_and_every_table_fits_its_card(server: Server, page:
         )
         lines: dict[int, list[int]] = {}
         overflow: dict[int, list[str]] = {}
+        places: dict[int, list[list[list[int]]]] = {}
         for width in (*WIDE, NARROW):
             page.set_viewport_size({"width": width, "height": 900})
             page.wait_for_function(f"() => window.innerWidth === {width}")
             _shot(page, width)
             overflow[width] = page.evaluate(OVERFLOW_JS)
             lines[width] = page.evaluate(ROW_LINES_JS)
+            places[width] = page.evaluate(CELL_PLACES_JS)
 
     # Legend and tooltips name the tenants; the hover (title) shows the id.
     for name, tenant_id in ids.items():
@@ -141,8 +150,12 @@ def test_chart_names_tenants_and_every_table_fits_its_card(server: Server, page:
 
     # Every button and table inside its card, at every width; no sideways scrolling.
     assert overflow == {width: [] for width in (*WIDE, NARROW)}, overflow
-    # Each tenant's row keeps its columns on one line from 1024 px up, and wraps below.
+    # Each tenant's row keeps its columns on one line down to 800 px, and wraps below, as a whole: every
+    # cell in the same place in its row as in the next row (the rows hold the same fields).
     for width in WIDE:
         assert lines[width] and set(lines[width]) == {1}, (width, lines[width])
+        columns = [[left for left, _ in row] for row in places[width]]
+        assert len(columns) >= 2 and all(c == columns[0] for c in columns), (width, columns)
     assert lines[NARROW] and min(lines[NARROW]) > 1, lines[NARROW]
+    assert len(places[NARROW]) >= 2 and all(p == places[NARROW][0] for p in places[NARROW]), places[NARROW]
     wait_for(lambda: server.state.engine.stats().running == 0, 60, "load to drain")

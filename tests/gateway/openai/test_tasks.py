@@ -115,3 +115,26 @@ def test_a_task_reports_attempts_outcomes_and_waste(server: Server, client: http
     assert wasted["replaced_tokens"] >= report["replaced_tokens"]
     assert wasted["cancelled_tokens"] >= report["cancelled_tokens"]
     assert 0 < wasted["wasted_share"] < 1
+
+
+def test_reports_are_rate_limited_per_tenant(server: Server, client: httpx.Client) -> None:
+    """A tenant polling its report in a loop is answered 429 + Retry-After once its budget is spent; another
+    tenant's reports are untouched. Counting answers, not time: the refill (2 a second) cannot keep up
+    with a loop of back-to-back requests for long."""
+    poller = f"poller-{uuid.uuid4().hex[:6]}"
+    server.add_tenant(poller)
+    task = f"polled-{uuid.uuid4().hex[:8]}"  # an unknown id: a 404 costs a query too
+    first_429 = None
+    for i in range(200):
+        answer = client.get(f"/v1/tasks/{task}", headers=server.headers(poller))
+        assert answer.status_code in (404, 429), answer.text
+        if answer.status_code == 429:
+            first_429 = (i, answer)
+            break
+    assert first_429 is not None, "200 back-to-back reports were all answered"
+    i, refused = first_429
+    assert i >= server.state.settings.report_burst  # the burst was served
+    assert refused.json()["error"]["code"] == "too_many_reports"
+    assert int(refused.headers["Retry-After"]) >= 1
+    other = client.get(f"/v1/tasks/{task}", headers=server.headers("bob"))  # bob's budget is his own
+    assert other.status_code == 404 and other.json()["error"]["code"] == "task_not_found"
