@@ -152,10 +152,11 @@ def phase(url: str, a_key: str, model: str, seconds: float, kind: str | None, b_
     return {"sent": len(out), "ok": len(ok), "p50_s": statistics.median(ok) if ok else None, "flood": got}
 
 
-def run(seconds: float, rounds: int, floods: tuple[str, ...] = FLOODS) -> dict[str, Any]:
-    """Alternate A alone and A beside each flood, `rounds` times; the report per flood."""
+def run(seconds: float, rounds: int, floods: tuple[str, ...] = FLOODS, *serve_args: str) -> dict[str, Any]:
+    """Alternate A alone and A beside each flood, `rounds` times; the report per flood. `serve_args` go to
+    `fairserve serve`; with `--loop-debug`, the report lists the event-loop callbacks it logged as slow."""
     with tempfile.TemporaryDirectory() as data_dir:
-        server = ServeProcess(Path(data_dir), "--header-timeout", "2")
+        server = ServeProcess(Path(data_dir), "--header-timeout", "2", *serve_args)
         try:
             url, admin = server.url, server.banner["admin_token"]
             a_key = make_tenant(url, admin, "door-a")
@@ -169,25 +170,33 @@ def run(seconds: float, rounds: int, floods: tuple[str, ...] = FLOODS) -> dict[s
                     beside[kind].append(phase(url, a_key, name, seconds, kind, b_key))
         finally:
             server.stop()
-    return report(alone, beside)
+    out = report(alone, beside)
+    if "--loop-debug" in serve_args:
+        out["slow_callbacks"] = [
+            line.strip() for line in server.output if "Executing" in line and " took " in line
+        ]
+    return out
 
 
 def report(alone: list[dict[str, Any]], beside: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Success rate and p50 ratio per flood, and what each flood got back (summed over rounds)."""
     base = statistics.median(p["p50_s"] for p in alone if p["p50_s"] is not None)
-    base_ok = statistics.median(p["ok"] for p in alone)
     out: dict[str, Any] = {"alone": {"p50_ms": round(base * 1e3, 2), "ok": sum(p["ok"] for p in alone)}}
     for kind, phases in beside.items():
         sent, ok = sum(p["sent"] for p in phases), sum(p["ok"] for p in phases)
+        # Each phase beside the flood against the phase alone just before it (`run` alternates them).
+        paired = [
+            p["ok"] / a["ok"]
+            for p, a in zip(phases, alone[list(beside).index(kind) :: len(beside)], strict=True)
+            if a["ok"]
+        ]
         p50s = [p["p50_s"] for p in phases if p["p50_s"] is not None]
         flood_got = sum((Counter(p["flood"]) for p in phases), Counter[str]())
         out[kind] = {
             "success_rate": round(ok / sent, 4) if sent else None,
             "p50_ratio": round(statistics.median(p50s) / base, 2) if p50s else None,
-            # A's answers in a phase beside the flood over its answers in a phase alone (medians)
-            "answers_ratio": round(statistics.median(p["ok"] for p in phases) / base_ok, 2)
-            if base_ok
-            else None,
+            # A's answers in a phase beside the flood over its answers in the phase alone before it (median)
+            "answers_ratio": round(statistics.median(paired), 2) if paired else None,
             "sent": sent,
             "flood": dict(flood_got),
         }

@@ -60,7 +60,7 @@ async def admit(state: GatewayState, ctx: RequestContext) -> tuple[RequestContex
     chosen = policy(state, ctx)
     planned = replace(ctx, served=replace(ctx.served, partial_at_deadline=chosen == "partial"))
     if est.finish_s > left:
-        found = _degrade(state, planned, chosen, est, left)
+        found = await _degrade(state, planned, chosen, est, left)
         if found is None:
             refusal = _infeasible(state, est, left)
             return ctx, replace(refusal, quota=await state.edge.peek(ctx.tenant_id, ctx.limits))
@@ -75,7 +75,7 @@ async def admit(state: GatewayState, ctx: RequestContext) -> tuple[RequestContex
     return planned, verdict
 
 
-def _degrade(
+async def _degrade(
     state: GatewayState, ctx: RequestContext, chosen: str, est: Estimate, left: float
 ) -> RequestContext | None:
     """The request degraded by `chosen` so that it meets its deadline, None when that cannot be done."""
@@ -92,7 +92,7 @@ def _degrade(
     if chosen == "truncate":
         rate = state.model_rates.effective(ctx.served.model, ctx.served.engine.stats())
         budget = prefill_budget(est, rate, ctx.inputs.params.max_tokens, left)
-        return _truncated(state, ctx, budget)
+        return await _truncated(state, ctx, budget)
     return None
 
 
@@ -117,14 +117,17 @@ def _fallback(state: GatewayState, ctx: RequestContext, left: float) -> RequestC
     return None
 
 
-def _truncated(state: GatewayState, ctx: RequestContext, budget: int) -> RequestContext | None:
-    """The request with its oldest prompt tokens dropped to at most `budget`, None when that leaves nothing."""
+async def _truncated(state: GatewayState, ctx: RequestContext, budget: int) -> RequestContext | None:
+    """The request with its oldest prompt tokens dropped to at most `budget`, None when that leaves nothing
+    (a chat re-encoded on the tokenising executor, under the tenant's bound: docs/gateway.md, "The event
+    loop's budget")."""
     ids = ctx.inputs.prompt_token_ids
     if budget < 1:
         return None
     engine = ctx.served.engine
     if isinstance(ctx.body, ChatCompletionRequest):
-        kept = _chat_kept(ctx.body, engine, budget)
+        body = ctx.body
+        kept = await state.refusals.run(ctx.tenant_id, lambda: _chat_kept(body, engine, budget))
         if kept is None:
             return None
         new_ids = kept

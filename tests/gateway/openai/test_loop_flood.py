@@ -1,9 +1,18 @@
 """No request holds the event loop (#45): four clients flooding 30,000-message chats (990 KB each, under
-the body cap) at a real `fairserve serve` leave another tenant at least 0.7 of the answers it gets alone.
+the body cap) at a real `fairserve serve` hold no event-loop callback long, and leave another tenant its
+answers.
 
-Before the fix each such chat held the loop for 0.28 s (templated and encoded inline) and the other tenant
-kept 0.15-0.18 of its answers. The comparison is `bench.door`'s: the tenant's answers in alternating
-phases alone and beside the flood (the median of each), so the machine's drift stays out of the ratio.
+Before the fix each such chat held the loop for 0.28 s on an idle machine (validated, templated and
+encoded inline) and the other tenant kept 0.11-0.18 of its answers (`python -m bench.door --floods
+messages`, docs/gateway.md "The event loop's budget"). Now one costs the server about 3.5 ms of CPU.
+
+What is asserted is behaviour: the server runs with `--loop-debug` at a 100 ms budget, and at most one in
+ten of the flood's chats may show up as a slow callback of the chat route (before the fix every one did;
+on the shared 2-core machine at a load average of 16, one callback in 40 still stretched past 30 ms when the
+kernel or another thread held the loop's thread). The answers ratio (the tenant's answers in a phase
+beside the flood over those in the phase alone just before it, median of five pairs) is the bench's
+figure, 0.74-1.03 after against 0.11-0.18 before; it moves with the machine's load, so the test only holds
+it clear of the before figures.
 """
 
 from __future__ import annotations
@@ -11,9 +20,12 @@ from __future__ import annotations
 from bench.door import run
 
 
-def test_a_flood_of_huge_chats_leaves_another_tenant_its_answers() -> None:
-    result = run(2.0, 3, ("messages",))
+def test_a_flood_of_huge_chats_holds_no_callback_and_leaves_another_tenant_its_answers() -> None:
+    result = run(2.0, 5, ("messages",), "--loop-debug", "--loop-budget-ms", "100")
     flood = result["messages"]
-    assert flood["flood"].get("400", 0) > 0 and "200" not in flood["flood"], flood  # refused, never served
+    refused = flood["flood"].get("400", 0)
+    assert refused > 0 and "200" not in flood["flood"], flood  # refused, never served
     assert flood["success_rate"] == 1.0, flood
-    assert flood["answers_ratio"] >= 0.7, result
+    slow = [line for line in result["slow_callbacks"] if "/v1/chat/completions" in line]
+    assert len(slow) * 10 <= refused, (refused, slow)
+    assert flood["answers_ratio"] >= 0.4, result
