@@ -72,8 +72,10 @@ def make_workload(
     return Workload(prompts, outputs)
 
 
-def fairserve_runner(model_dir: Path, max_num_seqs: int, max_num_batched_tokens: int) -> Runner:
-    """`engine.LLM` serving a workload."""
+def fairserve_runner(
+    model_dir: Path, max_num_seqs: int, max_num_batched_tokens: int, enforce_eager: bool
+) -> Runner:
+    """`engine.LLM` serving a workload (`enforce_eager`: without the padded decode-graph inputs)."""
     from engine import LLM, SamplingParams
 
     llm = LLM(
@@ -81,6 +83,7 @@ def fairserve_runner(model_dir: Path, max_num_seqs: int, max_num_batched_tokens:
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         enable_prefix_caching=False,
+        enforce_eager=enforce_eager,
     )
 
     def run(w: Workload) -> int:
@@ -161,7 +164,8 @@ def runners(
     engine_limits: tuple[int, int],
     hf_bounds: tuple[int | None, int | None] = (None, None),
 ) -> tuple[dict[str, Runner], int]:
-    """The named systems' runners (fairserve, generate, generate_batch) and the model's parameter count.
+    """The named systems' runners (fairserve, fairserve_eager, generate, generate_batch) and the model's
+    parameter count.
 
     `engine_limits` is fairserve's (max_num_seqs, max_num_batched_tokens); `hf_bounds` generate_batch()'s
     (num_blocks, max_batch_tokens), None letting transformers size it from free memory.
@@ -170,7 +174,9 @@ def runners(
 
     runs: dict[str, Runner] = {}
     if "fairserve" in systems:
-        runs["fairserve"] = fairserve_runner(model_dir, *engine_limits)
+        runs["fairserve"] = fairserve_runner(model_dir, *engine_limits, False)
+    if "fairserve_eager" in systems:  # docs/engine.md, "CUDA graphs": the padded decode path's cost on CPU
+        runs["fairserve (enforce_eager)"] = fairserve_runner(model_dir, *engine_limits, True)
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()  # EOS off, greedy
     hf.generation_config.update(eos_token_id=None, pad_token_id=PAD_ID, do_sample=False)
     if "generate" in systems:

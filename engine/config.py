@@ -45,6 +45,12 @@ class EngineConfig(BaseModel):
     attention_backend: Literal["auto", "torch", "triton"] = Field(
         default="auto", description="auto picks the Triton kernels on CUDA and their torch twins on CPU"
     )
+    # CUDA graphs for decode steps (engine/decode_graphs.py, docs/engine.md "CUDA graphs").
+    enforce_eager: bool = Field(
+        default=False,
+        description="run every step eagerly: no CUDA graphs for decode steps (and no padded static "
+        "inputs, which a CPU runs in their place)",
+    )
     max_num_batched_tokens: int = Field(default=512, ge=1, description="token budget of one iteration")
     max_num_seqs: int = Field(default=64, ge=1, description="sequences running at once (seats)")
     max_model_len: int | None = Field(

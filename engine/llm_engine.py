@@ -17,7 +17,6 @@ forward pass, or the scheduler itself, raising out of `step()` stops the loop.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable, Sequence
 from functools import partial
@@ -30,11 +29,13 @@ from engine.async_scheduler import AsyncScheduler
 from engine.attention import resolve_backend
 from engine.config import EngineConfig
 from engine.counter_sync import CounterSync
+from engine.decode_graphs import logits_forward
 from engine.executor import InlineExecutor, Ran
 from engine.grammar.backend import Backend
 from engine.grammar.intake import GrammarIntake
 from engine.grammar.masks import GrammarMasks
 from engine.isolation import RequestFailures
+from engine.kv_budget import blocks_from_memory, graph_plan
 from engine.kv_cache import BlockPool
 from engine.limits import RequestLimits
 from engine.loader import LoadedModel, load_model
@@ -102,7 +103,11 @@ class LLMEngine:
         )
         self.vocab_size = mc.vocab_size
         self.eos_token_ids = set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids)
-        num_blocks = config.num_kv_blocks or self._blocks_from_memory()
+        backend = resolve_backend(config.attention_backend, self.device)
+        graphs = graph_plan(config, self.device, backend, self.max_model_len, mc.vocab_size)
+        num_blocks = config.num_kv_blocks or blocks_from_memory(
+            config, self.loaded, self.max_model_len, graphs
+        )
         self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
         self.limits = RequestLimits(
             self.vocab_size, self.max_model_len, config.block_size, num_blocks, config.caps
@@ -127,7 +132,7 @@ class LLMEngine:
             config.block_size,
             self.loaded.dtype,
             self.device,
-            resolve_backend(config.attention_backend, self.device),
+            backend,
             config.seed,
             # Sliding layers free blocks behind their window only without prefix caching (engine/window_cache.py).
             window_seats=None
@@ -136,8 +141,14 @@ class LLMEngine:
         )
         # Constrained decoding (engine/grammar/): compiles off this loop, masks beside the forward.
         masks = self.runner.grammar = GrammarMasks(mc.vocab_size, self.runner.sampler.failures)
-        backend = Backend(self.tokenizer.to_json(), mc.vocab_size, sorted(self.eos_token_ids), config.grammar)
-        self.grammar = GrammarIntake(backend, config.grammar, masks)
+        grammars = Backend(
+            self.tokenizer.to_json(), mc.vocab_size, sorted(self.eos_token_ids), config.grammar
+        )
+        self.grammar = GrammarIntake(grammars, config.grammar, masks)
+        if graphs is not None:  # captured over the KV cache just allocated
+            self.runner.graphs = graphs.start(
+                logits_forward(self.loaded.model), self.runner.kv_caches, self.runner.windows is not None
+            )
         self.scheduler.swap_out = self._swap_out
         self.scheduler.swap_in = self._swap_in
         self._streams: dict[str, _Stream] = {}
@@ -162,20 +173,6 @@ class LLMEngine:
                 config.redis_url, config.counter_sync_interval_s, config.counter_sync_prefix
             )
             self.counter_sync.start()
-
-    def _blocks_from_memory(self) -> int:
-        mc = self.loaded.config
-        per_block = kv_block_bytes(
-            mc.num_layers, self.config.block_size, mc.num_kv_heads, mc.head_dim, self.loaded.dtype
-        )
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            budget = int(free * self.config.kv_fraction())
-        else:
-            budget = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * self.config.kv_fraction())
-        # No point holding more than every seat filled to the full context.
-        useful = self.config.max_num_seqs * -(-self.max_model_len // self.config.block_size)
-        return max(1, min(budget // per_block, useful))
 
     # -- intake -----------------------------------------------------------------------------
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:

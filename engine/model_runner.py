@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, replace
 from typing import cast
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from engine.attention import AttentionMetadata, KVCache
+from engine.decode_graphs import DecodeGraphs
 from engine.grammar.masks import GrammarMasks
 from engine.input_batch import BlockTableRows
 from engine.models.config import ModelConfig
@@ -19,6 +21,8 @@ from engine.request import Request
 from engine.sampler import Sampler, to_device
 from engine.scheduler import SchedulerOutput
 from engine.window_cache import WindowBlocks, pool_blocks
+
+log = logging.getLogger(__name__)
 
 
 def _token_slice(request: Request, start: int, end: int) -> list[int]:
@@ -99,6 +103,8 @@ class ModelRunner:
                 window, block_size, len(self.window_layers), kv_shape, dtype, device, size
             )
         self.main_layers = [i for i in range(num_layers) if i not in self.window_layers]
+        # Decode steps replay these (engine/decode_graphs.py); the engine sets them once the cache exists.
+        self.graphs: DecodeGraphs | None = None
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         self.kv_caches: list[KVCache] = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
@@ -166,6 +172,11 @@ class ModelRunner:
         if self.windows is not None:
             for layer, cache in zip(self.window_layers, self.windows.caches, strict=True):
                 self.kv_caches[layer] = cache
+            if self.graphs is not None and not self.graphs.bound_to(self.kv_caches):
+                # The graphs hold the old tensors' addresses. The pool is sized so that it never grows
+                # (engine/window_cache.py); should it, decode steps run eagerly from here on.
+                log.warning("the sliding-window pool grew past its bound: decode steps run eagerly now")
+                self.graphs = None
 
     def _prepare_chunks(self, out: SchedulerOutput, table_t: torch.Tensor) -> HostBatch:
         """Any mix of prefill chunks and decodes."""
@@ -235,6 +246,7 @@ class ModelRunner:
 
     def _to_device(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         dev = self.device
+        ids = self._input_ids(batch)
         meta = AttentionMetadata(
             slot_mapping=batch.slots.to(dev),
             block_tables=batch.table.to(dev),
@@ -248,7 +260,11 @@ class ModelRunner:
             meta.window_group = replace(
                 meta, slot_mapping=batch.window_slots.to(dev), block_tables=batch.window_table.to(dev)
             )
-        ids = batch.ids.to(dev)
+        return ids, batch.positions.to(dev), meta
+
+    def _input_ids(self, batch: HostBatch) -> torch.Tensor:
+        """The batch's token ids on the device."""
+        ids = batch.ids.to(self.device)
         if batch.placeholders:
             # Async scheduling: a token sampled by the previous forward is still a placeholder in the host
             # lists, -(1 + its row); it is taken from that forward's sampled ids where they are (on a GPU,
@@ -257,7 +273,7 @@ class ModelRunner:
             if prev is None or not len(prev):
                 raise RuntimeError("a placeholder token without the previous step's samples")
             ids = torch.where(ids < 0, prev[(-ids - 1).clamp(0, len(prev) - 1)], ids)
-        return ids, batch.positions.to(dev), meta
+        return ids
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> dict[str, int]:
@@ -277,17 +293,13 @@ class ModelRunner:
         """The forward pass and sampling of a prepared batch (async scheduling runs this on a thread of its own)."""
         timing = self.timing = RunnerTiming()
         t1 = time.perf_counter()
-        ids, positions, meta = self._to_device(batch)
         sampling, grammar = batch.sampling, self.grammar
         masks = grammar.begin(sampling) if grammar else None  # computed beside the forward
-        hidden = self.model(ids, positions, self.kv_caches, meta)
-        if not sampling:
+        logits = self._logits(batch)
+        if logits is None or not sampling:
             self.sampler.last_sampled = None
             timing.forward_s = time.perf_counter() - t1
             return {}
-        logits = cast(CausalLM, self.model).compute_logits(  # every registered model has it
-            hidden[to_device(batch.sample_rows, torch.int64, hidden.device)]  # no wait for the forward
-        )
         t2 = time.perf_counter()
         if masks is not None and grammar is not None:
             grammar.apply(masks, logits)
@@ -297,6 +309,20 @@ class ModelRunner:
         sampled = {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
         timing.forward_s, timing.sample_s = t2 - t1, time.perf_counter() - t2
         return sampled
+
+    def _logits(self, batch: HostBatch) -> torch.Tensor | None:
+        """The logits of the batch's sample rows (None when no row samples): a decode step a graph holds
+        replays it over the static inputs (engine/decode_graphs.py); any other step runs eagerly."""
+        graphs = self.graphs
+        if graphs is not None and graphs.serves(batch):
+            return graphs.run(batch, self._input_ids(batch))
+        ids, positions, meta = self._to_device(batch)
+        hidden = self.model(ids, positions, self.kv_caches, meta)
+        if not batch.sampling:
+            return None
+        return cast(CausalLM, self.model).compute_logits(  # every registered model has it
+            hidden[to_device(batch.sample_rows, torch.int64, hidden.device)]  # no wait for the forward
+        )
 
     # -- swap preemption --------------------------------------------------------------------
     def swap_out(self, request: Request, block_ids: list[int]) -> int:
@@ -355,6 +381,11 @@ class ModelRunner:
         window = self._swapped_windows.get(request_id)
         copies = self._swapped.get(request_id, []) + (window[1] if window else [])
         return sum(k.numel() * k.element_size() * 2 for k, _ in copies)
+
+
+def has_window_pool(model: nn.Module, num_layers: int) -> bool:
+    """Whether the model's sliding layers get a window pool of their own (when prefix caching is off)."""
+    return bool(_mixed_window_layers(model, num_layers)[0])
 
 
 def _mixed_window_layers(model: nn.Module, num_layers: int) -> tuple[list[int], int]:

@@ -9,7 +9,8 @@ Layouts (shared with the Triton kernels):
   seq_lens           [num_seqs] int, context length of each sequence *including* its query span
   block_tables       [num_seqs, max_blocks] int, physical block of each logical block (-1 = unused)
 A query at index i of a span of length q in a sequence of length L sits at position L - q + i and
-attends to positions [max(0, pos - window + 1), pos].
+attends to positions [max(0, pos - window + 1), pos]. A one-token span with seq_len 0 is a padding row
+(a CUDA graph's batch padded to its bucket, engine/decode_graphs.py): it attends to nothing, output 0.
 """
 
 from __future__ import annotations
@@ -99,7 +100,11 @@ def paged_attention_ref(
     out = torch.empty_like(query)
     qsl = query_start_loc.tolist()
     lens = seq_lens.tolist()
-    decodes = sorted((i for i in range(len(lens)) if qsl[i + 1] - qsl[i] == 1), key=lambda i: -lens[i])
+    ones = [i for i in range(len(lens)) if qsl[i + 1] - qsl[i] == 1]
+    padding = [qsl[i] for i in ones if lens[i] == 0]
+    if padding:
+        out.index_fill_(0, torch.tensor(padding, device=query.device), 0.0)
+    decodes = sorted((i for i in ones if lens[i] > 0), key=lambda i: -lens[i])
     for bucket in _buckets(decodes, lens):
         nb = -(-lens[bucket[0]] // block_size)
         # index_select/index_copy_ rather than tensor indexing: the latter is far slower on CPU.

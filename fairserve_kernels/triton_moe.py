@@ -57,6 +57,8 @@ def _grouped_gemm_kernel(
     """out[pair] = a[pair // A_ROW_DIVISOR] @ w[expert].T (times the pair's routing weight when SCALE)."""
     tile = tl.program_id(0)
     pid_n = tl.program_id(1)
+    if tl.load(sorted_pairs_ptr + tile * BLOCK_M) >= num_pairs:  # a spare tile past the used ones
+        return
     expert = tl.load(tile_experts_ptr + tile)
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     pairs = tl.load(sorted_pairs_ptr + rows)
@@ -90,19 +92,28 @@ def _grouped_gemm_kernel(
 def align_by_expert(
     topk_ids: torch.Tensor, num_experts: int, block_m: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sorted pair ids padded per expert to a multiple of block_m with num_pairs, expert of each tile)."""
+    """(sorted pair ids padded per expert to a multiple of block_m with num_pairs, expert of each tile).
+
+    Sized without reading anything back to the host, so a CUDA graph can capture it (engine/decode_graphs.py):
+    for the upper bound of tiles, ceil(pairs / block_m) + num_experts (each expert's run rounds up by less
+    than a tile). Tiles past the used ones hold only padding; the kernel returns at once on them.
+    """
     flat = topk_ids.reshape(-1).long()
     num_pairs = flat.numel()
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
-    padded = (counts + block_m - 1) // block_m * block_m
-    padded_starts = torch.cumsum(padded, 0) - padded
+    # index_add_, not bincount: CUDA bincount reads the largest id back to size its output.
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).index_add_(
+        0, flat, torch.ones_like(flat)
+    )
+    tiles = (counts + block_m - 1) // block_m
+    padded_starts = (torch.cumsum(tiles, 0) - tiles) * block_m
     starts = torch.cumsum(counts, 0) - counts
     rank = torch.arange(num_pairs, device=flat.device) - starts[flat[order]]
-    total = int(padded.sum())
-    sorted_pairs = torch.full((total,), num_pairs, dtype=torch.int64, device=flat.device)
+    max_tiles = -(-num_pairs // block_m) + num_experts
+    sorted_pairs = torch.full((max_tiles * block_m,), num_pairs, dtype=torch.int64, device=flat.device)
     sorted_pairs[padded_starts[flat[order]] + rank] = order
-    tile_experts = torch.repeat_interleave(torch.arange(num_experts, device=flat.device), padded // block_m)
+    tile = torch.arange(max_tiles, device=flat.device)
+    tile_experts = torch.searchsorted(torch.cumsum(tiles, 0), tile, right=True).clamp_(max=num_experts - 1)
     return sorted_pairs, tile_experts
 
 

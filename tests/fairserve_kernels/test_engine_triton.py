@@ -10,6 +10,7 @@ import torch
 import engine
 import engine.kernels
 import fairserve_kernels.triton_attention as triton_attention
+from fairserve_kernels.launch_heuristics import DEFAULT_SM_COUNT, choose_num_splits
 
 # Lengths straddle the 16-token cache block, and a batched-token budget of 24 forces chunked
 # prefill, so iterations mix decodes with prefill chunks that attend to earlier chunks.
@@ -59,3 +60,30 @@ def test_triton_backend_matches_reference_greedy_tokens(
     )
     assert all(len(tokens) == 6 for tokens in expected)
     assert got == expected
+
+
+def test_decode_graphs_on_triton_give_the_eager_tokens(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph's attention launch is sized for max_model_len (a fixed split count), over padded rows; the
+    eager launch for the batch's own longest context: the same tokens (engine/decode_graphs.py)."""
+    graph_launches: list[tuple[int, int]] = []
+    kernel = triton_attention.paged_attention
+
+    def recording(query: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if kwargs.get("max_seq_len") == 2048:  # the default model's max_model_len: a graph's bound
+            graph_launches.append((query.shape[0], args[4].shape[0]))
+        return kernel(query, *args, **kwargs)
+
+    monkeypatch.setattr(triton_attention, "paged_attention", recording)
+    # Four rows of four KV heads over 2048 positions split eight ways; the contexts here span < 64.
+    assert choose_num_splits(4 * 4, 2048, DEFAULT_SM_COUNT) == 8
+    params = engine.SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    config: dict[str, Any] = dict(
+        attention_backend="triton", device=device.type, dtype="float32", max_num_seqs=4, seed=0
+    )
+    eager = engine.LLM(None, enforce_eager=True, **config).generate(PROMPTS[:3], params)
+    assert not graph_launches
+    graphed = engine.LLM(None, **config).generate(PROMPTS[:3], params)
+    assert (4, 4) in graph_launches  # three decodes in the graph of four rows, most splits empty
+    assert [o.token_ids for o in graphed] == [o.token_ids for o in eager]

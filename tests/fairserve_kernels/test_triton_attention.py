@@ -287,3 +287,25 @@ def test_bad_tuning_args_are_refused(device: torch.device) -> None:
         paged_attention(**_args(device), tile_n=24)  # type: ignore[arg-type]
     with pytest.raises(KernelInputError, match="num_splits"):
         paged_attention(**_args(device), num_splits=0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("num_splits", [None, 8])
+def test_padding_rows_of_a_graph_bucket(device: torch.device, num_splits: int | None) -> None:
+    """Rows with a one-token span and seq_len 0 (engine/decode_graphs.py pads a batch to its bucket with
+    them) attend to nothing and give 0, whatever the context bound chose for splits; the others as alone."""
+    spans = [(1, 60), (1, 0), (1, 17), (1, 0)]
+    batch = make_batch(
+        spans, num_heads=8, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32, device=device
+    )
+    _run(batch, torch.float32, num_splits=num_splits, max_query_len=1, max_seq_len=4096)
+    args = (
+        batch.query,
+        batch.k_cache,
+        batch.v_cache,
+        batch.block_tables,
+        batch.query_start_loc,
+        batch.seq_lens,
+        0.125,
+    )
+    for out in (paged_attention_ref(*args), paged_attention(*args, num_splits=num_splits, max_seq_len=4096)):
+        assert bool((out[[1, 3]] == 0).all()) and bool(out[[0, 2]].abs().sum() > 0)

@@ -52,8 +52,12 @@ def test_experts_nobody_picked_and_half_precision(device: torch.device) -> None:
 def test_alignment_pads_each_expert_to_whole_tiles() -> None:
     ids = torch.tensor([[2, 0], [2, 1], [0, 2]])
     pairs, tile_experts = align_by_expert(ids, num_experts=4, block_m=4)
-    assert tile_experts.tolist() == [0, 1, 2]  # expert 3 has no tokens, so no tile
-    assert pairs.tolist() == [1, 4, 6, 6, 3, 6, 6, 6, 0, 2, 5, 6]  # pair = token * top_k + k; 6 = padding
+    # Sized for the worst case without a host read (ceil(6 / 4) + 4 experts = 6 tiles): the three used
+    # tiles first (expert 3 has no tokens, so no tile of its own), then spare tiles of padding only.
+    assert tile_experts.tolist()[:3] == [0, 1, 2] and len(tile_experts) == 6
+    assert (
+        pairs.tolist() == [1, 4, 6, 6, 3, 6, 6, 6, 0, 2, 5, 6] + [6] * 12
+    )  # pair = token * top_k + k; 6 = padding
 
 
 def test_bad_arguments_are_named(device: torch.device) -> None:

@@ -13,8 +13,9 @@ from pydantic import ValidationError
 from engine import EngineConfig
 from fairness import POLICIES, FCFSPolicy, PolicyEntry
 from gateway.cli import build_parser, main
-from gateway.settings import GatewaySettings
-from gateway.settings_flags import knobs
+from gateway.cli.engine import _ALIASES
+from gateway.settings import EngineServerSettings, GatewaySettings
+from gateway.settings_flags import add_knob_flags, knobs, load_from_args
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:
@@ -43,6 +44,7 @@ def test_serve_help_lists_every_knob_of_the_tree() -> None:
         "--block-size",
         "--max-model-len",
         "--attention-backend",
+        "--enforce-eager",
         "--enable-prefix-caching",
         "--preemption-mode",
         "--kv-cache-memory-fraction",
@@ -74,6 +76,17 @@ def test_flag_over_env_over_file_over_default(
     settings = GatewaySettings.load({"port": 9300}, config)
     assert (settings.port, settings.engine.max_num_seqs, settings.engine.block_size) == (9300, 5, 32)
     assert settings.admission_settings().fair_policy is False  # fcfs, from the registry entry
+
+
+def test_enforce_eager_reaches_the_engine_of_serve_and_of_fairserve_engine(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _show(capsys, "--enforce-eager")["engine.enforce_eager"] == ("True", "flag --enforce-eager")
+    assert _show(capsys)["engine.enforce_eager"] == ("False", "default")
+    parser = argparse.ArgumentParser()
+    add_knob_flags(parser, EngineServerSettings, _ALIASES)
+    settings = load_from_args(parser.parse_args(["--enforce-eager"]), EngineServerSettings)
+    assert settings.engine.enforce_eager is True
 
 
 def test_bad_values_name_the_setting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

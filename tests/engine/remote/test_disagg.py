@@ -128,6 +128,20 @@ def test_the_same_greedy_tokens_and_charges_as_one_colocated_engine(
         assert m.charged_service == pytest.approx(service[f"t{i}"])  # each token charged once
 
 
+def test_the_decode_engines_graphs_give_the_eager_engines_tokens(
+    pair: tuple[EngineProcess, EngineProcess], key: Path
+) -> None:
+    """The decode engine (default settings: its decode steps go through engine/decode_graphs.py, KV staged
+    from another engine and re-cut to blocks of 8) gives the tokens of a co-located eager engine."""
+    llm = LLM(None, num_kv_blocks=96, max_num_batched_tokens=64, enforce_eager=True)
+    assert llm.engine.runner.graphs is None
+    reference = llm.generate(PROMPTS, GREEDY)
+    requests = [(p, GREEDY, f"eager-{i}", f"t{i}") for i, p in enumerate(PROMPTS)]
+    for ref, outs in zip(reference, run_split(pair, key, requests), strict=True):
+        assert list(outs[-1].token_ids) == ref.token_ids
+    assert any("decode graphs:" in line for line in pair[1].output), "the decode engine set up no graphs"
+
+
 def test_stop_strings_at_the_hand_off_end_as_on_one_colocated_engine(
     pair: tuple[EngineProcess, EngineProcess], key: Path
 ) -> None:
