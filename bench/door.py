@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,20 @@ import httpx
 from bench.harness import closed_loop, parser, served_model
 from tests.gateway.serve_process import ServeProcess
 
-FLOODS = ("queue", "refusable", "messages", "slow_headers", "spoofed_xff")
+FLOODS = (
+    "queue",
+    "refusable",
+    "messages",
+    "slow_headers",
+    "spoofed_xff",
+    "long_prefills",
+    "long_prefill_one",
+)
 # The `messages` flood's chat: 30,000 empty messages (990 KB, under the body cap), refused whatever it
 # costs to find out (issue #45: it held the event loop for 0.28 s each).
 FLOOD_MESSAGES = 30_000
+# Issue 45: B's closed loops of distinct 2,047-token prompts (the prefix cache cannot shorten them)
+LONG_PREFILL_LOOPS = {"long_prefills": 62, "long_prefill_one": 1}
 
 
 def make_tenant(url: str, admin_token: str, name: str, **fields: Any) -> str:
@@ -44,22 +55,23 @@ async def clients(
     url: str,
     n: int,
     seconds: float,
-    body: bytes,
+    body: bytes | Callable[[], bytes],
     headers: Any,
     source: str | None = None,
     path: str = "/v1/completions",
 ) -> list[tuple[int, float]]:
-    """`n` closed-loop clients POSTing `body` to `path` for `seconds`, from `source` (a local address) if
-    given: (status, seconds) of each request, status 0 for an error."""
+    """`n` closed-loop clients POSTing `body` (or a fresh `body()` each time) to `path` for `seconds`, from
+    `source` (a local address) if given: (status, seconds) of each request, status 0 for an error."""
     out: list[tuple[int, float]] = []
     transport = httpx.AsyncHTTPTransport(local_address=source) if source else None
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits, transport=transport) as client:
 
         async def once(_: int) -> None:
+            content = body if isinstance(body, bytes) else body()
             start, given = time.perf_counter(), {"Content-Type": "application/json", **headers()}
             try:
-                status = (await client.post(path, content=body, headers=given)).status_code
+                status = (await client.post(path, content=content, headers=given)).status_code
             except httpx.HTTPError:
                 status = 0
             out.append((status, time.perf_counter() - start))
@@ -123,7 +135,13 @@ def flood(kind: str, url: str, key: str, seconds: float, results: Any) -> None:
             {"messages": [{"role": "user", "content": ""}] * FLOOD_MESSAGES},
             "/v1/chat/completions",
         )
-    body = json.dumps({"model": model, **fields, "max_tokens": 1}).encode()  # encoded once
+    body: bytes | Callable[[], bytes] = json.dumps({"model": model, **fields, "max_tokens": 1}).encode()
+    if kind in LONG_PREFILL_LOOPS:
+        n, rng = LONG_PREFILL_LOOPS[kind], random.Random()  # fresh prompts each phase: none cached before
+
+        def body() -> bytes:  # printable byte tokens, a new prompt each time
+            tokens = [rng.randrange(32, 127) for _ in range(2047)]
+            return json.dumps({"model": model, "prompt": tokens, "max_tokens": 1}).encode()
 
     def headers() -> dict[str, str]:  # spoofed: a bad key, each request claiming another client address
         if kind != "spoofed_xff":
@@ -182,6 +200,7 @@ def report(alone: list[dict[str, Any]], beside: dict[str, list[dict[str, Any]]])
     """Success rate and p50 ratio per flood, and what each flood got back (summed over rounds)."""
     base = statistics.median(p["p50_s"] for p in alone if p["p50_s"] is not None)
     out: dict[str, Any] = {"alone": {"p50_ms": round(base * 1e3, 2), "ok": sum(p["ok"] for p in alone)}}
+    medians: dict[str, float] = {}
     for kind, phases in beside.items():
         sent, ok = sum(p["sent"] for p in phases), sum(p["ok"] for p in phases)
         # Each phase beside the flood against the phase alone just before it (`run` alternates them).
@@ -192,14 +211,20 @@ def report(alone: list[dict[str, Any]], beside: dict[str, list[dict[str, Any]]])
         ]
         p50s = [p["p50_s"] for p in phases if p["p50_s"] is not None]
         flood_got = sum((Counter(p["flood"]) for p in phases), Counter[str]())
+        if p50s:
+            medians[kind] = statistics.median(p50s)
         out[kind] = {
             "success_rate": round(ok / sent, 4) if sent else None,
-            "p50_ratio": round(statistics.median(p50s) / base, 2) if p50s else None,
+            "p50_ms": round(medians[kind] * 1e3, 2) if p50s else None,
+            "p50_ratio": round(medians[kind] / base, 2) if p50s else None,
             # A's answers in a phase beside the flood over its answers in the phase alone before it (median)
             "answers_ratio": round(statistics.median(paired), 2) if paired else None,
             "sent": sent,
             "flood": dict(flood_got),
         }
+    if "long_prefills" in medians and "long_prefill_one" in medians:
+        # Issue 45's ratio: the depth of B's queue must not reach A (target <= 1.5)
+        out["long_prefills_over_one"] = round(medians["long_prefills"] / medians["long_prefill_one"], 2)
     return out
 
 

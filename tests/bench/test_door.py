@@ -17,3 +17,6 @@ def test_quick_run_reports_every_flood() -> None:
     assert result["messages"]["flood"].get("400", 0) > 0 and "200" not in result["messages"]["flood"]
     assert result["slow_headers"]["flood"].get("closed_by_server", 0) > 0
     assert result["spoofed_xff"]["flood"].get("429", 0) > 0  # the spoofed header did not reset the budget
+    assert (
+        result["long_prefills_over_one"] > 0
+    )  # issue 45's ratio: A beside 62 long-prompt loops over one loop
