@@ -7,8 +7,9 @@ import os
 
 import torch
 
+import engine.decode_graphs as decode_graphs
 from engine.config import EngineConfig
-from engine.decode_graphs import GraphPlan, graph_batch_sizes, logits_forward, uses_graphs
+from engine.decode_graphs import GraphPlan, logits_forward, uses_graphs
 from engine.loader import LoadedModel
 from engine.model_runner import has_window_pool, kv_block_bytes
 
@@ -19,7 +20,7 @@ def graph_plan(
     """The decode graphs the engine captures, or None when every step runs eagerly."""
     if not uses_graphs(config.enforce_eager, device, backend):
         return None
-    sizes = graph_batch_sizes(config.max_num_seqs)
+    sizes = decode_graphs.batch_sizes(config.max_num_seqs, device)  # looked up here: tests pad on CPU
     return GraphPlan(sizes, max_model_len, config.block_size, vocab_size, backend, device)
 
 

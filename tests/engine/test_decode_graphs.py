@@ -37,6 +37,12 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+@pytest.fixture(autouse=True)
+def cuda_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA buckets on CPU too (a CPU engine runs every size, unpadded), so these tests pad."""
+    monkeypatch.setattr(decode_graphs, "batch_sizes", lambda seats, device: graph_batch_sizes(seats))
+
+
 @pytest.fixture(scope="module", params=list(MODELS))
 def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp(request.param)

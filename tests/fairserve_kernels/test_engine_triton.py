@@ -8,8 +8,10 @@ import pytest
 import torch
 
 import engine
+import engine.decode_graphs as decode_graphs
 import engine.kernels
 import fairserve_kernels.triton_attention as triton_attention
+from engine.decode_graphs import graph_batch_sizes
 from fairserve_kernels.launch_heuristics import DEFAULT_SM_COUNT, choose_num_splits
 
 # Lengths straddle the 16-token cache block, and a batched-token budget of 24 forces chunked
@@ -76,6 +78,8 @@ def test_decode_graphs_on_triton_give_the_eager_tokens(
         return kernel(query, *args, **kwargs)
 
     monkeypatch.setattr(triton_attention, "paged_attention", recording)
+    # The CUDA buckets (a CPU engine runs every size unpadded): three decodes pad to the bucket of four.
+    monkeypatch.setattr(decode_graphs, "batch_sizes", lambda seats, device: graph_batch_sizes(seats))
     # Four rows of four KV heads over 2048 positions split eight ways; the contexts here span < 64.
     assert choose_num_splits(4 * 4, 2048, DEFAULT_SM_COUNT) == 8
     params = engine.SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
