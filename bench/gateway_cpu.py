@@ -3,9 +3,10 @@
     .venv/bin/python -m bench.gateway_cpu [--rounds 3] [--baseline ../main] [--profile DIR]
 
 `fairserve serve` (its engine in its own process) and the floor (bench/gateway_floor.py), each round in
-turn under the same closed-loop load: `max_tokens: 1`, then `--stream-tokens`-token streams. CPU is the
-server process's, every thread, from /proc, less its idle rate over the same wall time. Reported: ms per
-request, the ratio to the floor (median of the rounds' ratios), a stream's per-token cost.
+turn under the same closed-loop load: `max_tokens: 1`, 1-token streams, then `--stream-tokens`-token streams.
+CPU is the server process's, every thread, from /proc, less its idle rate over the same wall time. Reported:
+ms per request, the ratio to the floor (median of the rounds' ratios), and the marginal cost of a streamed
+token: (a `--stream-tokens` stream - a 1-token stream) / (`--stream-tokens` - 1), issue 47's measure.
 
 With `--waiting-floor 1` (the default) the *waiting floor* is measured in the same rounds too: the floor
 paced as fairserve's engine paces fairserve (bench/gateway_floor.py `Ticker`: one shared timer ticking at
@@ -36,7 +37,8 @@ from typing import Any
 from bench.harness import parser
 
 PROMPT = "The batch never waits."
-KINDS = ("nonstream", "stream")
+KINDS = ("nonstream", "stream1", "stream")  # stream1: a 1-token stream, the base of the marginal token cost
+RATIO_KINDS = ("nonstream", "stream")
 RATIOS = ("nonstream_ratio", "stream_ratio")  # to the floor, in every row but its own
 FLOORS = ("floor", "waiting_floor")
 
@@ -154,11 +156,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         conn[1].close()
         bodies = {
             "nonstream": {"max_tokens": 1},
+            "stream1": {"max_tokens": 1, "stream": True},
             "stream": {"max_tokens": args.stream_tokens, "stream": True},
         }
         if args.waiting_floor:  # paced as fairserve's engine paced it: a tick per stream token
             probe = {"model": model, "prompt": PROMPT, "ignore_eos": True}
-            reply_s, stream_s = [await _latency(servers[1], probe | bodies[k], args) for k in KINDS]
+            reply_s, stream_s = [await _latency(servers[1], probe | bodies[k], args) for k in RATIO_KINDS]
             tick_ms = stream_s * 1e3 / args.stream_tokens
             reply_ticks = max(1, round(reply_s * 1e3 / tick_ms))
             report_waits = {"tick_ms": round(tick_ms, 2), "reply_ticks": reply_ticks}
@@ -210,7 +213,7 @@ def summarise(samples: dict[str, dict[str, list[float]]], args: argparse.Namespa
         for kind in KINDS if name not in FLOORS and "waiting_floor" in samples else ():
             waiting = zip(kinds[kind], samples["waiting_floor"][kind], strict=True)
             row[f"{kind}_ratio_waiting"] = statistics.median(v / f for v, f in waiting)
-        steps = zip(kinds["stream"], kinds["nonstream"], strict=True)
+        steps = zip(kinds["stream"], kinds["stream1"], strict=True)
         row["per_token_ms"] = statistics.median((s - n) / (args.stream_tokens - 1) for s, n in steps)
         report[name] = {k: round(v, 4) for k, v in row.items()}
     if "baseline" in samples:  # this checkout over the other, round by round
@@ -255,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds=3,
         requests=(600, "measured requests per server, kind and round"),
         concurrency=(8, "keep-alive connections, each closed-loop"),
-        stream_tokens=16,
+        stream_tokens=65,
         idle_s=(1.0, "idle CPU sampled before each measurement"),
         baseline=(None, "also measure `fairserve serve` from this checkout"),
         waiting_floor=(1, "1: also the floor that waits as long as fairserve's requests do; 0: not"),

@@ -70,6 +70,14 @@ class GatewaySettings(StorageSettings, ProcessSettings):
 
     host: str = Field(default="127.0.0.1", description="address to listen on")
     port: int = Field(default=8000, ge=0, le=65535, description="port to listen on; 0 picks a free port")
+    # gateway/cli/workers.py: N processes accept on one port (SO_REUSEPORT) in front of the same --engine(s);
+    # state they must share (idempotency, quotas, revocation) lives in Redis, so N > 1 needs --redis.
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="gateway processes accepting on one port (SO_REUSEPORT); over 1 needs --redis and --engine",
+    )
     redis_url: str | None = Field(
         default=None,
         description="redis:// URL for shared idempotency and quotas (default: in memory)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from importlib.metadata import entry_points
 
 # Modules that define `register(subparsers)`; each adds its subcommands with a `func` default.
@@ -43,4 +44,5 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `fairserve` console script."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # `serve --workers N` starts its workers with it
     return int(args.func(args) or 0)

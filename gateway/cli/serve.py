@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from billing import BillingStore, Database
 from engine import EngineStartError
 from gateway.app import create_app
+from gateway.cli.workers import WORKER_FLAG, Supervisor, refusal, reuse_port_socket
 from gateway.edge.auth import ensure_admin_token, ensure_demo_key, ensure_metrics_token
 from gateway.edge.connections import server_config
 from gateway.settings import GatewaySettings
@@ -36,6 +37,7 @@ def register(subparsers: Any) -> None:
         "effective values and their sources.",
     )
     add_knob_flags(p)
+    p.add_argument(WORKER_FLAG, action="store_true", help=argparse.SUPPRESS)  # set by gateway/cli/workers.py
     p.set_defaults(func=serve)
 
 
@@ -44,7 +46,7 @@ class _Server(uvicorn.Server):
 
     def __init__(self, config: uvicorn.Config, banner: dict[str, str]) -> None:
         super().__init__(config)
-        self.banner = banner
+        self.banner = banner  # a worker's is empty: it prints only where it listens, the supervisor the rest
 
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets)
@@ -95,7 +97,16 @@ def serve(args: argparse.Namespace) -> int:
     except (ValidationError, ValueError) as exc:
         print(f"fairserve serve: invalid settings:\n{settings_error_text(exc)}", file=sys.stderr)
         return 2
-    banner = prepare_deployment(settings)
+    refused = refusal(settings)
+    if refused is not None:
+        print(f"fairserve serve: {refused}", file=sys.stderr)
+        return 2
+    worker = bool(getattr(args, "worker", False))
+    if settings.workers > 1:
+        supervisor = Supervisor(args.argv, settings.host, settings.port, settings.workers)
+        banner = prepare_deployment(settings)  # once, before the workers: they must not race to migrate
+        return supervisor.run(banner, startup_timeout_s=120.0, grace_s=settings.grace_period_s)
+    banner = {} if worker else prepare_deployment(settings)
     try:  # before the HTTP server: an engine that is not there is one line and exit 3, not a traceback
         engine = start_gateway_engine(settings)
     except EngineStartError as exc:
@@ -113,5 +124,5 @@ def serve(args: argparse.Namespace) -> int:
     )
     server = _Server(config, banner)
     sys.setswitchinterval(settings.switch_interval_ms / 1e3)  # process-wide, so set here at the entry point
-    server.run()
+    server.run(sockets=[reuse_port_socket(settings.host, settings.port)] if worker else None)
     return 0 if server.started else 3  # uvicorn returns after "Application startup failed. Exiting."

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -31,8 +33,8 @@ async def metrics(request: Request) -> Response:
 
 
 async def healthz(request: Request) -> JSONResponse:
-    """GET /healthz: the process answers."""
-    return JSONResponse({"status": "ok"})
+    """GET /healthz: the process answers; `pid` says which of `serve --workers N` did (no tenant data)."""
+    return JSONResponse({"status": "ok", "pid": os.getpid()})
 
 
 async def readyz(request: Request) -> JSONResponse:

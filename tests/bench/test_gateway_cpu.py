@@ -16,7 +16,7 @@ def test_tiny_run_reports_the_ratio_to_the_floor(capsys: pytest.CaptureFixture[s
     report = json.loads(raw)
     assert report["rounds"] == 1 and report["requests"] == 16
     for name in ("floor", "waiting_floor", "fairserve"):
-        assert {"nonstream_ms", "stream_ms", "per_token_ms"} <= set(report[name])
+        assert {"nonstream_ms", "stream1_ms", "stream_ms", "per_token_ms"} <= set(report[name])
     fairserve, waiting = report["fairserve"], report["waiting_floor"]
     assert fairserve["nonstream_ratio"] > 0 and fairserve["stream_ratio"] > 0
     # The waiting floor was paced by what fairserve's requests took (a probe: a wait, never zero).

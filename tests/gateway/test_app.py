@@ -225,7 +225,8 @@ def test_continuous_usage_stats_puts_usage_in_every_chunk(server: Server, client
 
 
 def test_ops_routes(server: Server, client: httpx.Client) -> None:
-    assert client.get("/healthz").json() == {"status": "ok"}
+    health = client.get("/healthz").json()
+    assert health["status"] == "ok" and health["pid"] > 0 and set(health) == {"status", "pid"}
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["checks"] == {
         "engine": True,

@@ -47,3 +47,19 @@ def test_a_refusal_after_the_engine_worker_started_leaves_no_process(tmp_path: P
     assert done.returncode == 3, done.stdout + done.stderr
     assert "Address already in use" in done.stderr
     assert wait_no_leftovers(mark) == []
+
+
+def test_workers_without_redis_or_engine_are_one_line_naming_the_flag_and_exit_2(tmp_path: Path) -> None:
+    """State the workers must share (idempotency, quotas, revocation) needs Redis; an embedded engine
+    cannot be shared. Refused before anything starts."""
+    engine = f"tcp://127.0.0.1:{_port_nobody_listens_on()}"
+    cases = [
+        (("--engine", engine), "--workers 2 needs --redis"),
+        (("--redis", "redis://127.0.0.1:6379/13"), "--workers 2 needs --engine"),
+    ]
+    for extra, needs in cases:
+        done, mark = run_marked("serve", "--port", "0", "--data-dir", str(tmp_path), "--workers", "2", *extra)
+        assert done.returncode == 2, done.stdout + done.stderr
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith(f"fairserve serve: {needs}"), done.stderr
+        assert wait_no_leftovers(mark) == []
