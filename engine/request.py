@@ -147,6 +147,10 @@ class SamplingParams:
             self._validate_logit_bias()
         if self.grammar is not None:
             self._validate_grammar(self.grammar)
+        if self.logprobs is not None and (not _integer(self.logprobs) or self.logprobs < 0):
+            raise InvalidRequestError(
+                f"logprobs must be an integer >= 0 or absent, got {self.logprobs!r}", "logprobs"
+            )
 
     def _validate_grammar(self, grammar: object) -> None:
         if not isinstance(grammar, Grammar) or grammar.kind not in GRAMMAR_KINDS:
@@ -155,10 +159,6 @@ class SamplingParams:
             raise InvalidRequestError("a grammar needs its source text", grammar.field)
         if self.ignore_eos:  # the grammar ends the output with EOS; ignoring it would run past the grammar
             raise InvalidRequestError("ignore_eos cannot be combined with a grammar", "ignore_eos")
-        if self.logprobs is not None and (not _integer(self.logprobs) or self.logprobs < 0):
-            raise InvalidRequestError(
-                f"logprobs must be an integer >= 0 or absent, got {self.logprobs!r}", "logprobs"
-            )
 
     def _validate_logit_bias(self) -> None:
         if not isinstance(self.logit_bias, dict):

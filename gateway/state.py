@@ -150,12 +150,6 @@ def gateway_engine(settings: GatewaySettings) -> EngineClient:
         return engine_client(settings.engine, in_process=not settings.engine_process)
     if settings.models.local_models:
         raise EngineStartError("give --engine or several --model, not both")
-    if settings.cluster_key_file is None:  # the engine warns too; an operator reads either log
-        log.warning(
-            "no --cluster-key: the engines at %s admit any process that reaches them, which can submit work "
-            "as any tenant (this deployment never bills such work, docs/billing.md)",
-            ", ".join(settings.engines),
-        )
     if len(settings.engines) == 1:
         return RemoteEngine(settings.engines[0], settings.engine_silence(), settings.cluster_key())
     # Several: each is reached first (its announce names the model and brings the tokenizer), then the
@@ -186,6 +180,13 @@ def start_gateway_engine(settings: GatewaySettings) -> EngineClient:
     except BaseException:
         engine.shutdown(timeout_s=1.0)
         raise
+    # Once reached (a refusal to start stays one line): the engine warns too; an operator reads either log.
+    if settings.engines and settings.cluster_key_file is None:
+        log.warning(
+            "no --cluster-key: the engines at %s admit any process that reaches them, which can submit work "
+            "as any tenant (this deployment never bills such work, docs/billing.md)",
+            ", ".join(settings.engines),
+        )
     return engine
 
 

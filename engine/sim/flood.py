@@ -17,20 +17,26 @@ import itertools
 import json
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from engine.config import EngineConfig
 from engine.request import Request
 from engine.scheduler import SchedulerOutput
 from engine.sim.simulator import SimConfig, SimRequest, Simulator
+
+
+def _engine_default(name: str) -> int:
+    """A served engine's default, from the one settings tree (engine/config.py)."""
+    return int(EngineConfig.model_fields[name].default)
 
 
 @dataclass
 class FloodSetup:
     """The engine's default budgets and the issue's request shapes."""
 
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
+    max_num_seqs: int = field(default_factory=lambda: _engine_default("max_num_seqs"))
+    max_num_batched_tokens: int = field(default_factory=lambda: _engine_default("max_num_batched_tokens"))
     num_blocks: int = 16384  # 62 prompts of 2,047 tokens fit: the flood is a compute flood, not a memory one
     a_prompt: int = 100
     b_prompt: int = 2047

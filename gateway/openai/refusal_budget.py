@@ -7,7 +7,7 @@ is charged here to its tenant: a token bucket (`burst`, refilled at `rate_per_s`
 per-address authentication failures, gateway/edge/auth_guard.py) that, once empty, answers the tenant's
 next requests 429 + Retry-After before their bodies are parsed. The tokenisation bound keeps one tenant's
 large prompts from taking every worker thread (and the GIL time they need) from the others: the work runs
-on an executor of its own (`workers` threads, shared by nobody else), of which one tenant holds at most
+on an executor of its own (`tokenize_workers` threads, shared by nobody else), of which one tenant holds at most
 `tokenize_concurrency`, fewer than all (checked by GatewaySettings).
 """
 
@@ -31,12 +31,14 @@ class RefusalBudget(FailureBudget):
     The bucket is FailureBudget itself (`retry_after`, `charge`), inherited rather than wrapped: every
     generation request asks `retry_after` once or twice, and a wrapper doubled those calls."""
 
-    def __init__(self, burst: int, rate_per_s: float, tokenize_concurrency: int, workers: int = 4) -> None:
-        if not 1 <= tokenize_concurrency <= workers:
+    def __init__(
+        self, burst: int, rate_per_s: float, tokenize_concurrency: int, tokenize_workers: int
+    ) -> None:
+        if not 1 <= tokenize_concurrency <= tokenize_workers:
             raise ValueError("tokenize_concurrency must be between 1 and the tokenising workers")
         super().__init__(burst, rate_per_s)
         self.tokenize_concurrency = tokenize_concurrency
-        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="fairserve-tokenize")
+        self._executor = ThreadPoolExecutor(tokenize_workers, thread_name_prefix="fairserve-tokenize")
         self._gates: dict[str, tuple[asyncio.Semaphore, int]] = {}  # tenant -> (semaphore, users)
 
     async def run(self, tenant_id: str, work: Callable[[], _T]) -> _T:

@@ -59,10 +59,21 @@ class ChatMessage(_Strict):
     (gateway/openai/tools.py). Images are not supported by the serving engine."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    # Before `content`, whose check reads it (pydantic validates fields in this order).
     tool_calls: list[ToolCall] | None = None
+    content: str | list[TextPart] | None = Field(default=None, validate_default=True)
+    name: str | None = None
     tool_call_id: str | None = Field(default=None, min_length=1, max_length=128)
+
+    @field_validator("content")
+    @classmethod
+    def _content_unless_calls(
+        cls, content: str | list[TextPart] | None, info: ValidationInfo
+    ) -> str | list[TextPart] | None:
+        # A field validator, so a missing content is named `messages.N.content`, not the whole message.
+        if content is None and not (info.data.get("role") == "assistant" and info.data.get("tool_calls")):
+            raise ValueError("content is required (null only on an assistant message with tool_calls)")
+        return content
 
     @model_validator(mode="after")
     def _tool_fields_by_role(self) -> ChatMessage:
@@ -70,8 +81,6 @@ class ChatMessage(_Strict):
             raise ValueError("a tool message needs the tool_call_id it answers")
         if self.tool_calls and self.role != "assistant":
             raise ValueError("only an assistant message carries tool_calls")
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError("content is required (null only on an assistant message with tool_calls)")
         return self
 
     def text(self) -> str:

@@ -48,6 +48,10 @@ NAMESAKES: dict[tuple[str, str], str] = {
     ("engine.sim.lift.ClosedLoopSetup", "*"): "a simulated scenario's own values (docs/sim.md)",
     ("engine.sim.scenarios.TwoTenantSetup", "*"): "a simulated scenario's own values (docs/sim.md)",
     ("engine.sim.flows.FlowsSetup", "*"): "a simulated scenario's own values (docs/sim.md)",
+    (
+        "engine.sim.flood.FloodSetup",
+        "*",
+    ): "a simulated scenario; its budgets are EngineConfig's, read from it",
     ("engine.sim.locality.LocalitySetup", "*"): "a simulated scenario's own values (docs/fairness.md)",
     ("engine.sim.flows.sybil", "*"): "a simulated scenario's own values (docs/sim.md)",
     ("engine.sim.flows.fan_out", "*"): "a simulated scenario's own values (docs/sim.md)",
