@@ -26,6 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from billing import fields as width
+from billing.records import TOKEN_COUNTS
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -99,15 +100,7 @@ class ApiKeyRow(Base):
 
 
 # The usage counts a CHECK constraint keeps at zero or above (delivered_tokens, nullable, has its own).
-NONNEGATIVE = (
-    "prompt_tokens",
-    "cached_tokens",
-    "completion_tokens",
-    "tokens_after_cancel",
-    "preemptions",
-    "recomputed_tokens",
-    "dropped_tokens",
-)
+NONNEGATIVE = tuple(name for name in TOKEN_COUNTS if name != "delivered_tokens")
 
 
 class UsageRow(Base):

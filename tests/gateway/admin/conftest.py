@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -91,3 +92,20 @@ class Load:
         self.stop.set()
         for t in self.threads:
             t.join(120)
+
+
+@pytest.fixture
+def page(server: Server, browser: Any) -> Iterator[Any]:
+    """A dashboard tab holding the admin token (as after a login), at the widest width tested."""
+    context = browser.new_context(viewport={"width": 1367, "height": 900})
+    token = json.dumps(server.state.admin_token)
+    context.add_init_script(f"sessionStorage.setItem('fairserve.admin_token', {token})")
+    tab = context.new_page()
+    tab.set_default_timeout(30_000)
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        yield tab
+        assert not errors, errors
+    finally:
+        context.close()

@@ -7,10 +7,8 @@ whole, every field in the same place row to row. Other tables wrap their rows be
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,23 +70,6 @@ DESCRIBE_JS = """async (keys) => {
   const { identities } = await import('/admin/static/util.js');
   return keys.map((k) => identities.describe(k));
 }"""
-
-
-@pytest.fixture
-def page(server: Server, browser: Any) -> Iterator[Any]:
-    """A dashboard tab already holding the admin token (as after a login), at the widest width tested."""
-    context = browser.new_context(viewport={"width": WIDE[0], "height": 900})
-    token = json.dumps(server.state.admin_token)
-    context.add_init_script(f"sessionStorage.setItem('fairserve.admin_token', {token})")
-    tab = context.new_page()
-    tab.set_default_timeout(30_000)
-    errors: list[str] = []
-    tab.on("pageerror", lambda exc: errors.append(str(exc)))
-    try:
-        yield tab
-        assert not errors, errors
-    finally:
-        context.close()
 
 
 def _shot(page: Any, width: int) -> None:

@@ -4,10 +4,8 @@ real engine, and Debian's Chromium through Playwright."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -17,23 +15,6 @@ from gateway.admin.live import HISTORY_SAMPLES, ServiceHistory
 from tests.gateway.conftest import Server, wait_for
 
 pytestmark = pytest.mark.serial  # the page shows what the shared server has seen (as test_layout.py)
-
-
-@pytest.fixture
-def page(server: Server, browser: Any) -> Iterator[Any]:
-    """A dashboard tab holding the admin token (as after a login)."""
-    context = browser.new_context(viewport={"width": 1367, "height": 900})
-    token = json.dumps(server.state.admin_token)
-    context.add_init_script(f"sessionStorage.setItem('fairserve.admin_token', {token})")
-    tab = context.new_page()
-    tab.set_default_timeout(30_000)
-    errors: list[str] = []
-    tab.on("pageerror", lambda exc: errors.append(str(exc)))
-    try:
-        yield tab
-        assert not errors, errors
-    finally:
-        context.close()
 
 
 def _live(server: Server, client: httpx.Client) -> dict[str, Any]:
