@@ -40,17 +40,19 @@ def test_the_ledger_quarantines_a_negative_count_and_never_journals_it(
     ledger = Ledger(
         sqlite_db, LedgerConfig(spill_path=str(tmp_path / "ledger.spill")), registry=CollectorRegistry()
     )
+    # Recorded before the writer starts, so no trim can delete a segment while the test reads the journal.
+    for i, name in enumerate(TOKEN_COUNTS):
+        ledger.record(_negative(i, name, -3))
+    ledger.record(make_row(100))
+    journal = b"".join(p.read_bytes() for p in (tmp_path / "ledger.journal").glob("*"))
+    assert b"req-100" in journal  # the good row is journaled
+    assert b"-3" not in journal  # the negative ones never are: no replay can store them
     ledger.start()
     try:
-        for i, name in enumerate(TOKEN_COUNTS):
-            ledger.record(_negative(i, name, -3))
-        ledger.record(make_row(100))
         assert ledger.flush(timeout_s=30)
         assert _count(sqlite_db) == 1  # only the good row
         reasons = sorted(e["reason"] for e in ledger.quarantine.entries())
         assert reasons == sorted(f"usage {name} must be >= 0, got -3" for name in TOKEN_COUNTS)
-        journal = b"".join(p.read_bytes() for p in (tmp_path / "ledger.journal").glob("*"))
-        assert b"-3" not in journal  # never journaled: no replay can store it
         assert ledger.quarantine.rows() == []  # and requeue never stores it either
     finally:
         ledger.close()
