@@ -179,9 +179,12 @@ class ProducedBook:
         with self._lock:
             for i, rid in enumerate(request_ids):
                 billed = counts[i] if counts is not None else None
-                if rid in self._records:
+                kept = self._records.get(rid)
+                if kept is not None and not (kept[0] == b"" and billed is not None):
+                    # A supplement (owner b"") is settled only by the count-less confirmation of the gateway
+                    # that bills it, never by its request's own confirmation said again (confirmations.py).
                     self._settle(rid, billed)
-                elif billed is not None and rid in self._open:
+                elif kept is None and billed is not None and rid in self._open:
                     self._early[rid] = billed  # billed before it ended: settled when it ends
 
     def _settle(self, rid: str, billed: int | None) -> None:

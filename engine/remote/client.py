@@ -35,6 +35,7 @@ from engine.boundary.messages import Abort, EngineDeadError, WorkerExiting
 from engine.boundary.process_engine import EngineStartError
 from engine.limits import RequestCaps, RequestLimits
 from engine.outputs import EngineStats
+from engine.remote.confirmations import RecentConfirmations
 from engine.remote.curve import ClusterKey, connect_securely
 from engine.remote.liveness import ConnectionEvents, ConnectionWatch, SilenceBounds, StallClock
 from engine.remote.messages import (
@@ -105,6 +106,7 @@ class RemoteEngine(EngineFront):
         self._read_soon = False  # a read is already scheduled on the loop
         self._stats = EngineStats(alive=False)
         self._produced: list[concurrent.futures.Future[Produced]] = []  # AskProduced answers awaited
+        self._confirmations = RecentConfirmations()
 
     @property
     def address(self) -> str:
@@ -213,6 +215,8 @@ class RemoteEngine(EngineFront):
     def billed(self, request_ids: list[str], completion_tokens: list[int] | None = None) -> bool:
         """Tell the engine these requests' rows are in the ledger, with the completion tokens billed for
         each when known (it forgets their records, keeping what it produced beyond that)."""
+        if completion_tokens and len(completion_tokens) == len(request_ids):
+            self._confirmations.keep(request_ids, completion_tokens)  # said again when the engine is back
         return self._say(Billed(request_ids, completion_tokens or []))
 
     def ask_produced(
@@ -339,6 +343,10 @@ class RemoteEngine(EngineFront):
         self._error = None
         self._heard_at = time.monotonic()
         self._suspect_since = None
+        if not self._alive:  # back (a new process, or a connection regained): what it may not have read
+            recent = self._confirmations.recent()
+            if recent is not None:
+                self._say(Billed(*recent))
         self._alive = True
 
     def _lost(self, reason: str) -> None:

@@ -83,3 +83,13 @@ def test_a_split_request_counts_once_across_its_prefill_and_decode_parts(tmp_pat
     assert [(r.prompt_tokens, r.completion_tokens) for r in decode.orphans(live=[], older_than_s=0.0)] == [
         (6, 7)
     ]
+
+
+def test_a_confirmation_said_again_leaves_the_supplement_for_its_billing(tmp_path: Path) -> None:
+    book = ProducedBook(tmp_path / "produced.log")
+    _finish(book, "a", b"g1", 9)
+    book.billed(["a"], [4])
+    book.billed(["a"], [4])  # the gateway says it again when the engine comes back (confirmations.py)
+    assert [(r.engine_request_id, r.completion_tokens) for r in book.orphans([b"g1"], 0.0)] == [("a", 5)]
+    book.billed(["a"])  # the gateway that bills the supplement confirms it without counts
+    assert book.unconfirmed() == 0
