@@ -73,3 +73,47 @@ def test_under_share_tenant_pushes_out_the_newest_over_share_request(server: Ser
     # The pushed-out request reached the engine, so it has its ledger row (cancelled, nothing billed twice).
     rows = wait_for(lambda: four.usage_rows("request_id = :r", r="fair-bob-3"), 20, "the pushed-out row")
     assert [r["status"] for r in rows] == ["cancelled"] and rows[0]["completion_tokens"] == 0
+
+
+def test_push_out_ties_rotate_between_equally_loaded_tenants(server: Server, four: Server) -> None:
+    """Issue 45: bob and carol hold equal halves of the full queue and refill what they lose; each of
+    alice's arrivals (under her share) pushes one out. The hits take turns: before, all fell on bob, the
+    earliest backlogged tenant. Alice's request is cancelled each round to make the refill's room."""
+    if "carol" not in server.tenants:
+        server.add_tenant("carol")
+    answers: dict[str, httpx.Response] = {}
+    threads: list[threading.Thread] = []
+    ids = {name: four.tenants[name].id for name in ("alice", "bob", "carol")}
+    sent = {"bob": 0, "carol": 0}
+
+    def send(tenant: str, request_id: str) -> None:
+        threads.append(threading.Thread(target=_post, args=(four, tenant, request_id, answers)))
+        threads[-1].start()
+
+    def refill(tenant: str) -> None:
+        before = four.state.admission.queues.queued(ids[tenant])
+        send(tenant, f"rot-{tenant}-{sent[tenant]}")
+        sent[tenant] += 1
+        wait_for(_queued(four, ids[tenant], before + 1), 20, f"{tenant}'s request queued")
+
+    def pushed_out() -> list[str]:
+        return [rid for rid, r in answers.items() if r.status_code == 429 and rid.startswith("rot-")]
+
+    hits: list[str] = []
+    with Hogs(server), httpx.Client(base_url=four.url, timeout=60) as alice:
+        for tenant in ("bob", "carol", "bob", "carol"):  # bob backlogged first
+            refill(tenant)
+        for r in range(4):
+            send("alice", f"rot-alice-{r}")
+            wait_for(lambda: len(pushed_out()) == r + 1, 20, f"push-out {r + 1}")
+            loser = pushed_out()[-1]
+            assert answers[loser].json()["error"]["code"] == "pushed_out", answers[loser].text
+            hits.append(loser.split("-")[1])
+            wait_for(_queued(four, ids["alice"], 1), 20, "alice's request queued")
+            cancelled = alice.post(f"/v1/requests/rot-alice-{r}/cancel", headers=four.headers("alice"))
+            assert cancelled.status_code == 200, cancelled.text
+            wait_for(_queued(four, ids["alice"], 0), 20, "alice's request out of the queue")
+            refill(hits[-1])
+    for t in threads:
+        t.join(120)
+    assert hits.count("bob") == hits.count("carol") == 2, hits
