@@ -99,13 +99,16 @@ def test_push_out_ties_rotate_between_equally_loaded_tenants(server: Server, fou
     def pushed_out() -> list[str]:
         return [rid for rid, r in answers.items() if r.status_code == 429 and rid.startswith("rot-")]
 
+    def pushed_out_count(n: int) -> Callable[[], bool]:
+        return lambda: len(pushed_out()) == n
+
     hits: list[str] = []
     with Hogs(server), httpx.Client(base_url=four.url, timeout=60) as alice:
         for tenant in ("bob", "carol", "bob", "carol"):  # bob backlogged first
             refill(tenant)
         for r in range(4):
             send("alice", f"rot-alice-{r}")
-            wait_for(lambda: len(pushed_out()) == r + 1, 20, f"push-out {r + 1}")
+            wait_for(pushed_out_count(r + 1), 20, f"push-out {r + 1}")
             loser = pushed_out()[-1]
             assert answers[loser].json()["error"]["code"] == "pushed_out", answers[loser].text
             hits.append(loser.split("-")[1])
