@@ -32,6 +32,7 @@ from engine.counter_sync import CounterSync
 from engine.decode_graphs import logits_forward
 from engine.executor import InlineExecutor, Ran
 from engine.grammar.backend import Backend
+from engine.grammar.closing import Closers
 from engine.grammar.intake import GrammarIntake
 from engine.grammar.masks import GrammarMasks
 from engine.isolation import RequestFailures
@@ -140,7 +141,12 @@ class LLMEngine:
             else (config.max_num_seqs, config.max_num_batched_tokens),
         )
         # Constrained decoding (engine/grammar/): compiles off this loop, masks beside the forward.
-        masks = self.runner.grammar = GrammarMasks(mc.vocab_size, self.runner.sampler.failures)
+        masks = self.runner.grammar = GrammarMasks(
+            mc.vocab_size,
+            self.runner.sampler.failures,
+            partial(Closers, self.tokenizer.token_bytes, mc.vocab_size, self.eos_token_ids),
+            self.max_model_len,
+        )
         grammars = Backend(
             self.tokenizer.to_json(), mc.vocab_size, sorted(self.eos_token_ids), config.grammar
         )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from engine.grammar.closing import Closers, is_closing
 from engine.isolation import RequestFailures
 from engine.request import Request
 
@@ -45,14 +47,30 @@ class PendingMasks:
     future: Future[tuple[np.ndarray, dict[str, str]]]
 
 
+_Row = tuple[
+    int, str, "llguidance.LLMatcher", int | None
+]  # batch row, request, matcher, lexer state if closing
+
+
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
 
 
 class GrammarMasks:
     """The matchers of the grammar requests, and their masks step by step."""
 
-    def __init__(self, vocab_size: int, failures: RequestFailures) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        failures: RequestFailures,
+        closers: Callable[[], Closers] | None = None,
+        max_model_len: int = 0,
+    ) -> None:
         self.vocab_size = vocab_size
+        # Narrows the masks of outputs near their budget's end (closing.py); built at the first grammar
+        # request (a pass over the vocabulary), so an engine that serves none never pays for it.
+        self._make_closers = closers
+        self._closers: Closers | None = None
+        self.max_model_len = max_model_len
         self.failures = failures  # the sampler's: the executors take them with the step's samples
         self._matchers: dict[str, llguidance.LLMatcher] = {}
         self._lock = threading.Lock()  # attach/forget on the loop thread, the rest on the forward thread
@@ -71,6 +89,8 @@ class GrammarMasks:
         """A request ended: drop its matcher (a mask in flight keeps its own reference)."""
         with self._lock:
             self._matchers.pop(request_id, None)
+        if self._closers is not None:
+            self._closers.forget(request_id)
 
     def __bool__(self) -> bool:
         return bool(self._matchers)
@@ -81,17 +101,25 @@ class GrammarMasks:
             return None
         with self._lock:
             found = [(row, r.request_id, self._matchers.get(r.request_id)) for row, r in enumerate(requests)]
-        rows = [(row, rid, m) for row, rid, m in found if m is not None]
+        rows: list[_Row] = [
+            (row, rid, m, self._closing(requests[row])) for row, rid, m in found if m is not None
+        ]
         if not rows:
             return None
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, "fairserve-masks")
         future = self._thread.submit(self._compute, rows)
-        return PendingMasks([row for row, _, _ in rows], future)
+        return PendingMasks([row for row, _, _, _ in rows], future)
 
-    def _compute(
-        self, rows: list[tuple[int, str, llguidance.LLMatcher]]
-    ) -> tuple[np.ndarray, dict[str, str]]:
+    def _closing(self, request: Request) -> int | None:
+        """The lexer state of a request in its closing stretch (closing.py); None before it."""
+        if self._make_closers is None or not is_closing(request, self.max_model_len):
+            return None
+        if self._closers is None:
+            self._closers = self._make_closers()
+        return self._closers.state(request)
+
+    def _compute(self, rows: list[_Row]) -> tuple[np.ndarray, dict[str, str]]:
         """On the mask thread: one packed mask per grammar row (32 tokens a word), timed per request, and
         the rows whose matcher erred (their mask allows everything: their request is failed anyway).
 
@@ -102,9 +130,12 @@ class GrammarMasks:
         spent: list[tuple[str, float]] = []
         errors: dict[str, str] = {}
         clock = time.thread_time
-        for i, (_, request_id, matcher) in enumerate(rows):
+        closers = self._closers
+        for i, (_, request_id, matcher, closing) in enumerate(rows):
             t0 = clock()
             matcher.unsafe_compute_mask_ptr(base + i * stride, stride)
+            if closing is not None and closers is not None:
+                closers.narrow(bitmask[i], closing)
             spent.append((request_id, clock() - t0))
             if matcher.is_error():
                 errors[request_id] = matcher.get_error()[:200]

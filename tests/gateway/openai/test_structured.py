@@ -108,6 +108,29 @@ def test_openai_parse_returns_the_pydantic_object(server: Server) -> None:
     assert 0 <= parsed.population <= 10_000
 
 
+class Unbounded(BaseModel):
+    """Nothing here ends the strings or the number: the output closes in its budget's last stretch."""
+
+    name: str
+    age: int
+    tags: list[str]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_openai_parse_closes_an_unbounded_model_within_max_tokens(server: Server, temperature: float) -> None:
+    api = openai.OpenAI(base_url=server.url + "/v1", api_key=server.keys["alice"])
+    completion = api.chat.completions.parse(
+        model=server.model,
+        messages=[{"role": "user", "content": "A person?"}],
+        response_format=Unbounded,
+        max_tokens=150,
+        temperature=temperature,
+    )
+    assert completion.choices[0].finish_reason == "stop"
+    assert isinstance(completion.choices[0].message.parsed, Unbounded)
+    assert completion.usage is not None and completion.usage.completion_tokens <= 150
+
+
 @pytest.mark.parametrize(
     ("schema", "named"),
     [

@@ -172,3 +172,31 @@ def test_parameters_the_engine_cannot_enforce_are_a_400(server: Server, client: 
     resp = client.post("/v1/chat/completions", json=body, headers=server.headers("alice"))
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == "tools" and "not" in resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_call_with_unbounded_arguments_closes_within_max_tokens(
+    server: Server, client: httpx.Client, temperature: float
+) -> None:
+    """Nothing in these parameters ends the string or the number: the call closes in the budget's last
+    stretch (engine/grammar/closing.py) instead of being cut at max_tokens."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+                "required": ["query", "limit"],
+            },
+        },
+    }
+    body = _body(
+        server, tools=[tool], tool_choice="required", max_tokens=120, temperature=temperature, seed=3
+    )
+    resp = client.post("/v1/chat/completions", json=body, headers=server.headers("alice"))
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    arguments = json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"])
+    jsonschema.validate(arguments, tool["function"]["parameters"])  # type: ignore[index]
