@@ -46,6 +46,14 @@ class EngineConfig(BaseModel):
         default="auto", description="auto picks the Triton kernels on CUDA and their torch twins on CPU"
     )
     # CUDA graphs for decode steps (engine/decode_graphs.py, docs/engine.md "CUDA graphs").
+    # Tensor parallelism (engine/parallel/, docs/engine.md "Tensor parallelism").
+    tensor_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="ranks one engine's model is split over: one process per GPU (NCCL), or per CPU "
+        "process (gloo); rank 0 schedules",
+    )
     enforce_eager: bool = Field(
         default=False,
         description="run every step eagerly: no CUDA graphs for decode steps (and no padded static "
@@ -167,6 +175,16 @@ class EngineConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _tensor_parallel_modes(self) -> EngineConfig:
+        """What tensor parallelism does not run yet is refused here, not at the first preemption."""
+        if self.tensor_parallel_size > 1 and self.preemption_mode == "swap":
+            raise ValueError(
+                "preemption_mode 'swap' is not supported with tensor_parallel_size > 1 (each rank "
+                "would swap its own KV shard); use 'recompute'"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _device_available(self) -> EngineConfig:
         """A CUDA device must exist: say so when the settings are built, not when the worker starts.
 
@@ -184,9 +202,10 @@ class EngineConfig(BaseModel):
                     f"device {self.device!r} asked for, but CUDA is not available here "
                     "(torch.cuda.is_available() is False); use --device cpu"
                 )
-            if int(index or 0) >= torch.cuda.device_count():
+            if int(index or 0) + self.tensor_parallel_size > torch.cuda.device_count():
                 raise ValueError(
-                    f"device {self.device!r}: only {torch.cuda.device_count()} CUDA device(s) here"
+                    f"device {self.device!r} with tensor_parallel_size {self.tensor_parallel_size}: "
+                    f"only {torch.cuda.device_count()} CUDA device(s) here"
                 )
         return self
 

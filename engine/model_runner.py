@@ -17,6 +17,7 @@ from engine.grammar.masks import GrammarMasks
 from engine.input_batch import BlockTableRows
 from engine.models.config import ModelConfig
 from engine.models.protocol import CausalLM
+from engine.parallel.steps import StepPeers
 from engine.request import Request
 from engine.sampler import Sampler, to_device
 from engine.scheduler import SchedulerOutput
@@ -105,6 +106,8 @@ class ModelRunner:
         self.main_layers = [i for i in range(num_layers) if i not in self.window_layers]
         # Decode steps replay these (engine/decode_graphs.py); the engine sets them once the cache exists.
         self.graphs: DecodeGraphs | None = None
+        # Tensor parallelism (engine/parallel/): the other ranks, sent each forward's inputs; None on one rank.
+        self.peers: StepPeers | None = None
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         self.kv_caches: list[KVCache] = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
@@ -317,11 +320,30 @@ class ModelRunner:
         if graphs is not None and graphs.serves(batch):
             return graphs.run(batch, self._input_ids(batch))
         ids, positions, meta = self._to_device(batch)
+        if self.peers is None:
+            return self._forward(ids, positions, meta, batch.sample_rows)
+        try:
+            self.peers.send_step(batch, ids)
+            return self._forward(ids, positions, meta, batch.sample_rows)
+        except RuntimeError as exc:  # a collective failed: another rank is gone
+            raise self.peers.lost(exc) from exc
+
+    @torch.inference_mode()
+    def run_peer_step(self, batch: HostBatch) -> None:
+        """A tensor-parallel rank > 0's share of a step rank 0 sent (engine/parallel/worker.py): the same
+        forward and logits, whose collectives meet rank 0's; rank 0 samples."""
+        ids, positions, meta = self._to_device(batch)
+        self._forward(ids, positions, meta, batch.sample_rows)
+
+    def _forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, sample_rows: list[int]
+    ) -> torch.Tensor | None:
+        """The eager forward, then the logits of `sample_rows` (None when there are none)."""
         hidden = self.model(ids, positions, self.kv_caches, meta)
-        if not batch.sampling:
+        if not sample_rows:
             return None
         return cast(CausalLM, self.model).compute_logits(  # every registered model has it
-            hidden[to_device(batch.sample_rows, torch.int64, hidden.device)]  # no wait for the forward
+            hidden[to_device(sample_rows, torch.int64, hidden.device)]  # no wait for the forward
         )
 
     # -- swap preemption --------------------------------------------------------------------
