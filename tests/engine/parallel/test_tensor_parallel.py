@@ -6,17 +6,20 @@ Each engine with tensor_parallel_size > 1 starts real worker processes; the mode
 
 from __future__ import annotations
 
+import asyncio
+import multiprocessing
 import os
 import random
 import signal
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import torch
 import transformers
 
-from engine import LLM, SamplingParams
+from engine import LLM, EngineDeadError, ProcessEngine, SamplingParams
 from engine.config import EngineConfig
 from engine.llm import CompletionOutput
 from engine.llm_engine import LLMEngine
@@ -147,3 +150,30 @@ def test_killing_rank_1_mid_stream_ends_the_engine_as_one_unit(models: dict[str,
     finally:
         engine.close()
     assert all(proc.poll() is not None for proc in engine.peers.procs)
+
+
+def test_a_dead_rank_takes_its_process_engine_down_through_the_engine_lost_path() -> None:
+    """Rank 1 of the worker process's engine killed mid-stream: the stream ends with EngineDeadError (the
+    gateway's 503 + Retry-After), the engine reports dead, and no rank is left behind."""
+    engine = ProcessEngine(EngineConfig(num_kv_blocks=96, tensor_parallel_size=2))  # the default model
+    engine.start()
+    try:
+        (worker,) = [p for p in multiprocessing.active_children() if p.name == "fairserve-engine"]
+        assert worker.pid is not None
+        (rank1,) = psutil.Process(worker.pid).children()
+
+        async def scenario() -> None:
+            params = SamplingParams(max_tokens=1500, ignore_eos=True)
+            stream = engine.generate([1, 2, 3], params, RequestMeta(), "k")
+            await anext(stream)
+            rank1.kill()
+            with pytest.raises(EngineDeadError, match="rank 1"):
+                async for _ in stream:
+                    pass
+
+        asyncio.run(asyncio.wait_for(scenario(), timeout=10.0))
+        assert not engine.is_alive and not engine.stats().alive
+        worker.join(5)
+        assert worker.exitcode is not None
+    finally:
+        engine.shutdown(timeout_s=5)
