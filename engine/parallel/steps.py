@@ -32,8 +32,9 @@ if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.model_runner import HostBatch
 
-FORWARD, ALLOCATE, STOP = "forward", "allocate", "stop"
-_HEADER = 8  # bytes of the little-endian payload length before each message
+ALLOCATE, STOP = "allocate", "stop"  # the control messages (pickled); a step is a StepMessage
+_HEADER = 8  # bytes of the little-endian payload length before each message, then one byte of kind
+_PICKLED, _STEP = 0, 1
 # How long a rank that was told to stop may take to exit before it is killed.
 _EXIT_GRACE_S = 5.0
 
@@ -53,59 +54,73 @@ class WorkerInit:
     num_threads: int
 
 
+@dataclass(frozen=True)
+class StepMessage:
+    """One forward's inputs as they crossed the pipe: a single int64 array (see `step_payload`)."""
+
+    flat: np.ndarray
+
+
+def frame(kind: int, data: bytes) -> bytes:
+    """A message as written to a pipe: its length, its kind, its bytes."""
+    return len(data).to_bytes(_HEADER, "little") + bytes((kind,)) + data
+
+
 def write_frame(pipe: IO[bytes], payload: object) -> None:
-    """Send one message (pickled, length-prefixed) down a pipe."""
-    data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
-    pipe.write(len(data).to_bytes(_HEADER, "little") + data)
+    """Send one control message (pickled) down a pipe."""
+    pipe.write(frame(_PICKLED, pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)))
     pipe.flush()
 
 
 def read_frame(pipe: IO[bytes]) -> Any:
-    """The next message from a pipe; None at end-of-file (rank 0 is gone)."""
-    header = pipe.read(_HEADER)
-    if len(header) < _HEADER:
+    """The next message from a pipe (a StepMessage or a control message); None at end-of-file."""
+    header = pipe.read(_HEADER + 1)
+    if len(header) < _HEADER + 1:
         return None
-    size = int.from_bytes(header, "little")
+    size = int.from_bytes(header[:_HEADER], "little")
     data = pipe.read(size)
     if len(data) < size:
         return None
+    if header[_HEADER] == _STEP:
+        return StepMessage(np.frombuffer(data, dtype=np.int64))
     return pickle.loads(data)
 
 
-def step_message(batch: HostBatch, ids: torch.Tensor) -> tuple[object, ...]:
-    """A forward's inputs as one message: host arrays, with the ids rank 0 already resolved (async
-    scheduling's placeholders filled from the previous step's samples)."""
+def step_payload(batch: HostBatch, ids: torch.Tensor) -> bytes:
+    """A forward's inputs as one int64 array: five lengths (tokens, sequences, block-table columns, the
+    longest query, sampled rows), then token ids, positions, slots, the block table, query starts,
+    sequence lengths and the sampled rows. The ids are those rank 0 resolved (async scheduling's
+    placeholders filled from the previous step's samples)."""
     host_ids = batch.ids if not batch.placeholders else ids.cpu()
-    return (
-        FORWARD,
-        host_ids.numpy(),
-        batch.positions.numpy(),
-        batch.slots.numpy(),
-        batch.table.numpy(),
-        batch.starts.numpy(),
-        batch.seq_lens.numpy(),
-        batch.max_query_len,
-        batch.sample_rows,
+    table = batch.table.numpy()
+    rows = np.asarray(batch.sample_rows, dtype=np.int64)
+    head = np.array(
+        [len(host_ids), table.shape[0], table.shape[1], batch.max_query_len, len(rows)], dtype=np.int64
     )
+    parts = (host_ids.numpy(), batch.positions.numpy(), batch.slots.numpy(), table.reshape(-1))
+    tail = (batch.starts.numpy(), batch.seq_lens.numpy(), rows)
+    return np.concatenate([head, *parts, *tail], dtype=np.int64).tobytes()
 
 
-def step_batch(message: tuple[Any, ...]) -> HostBatch:
+def step_batch(message: StepMessage) -> HostBatch:
     """A worker's HostBatch from a step message (it samples nothing: `sampling` stays empty)."""
     from engine.model_runner import HostBatch
 
-    _, ids, positions, slots, table, starts, seq_lens, max_query_len, sample_rows = message
-    ids_t, positions_t, slots_t, table_t, starts_t, seq_lens_t = (
-        torch.from_numpy(np.asarray(a)) for a in (ids, positions, slots, table, starts, seq_lens)
-    )
+    flat = message.flat
+    tokens, seqs, cols, max_query_len, n_rows = (int(v) for v in flat[:5])
+    sizes = (tokens, tokens, tokens, seqs * cols, seqs + 1, seqs, n_rows)
+    bounds = np.cumsum((5, *sizes))
+    ids, positions, slots, table, starts, seq_lens, rows = np.split(flat, bounds[:-1])[1:]
+    i32 = np.int32
     return HostBatch(
-        ids_t,
-        positions_t,
-        slots_t,
-        table_t,
-        starts_t,
-        seq_lens_t,
+        torch.from_numpy(ids.copy()),
+        torch.from_numpy(positions.copy()),
+        torch.from_numpy(slots.copy()),
+        torch.from_numpy(table.reshape(seqs, cols).astype(i32)),
+        torch.from_numpy(starts.astype(i32)),
+        torch.from_numpy(seq_lens.astype(i32)),
         max_query_len,
-        list(sample_rows),
+        rows.tolist(),
         [],
         False,
     )
@@ -146,12 +161,12 @@ class StepPeers:
     def allocate(self, num_blocks: int) -> None:
         """Tell every rank the KV cache size rank 0 chose; returns once all have their shard loaded and
         their cache allocated (one all-reduce, which fails at once if a rank died on the way)."""
-        self._broadcast((ALLOCATE, num_blocks))
+        self._send(frame(_PICKLED, pickle.dumps((ALLOCATE, num_blocks))))
         self.group.all_reduce(torch.zeros(1))
 
     def send_step(self, batch: HostBatch, ids: torch.Tensor) -> None:
         """Hand every other rank this forward's inputs (one message each)."""
-        self._broadcast(step_message(batch, ids))
+        self._send(frame(_STEP, step_payload(batch, ids)))
 
     def lost(self, cause: BaseException) -> TensorParallelLost:
         """The error that ends the engine after `cause` (a collective or a pipe failed): names a dead rank."""
@@ -166,16 +181,14 @@ class StepPeers:
         _stop(self.procs)
         self.group.close()
 
-    def _broadcast(self, message: tuple[object, ...]) -> None:
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        frame = len(data).to_bytes(_HEADER, "little") + data
+    def _send(self, data: bytes) -> None:
         for rank, proc in enumerate(self.procs, start=1):
             code = proc.poll()
             if code is not None:
                 raise TensorParallelLost(f"tensor-parallel rank {rank} exited (code {code})")
             assert proc.stdin is not None
             try:
-                proc.stdin.write(frame)
+                proc.stdin.write(data)
                 proc.stdin.flush()
             except OSError as exc:
                 raise self.lost(exc) from exc

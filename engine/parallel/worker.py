@@ -17,7 +17,7 @@ from engine.attention import resolve_backend
 from engine.loader import load_model
 from engine.model_runner import ModelRunner
 from engine.parallel.group import head_shard, join_group, open_store, rank_device
-from engine.parallel.steps import ALLOCATE, FORWARD, STOP, WorkerInit, read_frame, step_batch
+from engine.parallel.steps import ALLOCATE, STOP, StepMessage, WorkerInit, read_frame, step_batch
 
 
 def serve(init: WorkerInit) -> None:
@@ -51,9 +51,11 @@ def serve(init: WorkerInit) -> None:
         config.seed,
     )
     group.all_reduce(torch.zeros(1))  # ready: rank 0's `allocate` returns
-    while (message := read_frame(stdin)) is not None and message[0] != STOP:
-        if message[0] == FORWARD:
+    while (message := read_frame(stdin)) is not None:
+        if isinstance(message, StepMessage):
             runner.run_peer_step(step_batch(message))
+        elif message[0] == STOP:
+            break
 
 
 def main() -> None:
