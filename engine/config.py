@@ -175,16 +175,6 @@ class EngineConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _tensor_parallel_modes(self) -> EngineConfig:
-        """What tensor parallelism does not run yet is refused here, not at the first preemption."""
-        if self.tensor_parallel_size > 1 and self.preemption_mode == "swap":
-            raise ValueError(
-                "preemption_mode 'swap' is not supported with tensor_parallel_size > 1 (each rank "
-                "would swap its own KV shard); use 'recompute'"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _device_available(self) -> EngineConfig:
         """A CUDA device must exist: say so when the settings are built, not when the worker starts.
 

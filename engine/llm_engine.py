@@ -445,11 +445,11 @@ class LLMEngine:
         ) * len(ids)
         if self.runner.swapped_bytes() + need > self.config.swap_space_bytes:
             return -1  # buffer full: fall back to recompute
-        return self.runner.swap_out(request, ids)
+        return self.runner.swap_out(request.request_id, ids)
 
     def _swap_in(self, request: Request) -> int:
         self.executor.wait_forward()  # it may still write a block just freed and handed to this request
-        return self.runner.swap_in(request, self.pool.block_ids(request.request_id))
+        return self.runner.swap_in(request.request_id, self.pool.block_ids(request.request_id))
 
     def close(self) -> None:
         """Stop the forward thread, the other tensor-parallel ranks and the counter sync; release the trace file."""

@@ -32,7 +32,9 @@ if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.model_runner import HostBatch
 
-ALLOCATE, STOP = "allocate", "stop"  # the control messages (pickled); a step is a StepMessage
+# The control messages (pickled tuples, the name first); a step is a StepMessage.
+ALLOCATE, STOP = "allocate", "stop"
+SWAP_OUT, SWAP_IN, DROP_SWAPPED = "swap_out", "swap_in", "drop_swapped"  # swap preemption, per shard
 _HEADER = 8  # bytes of the little-endian payload length before each message, then one byte of kind
 _PICKLED, _STEP = 0, 1
 # How long a rank that was told to stop may take to exit before it is killed.
@@ -161,8 +163,12 @@ class StepPeers:
     def allocate(self, num_blocks: int) -> None:
         """Tell every rank the KV cache size rank 0 chose; returns once all have their shard loaded and
         their cache allocated (one all-reduce, which fails at once if a rank died on the way)."""
-        self._send(frame(_PICKLED, pickle.dumps((ALLOCATE, num_blocks))))
+        self.send_control(ALLOCATE, num_blocks)
         self.group.all_reduce(torch.zeros(1))
+
+    def send_control(self, *message: object) -> None:
+        """A control message to every other rank (swap preemption), in order with the steps."""
+        self._send(frame(_PICKLED, pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)))
 
     def send_step(self, batch: HostBatch, ids: torch.Tensor) -> None:
         """Hand every other rank this forward's inputs (one message each)."""

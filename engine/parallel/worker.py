@@ -17,7 +17,17 @@ from engine.attention import resolve_backend
 from engine.loader import load_model
 from engine.model_runner import ModelRunner
 from engine.parallel.group import head_shard, join_group, open_store, rank_device
-from engine.parallel.steps import ALLOCATE, STOP, StepMessage, WorkerInit, read_frame, step_batch
+from engine.parallel.steps import (
+    ALLOCATE,
+    DROP_SWAPPED,
+    STOP,
+    SWAP_IN,
+    SWAP_OUT,
+    StepMessage,
+    WorkerInit,
+    read_frame,
+    step_batch,
+)
 
 
 def serve(init: WorkerInit) -> None:
@@ -54,6 +64,12 @@ def serve(init: WorkerInit) -> None:
     while (message := read_frame(stdin)) is not None:
         if isinstance(message, StepMessage):
             runner.run_peer_step(step_batch(message))
+        elif message[0] == SWAP_OUT:
+            runner.swap_out(message[1], message[2])
+        elif message[0] == SWAP_IN:
+            runner.swap_in(message[1], message[2])
+        elif message[0] == DROP_SWAPPED:
+            runner.drop_swapped(message[1])
         elif message[0] == STOP:
             break
 

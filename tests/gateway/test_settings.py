@@ -89,7 +89,7 @@ def test_enforce_eager_reaches_the_engine_of_serve_and_of_fairserve_engine(
     assert settings.engine.enforce_eager is True
 
 
-def test_tensor_parallel_size_reaches_both_engines_and_swap_is_refused_with_it(
+def test_tensor_parallel_size_reaches_serve_and_fairserve_engine(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     flag = ("2", "flag --tensor-parallel-size")
@@ -99,8 +99,6 @@ def test_tensor_parallel_size_reaches_both_engines_and_swap_is_refused_with_it(
     add_knob_flags(parser, EngineServerSettings, _ALIASES)
     settings = load_from_args(parser.parse_args(["--tensor-parallel-size", "2"]), EngineServerSettings)
     assert settings.engine.tensor_parallel_size == 2
-    assert main(["config", "show", "--tensor-parallel-size", "2", "--preemption-mode", "swap"]) == 2
-    assert "preemption_mode 'swap' is not supported with tensor_parallel_size > 1" in capsys.readouterr().err
 
 
 def test_bad_values_name_the_setting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -80,14 +80,19 @@ def test_tp2_matches_tp1_under_chunked_prefill_prefix_caching_and_async_scheduli
     assert all(o.cached_tokens >= 16 for o in got[1:]), "the 20-token shared prefix fills a block"
 
 
-def test_tp2_matches_tp1_under_preemption_and_holds_half_the_sharded_weights(models: dict[str, Path]) -> None:
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_tp2_matches_tp1_under_preemption_and_holds_half_the_sharded_weights(
+    models: dict[str, Path], mode: str
+) -> None:
     items = parity_workload(16, seed=4)  # what test_engine_parity's preemption case runs
     config: dict[str, Any] = dict(
-        num_kv_blocks=10, block_size=16, max_num_seqs=16, enable_prefix_caching=False
+        num_kv_blocks=10, block_size=16, max_num_seqs=16, enable_prefix_caching=False, preemption_mode=mode
     )
     want, whole = generate(models["llama"], items, **config)
     got, llm = generate(models["llama"], items, tensor_parallel_size=2, **config)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    if mode == "swap":  # each rank swapped its own shard out and back in
+        assert llm.engine.stats().swapped_bytes_total > 0
     assert llm.engine.stats().preemptions_total > 0, "ten blocks must not hold sixteen requests"
 
     # Norms are replicated; every other weight (embedding, projections, LM head) is split in two.
