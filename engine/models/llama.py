@@ -346,8 +346,10 @@ class LlamaForCausalLM(nn.Module):
     def weight_targets(self) -> WeightTargets:
         """HF tensor name -> (our parameter, first row, number of rows) it fills."""
         cfg = self.config
-        vocab_rows = self.embed_tokens.weight.shape[0]  # all of the vocabulary on one rank
-        start = self.embed_tokens.start if isinstance(self.embed_tokens, VocabParallelEmbedding) else 0
+        embed = self.embed_tokens
+        start, vocab_rows = 0, cfg.vocab_size  # all of the vocabulary on one rank
+        if isinstance(embed, VocabParallelEmbedding):  # this rank's real rows (the padding is not loaded)
+            start, vocab_rows = embed.start, embed.real_rows
         vocab = rows_of(self.tp, 0, start, vocab_rows)
         targets: WeightTargets = {
             "model.embed_tokens.weight": Target(self.embed_tokens.weight, 0, vocab_rows, vocab),

@@ -120,3 +120,14 @@ def even_split(total: int, rank: int, world: int, what: str) -> tuple[int, int]:
         raise ValueError(f"tensor_parallel_size {world} must divide {what} ({total})")
     part = total // world
     return rank * part, part
+
+
+def vocab_split(vocab: int, rank: int, world: int) -> tuple[int, int, int]:
+    """(start, rows, real rows) of this rank's vocabulary shard: every rank holds ceil(vocab / world) rows
+    so the gathered logits line up, and the last rank's rows past the vocabulary are padding (zeros,
+    their logits cut off after the gather)."""
+    if vocab < world:
+        raise ValueError(f"tensor_parallel_size {world} exceeds vocab_size ({vocab})")
+    rows = -(-vocab // world)
+    start = rank * rows
+    return start, rows, max(0, min(rows, vocab - start))

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.layers import linear
-from engine.parallel.group import TPGroup, even_split
+from engine.parallel.group import TPGroup, even_split, vocab_split
 
 
 class RowParallelLinear(nn.Module):
@@ -34,16 +34,16 @@ class RowParallelLinear(nn.Module):
 
 
 class VocabParallelEmbedding(nn.Module):
-    """Rows [start, start + vocab / world) of the embedding; a token outside them contributes zeros, and
-    the all-reduce leaves every rank with each token's one real row."""
+    """Rows [start, start + ceil(vocab / world)) of the embedding; a token outside them contributes zeros,
+    and the all-reduce leaves every rank with each token's one real row."""
 
     def __init__(
         self, vocab: int, hidden: int, dtype: torch.dtype, device: torch.device, tp: TPGroup
     ) -> None:
         super().__init__()
-        self.start, self.rows = even_split(vocab, tp.rank, tp.world, "vocab_size")
-        # Allocated, not initialised: the loader fills it (see engine/models/layers.linear).
-        self.weight = nn.Parameter(torch.empty(self.rows, hidden, dtype=dtype, device=device))
+        self.start, self.rows, self.real_rows = vocab_split(vocab, tp.rank, tp.world)
+        # The loader fills the real rows; padding rows (last rank, vocab not divisible) stay zero.
+        self.weight = nn.Parameter(torch.zeros(self.rows, hidden, dtype=dtype, device=device))
         self.tp = tp
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -55,16 +55,18 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(nn.Module):
-    """This rank's vocabulary rows of the LM head; the logits of every rank are gathered in vocab order."""
+    """This rank's vocabulary rows of the LM head; the logits of every rank are gathered in vocab order
+    (and the padding rows' cut off)."""
 
     def __init__(
         self, vocab: int, hidden: int, dtype: torch.dtype, device: torch.device, tp: TPGroup
     ) -> None:
         super().__init__()
-        self.start, self.rows = even_split(vocab, tp.rank, tp.world, "vocab_size")
-        self.weight = linear(hidden, self.rows, False, dtype, device).weight
+        self.vocab = vocab
+        self.start, self.rows, self.real_rows = vocab_split(vocab, tp.rank, tp.world)
+        self.weight = nn.Parameter(torch.zeros(self.rows, hidden, dtype=dtype, device=device))
         self.tp = tp
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [M, hidden] -> logits [M, vocab] on every rank."""
-        return self.tp.all_gather_last(F.linear(hidden, self.weight))
+        return self.tp.all_gather_last(F.linear(hidden, self.weight))[..., : self.vocab]
