@@ -18,11 +18,14 @@ import psutil
 import pytest
 import torch
 import transformers
+from safetensors.torch import save_file
 
 from engine import LLM, EngineDeadError, ProcessEngine, SamplingParams
 from engine.config import EngineConfig
 from engine.llm import CompletionOutput
 from engine.llm_engine import LLMEngine
+from engine.loader import iter_tensors
+from engine.models.layers import SourceSlice
 from engine.parallel.steps import TensorParallelLost
 from engine.request import RequestMeta
 from engine.tokenizer import write_byte_tokenizer
@@ -184,3 +187,12 @@ def test_a_dead_rank_takes_its_process_engine_down_through_the_engine_lost_path(
         assert worker.exitcode is not None
     finally:
         engine.shutdown(timeout_s=5)
+
+
+def test_a_rank_reads_only_its_slice_of_a_checkpoint_tensor(tmp_path: Path) -> None:
+    full = torch.arange(6 * 8, dtype=torch.float32).reshape(6, 8)
+    save_file({"w": full, "n": torch.ones(8)}, str(tmp_path / "model.safetensors"))
+    files = [tmp_path / "model.safetensors"]
+    rows = dict(iter_tensors(files, {"w": SourceSlice(0, 2, 3)}))
+    assert torch.equal(rows["w"], full[2:5]) and torch.equal(rows["n"], torch.ones(8))
+    assert torch.equal(dict(iter_tensors(files, {"w": SourceSlice(1, 4, 4)}))["w"], full[:, 4:])
