@@ -266,14 +266,16 @@ class LlamaForCausalLM(nn.Module):
                 cfg.hidden_size,
                 _weight=torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device),
             )
-            self.lm_head = linear(cfg.hidden_size, cfg.vocab_size, False, dtype, device)
-        else:  # vocab-parallel: each rank holds vocab_size / world rows of both
+        else:  # vocab-parallel: each rank holds ceil(vocab_size / world) rows of it and of the LM head
             self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device, tp)
-            self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, dtype, device, tp)
         self.layers = nn.ModuleList(
             self.layer_class(cfg, i, dtype, device, tp) for i in range(cfg.num_layers)
         )
         self.norm: RMSNorm = norm_class(cfg)(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        if tp is None:
+            self.lm_head = linear(cfg.hidden_size, cfg.vocab_size, False, dtype, device)
+        else:
+            self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, dtype, device, tp)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
