@@ -8,6 +8,7 @@ collective fails (another rank is gone), so it never outlives its engine.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -80,7 +81,11 @@ def main() -> None:
     init = read_frame(sys.stdin.buffer)
     if not isinstance(init, WorkerInit):
         sys.exit("engine.parallel.worker: expected a WorkerInit message on stdin")
-    serve(init)
+    try:
+        serve(init)
+    except Exception as exc:  # another rank is gone (a failed collective) or this one cannot load
+        print(f"tensor-parallel rank {init.rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        os._exit(1)  # at once: no interpreter teardown under a broken process group
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import multiprocessing
 import os
 import random
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +198,31 @@ def test_a_rank_reads_only_its_slice_of_a_checkpoint_tensor(tmp_path: Path) -> N
     rows = dict(iter_tensors(files, {"w": SourceSlice(0, 2, 3)}))
     assert torch.equal(rows["w"], full[2:5]) and torch.equal(rows["n"], torch.ones(8))
     assert torch.equal(dict(iter_tensors(files, {"w": SourceSlice(1, 4, 4)}))["w"], full[:, 4:])
+
+
+RANK0 = """
+import sys
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.request import SamplingParams
+engine = LLMEngine(EngineConfig(model=sys.argv[1], dtype="float32", tensor_parallel_size=2))
+engine.add_request("r", [5, 6, 7], SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True))
+engine.step()
+print(engine.peers.procs[0].pid, flush=True)
+while engine.has_unfinished():
+    engine.step()
+"""
+
+
+def test_a_rank_does_not_outlive_its_engine(models: dict[str, Path]) -> None:
+    rank0 = subprocess.Popen(
+        [sys.executable, "-c", RANK0, str(models["llama"])], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert rank0.stdout is not None
+        rank1 = psutil.Process(int(rank0.stdout.readline()))
+        rank0.kill()  # mid-stream: rank 1 is in a step or waiting for one
+        rank1.wait(timeout=20)
+    finally:
+        rank0.kill()
+        rank0.wait()
