@@ -6,11 +6,13 @@
 A 2-layer, 64-wide seeded Llama (byte tokenizer; 4 heads, 2 KV heads) on CPU, so the host shows beside
 the forward. Both engines stay up; each round runs the same decode-heavy batch on one then the other,
 the first side swapped every round (absolute times drift on a shared VM; the ratio is the figure). Per
-step: the median wall time of `LLMEngine.step()` in decode steady state, and under TP=2 the median time
-rank 0 spends handing the step to the other rank (`StepPeers.send_step`: the flat inputs as one int64 array
-and one pipe write per rank) with the size of that message. The step time under TP=2 also holds the gloo
-all-reduces (two per layer, the embedding's, the logits' all-gather) and two processes sharing the cores:
-on a CPU that is the cost of the collectives, not a speed-up. Memory: parameter bytes on rank 0.
+step: the median wall time of `LLMEngine.step()` in decode steady state; under TP=2 the median time
+rank 0 spends handing the step to the other rank (`StepPeers.send_step`: the flat inputs as one int64
+array and one pipe write per rank; the write wakes that rank, and on a loaded 2-core VM the writer may
+lose its core to it, which this figure includes), building the message timed alone, and its size.
+The step time under TP=2 also holds the gloo all-reduces (two per layer, the embedding's, the logits'
+all-gather), each a rendezvous of two processes sharing the cores: on a CPU that is the cost of the
+collectives, not a speed-up. Memory: parameter bytes on rank 0.
 """
 
 from __future__ import annotations
@@ -39,14 +41,17 @@ class TimedPeers:
 
     def __init__(self, peers: StepPeers) -> None:
         self.peers, self.seconds, self.sizes = peers, list[float](), list[int]()
+        self.build_seconds: list[float] = []
         self._send = peers.send_step
         peers.send_step = self.send_step  # type: ignore[method-assign]
 
     def send_step(self, batch: HostBatch, ids: Any) -> None:
         t0 = time.perf_counter()
         self._send(batch, ids)
-        self.seconds.append(time.perf_counter() - t0)
-        self.sizes.append(len(step_payload(batch, ids)))
+        t1 = time.perf_counter()
+        self.sizes.append(len(step_payload(batch, ids)))  # built again, timed alone
+        self.seconds.append(t1 - t0)
+        self.build_seconds.append(time.perf_counter() - t1)
 
 
 def decode_steps(engine: LLMEngine, batch: int, tokens: int, tag: str) -> list[float]:
@@ -105,6 +110,8 @@ def main() -> None:
     print("| | TP=1 | TP=2 | TP=2 / TP=1 |\n|---|---|---|---|")
     print(f"| step wall time (µs) | {one * 1e6:.0f} | {two * 1e6:.0f} | {two / one:.2f} |")
     print(f"| rank 0 handing the step over (µs) | 0 | {send * 1e6:.1f} | {send / one:.3f} of a TP=1 step |")
+    build = statistics.median(timed.build_seconds)
+    print(f"| of which building the message (µs) | - | {build * 1e6:.1f} | |")
     print(f"| step message (bytes) | - | {statistics.median(timed.sizes):.0f} | |")
     print(f"| parameter bytes on rank 0 | {memory[1]} | {memory[2]} | {memory[2] / memory[1]:.3f} |")
 
