@@ -39,6 +39,8 @@ _HEADER = 8  # bytes of the little-endian payload length before each message, th
 _PICKLED, _STEP = 0, 1
 # How long a rank that was told to stop may take to exit before it is killed.
 _EXIT_GRACE_S = 5.0
+# How long a failed step looks for the rank that died (a live but broken one: the error says so after it).
+_REAP_S = 1.0
 
 
 class TensorParallelLost(RuntimeError):
@@ -175,12 +177,18 @@ class StepPeers:
         self._send(frame(_STEP, step_payload(batch, ids)))
 
     def lost(self, cause: BaseException) -> TensorParallelLost:
-        """The error that ends the engine after `cause` (a collective or a pipe failed): names a dead rank."""
-        for rank, proc in enumerate(self.procs, start=1):
-            code = proc.poll()
-            if code is not None:
-                return TensorParallelLost(f"tensor-parallel rank {rank} exited (code {code}): {cause}")
-        return TensorParallelLost(f"tensor-parallel step failed: {cause}")
+        """The error that ends the engine after `cause` (a collective or a pipe failed), naming the rank
+        that died: its sockets close as it dies, a moment before its exit can be reaped, so this looks
+        for up to a second."""
+        deadline = time.monotonic() + _REAP_S
+        while True:
+            for rank, proc in enumerate(self.procs, start=1):
+                code = proc.poll()
+                if code is not None:
+                    return TensorParallelLost(f"tensor-parallel rank {rank} exited (code {code}): {cause}")
+            if time.monotonic() > deadline:
+                return TensorParallelLost(f"tensor-parallel step failed: {cause}")
+            time.sleep(0.01)
 
     def close(self) -> None:
         """Stop the other ranks (killed if they do not exit promptly) and drop the group."""

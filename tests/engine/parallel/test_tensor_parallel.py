@@ -167,10 +167,15 @@ def test_killing_rank_1_mid_stream_ends_the_engine_as_one_unit(models: dict[str,
 def test_a_dead_rank_takes_its_process_engine_down_through_the_engine_lost_path() -> None:
     """Rank 1 of the worker process's engine killed mid-stream: the stream ends with EngineDeadError (the
     gateway's 503 + Retry-After), the engine reports dead, and no rank is left behind."""
+    before = {p.pid for p in multiprocessing.active_children()}
     engine = ProcessEngine(EngineConfig(num_kv_blocks=96, tensor_parallel_size=2))  # the default model
     engine.start()
     try:
-        (worker,) = [p for p in multiprocessing.active_children() if p.name == "fairserve-engine"]
+        (worker,) = [
+            p
+            for p in multiprocessing.active_children()
+            if p.name == "fairserve-engine" and p.pid not in before
+        ]
         assert worker.pid is not None
         (rank1,) = psutil.Process(worker.pid).children()
 
