@@ -101,17 +101,21 @@ def fit(
     placed."""
     free = free or capacity()
     if engines and settings.engine.device.startswith("cuda"):
-        check_gpus(engines, free)
+        check_gpus(engines, free, settings.engine.tensor_parallel_size)
     sized = size(cfg, engines, gateways, free)
     return cfg.model_copy(update={"engine_cpus": sized.engine_cpus, "gateway_cpus": sized.gateway_cpus})
 
 
 def engine_resources(config: EngineConfig, cfg: ClusterConfig) -> dict[str, float]:
     """One GPU per engine on CUDA (Ray then sets CUDA_VISIBLE_DEVICES, so the engine sees it as cuda:0),
-    and `engine_cpus` (sized by `fit`)."""
+    and `engine_cpus` (sized by `fit`).
+
+    With tensor parallelism one actor holds every rank's GPU (cuda:0..N-1 in it): Ray places an actor's
+    resources on one node, so the ranks are placed together as one bundle, and they are the actor's child
+    processes (engine/parallel/), so Ray's restart of the actor restarts them as a unit."""
     cpus = MIN_SHARE if cfg.engine_cpus is None else cfg.engine_cpus
     if config.device.startswith("cuda"):
-        return {"num_gpus": 1, "num_cpus": cpus}
+        return {"num_gpus": config.tensor_parallel_size, "num_cpus": cpus}
     return {"num_cpus": cpus}
 
 

@@ -8,6 +8,7 @@ The server's loop runs on a thread of its own; the actor's methods (pings, load,
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
@@ -19,6 +20,7 @@ from engine.remote.curve import ClusterKey
 from engine.remote.server import EngineServer
 from gateway.settings import EngineServerSettings
 
+log = logging.getLogger("fairserve.cluster.engine")
 # Engines re-register this often: a registry that Ray restarted (and so forgot them) learns them back.
 REREGISTER_S = 5.0
 
@@ -40,13 +42,23 @@ class EngineActor:
             cluster_key=key,
         )
         self.server.start()
-        self._serving = threading.Thread(target=self.server.run, name="engine-server", daemon=True)
+        self._serving = threading.Thread(target=self._serve, name="engine-server", daemon=True)
         self._serving.start()
         self._stopped = threading.Event()
         self._registry = ray.get_actor(REGISTRY_NAME)
         self._handle = ray.get_runtime_context().current_actor
         ray.get(self._register())
         threading.Thread(target=self._reregister, name="engine-reregister", daemon=True).start()
+
+    def _serve(self) -> None:
+        """Serve until stopped. An engine whose loop died (a tensor-parallel rank of it, say) ends the
+        actor's process, so Ray restarts the actor, and with it every rank, as one unit."""
+        try:
+            self.server.run()
+        except BaseException:
+            log.exception("engine %s died: exiting so Ray restarts this actor", self.name)
+            logging.shutdown()
+            os._exit(1)
 
     def _register(self) -> ray.ObjectRef[None]:
         entry = EngineEntry(self.name, self.server.address, self.server.engine_id, self.node_ip, os.getpid())

@@ -70,10 +70,12 @@ def size(cfg: ClusterConfig, engines: int, gateways: int, capacity: Capacity) ->
     return Reservations(engine_cpus, gateway_cpus)
 
 
-def check_gpus(engines: int, capacity: Capacity) -> None:
-    """Engines on CUDA take one GPU each: DoesNotFit when the cluster has fewer free."""
-    if engines > capacity.gpus_free:
+def check_gpus(engines: int, capacity: Capacity, per_engine: int = 1) -> None:
+    """Engines on CUDA take one GPU per tensor-parallel rank each: DoesNotFit when the cluster has fewer free."""
+    asked = engines * per_engine
+    if asked > capacity.gpus_free:
+        each = f" of {per_engine} GPUs (--tensor-parallel-size)" if per_engine > 1 else ""
         raise DoesNotFit(
-            f"{engines} CUDA engine(s) ask {engines} GPUs, the cluster has {capacity.gpus_free:g} free; "
+            f"{engines} CUDA engine(s){each} ask {asked} GPUs, the cluster has {capacity.gpus_free:g} free; "
             "lower --engines or add GPU nodes"
         )

@@ -46,6 +46,14 @@ class EngineConfig(BaseModel):
         default="auto", description="auto picks the Triton kernels on CUDA and their torch twins on CPU"
     )
     # CUDA graphs for decode steps (engine/decode_graphs.py, docs/engine.md "CUDA graphs").
+    # Tensor parallelism (engine/parallel/, docs/engine.md "Tensor parallelism").
+    tensor_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="ranks one engine's model is split over: one process per GPU (NCCL), or per CPU "
+        "process (gloo); rank 0 schedules",
+    )
     enforce_eager: bool = Field(
         default=False,
         description="run every step eagerly: no CUDA graphs for decode steps (and no padded static "
@@ -184,9 +192,10 @@ class EngineConfig(BaseModel):
                     f"device {self.device!r} asked for, but CUDA is not available here "
                     "(torch.cuda.is_available() is False); use --device cpu"
                 )
-            if int(index or 0) >= torch.cuda.device_count():
+            if int(index or 0) + self.tensor_parallel_size > torch.cuda.device_count():
                 raise ValueError(
-                    f"device {self.device!r}: only {torch.cuda.device_count()} CUDA device(s) here"
+                    f"device {self.device!r} with tensor_parallel_size {self.tensor_parallel_size}: "
+                    f"only {torch.cuda.device_count()} CUDA device(s) here"
                 )
         return self
 

@@ -52,6 +52,8 @@ from engine.outputs import (
     text_in_loop,
 )
 from engine.overlap import OverlapExecutor
+from engine.parallel.group import head_shard
+from engine.parallel.steps import StepPeers
 from engine.policy import build_policy
 from engine.recorder import EngineRecorder
 from engine.request import (
@@ -93,9 +95,16 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config  # validated by pydantic when built
         self.device = torch.device(config.device)
-        self.loaded = loaded or load_model(
-            config.model, dtype=config.dtype, device=config.device, cache_dir=config.cache_dir
-        )
+        # Tensor parallelism: ranks 1..N-1 start first; this process is rank 0 and loads its own shard.
+        self.peers, self.loaded = _load(config, loaded)
+        try:
+            self._build(config)
+        except BaseException:
+            if self.peers is not None:
+                self.peers.close()
+            raise
+
+    def _build(self, config: EngineConfig) -> None:
         mc = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
         self.model_name = config.served_model_name or self.loaded.name
@@ -105,7 +114,12 @@ class LLMEngine:
         self.vocab_size = mc.vocab_size
         self.eos_token_ids = set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids)
         backend = resolve_backend(config.attention_backend, self.device)
-        graphs = graph_plan(config, self.device, backend, self.max_model_len, mc.vocab_size)
+        # Decode graphs are per rank with the all-reduce inside (GPU); not built under tensor parallelism yet.
+        graphs = (
+            None
+            if self.peers is not None
+            else graph_plan(config, self.device, backend, self.max_model_len, mc.vocab_size)
+        )
         num_blocks = config.num_kv_blocks or blocks_from_memory(
             config, self.loaded, self.max_model_len, graphs
         )
@@ -124,10 +138,11 @@ class LLMEngine:
         # Async scheduling: step N+1 is scheduled while step N's forward runs.
         overlaps = config.overlaps()
         self.scheduler = (AsyncScheduler if overlaps else Scheduler)(sched_cfg, self.pool, self.policy)
+        world, peers = config.tensor_parallel_size, self.peers
         self.runner = ModelRunner(
             self.loaded.model,
             mc.num_layers,
-            mc.num_kv_heads,
+            head_shard(mc.num_heads, mc.num_kv_heads, 0, world).kv_heads,  # this rank's share of the cache
             mc.head_dim,
             num_blocks,
             config.block_size,
@@ -136,10 +151,14 @@ class LLMEngine:
             backend,
             config.seed,
             # Sliding layers free blocks behind their window only without prefix caching (engine/window_cache.py).
+            # Under tensor parallelism every layer stays in the BlockPool (no window pool to mirror on each rank).
             window_seats=None
-            if config.enable_prefix_caching
+            if config.enable_prefix_caching or peers is not None
             else (config.max_num_seqs, config.max_num_batched_tokens),
         )
+        if peers is not None:
+            peers.allocate(num_blocks)
+            self.runner.peers = peers
         # Constrained decoding (engine/grammar/): compiles off this loop, masks beside the forward.
         masks = self.runner.grammar = GrammarMasks(
             mc.vocab_size,
@@ -432,18 +451,39 @@ class LLMEngine:
         ) * len(ids)
         if self.runner.swapped_bytes() + need > self.config.swap_space_bytes:
             return -1  # buffer full: fall back to recompute
-        return self.runner.swap_out(request, ids)
+        return self.runner.swap_out(request.request_id, ids)
 
     def _swap_in(self, request: Request) -> int:
         self.executor.wait_forward()  # it may still write a block just freed and handed to this request
-        return self.runner.swap_in(request, self.pool.block_ids(request.request_id))
+        return self.runner.swap_in(request.request_id, self.pool.block_ids(request.request_id))
 
     def close(self) -> None:
-        """Stop the forward thread and the counter sync, and release the trace file."""
+        """Stop the forward thread, the other tensor-parallel ranks and the counter sync; release the trace file."""
         self.executor.close()
+        if self.peers is not None:
+            self.peers.close()
         self.grammar.close()
         if self.counter_sync is not None:
             self.counter_sync.close()
         self.recorder.close()
         if self.tracer is not None:
             self.tracer.shutdown()
+
+
+def _load(config: EngineConfig, loaded: LoadedModel | None) -> tuple[StepPeers | None, LoadedModel]:
+    """The other tensor-parallel ranks (None on one rank) and this rank's model."""
+    if config.tensor_parallel_size == 1:
+        return None, loaded or load_model(
+            config.model, dtype=config.dtype, device=config.device, cache_dir=config.cache_dir
+        )
+    if loaded is not None:
+        raise ValueError("a preloaded model cannot be tensor-parallel: each rank loads its own shard")
+    peers = StepPeers.start(config)
+    try:
+        shard = load_model(
+            config.model, dtype=config.dtype, device=config.device, cache_dir=config.cache_dir, tp=peers.group
+        )
+    except BaseException:
+        peers.close()
+        raise
+    return peers, shard

@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -22,7 +22,9 @@ from torch import nn
 
 from engine.models import ModelConfig, build_model
 from engine.models.config import eos_ids
+from engine.models.layers import SourceSlice
 from engine.models.protocol import CausalLM
+from engine.parallel.group import TPGroup
 from engine.tokenizer import (
     BYTE_SPECIAL_TOKENS,
     Tokenizer,
@@ -61,9 +63,18 @@ class LoadedModel:
 
 
 def load_model(
-    path: str | Path | None, *, dtype: str, device: str, cache_dir: str | None = None
+    path: str | Path | None,
+    *,
+    dtype: str,
+    device: str,
+    cache_dir: str | None = None,
+    tp: TPGroup | None = None,
 ) -> LoadedModel:
-    """Load the model directory at path (None: the embedded default, built on first use)."""
+    """Load the model directory at path (None: the embedded default, built on first use).
+
+    tp: this rank's tensor-parallel group; the rank builds its shard of the model and reads only that
+    shard of each checkpoint tensor from the safetensors files.
+    """
     root = default_model_dir(cache_dir) if path is None else Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"model directory {str(root)!r} does not exist")
@@ -85,8 +96,12 @@ def load_model(
             f"{root}: tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size}"
         )
     torch_dtype = resolve_dtype(dtype, hf_config, device)
-    model = build_model(cfg, torch_dtype, torch.device(device))
-    cast(CausalLM, model).load_weights(iter_tensors(weight_files))  # every registered model has it
+    model = build_model(cfg, torch_dtype, torch.device(device), tp)
+    causal = cast(CausalLM, model)  # every registered model has these
+    slices = None
+    if tp is not None:
+        slices = {name: t.source for name, t in causal.weight_targets().items() if t.source is not None}
+    causal.load_weights(iter_tensors(weight_files, slices))
     name = DEFAULT_MODEL_NAME if path is None else root.resolve().name
     return LoadedModel(model=model, config=cfg, tokenizer=tokenizer, path=root, dtype=torch_dtype, name=name)
 
@@ -124,13 +139,21 @@ def safetensors_files(root: Path) -> list[Path]:
     return files
 
 
-def iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of every checkpoint tensor in the shards, one at a time."""
+def iter_tensors(
+    files: list[Path], slices: Mapping[str, SourceSlice] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every checkpoint tensor in the shards, one at a time; a tensor named in `slices`
+    is read only in that part (a tensor-parallel rank's shard: the rest is never read from the file)."""
     # One tensor at a time, so peak memory stays near the model size rather than twice it.
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                yield name, f.get_tensor(name)
+                source = slices.get(name) if slices else None
+                if source is None:
+                    yield name, f.get_tensor(name)
+                    continue
+                cut = slice(source.start, source.start + source.length)
+                yield name, f.get_slice(name)[(slice(None),) * source.dim + (cut,)]
 
 
 def default_model_dir(cache_dir: str | None = None) -> Path:

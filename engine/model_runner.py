@@ -17,6 +17,7 @@ from engine.grammar.masks import GrammarMasks
 from engine.input_batch import BlockTableRows
 from engine.models.config import ModelConfig
 from engine.models.protocol import CausalLM
+from engine.parallel.steps import DROP_SWAPPED, SWAP_IN, SWAP_OUT, StepPeers
 from engine.request import Request
 from engine.sampler import Sampler, to_device
 from engine.scheduler import SchedulerOutput
@@ -105,6 +106,8 @@ class ModelRunner:
         self.main_layers = [i for i in range(num_layers) if i not in self.window_layers]
         # Decode steps replay these (engine/decode_graphs.py); the engine sets them once the cache exists.
         self.graphs: DecodeGraphs | None = None
+        # Tensor parallelism (engine/parallel/): the other ranks, sent each forward's inputs; None on one rank.
+        self.peers: StepPeers | None = None
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         self.kv_caches: list[KVCache] = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
@@ -317,35 +320,59 @@ class ModelRunner:
         if graphs is not None and graphs.serves(batch):
             return graphs.run(batch, self._input_ids(batch))
         ids, positions, meta = self._to_device(batch)
+        if self.peers is None:
+            return self._forward(ids, positions, meta, batch.sample_rows)
+        try:
+            self.peers.send_step(batch, ids)
+            return self._forward(ids, positions, meta, batch.sample_rows)
+        except RuntimeError as exc:  # a collective failed: another rank is gone
+            raise self.peers.lost(exc) from exc
+
+    @torch.inference_mode()
+    def run_peer_step(self, batch: HostBatch) -> None:
+        """A tensor-parallel rank > 0's share of a step rank 0 sent (engine/parallel/worker.py): the same
+        forward and logits, whose collectives meet rank 0's; rank 0 samples."""
+        ids, positions, meta = self._to_device(batch)
+        self._forward(ids, positions, meta, batch.sample_rows)
+
+    def _forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, sample_rows: list[int]
+    ) -> torch.Tensor | None:
+        """The eager forward, then the logits of `sample_rows` (None when there are none)."""
         hidden = self.model(ids, positions, self.kv_caches, meta)
-        if not batch.sampling:
+        if not sample_rows:
             return None
         return cast(CausalLM, self.model).compute_logits(  # every registered model has it
-            hidden[to_device(batch.sample_rows, torch.int64, hidden.device)]  # no wait for the forward
+            hidden[to_device(sample_rows, torch.int64, hidden.device)]  # no wait for the forward
         )
 
     # -- swap preemption --------------------------------------------------------------------
-    def swap_out(self, request: Request, block_ids: list[int]) -> int:
-        """Copy a request's computed blocks to host memory; returns bytes moved."""
+    def swap_out(self, request_id: str, block_ids: list[int]) -> int:
+        """Copy a request's computed blocks to host memory; returns bytes moved (every tensor-parallel rank
+        swaps its own shard: the other ranks are told in the same order as the steps)."""
+        if self.peers is not None:
+            self.peers.send_control(SWAP_OUT, request_id, block_ids)
         ids = torch.tensor(block_ids, dtype=torch.long, device=self.device)
         main = [self.kv_caches[i] for i in self.main_layers]
         saved = [(k[ids].to("cpu", copy=True), v[ids].to("cpu", copy=True)) for k, v in main]
-        self._swapped[request.request_id] = saved
+        self._swapped[request_id] = saved
         if self.windows is not None:
-            self._swapped_windows[request.request_id] = self.windows.save(request.request_id)
-        return self._swapped_size(request.request_id)
+            self._swapped_windows[request_id] = self.windows.save(request_id)
+        return self._swapped_size(request_id)
 
-    def swap_in(self, request: Request, block_ids: list[int]) -> int:
+    def swap_in(self, request_id: str, block_ids: list[int]) -> int:
         """Copy a swapped request's blocks back into freshly allocated blocks; returns bytes moved."""
-        moved = self._swapped_size(request.request_id)
-        saved = self._swapped.pop(request.request_id)
+        if self.peers is not None:
+            self.peers.send_control(SWAP_IN, request_id, block_ids)
+        moved = self._swapped_size(request_id)
+        saved = self._swapped.pop(request_id)
         ids = torch.tensor(block_ids[: saved[0][0].shape[0]], dtype=torch.long, device=self.device)
         for (k, v), (sk, sv) in zip([self.kv_caches[i] for i in self.main_layers], saved, strict=True):
             k[ids] = sk.to(self.device)
             v[ids] = sv.to(self.device)
-        window = self._swapped_windows.pop(request.request_id, None)
+        window = self._swapped_windows.pop(request_id, None)
         if self.windows is not None and window is not None:
-            self.windows.restore(request.request_id, *window)
+            self.windows.restore(request_id, *window)
             self._sync_window_caches()
         return moved
 
@@ -363,14 +390,15 @@ class ModelRunner:
     def forget(self, request_id: str) -> None:
         """A request ended: free its block-table row and any swapped copy."""
         self.block_rows.forget(request_id)
-        self._swapped.pop(request_id, None)
+        self.drop_swapped(request_id)
         self._swapped_windows.pop(request_id, None)
         if self.windows is not None:
             self.windows.release(request_id)
 
     def drop_swapped(self, request_id: str) -> None:
         """Forget a swapped copy whose request ended while swapped out."""
-        self._swapped.pop(request_id, None)
+        if self._swapped.pop(request_id, None) is not None and self.peers is not None:
+            self.peers.send_control(DROP_SWAPPED, request_id)
         self._swapped_windows.pop(request_id, None)
 
     def swapped_bytes(self) -> int:

@@ -7,11 +7,20 @@ from torch import nn
 
 from engine.models.config import ModelConfig
 from engine.models.registry import ARCHITECTURES, model_class
+from engine.parallel.group import TPGroup
 
 
-def build_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> nn.Module:
-    """An uninitialised model for cfg; fill it with `model.load_weights(...)`."""
-    model = model_class(cfg.architecture)(cfg, dtype, torch.device(device))
+def build_model(
+    cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TPGroup | None = None
+) -> nn.Module:
+    """An uninitialised model for cfg; fill it with `model.load_weights(...)`.
+
+    tp: this rank's tensor-parallel group (engine/parallel/); None builds the plain single-rank model.
+    """
+    model_cls = model_class(cfg.architecture)
+    if tp is None:
+        return model_cls(cfg, dtype, torch.device(device)).eval()
+    model = model_cls(cfg, dtype, torch.device(device), tp)
     return model.eval()
 
 

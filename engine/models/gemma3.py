@@ -14,15 +14,23 @@ import torch
 from engine.attention import AttentionMetadata, KVCache
 from engine.kernels import kernels
 from engine.models.config import ModelConfig
-from engine.models.layers import RMSNorm, WeightTargets, norm_class, rope_inv_freq, rope_tables
+from engine.models.layers import RMSNorm, Target, WeightTargets, norm_class, rope_inv_freq, rope_tables
 from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from engine.parallel.group import TPGroup
 
 
 class Gemma3DecoderLayer(LlamaDecoderLayer):
     """Pre- and post-norms around both attention and MLP."""
 
-    def __init__(self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype, device: torch.device) -> None:
-        super().__init__(cfg, layer_idx, dtype, device)
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        layer_idx: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        tp: TPGroup | None = None,
+    ) -> None:
+        super().__init__(cfg, layer_idx, dtype, device, tp)
         norm = norm_class(cfg)
         self.pre_feedforward_layernorm: RMSNorm = norm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.post_feedforward_layernorm: RMSNorm = norm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
@@ -52,7 +60,7 @@ class Gemma3DecoderLayer(LlamaDecoderLayer):
         """The Llama layer's names plus the two feed-forward norms."""
         targets = super().weight_targets(prefix)
         for name in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
-            targets[f"{prefix}.{name}.weight"] = (getattr(self, name).weight, 0, self.hidden_size)
+            targets[f"{prefix}.{name}.weight"] = Target(getattr(self, name).weight, 0, self.hidden_size)
         return targets
 
 
@@ -63,8 +71,10 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     local_sin: torch.Tensor
     layer_class = Gemma3DecoderLayer
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
-        super().__init__(cfg, dtype, device)
+    def __init__(
+        self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TPGroup | None = None
+    ) -> None:
+        super().__init__(cfg, dtype, device, tp)
         local = rope_inv_freq(cfg.head_dim, cfg.local_rope_theta or cfg.rope_theta, None)
         cos, sin = rope_tables(local, cfg.max_position_embeddings, device)
         self.register_buffer("local_cos", cos, persistent=False)

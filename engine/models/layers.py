@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -11,8 +12,27 @@ from engine.kernels import Kernels
 from engine.models.config import ModelConfig
 from fairserve_kernels.layer_reference import signed_sin
 
-# HF tensor name -> (our parameter, first row, number of rows) it fills.
-WeightTargets = dict[str, tuple[torch.Tensor, int, int]]
+
+class SourceSlice(NamedTuple):
+    """The part of a checkpoint tensor one tensor-parallel rank holds: `length` indices of `dim` from `start`."""
+
+    dim: int
+    start: int
+    length: int
+
+
+class Target(NamedTuple):
+    """Where one HF tensor goes: rows [start, start + rows) of `param`; with tensor parallelism, only the
+    `source` slice of the checkpoint tensor is read (None: the whole tensor, as on a single rank)."""
+
+    param: torch.Tensor
+    start: int
+    rows: int
+    source: SourceSlice | None = None
+
+
+# HF tensor name -> where it goes.
+WeightTargets = dict[str, Target]
 
 
 class RMSNorm(nn.Module):
@@ -102,9 +122,26 @@ def linear(n_in: int, n_out: int, bias: bool, dtype: torch.dtype, device: torch.
     return _UninitialisedLinear(n_in, n_out, bias=bias, dtype=dtype, device=device)
 
 
-def linear_targets(prefix: str, layer: nn.Linear, start: int, rows: int) -> WeightTargets:
-    """Targets of one HF linear (`prefix`.weight and, when the layer has one, `prefix`.bias) in a fused layer."""
-    targets: WeightTargets = {f"{prefix}.weight": (layer.weight, start, rows)}
+class Projection(Protocol):
+    """A linear's parameters: nn.Linear, or a tensor-parallel one (engine/parallel/layers.py)."""
+
+    @property
+    def weight(self) -> torch.Tensor: ...
+
+    @property
+    def bias(self) -> torch.Tensor | None: ...
+
+
+def linear_targets(
+    prefix: str, layer: Projection, start: int, rows: int, source: SourceSlice | None = None
+) -> WeightTargets:
+    """Targets of one HF linear (`prefix`.weight and, when the layer has one, `prefix`.bias) in a fused layer.
+
+    `source`: the rank's slice of the weight; a column-parallel slice (dim 0) cuts the bias too, a
+    row-parallel one (dim 1) leaves it whole (it is added once, after the all-reduce).
+    """
+    targets: WeightTargets = {f"{prefix}.weight": Target(layer.weight, start, rows, source)}
     if layer.bias is not None:
-        targets[f"{prefix}.bias"] = (layer.bias, start, rows)
+        bias_source = source if source is not None and source.dim == 0 else None
+        targets[f"{prefix}.bias"] = Target(layer.bias, start, rows, bias_source)
     return targets

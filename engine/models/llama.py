@@ -22,6 +22,8 @@ from engine.kernels import Kernels, kernels
 from engine.models.config import ModelConfig
 from engine.models.layers import (
     RMSNorm,
+    SourceSlice,
+    Target,
     WeightTargets,
     gated_activation,
     linear,
@@ -31,24 +33,57 @@ from engine.models.layers import (
     rope_tables,
 )
 from engine.models.moe import SparseMoeBlock
+from engine.parallel.group import HeadShard, TPGroup, even_split, head_shard
+from engine.parallel.layers import ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
+
+
+def row_linear(
+    n_in: int, n_out: int, bias: bool, dtype: torch.dtype, device: torch.device, tp: TPGroup | None
+) -> nn.Linear | RowParallelLinear:
+    """o_proj and down_proj: a plain linear on one rank, row-parallel (summed over the ranks) on several."""
+    if tp is None:
+        return linear(n_in, n_out, bias, dtype, device)
+    return RowParallelLinear(n_in, n_out, bias, dtype, device, tp)
+
+
+def rows_of(tp: TPGroup | None, dim: int, start: int, length: int) -> SourceSlice | None:
+    """This rank's slice of a checkpoint tensor (None on one rank: all of it)."""
+    return None if tp is None else SourceSlice(dim, start, length)
 
 
 class LlamaAttention(nn.Module):
     """Grouped-query self-attention with fused qkv, optional q/k norms, RoPE and the paged attention call."""
 
-    def __init__(self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        layer_idx: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        tp: TPGroup | None = None,
+    ) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.tp = tp
+        # Tensor parallelism: this rank's q heads and the KV heads they read (all of them on one rank).
+        self.shard = (
+            head_shard(cfg.num_heads, cfg.num_kv_heads, tp.rank, tp.world)
+            if tp is not None
+            else HeadShard(cfg.num_heads, 0, cfg.num_kv_heads, 0)
+        )
+        self.num_heads, self.num_kv_heads = self.shard.q_heads, self.shard.kv_heads
+        self.head_dim = cfg.head_dim
+        self.q_size = self.num_heads * cfg.head_dim
+        self.kv_size = self.num_kv_heads * cfg.head_dim
         self.scale = cfg.attn_scale or cfg.head_dim**-0.5
         self.sliding_window = cfg.window(layer_idx)
         self.soft_cap = cfg.attn_soft_cap
         self.qkv_proj = linear(
             cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.attention_bias, dtype, device
         )
-        self.o_proj = linear(self.q_size, cfg.hidden_size, cfg.o_proj_bias, dtype, device)
+        self.o_proj = row_linear(
+            cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.o_proj_bias, dtype, device, tp
+        )
         norm = norm_class(cfg)
         self.q_norm = norm(cfg.head_dim, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
         self.k_norm = norm(cfg.head_dim, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
@@ -97,26 +132,37 @@ class LlamaAttention(nn.Module):
 
     def weight_targets(self, prefix: str) -> WeightTargets:
         """HF q/k/v/o projections (and q/k norms) onto the fused parameters."""
-        q, kv = self.q_size, self.kv_size
-        targets = linear_targets(f"{prefix}.q_proj", self.qkv_proj, 0, q)
-        targets |= linear_targets(f"{prefix}.k_proj", self.qkv_proj, q, kv)
-        targets |= linear_targets(f"{prefix}.v_proj", self.qkv_proj, q + kv, kv)
-        targets |= linear_targets(f"{prefix}.o_proj", self.o_proj, 0, self.o_proj.out_features)
+        q, kv, tp = self.q_size, self.kv_size, self.tp
+        q_rows = rows_of(tp, 0, self.shard.q_start * self.head_dim, q)
+        kv_rows = rows_of(tp, 0, self.shard.kv_start * self.head_dim, kv)
+        targets = linear_targets(f"{prefix}.q_proj", self.qkv_proj, 0, q, q_rows)
+        targets |= linear_targets(f"{prefix}.k_proj", self.qkv_proj, q, kv, kv_rows)
+        targets |= linear_targets(f"{prefix}.v_proj", self.qkv_proj, q + kv, kv, kv_rows)
+        o_cols = rows_of(tp, 1, self.shard.q_start * self.head_dim, q)
+        targets |= linear_targets(f"{prefix}.o_proj", self.o_proj, 0, self.o_proj.out_features, o_cols)
         if self.q_norm is not None and self.k_norm is not None:
-            targets[f"{prefix}.q_norm.weight"] = (self.q_norm.weight, 0, self.head_dim)
-            targets[f"{prefix}.k_norm.weight"] = (self.k_norm.weight, 0, self.head_dim)
+            targets[f"{prefix}.q_norm.weight"] = Target(self.q_norm.weight, 0, self.head_dim)
+            targets[f"{prefix}.k_norm.weight"] = Target(self.k_norm.weight, 0, self.head_dim)
         return targets
 
 
 class LlamaMLP(nn.Module):
     """Gated feed-forward (SwiGLU, or GELU-tanh for Gemma): one gate/up GEMM, one act-and-mul, down."""
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TPGroup | None = None
+    ) -> None:
         super().__init__()
-        self.intermediate_size = cfg.intermediate_size
+        self.tp = tp
+        # Tensor parallelism: gate/up column-parallel over this rank's intermediate rows, down row-parallel.
+        self.inter_start, self.intermediate_size = (
+            even_split(cfg.intermediate_size, tp.rank, tp.world, "intermediate_size")
+            if tp is not None
+            else (0, cfg.intermediate_size)
+        )
         self.act = gated_activation(cfg.hidden_act)
-        self.gate_up_proj = linear(cfg.hidden_size, 2 * cfg.intermediate_size, cfg.mlp_bias, dtype, device)
-        self.down_proj = linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, dtype, device)
+        self.gate_up_proj = linear(cfg.hidden_size, 2 * self.intermediate_size, cfg.mlp_bias, dtype, device)
+        self.down_proj = row_linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, dtype, device, tp)
 
     def forward(self, x: torch.Tensor, ops: Kernels) -> torch.Tensor:
         """down(act(gate(x)) * up(x))."""
@@ -125,10 +171,12 @@ class LlamaMLP(nn.Module):
 
     def weight_targets(self, prefix: str) -> WeightTargets:
         """HF gate/up/down projections onto the fused parameters."""
-        inter = self.intermediate_size
-        targets = linear_targets(f"{prefix}.gate_proj", self.gate_up_proj, 0, inter)
-        targets |= linear_targets(f"{prefix}.up_proj", self.gate_up_proj, inter, inter)
-        return targets | linear_targets(f"{prefix}.down_proj", self.down_proj, 0, self.down_proj.out_features)
+        inter, tp = self.intermediate_size, self.tp
+        rows, cols = rows_of(tp, 0, self.inter_start, inter), rows_of(tp, 1, self.inter_start, inter)
+        targets = linear_targets(f"{prefix}.gate_proj", self.gate_up_proj, 0, inter, rows)
+        targets |= linear_targets(f"{prefix}.up_proj", self.gate_up_proj, inter, inter, rows)
+        down = self.down_proj
+        return targets | linear_targets(f"{prefix}.down_proj", down, 0, down.out_features, cols)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -138,15 +186,24 @@ class LlamaDecoderLayer(nn.Module):
     output and the stream without adding them, and the next norm adds them in the same kernel.
     """
 
-    def __init__(self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        layer_idx: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        tp: TPGroup | None = None,
+    ) -> None:
         super().__init__()
         norm = norm_class(cfg)
         self.hidden_size = cfg.hidden_size
         self.input_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.self_attn = LlamaAttention(cfg, layer_idx, dtype, device)
+        self.self_attn = LlamaAttention(cfg, layer_idx, dtype, device, tp)
         self.post_attention_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.mlp: LlamaMLP | SparseMoeBlock = (
-            SparseMoeBlock(cfg, dtype, device) if cfg.is_sparse(layer_idx) else LlamaMLP(cfg, dtype, device)
+            SparseMoeBlock(cfg, dtype, device, tp)
+            if cfg.is_sparse(layer_idx)
+            else LlamaMLP(cfg, dtype, device, tp)
         )
 
     def forward(
@@ -182,7 +239,7 @@ class LlamaDecoderLayer(nn.Module):
             f"{prefix}.mlp"
         )
         for name in ("input_layernorm", "post_attention_layernorm"):
-            targets[f"{prefix}.{name}.weight"] = (getattr(self, name).weight, 0, self.hidden_size)
+            targets[f"{prefix}.{name}.weight"] = Target(getattr(self, name).weight, 0, self.hidden_size)
         return targets
 
 
@@ -193,19 +250,32 @@ class LlamaForCausalLM(nn.Module):
     rope_sin: torch.Tensor
     layer_class: type[LlamaDecoderLayer] = LlamaDecoderLayer
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TPGroup | None = None
+    ) -> None:
         super().__init__()
         self.config = cfg
         self.dtype = dtype
-        # An uninitialised weight (the loader fills it) handed in directly, not skip_init: see layers.linear.
-        self.embed_tokens = nn.Embedding(
-            cfg.vocab_size,
-            cfg.hidden_size,
-            _weight=torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device),
+        self.tp = tp
+        self.embed_tokens: nn.Embedding | VocabParallelEmbedding
+        self.lm_head: nn.Linear | ParallelLMHead
+        if tp is None:
+            # An uninitialised weight (the loader fills it) handed in directly, not skip_init: see layers.linear.
+            self.embed_tokens = nn.Embedding(
+                cfg.vocab_size,
+                cfg.hidden_size,
+                _weight=torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device),
+            )
+        else:  # vocab-parallel: each rank holds ceil(vocab_size / world) rows of it and of the LM head
+            self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device, tp)
+        self.layers = nn.ModuleList(
+            self.layer_class(cfg, i, dtype, device, tp) for i in range(cfg.num_layers)
         )
-        self.layers = nn.ModuleList(self.layer_class(cfg, i, dtype, device) for i in range(cfg.num_layers))
         self.norm: RMSNorm = norm_class(cfg)(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.lm_head = linear(cfg.hidden_size, cfg.vocab_size, False, dtype, device)
+        if tp is None:
+            self.lm_head = linear(cfg.hidden_size, cfg.vocab_size, False, dtype, device)
+        else:
+            self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, dtype, device, tp)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
@@ -260,7 +330,9 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(
                     f"unexpected checkpoint tensor {name!r} for a {self.config.architecture} model"
                 )
-            param, start, size = targets[name]
+            param, start, size, source = targets[name]
+            if source is not None and tensor.shape[source.dim] != source.length:
+                tensor = tensor.narrow(*source)  # a whole tensor: this rank's slice of it
             expected = (size, *param.shape[1:])
             if tuple(tensor.shape) != expected:
                 raise ValueError(
@@ -276,12 +348,17 @@ class LlamaForCausalLM(nn.Module):
     def weight_targets(self) -> WeightTargets:
         """HF tensor name -> (our parameter, first row, number of rows) it fills."""
         cfg = self.config
+        embed = self.embed_tokens
+        start, vocab_rows = 0, cfg.vocab_size  # all of the vocabulary on one rank
+        if isinstance(embed, VocabParallelEmbedding):  # this rank's real rows (the padding is not loaded)
+            start, vocab_rows = embed.start, embed.real_rows
+        vocab = rows_of(self.tp, 0, start, vocab_rows)
         targets: WeightTargets = {
-            "model.embed_tokens.weight": (self.embed_tokens.weight, 0, cfg.vocab_size),
-            "model.norm.weight": (self.norm.weight, 0, cfg.hidden_size),
+            "model.embed_tokens.weight": Target(self.embed_tokens.weight, 0, vocab_rows, vocab),
+            "model.norm.weight": Target(self.norm.weight, 0, cfg.hidden_size),
         }
         if not cfg.tie_word_embeddings:
-            targets["lm_head.weight"] = (self.lm_head.weight, 0, cfg.vocab_size)
+            targets["lm_head.weight"] = Target(self.lm_head.weight, 0, vocab_rows, vocab)
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, LlamaDecoderLayer)
             targets |= layer.weight_targets(f"model.layers.{i}")

@@ -14,18 +14,29 @@ from torch import nn
 
 from engine.kernels import Kernels
 from engine.models.config import ModelConfig
-from engine.models.layers import WeightTargets
+from engine.models.layers import SourceSlice, Target, WeightTargets
+from engine.parallel.group import TPGroup, even_split
 from fairserve_kernels.moe_reference import route
 
 
 class SparseMoeBlock(nn.Module):
     """Router plus experts; each token's output is the routing-weighted sum of its top_k experts' MLPs."""
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TPGroup | None = None
+    ) -> None:
         super().__init__()
         self.num_experts, self.top_k = cfg.num_experts, cfg.num_experts_per_tok
         self.normalise = cfg.norm_topk_prob
-        self.inter = cfg.moe_intermediate_size
+        # Tensor parallelism shards every expert (its intermediate rows, like the dense MLP), so each rank
+        # runs every routed token through its slice of the chosen experts and the outputs are summed: the
+        # load is even whatever the router picks. The router is replicated.
+        self.tp = tp
+        self.inter_start, self.inter = (
+            even_split(cfg.moe_intermediate_size, tp.rank, tp.world, "moe_intermediate_size")
+            if tp is not None
+            else (0, cfg.moe_intermediate_size)
+        )
         hidden = cfg.hidden_size
         # Allocated, not initialised: load_weights fills every expert.
         self.gate = nn.Parameter(torch.empty(self.num_experts, hidden, dtype=dtype, device=device))
@@ -37,15 +48,19 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor, ops: Kernels) -> torch.Tensor:
         """x: [N, hidden] -> [N, hidden]."""
         weights, ids = route(F.linear(x, self.gate), self.top_k, self.normalise)
-        return ops.fused_moe(x, self.w13, self.w2, weights, ids)
+        out = ops.fused_moe(x, self.w13, self.w2, weights, ids)
+        return out if self.tp is None else self.tp.all_reduce(out)
 
     def weight_targets(self, prefix: str) -> WeightTargets:
         """HF names: `mlp.gate.weight` and `mlp.experts.<e>.{gate,up,down}_proj.weight`."""
-        hidden = self.w2.shape[1]
-        targets: WeightTargets = {f"{prefix}.gate.weight": (self.gate, 0, self.num_experts)}
+        hidden, inter = self.w2.shape[1], self.inter
+        rows = cols = None
+        if self.tp is not None:  # this rank's intermediate rows of gate/up, columns of down
+            rows, cols = SourceSlice(0, self.inter_start, inter), SourceSlice(1, self.inter_start, inter)
+        targets: WeightTargets = {f"{prefix}.gate.weight": Target(self.gate, 0, self.num_experts)}
         for e in range(self.num_experts):
             p = f"{prefix}.experts.{e}"
-            targets[f"{p}.gate_proj.weight"] = (self.w13[e], 0, self.inter)
-            targets[f"{p}.up_proj.weight"] = (self.w13[e], self.inter, self.inter)
-            targets[f"{p}.down_proj.weight"] = (self.w2[e], 0, hidden)
+            targets[f"{p}.gate_proj.weight"] = Target(self.w13[e], 0, inter, rows)
+            targets[f"{p}.up_proj.weight"] = Target(self.w13[e], inter, inter, rows)
+            targets[f"{p}.down_proj.weight"] = Target(self.w2[e], 0, hidden, cols)
         return targets

@@ -7,9 +7,11 @@ from typing import Protocol
 
 import torch
 
+from engine.models.layers import WeightTargets
+
 
 class CausalLM(Protocol):
-    """Every class in `MODEL_REGISTRY` has these two methods; `nn.Module`'s type cannot say so."""
+    """Every class in `MODEL_REGISTRY` has these methods; `nn.Module`'s type cannot say so."""
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Selected hidden rows [M, hidden] to float32 logits [M, vocab]."""
@@ -17,4 +19,8 @@ class CausalLM(Protocol):
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named checkpoint tensors into the parameters."""
+        ...
+
+    def weight_targets(self) -> WeightTargets:
+        """HF tensor name -> the parameter rows it fills (and, under tensor parallelism, the slice read)."""
         ...

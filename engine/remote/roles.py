@@ -60,6 +60,11 @@ class RoleServer(EngineServer):
         super().start()
         engine = self._engine
         assert engine is not None
+        if engine.peers is not None:
+            raise ValueError(
+                "--role prefill/decode does not run with tensor_parallel_size > 1: the KV hand-off "
+                "would carry rank 0's shard of the heads only"
+            )
         if engine.runner.windows is not None:
             raise ValueError(
                 "--role prefill/decode needs the sliding-window layers' KV in the block pool: "

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cluster.config import ClusterConfig
-from cluster.fit import Capacity, DoesNotFit, size
+from cluster.fit import Capacity, DoesNotFit, check_gpus, size
 from tests.gateway.marked import run_marked, wait_no_leftovers
 
 TWO_CORES = Capacity(cpus_free=2.0, cpus_total=2.0)
@@ -32,6 +32,13 @@ def test_what_cannot_fit_names_the_numbers_and_the_flags() -> None:
     assert "ask 3.01 CPUs" in said and "2 CPUs free" in said
     for flag in ("--engines", "--gateways", "--engine-cpus", "--gateway-cpus", "--num-cpus"):
         assert flag in said
+
+
+def test_tensor_parallel_engines_ask_one_gpu_per_rank() -> None:
+    four_gpus = Capacity(cpus_free=8.0, cpus_total=8.0, gpus_free=4.0)
+    check_gpus(2, four_gpus, per_engine=2)
+    with pytest.raises(DoesNotFit, match="3 CUDA engine\\(s\\) of 2 GPUs .* ask 6 GPUs"):
+        check_gpus(3, four_gpus, per_engine=2)
 
 
 def test_ray_up_that_cannot_fit_fails_before_starting_anything(tmp_path: Path) -> None:

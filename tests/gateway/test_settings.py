@@ -89,6 +89,18 @@ def test_enforce_eager_reaches_the_engine_of_serve_and_of_fairserve_engine(
     assert settings.engine.enforce_eager is True
 
 
+def test_tensor_parallel_size_reaches_serve_and_fairserve_engine(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    flag = ("2", "flag --tensor-parallel-size")
+    assert _show(capsys, "--tensor-parallel-size", "2")["engine.tensor_parallel_size"] == flag
+    assert _show(capsys)["engine.tensor_parallel_size"] == ("1", "default")
+    parser = argparse.ArgumentParser()
+    add_knob_flags(parser, EngineServerSettings, _ALIASES)
+    settings = load_from_args(parser.parse_args(["--tensor-parallel-size", "2"]), EngineServerSettings)
+    assert settings.engine.tensor_parallel_size == 2
+
+
 def test_bad_values_name_the_setting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config", "show", "--block-size", "24", "--model", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
