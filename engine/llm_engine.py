@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from functools import partial
 from time import perf_counter  # bound here: tests replace this module's `time` with a fake clock
 from typing import cast
@@ -55,11 +56,14 @@ from engine.policy import build_policy
 from engine.recorder import EngineRecorder
 from engine.request import (
     DuplicateRequestError,
+    Family,
     FinishReason,
     InvalidRequestError,
     Request,
     RequestMeta,
     SamplingParams,
+    choice_id,
+    choice_seed,
 )
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.stop import StopMatcher
@@ -83,7 +87,9 @@ class _Stream:
         self.held_delta = ""  # text decoded since the last output, when intermediate outputs are skipped
 
 
-Emitted = tuple[Request, _Stream, list[int], str]  # request, its stream, new token ids, new text
+# request, its stream, new token ids, new text, and whether the request ended: a choice of n > 1 ends it
+# only as the last of its family to end (its own end shows as a finish_reason on a choice's output).
+Emitted = tuple[Request, _Stream, list[int], str, bool]
 
 
 class LLMEngine:
@@ -191,16 +197,41 @@ class LLMEngine:
         meta: RequestMeta | None = None,
     ) -> Request:
         """Validate and queue a request; raises InvalidRequestError (or a subclass) and queues nothing on bad input."""
-        if request_id in self.scheduler.requests:
+        if request_id in self.scheduler.requests or request_id in self._streams:
             raise DuplicateRequestError(f"request id {request_id!r} is already live", "request_id")
         ids = self.encode(prompt)
         self.validate(ids, params)
+        if params.n > 1:
+            return self._add_family(request_id, ids, params, meta or RequestMeta())
         request = Request(request_id, ids, params, meta or RequestMeta())
         held = self.grammar.hold(request)  # waits for its grammar outside the scheduler unless it is cached
         self._streams[request_id] = self._stream(request)
         if not held:
             self.scheduler.add(request)
         return request
+
+    def _add_family(self, request_id: str, ids: list[int], params: SamplingParams, meta: RequestMeta) -> Request:
+        """Queue a request of n choices: its leader (choice 0, returned) now, the others forked from the
+        leader's prompt KV once it is computed (engine/request.py `Family`, engine/scheduler.py `_fork`)."""
+        n = params.n
+        if n > self.config.max_num_seqs:
+            raise InvalidRequestError(f"n is {n}; this engine runs at most {self.config.max_num_seqs} sequences", "n")
+        if meta.kv_handoff is not None:
+            raise InvalidRequestError("n > 1 is not served across separate prefill and decode engines", "n")
+        size = self.pool.block_size
+        # Sliding-window layers keep their KV per request outside the pool (engine/window_cache.py): there is
+        # no prompt KV to share, so each choice computes its prompt (still charged once).
+        fork_at = 0 if self.runner.windows is not None else (len(ids) - 1) // size * size
+        members = [
+            Request(choice_id(request_id, i), ids, replace(params, n=1, seed=choice_seed(params.seed, i)), meta)
+            for i in range(n)
+        ]
+        family = Family(request_id, members, fork_at, pending=members[1:])
+        for i, member in enumerate(members):
+            member.family, member.choice_index = family, i
+            self._streams[member.request_id] = self._stream(member)
+        self.scheduler.add(members[0])
+        return members[0]
 
     def _stream(self, request: Request) -> _Stream:
         """A request's text state. A decode part (engine/disagg.py) goes on from its prefill part's: the first
@@ -259,18 +290,19 @@ class LLMEngine:
         """Run one iteration; returns an output for every request that produced text or ended."""
         return [
             RequestOutput(
-                request_id=r.request_id,
+                request_id=r.request_id if r.family is None else r.family.request_id,
                 prompt_token_ids=r.prompt_token_ids,
                 new_token_ids=new_ids,
                 token_ids=list(r.output_token_ids),
                 delta_text=delta,
                 text=stream.stop.text[: stream.stop.emitted],
-                finished=r.is_finished,
+                finished=done,
                 finish_reason=r.finish_reason,
                 metrics=RequestMetrics.of(r),
                 new_logprobs=new_logprobs(r, new_ids),
+                index=r.choice_index,
             )
-            for r, stream, new_ids, delta in self._iterate()
+            for r, stream, new_ids, delta, done in self._iterate()
         ]
 
     def step_deltas(self) -> list[OutputDelta]:
@@ -278,15 +310,16 @@ class LLMEngine:
         iteration (O(context) each). The engine loop uses this; its front rebuilds the totals."""
         return [
             OutputDelta(
-                r.request_id,
+                r.request_id if r.family is None else r.family.request_id,
                 new_ids,
                 delta,
-                r.is_finished,
+                done,
                 r.finish_reason,
                 RequestMetrics.of(r),
                 logprobs=new_logprobs(r, new_ids),
+                index=r.choice_index,
             )
-            for r, _, new_ids, delta in self._iterate()
+            for r, _, new_ids, delta, done in self._iterate()
         ]
 
     def _iterate(self) -> list[Emitted]:
@@ -337,7 +370,7 @@ class LLMEngine:
     def collect_outputs(self, touched: Iterable[Request]) -> list[Emitted]:
         """Every touched request with new tokens or text, or that ended (only the last for a whole response)."""
         outputs = []
-        for request in {r.request_id: r for r in touched}.values():
+        for request in _with_families(touched):
             stream = self._streams.get(request.request_id)
             if stream is None:
                 continue
@@ -356,7 +389,7 @@ class LLMEngine:
             delta, stream.held_delta = stream.held_delta + text, ""
             new_ids = request.output_token_ids[stream.emitted_tokens :]
             stream.emitted_tokens = len(request.output_token_ids)
-            outputs.append((request, stream, new_ids, delta))
+            outputs.append((request, stream, new_ids, delta, _ends_request(request)))
             if request.is_finished:
                 self._forget(request.request_id)
                 if self.tracer is not None:
@@ -441,3 +474,23 @@ class LLMEngine:
         self.recorder.close()
         if self.tracer is not None:
             self.tracer.shutdown()
+
+
+def _with_families(touched: Iterable[Request]) -> Iterable[Request]:
+    """`touched` by id, with every choice of a touched family: a leader that ends before its fork ends its
+    pending choices, which were never scheduled themselves."""
+    by_id = {r.request_id: r for r in touched}
+    families = {id(r.family): r.family for r in by_id.values() if r.family is not None}
+    for family in families.values():
+        for member in family.members:
+            by_id.setdefault(member.request_id, member)
+    return by_id.values()
+
+
+def _ends_request(request: Request) -> bool:
+    """Whether `request`'s output now is the request's last: its own end, or its family's last member's."""
+    family: Family | None = request.family
+    if family is None or not request.is_finished:
+        return request.is_finished
+    family.ended += 1
+    return family.ended == len(family.members)

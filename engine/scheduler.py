@@ -15,7 +15,7 @@ from operator import attrgetter
 
 from engine.deadlines import Deadlines
 from engine.kv_cache import BlockPool
-from engine.request import FinishReason, Preemption, Request, RequestState, decodes_first
+from engine.request import Family, FinishReason, Preemption, Request, RequestState, decodes_first
 from engine.scheduler_output import ScheduledChunk, SchedulerConfig, SchedulerOutput, SwapFn
 from fairness.base import SchedulingPolicy
 
@@ -38,6 +38,7 @@ class Scheduler:
         self._decoding: list[Request] = []  # decodes scheduled this step and not yet charged
         self._prefilling: list[Request] = []  # running prompts waiting for this step's share_budget
         self._admitting = True  # False once admission stopped in this step (blocks, static batching)
+        self._reserved_seats = 0  # seats held for the unforked choices of running leaders (`Family`)
         self.iteration = 0
         self.waiting_for_blocks = 0
         self.block_waits_total = 0  # iterations in which admission stopped for want of free blocks
@@ -67,11 +68,19 @@ class Scheduler:
         if request is None or request.is_finished:
             return False
         t = time.time() if signal_time is None else signal_time
+        if request.family is not None:  # aborting a request aborts every choice of it
+            for member in request.family.members:
+                if member is not request and member.request_id in self.requests and not member.is_finished:
+                    self._mark_abort(member, reason, t)
+        self._mark_abort(request, reason, t)
+        return True
+
+    def _mark_abort(self, request: Request, reason: str, t: float) -> None:
+        request_id = request.request_id
         self._pending_aborts.setdefault(request_id, (reason, t))
         if request.cancel_time is None:
             request.cancel_time = t
             request.cancel_state = request.phase
-        return True
 
     @property
     def num_waiting(self) -> int:
@@ -232,11 +241,14 @@ class Scheduler:
 
     def _head(self, now: float) -> Request | None:
         """The waiting request the policy would admit next, when a seat is free and it can be admitted now."""
-        if len(self.running) >= self.config.max_num_seqs:
+        seats = self.config.max_num_seqs - len(self.running) - self._reserved_seats
+        if seats <= 0:
             return None
         request = self.policy.peek(now)
         if request is None or request.num_output_placeholders:
             return None  # (a victim whose last token is still in flight comes back once it lands)
+        if request.family is not None and len(request.family.pending) >= seats:
+            return None  # an unforked leader needs a seat for each of its choices
         return request
 
     def _continue_prefill(self, request: Request, now: float, out: SchedulerOutput, budget: int) -> int:
@@ -267,6 +279,10 @@ class Scheduler:
         # Admit only when the whole (re)prefill fits beside the watermark, not just its first chunk:
         # a prompt admitted into memory it cannot finish in is preempted again, and recompute thrashes.
         new_blocks = -(-request.num_tokens // self.pool.block_size) - len(hit_ids)
+        family = request.family
+        if family is not None and family.pending:  # each choice computes its prompt's tail in blocks of its own
+            tail = -(-request.num_prompt_tokens // self.pool.block_size) - family.fork_at // self.pool.block_size
+            new_blocks += len(family.pending) * tail
         if blocks_from_free + new_blocks > self.pool.num_free - self.config.watermark_blocks:
             self._wait_for_blocks()
             return None
@@ -288,6 +304,8 @@ class Scheduler:
         request.state = RequestState.RUNNING
         self._enter_running(request)
         self._add_chunk(out, request, length)
+        if family is not None and family.pending and cached >= family.fork_at:
+            self._fork(family, now, into_step=True)
         return length
 
     def _wait_for_blocks(self) -> None:
@@ -301,6 +319,8 @@ class Scheduler:
             running.append(request)
         else:
             bisect.insort_right(running, request, key=_priority)
+        if request.family is not None and request.choice_index == 0:
+            self._reserved_seats += len(request.family.pending)
 
     def _leave_running(self, request: Request) -> None:
         # By identity: Request is a dataclass, so list.remove would compare every field of every peer.
@@ -308,6 +328,8 @@ class Scheduler:
         for i in range(len(running) - 1, -1, -1):
             if running[i] is request:
                 del running[i]
+                if request.family is not None and request.choice_index == 0:
+                    self._reserved_seats -= len(request.family.pending)
                 return
 
     def _add_chunk(self, out: SchedulerOutput, request: Request, length: int) -> None:
@@ -418,7 +440,45 @@ class Scheduler:
         if pool.enable_prefix_caching and (chunk.length > 1 or computed % pool.block_size == 0):
             root, public = request.cache_chain(pool.block_size)
             pool.commit_full_blocks(request.request_id, request.all_token_ids, computed, root, public)
+        family = request.family
+        if family is not None and family.pending and computed >= family.fork_at and request.choice_index == 0:
+            self._fork(family, time.time())
         return computed
+
+    # -- several choices (n > 1) ------------------------------------------------------------
+    def _fork(self, family: Family, now: float, into_step: bool = False) -> None:
+        """The leader's KV holds the prompt up to `fork_at`: every pending choice takes those full blocks by
+        reference count and runs from there, its own prompt tail first (the partial last block is never
+        shared: each choice computes it into a block of its own, so nothing is copied). The prompt was
+        charged to the leader; a choice is charged only its decodes (`num_charged_prompt_tokens`).
+        `into_step`: forked while this step's budget is being shared, so the choices compete for it now."""
+        leader, followers = family.leader, family.pending
+        self._reserved_seats -= len(followers)
+        family.pending = []
+        shared = family.fork_at // self.pool.block_size
+        block_ids = self.pool.block_ids(leader.request_id)[:shared]
+        table = self.pool.tables.get(leader.request_id)
+        hashes = table.hashes[:shared] if table is not None and len(table.hashes) >= shared else []
+        for follower in followers:
+            self.pool.attach_prefix(follower.request_id, block_ids, hashes)
+            follower.num_computed_tokens = shared * self.pool.block_size
+            follower.num_charged_prompt_tokens = follower.num_prompt_tokens
+            follower.first_scheduled_time = leader.first_scheduled_time or now
+            follower.state = RequestState.RUNNING
+            self.requests[follower.request_id] = follower
+            if follower.meta.deadline is not None:
+                self._deadlines.add(follower.meta.deadline, follower.request_id)
+            self._enter_running(follower)
+            if into_step:
+                self._prefilling.append(follower)
+
+    def _end_unforked(self, family: Family, reason: FinishReason, now: float) -> None:
+        """The leader ended before the fork: its pending choices end with it, having computed nothing."""
+        followers, family.pending = family.pending, []
+        for follower in followers:
+            follower.state = RequestState.FINISHED
+            follower.finish_reason = reason
+            follower.finished_time = now
 
     def check_stop(
         self, request: Request, token: int, eos_token_ids: set[int] | frozenset[int], now: float
@@ -444,6 +504,8 @@ class Scheduler:
         request.finish_reason = reason
         request.finished_time = time.time() if now is None else now
         self.requests.pop(request.request_id, None)
+        if request.family is not None and request.family.pending:
+            self._end_unforked(request.family, reason, request.finished_time)
 
 
 def _remove(requests: list[Request], request: Request) -> None:
