@@ -210,12 +210,16 @@ class LLMEngine:
             self.scheduler.add(request)
         return request
 
-    def _add_family(self, request_id: str, ids: list[int], params: SamplingParams, meta: RequestMeta) -> Request:
+    def _add_family(
+        self, request_id: str, ids: list[int], params: SamplingParams, meta: RequestMeta
+    ) -> Request:
         """Queue a request of n choices: its leader (choice 0, returned) now, the others forked from the
         leader's prompt KV once it is computed (engine/request.py `Family`, engine/scheduler.py `_fork`)."""
         n = params.n
         if n > self.config.max_num_seqs:
-            raise InvalidRequestError(f"n is {n}; this engine runs at most {self.config.max_num_seqs} sequences", "n")
+            raise InvalidRequestError(
+                f"n is {n}; this engine runs at most {self.config.max_num_seqs} sequences", "n"
+            )
         if meta.kv_handoff is not None:
             raise InvalidRequestError("n > 1 is not served across separate prefill and decode engines", "n")
         size = self.pool.block_size
@@ -223,7 +227,9 @@ class LLMEngine:
         # no prompt KV to share, so each choice computes its prompt (still charged once).
         fork_at = 0 if self.runner.windows is not None else (len(ids) - 1) // size * size
         members = [
-            Request(choice_id(request_id, i), ids, replace(params, n=1, seed=choice_seed(params.seed, i)), meta)
+            Request(
+                choice_id(request_id, i), ids, replace(params, n=1, seed=choice_seed(params.seed, i)), meta
+            )
             for i in range(n)
         ]
         family = Family(request_id, members, fork_at, pending=members[1:])

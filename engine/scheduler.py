@@ -280,8 +280,12 @@ class Scheduler:
         # a prompt admitted into memory it cannot finish in is preempted again, and recompute thrashes.
         new_blocks = -(-request.num_tokens // self.pool.block_size) - len(hit_ids)
         family = request.family
-        if family is not None and family.pending:  # each choice computes its prompt's tail in blocks of its own
-            tail = -(-request.num_prompt_tokens // self.pool.block_size) - family.fork_at // self.pool.block_size
+        if (
+            family is not None and family.pending
+        ):  # each choice computes its prompt's tail in blocks of its own
+            tail = (
+                -(-request.num_prompt_tokens // self.pool.block_size) - family.fork_at // self.pool.block_size
+            )
             new_blocks += len(family.pending) * tail
         if blocks_from_free + new_blocks > self.pool.num_free - self.config.watermark_blocks:
             self._wait_for_blocks()

@@ -139,7 +139,10 @@ class EngineFront:
             route = self._streams[request_id] = OutputRoute(loop, stream.put, prompt, detokenizer, info)
             if params.n > 1:
                 route.add_choices(
-                    [None if detokenizer is None else self.tokenizer.detokenizer(prompt) for _ in range(params.n - 1)]
+                    [
+                        None if detokenizer is None else self.tokenizer.detokenizer(prompt)
+                        for _ in range(params.n - 1)
+                    ]
                 )
             self._live[request_id] = info
         try:

@@ -96,7 +96,9 @@ def test_aborting_the_request_ends_every_choice_and_frees_every_block(steps: int
     choices, metrics = _run(engine)
     ended = {out.index for out in outputs if out.finish_reason is not None}
     assert not ended
-    assert {i: reason for i, (_, _, reason) in choices.items()} == dict.fromkeys(range(3), FinishReason.CANCELLED)
+    assert {i: reason for i, (_, _, reason) in choices.items()} == dict.fromkeys(
+        range(3), FinishReason.CANCELLED
+    )
     assert metrics is not None
     engine.pool.check_invariants()
     assert engine.pool.num_free == engine.pool.num_blocks and not engine.scheduler.requests
@@ -107,7 +109,9 @@ def test_seeded_choices_differ_and_choice_zero_is_the_single_request() -> None:
     params = SamplingParams(max_tokens=12, temperature=1.0, seed=7, ignore_eos=True)
     reference = _single(_engine(), params)
     engine = _engine()
-    engine.add_request("r", PROMPT, SamplingParams(max_tokens=12, temperature=1.0, seed=7, ignore_eos=True, n=3))
+    engine.add_request(
+        "r", PROMPT, SamplingParams(max_tokens=12, temperature=1.0, seed=7, ignore_eos=True, n=3)
+    )
     choices, _ = _run(engine)
     assert choices[0][0] == reference
     assert len({tuple(tokens) for tokens, _, _ in choices.values()}) == 3
@@ -115,7 +119,7 @@ def test_seeded_choices_differ_and_choice_zero_is_the_single_request() -> None:
 
 
 def test_each_choice_stops_on_its_own() -> None:
-    params = {"max_tokens": 12, "temperature": 1.0, "seed": 3, "ignore_eos": True, "n": 2}
+    params: dict[str, Any] = {"max_tokens": 12, "temperature": 1.0, "seed": 3, "ignore_eos": True, "n": 2}
     engine = _engine()
     engine.add_request("r", PROMPT, SamplingParams(**params))
     free, _ = _run(engine)
