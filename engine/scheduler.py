@@ -475,6 +475,9 @@ class Scheduler:
             self._enter_running(follower)
             if into_step:
                 self._prefilling.append(follower)
+            aborted = self._pending_aborts.get(leader.request_id)
+            if aborted is not None:  # the request was aborted before the fork landed: every choice goes
+                self._mark_abort(follower, *aborted)
 
     def _end_unforked(self, family: Family, reason: FinishReason, now: float) -> None:
         """The leader ended before the fork: its pending choices end with it, having computed nothing."""

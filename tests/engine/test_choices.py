@@ -87,9 +87,12 @@ def test_forked_choices_share_the_prompts_full_blocks_and_own_the_partial_one() 
     engine.close()
 
 
+@pytest.mark.parametrize("async_scheduling", ["off", "on"])
 @pytest.mark.parametrize("steps", [0, 1, 3])
-def test_aborting_the_request_ends_every_choice_and_frees_every_block(steps: int) -> None:
-    engine = _engine()
+def test_aborting_the_request_ends_every_choice_and_frees_every_block(
+    steps: int, async_scheduling: str
+) -> None:
+    engine = _engine(async_scheduling=async_scheduling)
     engine.add_request("r", PROMPT, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True, n=3))
     outputs = [out for _ in range(steps) for out in engine.step_deltas()]
     assert engine.abort_request("r")
@@ -146,12 +149,13 @@ def test_n_choices_are_charged_one_prefill_and_n_decodes() -> None:
     engine.close()
 
 
+@pytest.mark.parametrize("async_scheduling", ["off", "on"])
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_preempted_choices_resume_with_the_unpreempted_output(mode: str) -> None:
+def test_preempted_choices_resume_with_the_unpreempted_output(mode: str, async_scheduling: str) -> None:
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     reference = _single(_engine(), params)
     # Each choice grows to ~36 tokens (9 blocks of 4): 20 blocks cannot hold three.
-    engine = _engine(num_kv_blocks=20, preemption_mode=mode)
+    engine = _engine(num_kv_blocks=20, preemption_mode=mode, async_scheduling=async_scheduling)
     engine.add_request("r", PROMPT, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, n=3))
     choices, metrics = _run(engine)
     assert metrics.preemptions > 0, "the pool must be too small for the three choices"

@@ -184,3 +184,14 @@ def test_n4_is_charged_one_prefill_and_four_decodes_in_one_ledger_row(server: Se
     assert row["charged_service"] < four_prefills
     tenant = server.tenants["choices-charge"].id
     assert server.state.engine.stats().service.get(tenant) == pytest.approx(one_prefill)
+
+
+def test_the_quota_counts_n_times_max_tokens(server: Server, client: httpx.Client) -> None:
+    server.add_tenant("choices-quota", tokens_per_minute=100)
+    body = {"model": server.model, "prompt": "hello", "max_tokens": 40, "ignore_eos": True}
+    # prompt + 3 x 40 is over the 100 tokens a minute; prompt + 40 alone is not.
+    three = client.post("/v1/completions", json={**body, "n": 3}, headers=server.headers("choices-quota"))
+    assert three.status_code == 429, three.text
+    assert three.json()["error"]["code"] == "quota_exceeded"
+    one = client.post("/v1/completions", json=body, headers=server.headers("choices-quota"))
+    assert one.status_code == 200, one.text
