@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from functools import partial
 from time import perf_counter  # bound here: tests replace this module's `time` with a fake clock
 from typing import cast
@@ -32,6 +31,7 @@ from engine.config import EngineConfig
 from engine.counter_sync import CounterSync
 from engine.decode_graphs import logits_forward
 from engine.executor import InlineExecutor, Ran
+from engine.family import Family, make_family, with_families
 from engine.grammar.backend import Backend
 from engine.grammar.intake import GrammarIntake
 from engine.grammar.masks import GrammarMasks
@@ -56,14 +56,11 @@ from engine.policy import build_policy
 from engine.recorder import EngineRecorder
 from engine.request import (
     DuplicateRequestError,
-    Family,
     FinishReason,
     InvalidRequestError,
     Request,
     RequestMeta,
     SamplingParams,
-    choice_id,
-    choice_seed,
 )
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.stop import StopMatcher
@@ -169,6 +166,7 @@ class LLMEngine:
             str, tuple[int, float, float]
         ] = {}  # request -> (tokens, start, end) of its last iteration
         self._failures = RequestFailures()  # detokenisation and stop checks; the sampler keeps its own
+        self._families = 0  # requests of n > 1 choices whose last output has not gone out
         self.failed_requests = 0  # requests ended alone by an exception of their own, since start
         self.executor = (OverlapExecutor if overlaps else InlineExecutor)(self.runner, self.pool)
         self.tracer = make_engine_tracer(config.otlp_endpoint)  # None unless traces are configured
@@ -214,7 +212,7 @@ class LLMEngine:
         self, request_id: str, ids: list[int], params: SamplingParams, meta: RequestMeta
     ) -> Request:
         """Queue a request of n choices: its leader (choice 0, returned) now, the others forked from the
-        leader's prompt KV once it is computed (engine/request.py `Family`, engine/scheduler.py `_fork`)."""
+        leader's prompt KV once it is computed (engine/family.py, engine/scheduler.py `_fork`)."""
         n = params.n
         if n > self.config.max_num_seqs:
             raise InvalidRequestError(
@@ -226,18 +224,12 @@ class LLMEngine:
         # Sliding-window layers keep their KV per request outside the pool (engine/window_cache.py): there is
         # no prompt KV to share, so each choice computes its prompt (still charged once).
         fork_at = 0 if self.runner.windows is not None else (len(ids) - 1) // size * size
-        members = [
-            Request(
-                choice_id(request_id, i), ids, replace(params, n=1, seed=choice_seed(params.seed, i)), meta
-            )
-            for i in range(n)
-        ]
-        family = Family(request_id, members, fork_at, pending=members[1:])
-        for i, member in enumerate(members):
-            member.family, member.choice_index = family, i
+        family = make_family(request_id, ids, params, meta, fork_at)
+        for member in family.members:
             self._streams[member.request_id] = self._stream(member)
-        self.scheduler.add(members[0])
-        return members[0]
+        self.scheduler.add(family.leader)
+        self._families += 1
+        return family.leader
 
     def _stream(self, request: Request) -> _Stream:
         """A request's text state. A decode part (engine/disagg.py) goes on from its prefill part's: the first
@@ -376,7 +368,9 @@ class LLMEngine:
     def collect_outputs(self, touched: Iterable[Request]) -> list[Emitted]:
         """Every touched request with new tokens or text, or that ended (only the last for a whole response)."""
         outputs = []
-        for request in _with_families(touched):
+        # Only while a request of several choices is live is a touched request's family looked up.
+        requests = with_families(touched) if self._families else {r.request_id: r for r in touched}.values()
+        for request in requests:
             stream = self._streams.get(request.request_id)
             if stream is None:
                 continue
@@ -395,12 +389,24 @@ class LLMEngine:
             delta, stream.held_delta = stream.held_delta + text, ""
             new_ids = request.output_token_ids[stream.emitted_tokens :]
             stream.emitted_tokens = len(request.output_token_ids)
-            outputs.append((request, stream, new_ids, delta, _ends_request(request)))
+            ends = request.is_finished if request.family is None else self._ends_family(request)
+            outputs.append((request, stream, new_ids, delta, ends))
             if request.is_finished:
                 self._forget(request.request_id)
                 if self.tracer is not None:
                     self.tracer.finished(request)
         return outputs
+
+    def _ends_family(self, request: Request) -> bool:
+        """Whether this output of a choice is its request's last: the last choice's end."""
+        family: Family | None = request.family
+        if family is None or not request.is_finished:
+            return False
+        family.ended += 1
+        if family.ended < len(family.members):
+            return False
+        self._families -= 1
+        return True
 
     def _new_text(self, request: Request, stream: _Stream) -> str:
         """Detokenise the request's new tokens and check its stop strings; the text it may release now."""
@@ -480,23 +486,3 @@ class LLMEngine:
         self.recorder.close()
         if self.tracer is not None:
             self.tracer.shutdown()
-
-
-def _with_families(touched: Iterable[Request]) -> Iterable[Request]:
-    """`touched` by id, with every choice of a touched family: a leader that ends before its fork ends its
-    pending choices, which were never scheduled themselves."""
-    by_id = {r.request_id: r for r in touched}
-    families = {id(r.family): r.family for r in by_id.values() if r.family is not None}
-    for family in families.values():
-        for member in family.members:
-            by_id.setdefault(member.request_id, member)
-    return by_id.values()
-
-
-def _ends_request(request: Request) -> bool:
-    """Whether `request`'s output now is the request's last: its own end, or its family's last member's."""
-    family: Family | None = request.family
-    if family is None or not request.is_finished:
-        return request.is_finished
-    family.ended += 1
-    return family.ended == len(family.members)

@@ -9,9 +9,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from engine.kv_cache import prefix_root
 from engine.token_logprobs import TokenLogprobs
+
+if TYPE_CHECKING:
+    from engine.family import Family
 
 
 class RequestState(enum.Enum):
@@ -292,7 +296,7 @@ class Request:
     prompt_block_keys: list[bytes] | None = None
     # SamplingParams.logprobs: one entry per output token, in step with output_token_ids.
     output_logprobs: list[TokenLogprobs] = field(default_factory=list)
-    # n > 1: the choices this request is one of (`Family`), and which one; None for a lone request.
+    # n > 1: the choices this request is one of (engine/family.py), and which one; None for a lone request.
     family: Family | None = field(default=None, repr=False, compare=False)
     choice_index: int = 0
 
@@ -355,44 +359,6 @@ class Request:
     def arrival_time(self) -> float:
         """Arrival time from the metadata (the fairness item protocol)."""
         return self.meta.arrival_time
-
-
-@dataclass(eq=False)
-class Family:
-    """The n choices of one request (SamplingParams.n > 1), each a Request of its own.
-
-    The leader (choice 0, under the request's own id) is queued and prefilled like any request. Once its
-    computed count reaches `fork_at` (the prompt's last full block boundary before its final token), the
-    scheduler forks the followers: each takes the leader's first `fork_at // block_size` blocks by
-    reference count and computes only the rest of the prompt (fewer than block_size + 1 tokens) itself,
-    so the partially filled last block is never shared and needs no copy (copy on write by recompute).
-    The prompt is charged once, by the leader; each choice is charged its own decodes (docs/fairness.md).
-    """
-
-    request_id: str  # the request's id: what outputs, aborts and the ledger name
-    members: list[Request]  # by choice index
-    fork_at: int
-    pending: list[Request] = field(default_factory=list)  # followers not yet forked
-    ended: int = 0  # members whose final output went out: the last one's ends the request
-
-    @property
-    def leader(self) -> Request:
-        """Choice 0: the member that prefills the shared prompt."""
-        return self.members[0]
-
-
-def choice_id(request_id: str, index: int) -> str:
-    """The engine-internal id of a request's choice `index` (choice 0 keeps the request's own id)."""
-    return request_id if index == 0 else f"{request_id}#{index}"
-
-
-def choice_seed(seed: int | None, index: int) -> int | None:
-    """Choice `index`'s seed: the request's own for choice 0 (so n=1 and choice 0 agree), a digest of it
-    and the index for the others, so seeded choices differ from each other yet repeat run to run."""
-    if seed is None or index == 0:
-        return seed
-    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
 
 
 def decodes_first(running: list[Request]) -> list[Request]:

@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from operator import attrgetter
 
 from engine.deadlines import Deadlines
+from engine.family import Family, end_unforked, share_prompt
 from engine.kv_cache import BlockPool
-from engine.request import Family, FinishReason, Preemption, Request, RequestState, decodes_first
+from engine.request import FinishReason, Preemption, Request, RequestState, decodes_first
 from engine.scheduler_output import ScheduledChunk, SchedulerConfig, SchedulerOutput, SwapFn
 from fairness.base import SchedulingPolicy
 
@@ -452,40 +453,23 @@ class Scheduler:
     # -- several choices (n > 1) ------------------------------------------------------------
     def _fork(self, family: Family, now: float, into_step: bool = False) -> None:
         """The leader's KV holds the prompt up to `fork_at`: every pending choice takes those full blocks by
-        reference count and runs from there, its own prompt tail first (the partial last block is never
-        shared: each choice computes it into a block of its own, so nothing is copied). The prompt was
-        charged to the leader; a choice is charged only its decodes (`num_charged_prompt_tokens`).
-        `into_step`: forked while this step's budget is being shared, so the choices compete for it now."""
-        leader, followers = family.leader, family.pending
+        reference count and runs from there (engine/family.py). `into_step`: forked while this step's budget
+        is being shared, so the choices compete for it now."""
+        followers = family.pending
         self._reserved_seats -= len(followers)
         family.pending = []
-        shared = family.fork_at // self.pool.block_size
-        block_ids = self.pool.block_ids(leader.request_id)[:shared]
-        table = self.pool.tables.get(leader.request_id)
-        hashes = table.hashes[:shared] if table is not None and len(table.hashes) >= shared else []
+        share_prompt(self.pool, family, followers)
+        aborted = self._pending_aborts.get(family.leader.request_id)
         for follower in followers:
-            self.pool.attach_prefix(follower.request_id, block_ids, hashes)
-            follower.num_computed_tokens = shared * self.pool.block_size
-            follower.num_charged_prompt_tokens = follower.num_prompt_tokens
-            follower.first_scheduled_time = leader.first_scheduled_time or now
-            follower.state = RequestState.RUNNING
+            follower.first_scheduled_time = follower.first_scheduled_time or now
             self.requests[follower.request_id] = follower
             if follower.meta.deadline is not None:
                 self._deadlines.add(follower.meta.deadline, follower.request_id)
             self._enter_running(follower)
             if into_step:
                 self._prefilling.append(follower)
-            aborted = self._pending_aborts.get(leader.request_id)
             if aborted is not None:  # the request was aborted before the fork landed: every choice goes
                 self._mark_abort(follower, *aborted)
-
-    def _end_unforked(self, family: Family, reason: FinishReason, now: float) -> None:
-        """The leader ended before the fork: its pending choices end with it, having computed nothing."""
-        followers, family.pending = family.pending, []
-        for follower in followers:
-            follower.state = RequestState.FINISHED
-            follower.finish_reason = reason
-            follower.finished_time = now
 
     def check_stop(
         self, request: Request, token: int, eos_token_ids: set[int] | frozenset[int], now: float
@@ -512,7 +496,7 @@ class Scheduler:
         request.finished_time = time.time() if now is None else now
         self.requests.pop(request.request_id, None)
         if request.family is not None and request.family.pending:
-            self._end_unforked(request.family, reason, request.finished_time)
+            end_unforked(request.family, reason, request.finished_time)
 
 
 def _remove(requests: list[Request], request: Request) -> None:
