@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from engine.config import EngineConfig
+from engine.llm import LLM
 from engine.llm_engine import LLMEngine
 from engine.request import FinishReason, InvalidRequestError, RequestMeta, SamplingParams
 
@@ -179,6 +180,14 @@ def test_n_over_the_cap_or_with_a_grammar_is_refused_naming_n() -> None:
         engine.add_request("r", PROMPT, SamplingParams(n=0))
     assert zero.value.field_name == "n"
     meta = RequestMeta(kv_handoff="hold")
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(InvalidRequestError) as split:
         engine.add_request("r", PROMPT, SamplingParams(n=2), meta)
+    assert split.value.field_name == "n"
     engine.close()
+    narrow = _engine(max_num_seqs=2)  # every choice needs a seat at once
+    with pytest.raises(InvalidRequestError) as seats:
+        narrow.add_request("r", PROMPT, SamplingParams(n=3))
+    assert seats.value.field_name == "n" and not narrow.has_unfinished()
+    narrow.close()
+    with pytest.raises(ValueError, match="n > 1"):
+        LLM(None, num_kv_blocks=32).generate(PROMPT, SamplingParams(n=2))
