@@ -442,12 +442,19 @@ class Scheduler:
         request = chunk.request
         computed = request.num_computed_tokens = chunk.start + chunk.length
         pool = self.pool
-        if pool.enable_prefix_caching and (chunk.length > 1 or computed % pool.block_size == 0):
-            root, public = request.cache_chain(pool.block_size)
-            pool.commit_full_blocks(request.request_id, request.all_token_ids, computed, root, public)
-        family = request.family
-        if family is not None and family.pending and computed >= family.fork_at and request.choice_index == 0:
-            self._fork(family, time.time())
+        if chunk.length > 1 or computed % pool.block_size == 0:  # a block filled (a decode step: rarely)
+            if pool.enable_prefix_caching:
+                root, public = request.cache_chain(pool.block_size)
+                pool.commit_full_blocks(request.request_id, request.all_token_ids, computed, root, public)
+            # A leader forks once it computed `fork_at`, a block boundary: a chunk reaching it fills a block.
+            family = request.family
+            if (
+                family is not None
+                and family.pending
+                and computed >= family.fork_at
+                and request.choice_index == 0
+            ):
+                self._fork(family, time.time())
         return computed
 
     # -- several choices (n > 1) ------------------------------------------------------------
