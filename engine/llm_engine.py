@@ -251,8 +251,8 @@ class LLMEngine:
         if waiting is not None:
             self.scheduler.add(waiting)
         ok = self.scheduler.abort(request_id, reason, signal_time)
-        if ok:
-            request = self.scheduler.requests[request_id]
+        request = self.scheduler.requests.get(request_id)  # (of n choices, choice 0 may have ended)
+        if ok and request is not None:
             tokens, start, end = self._last_step.get(request_id, (0, 0.0, 0.0))
             t = request.cancel_time or time.time()
             # The iteration that was running when the signal came had already computed these tokens.

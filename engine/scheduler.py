@@ -40,6 +40,7 @@ class Scheduler:
         self._prefilling: list[Request] = []  # running prompts waiting for this step's share_budget
         self._admitting = True  # False once admission stopped in this step (blocks, static batching)
         self._reserved_seats = 0  # seats held for the unforked choices of running leaders (`Family`)
+        self.families: dict[str, Family] = {}  # requests of n > 1 choices with a choice still live, by id
         self.iteration = 0
         self.waiting_for_blocks = 0
         self.block_waits_total = 0  # iterations in which admission stopped for want of free blocks
@@ -59,20 +60,24 @@ class Scheduler:
         now = time.time() if now is None else now
         request.state = RequestState.WAITING
         self.requests[request.request_id] = request
+        if request.family is not None:
+            self.families[request.family.request_id] = request.family
         self.policy.add(request, now)
         if request.meta.deadline is not None:
             self._deadlines.add(request.meta.deadline, request.request_id)
 
     def abort(self, request_id: str, reason: str = "cancelled", signal_time: float | None = None) -> bool:
         """Mark a live request for cancellation at the next iteration boundary."""
+        t = time.time() if signal_time is None else signal_time
+        family = self.families.get(request_id)
+        if family is not None:  # aborting a request aborts every live choice of it (the leader may be done)
+            live = [m for m in family.members if m.request_id in self.requests]
+            for member in live:
+                self._mark_abort(member, reason, t)
+            return bool(live)
         request = self.requests.get(request_id)
         if request is None or request.is_finished:
             return False
-        t = time.time() if signal_time is None else signal_time
-        if request.family is not None:  # aborting a request aborts every choice of it
-            for member in request.family.members:
-                if member is not request and member.request_id in self.requests and not member.is_finished:
-                    self._mark_abort(member, reason, t)
         self._mark_abort(request, reason, t)
         return True
 
@@ -281,13 +286,11 @@ class Scheduler:
         # a prompt admitted into memory it cannot finish in is preempted again, and recompute thrashes.
         new_blocks = -(-request.num_tokens // self.pool.block_size) - len(hit_ids)
         family = request.family
-        if (
-            family is not None and family.pending
-        ):  # each choice computes its prompt's tail in blocks of its own
-            tail = (
-                -(-request.num_prompt_tokens // self.pool.block_size) - family.fork_at // self.pool.block_size
+        if family is not None and family.pending:  # each choice computes its prompt's tail in its own blocks
+            size = self.pool.block_size
+            new_blocks += len(family.pending) * (
+                -(-request.num_prompt_tokens // size) - family.fork_at // size
             )
-            new_blocks += len(family.pending) * tail
         if blocks_from_free + new_blocks > self.pool.num_free - self.config.watermark_blocks:
             self._wait_for_blocks()
             return None
@@ -448,13 +451,8 @@ class Scheduler:
                 pool.commit_full_blocks(request.request_id, request.all_token_ids, computed, root, public)
             # A leader forks once it computed `fork_at`, a block boundary: a chunk reaching it fills a block.
             family = request.family
-            if (
-                family is not None
-                and family.pending
-                and computed >= family.fork_at
-                and request.choice_index == 0
-            ):
-                self._fork(family, time.time())
+            if family is not None and family.pending and computed >= family.fork_at:
+                self._fork(family, time.time())  # (only the leader computes while choices are pending)
         return computed
 
     # -- several choices (n > 1) ------------------------------------------------------------
@@ -502,8 +500,12 @@ class Scheduler:
         request.finish_reason = reason
         request.finished_time = time.time() if now is None else now
         self.requests.pop(request.request_id, None)
-        if request.family is not None and request.family.pending:
-            end_unforked(request.family, reason, request.finished_time)
+        family = request.family
+        if family is not None:
+            if family.pending:
+                end_unforked(family, reason, request.finished_time)
+            if all(m.is_finished for m in family.members):
+                self.families.pop(family.request_id, None)
 
 
 def _remove(requests: list[Request], request: Request) -> None:

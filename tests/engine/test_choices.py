@@ -109,6 +109,24 @@ def test_aborting_the_request_ends_every_choice_and_frees_every_block(
     engine.close()
 
 
+def test_aborting_after_choice_zero_ended_still_ends_the_others() -> None:
+    engine = _engine()
+    engine.add_request("r", PROMPT, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True, n=3))
+    while "r#2" not in engine.scheduler.requests:
+        engine.step_deltas()
+    engine.scheduler.finish(engine.scheduler.requests["r"], FinishReason.STOP)  # choice 0 ends first
+    assert engine.abort_request("r")
+    choices, _ = _run(engine)
+    assert [reason for _, _, reason in choices.values()] == [
+        FinishReason.STOP,
+        FinishReason.CANCELLED,
+        FinishReason.CANCELLED,
+    ]
+    assert not engine.abort_request("r") and not engine.scheduler.families
+    assert engine.pool.num_free == engine.pool.num_blocks
+    engine.close()
+
+
 def test_seeded_choices_differ_and_choice_zero_is_the_single_request() -> None:
     params = SamplingParams(max_tokens=12, temperature=1.0, seed=7, ignore_eos=True)
     reference = _single(_engine(), params)
