@@ -4,6 +4,7 @@ and the charge and the ledger: one prefill plus n decodes, one usage row summing
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from typing import Any
 
@@ -11,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.conftest import Server
+from tests.gateway.conftest import Server, wait_for
 from tests.gateway.openai.test_tools import WEATHER
 
 
@@ -195,3 +196,37 @@ def test_the_quota_counts_n_times_max_tokens(server: Server, client: httpx.Clien
     assert three.json()["error"]["code"] == "quota_exceeded"
     one = client.post("/v1/completions", json=body, headers=server.headers("choices-quota"))
     assert one.status_code == 200, one.text
+
+
+def test_a_disconnect_mid_stream_ends_every_choice_and_frees_their_blocks(server: Server) -> None:
+    engine = server.state.engine
+    wait_for(lambda: engine.stats().running == 0, 30, "idle engine")
+    baseline = engine.stats().kv_blocks_used
+    body = {
+        "model": server.model,
+        "prompt": "three choices, then a hang-up " * 4,
+        "max_tokens": 300,
+        "ignore_eos": True,
+        "n": 3,
+        "stream": True,
+    }
+    with (
+        httpx.Client(base_url=server.url, timeout=60) as c,
+        c.stream(
+            "POST",
+            "/v1/completions",
+            json=body,
+            headers=server.headers("alice", **{"X-Request-Id": "n-gone"}),
+        ) as resp,
+    ):
+        seen: set[int] = set()
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                seen.update(choice["index"] for choice in json.loads(line[6:])["choices"])
+            if seen == {0, 1, 2}:
+                break
+        assert engine.stats().running == 3  # the three choices run at once
+    wait_for(lambda: engine.stats().running == 0, 10, "every choice aborted")
+    wait_for(lambda: engine.stats().kv_blocks_used <= baseline, 10, "KV blocks freed")
+    row = wait_for(lambda: server.usage_rows("request_id = 'n-gone'"), 10, "ledger row")[0]
+    assert row["status"] == "cancelled" and 3 <= row["completion_tokens"] < 3 * 300
