@@ -187,7 +187,7 @@ class HandoffLoop(EngineLoop):
         computed = request.num_computed_tokens
         engine.scheduler.finish(request, FinishReason.HANDOFF)
         emitted = engine.collect_outputs([request])  # closes its stream
-        tail = "".join(text for *_, text in emitted)
+        tail = "".join(text for _, _, _, text, _ in emitted)
         held = "".join(stream.stop.held for _, stream, *_ in emitted)  # travels to the decode part
         self._held[rid] = table
         assert self.shipper is not None

@@ -32,6 +32,8 @@ class RequestCaps(BaseModel):
     max_logit_bias: int = Field(default=300, ge=0, description="logit_bias entries per request")
     # Each costs a log-softmax over the vocabulary and a top-k per sampled token; OpenAI's chat allows 20.
     max_logprobs: int = Field(default=20, ge=0, description="top logprobs per sampled token")
+    # Each choice is a sequence of its own: a seat, KV blocks for its output, a sampler row per step.
+    max_n: int = Field(default=8, ge=1, description="choices (n) per request")
     max_prompt_bytes: int = Field(
         default=256 * 1024, ge=1, description="UTF-8 bytes of a text prompt, checked before tokenising"
     )
@@ -70,6 +72,8 @@ class RequestCaps(BaseModel):
                 grammar.field,
             )
 
+        if params.n != 1 and params.n > self.max_n:
+            raise InvalidRequestError(f"n is {params.n}; at most {self.max_n} choices are allowed", "n")
         if params.logprobs is not None and params.logprobs > self.max_logprobs:
             raise InvalidRequestError(
                 f"logprobs asks for {params.logprobs} top tokens; at most {self.max_logprobs} are allowed",

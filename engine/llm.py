@@ -52,6 +52,8 @@ class LLM:
             params_list = [params or SamplingParams()] * len(plist)
         else:
             params_list = list(params)
+        if any(p.n != 1 for p in params_list):  # outputs here are one text per prompt
+            raise ValueError("LLM.generate serves one choice per prompt; use LLMEngine or the API for n > 1")
         if len(params_list) != len(plist):
             raise ValueError(f"got {len(plist)} prompts but {len(params_list)} sampling params")
         prompts_by_id: dict[str, list[int]] = {}

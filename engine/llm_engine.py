@@ -31,6 +31,7 @@ from engine.config import EngineConfig
 from engine.counter_sync import CounterSync
 from engine.decode_graphs import logits_forward
 from engine.executor import InlineExecutor, Ran
+from engine.family import Family, make_family, with_families
 from engine.grammar.backend import Backend
 from engine.grammar.closing import Closers
 from engine.grammar.intake import GrammarIntake
@@ -86,7 +87,9 @@ class _Stream:
         self.held_delta = ""  # text decoded since the last output, when intermediate outputs are skipped
 
 
-Emitted = tuple[Request, _Stream, list[int], str]  # request, its stream, new token ids, new text
+# request, its stream, new token ids, new text, and whether the request ended: a choice of n > 1 ends it
+# only as the last of its family to end (its own end shows as a finish_reason on a choice's output).
+Emitted = tuple[Request, _Stream, list[int], str, bool]
 
 
 class LLMEngine:
@@ -188,6 +191,7 @@ class LLMEngine:
             str, tuple[int, float, float]
         ] = {}  # request -> (tokens, start, end) of its last iteration
         self._failures = RequestFailures()  # detokenisation and stop checks; the sampler keeps its own
+        self._families = 0  # requests of n > 1 choices whose last output has not gone out
         self.failed_requests = 0  # requests ended alone by an exception of their own, since start
         self.executor = (OverlapExecutor if overlaps else InlineExecutor)(self.runner, self.pool)
         self.tracer = make_engine_tracer(config.otlp_endpoint)  # None unless traces are configured
@@ -216,16 +220,41 @@ class LLMEngine:
         meta: RequestMeta | None = None,
     ) -> Request:
         """Validate and queue a request; raises InvalidRequestError (or a subclass) and queues nothing on bad input."""
-        if request_id in self.scheduler.requests:
+        if request_id in self.scheduler.requests or request_id in self._streams:
             raise DuplicateRequestError(f"request id {request_id!r} is already live", "request_id")
         ids = self.encode(prompt)
         self.validate(ids, params)
+        if params.n > 1:
+            return self._add_family(request_id, ids, params, meta or RequestMeta())
         request = Request(request_id, ids, params, meta or RequestMeta())
         held = self.grammar.hold(request)  # waits for its grammar outside the scheduler unless it is cached
         self._streams[request_id] = self._stream(request)
         if not held:
             self.scheduler.add(request)
         return request
+
+    def _add_family(
+        self, request_id: str, ids: list[int], params: SamplingParams, meta: RequestMeta
+    ) -> Request:
+        """Queue a request of n choices: its leader (choice 0, returned) now, the others forked from the
+        leader's prompt KV once it is computed (engine/family.py, engine/scheduler.py `_fork`)."""
+        n = params.n
+        if n > self.config.max_num_seqs:
+            raise InvalidRequestError(
+                f"n is {n}; this engine runs at most {self.config.max_num_seqs} sequences", "n"
+            )
+        if meta.kv_handoff is not None:
+            raise InvalidRequestError("n > 1 is not served across separate prefill and decode engines", "n")
+        size = self.pool.block_size
+        # Sliding-window layers keep their KV per request outside the pool (engine/window_cache.py): there is
+        # no prompt KV to share, so each choice computes its prompt (still charged once).
+        fork_at = 0 if self.runner.windows is not None else (len(ids) - 1) // size * size
+        family = make_family(request_id, ids, params, meta, fork_at)
+        for member in family.members:
+            self._streams[member.request_id] = self._stream(member)
+        self.scheduler.add(family.leader)
+        self._families += 1
+        return family.leader
 
     def _stream(self, request: Request) -> _Stream:
         """A request's text state. A decode part (engine/disagg.py) goes on from its prefill part's: the first
@@ -247,8 +276,8 @@ class LLMEngine:
         if waiting is not None:
             self.scheduler.add(waiting)
         ok = self.scheduler.abort(request_id, reason, signal_time)
-        if ok:
-            request = self.scheduler.requests[request_id]
+        request = self.scheduler.requests.get(request_id)  # (of n choices, choice 0 may have ended)
+        if ok and request is not None:
             tokens, start, end = self._last_step.get(request_id, (0, 0.0, 0.0))
             t = request.cancel_time or time.time()
             # The iteration that was running when the signal came had already computed these tokens.
@@ -284,18 +313,19 @@ class LLMEngine:
         """Run one iteration; returns an output for every request that produced text or ended."""
         return [
             RequestOutput(
-                request_id=r.request_id,
+                request_id=r.request_id if r.family is None else r.family.request_id,
                 prompt_token_ids=r.prompt_token_ids,
                 new_token_ids=new_ids,
                 token_ids=list(r.output_token_ids),
                 delta_text=delta,
                 text=stream.stop.text[: stream.stop.emitted],
-                finished=r.is_finished,
+                finished=done,
                 finish_reason=r.finish_reason,
                 metrics=RequestMetrics.of(r),
                 new_logprobs=new_logprobs(r, new_ids),
+                index=r.choice_index,
             )
-            for r, stream, new_ids, delta in self._iterate()
+            for r, stream, new_ids, delta, done in self._iterate()
         ]
 
     def step_deltas(self) -> list[OutputDelta]:
@@ -303,15 +333,16 @@ class LLMEngine:
         iteration (O(context) each). The engine loop uses this; its front rebuilds the totals."""
         return [
             OutputDelta(
-                r.request_id,
+                r.request_id if r.family is None else r.family.request_id,
                 new_ids,
                 delta,
-                r.is_finished,
+                done,
                 r.finish_reason,
                 RequestMetrics.of(r),
                 logprobs=new_logprobs(r, new_ids),
+                index=r.choice_index,
             )
-            for r, _, new_ids, delta in self._iterate()
+            for r, _, new_ids, delta, done in self._iterate()
         ]
 
     def _iterate(self) -> list[Emitted]:
@@ -362,7 +393,9 @@ class LLMEngine:
     def collect_outputs(self, touched: Iterable[Request]) -> list[Emitted]:
         """Every touched request with new tokens or text, or that ended (only the last for a whole response)."""
         outputs = []
-        for request in {r.request_id: r for r in touched}.values():
+        # Only while a request of several choices is live is a touched request's family looked up.
+        requests = with_families(touched) if self._families else {r.request_id: r for r in touched}.values()
+        for request in requests:
             stream = self._streams.get(request.request_id)
             if stream is None:
                 continue
@@ -381,12 +414,24 @@ class LLMEngine:
             delta, stream.held_delta = stream.held_delta + text, ""
             new_ids = request.output_token_ids[stream.emitted_tokens :]
             stream.emitted_tokens = len(request.output_token_ids)
-            outputs.append((request, stream, new_ids, delta))
+            ends = request.is_finished if request.family is None else self._ends_family(request)
+            outputs.append((request, stream, new_ids, delta, ends))
             if request.is_finished:
                 self._forget(request.request_id)
                 if self.tracer is not None:
                     self.tracer.finished(request)
         return outputs
+
+    def _ends_family(self, request: Request) -> bool:
+        """Whether this output of a choice is its request's last: the last choice's end."""
+        family: Family | None = request.family
+        if family is None or not request.is_finished:
+            return False
+        family.ended += 1
+        if family.ended < len(family.members):
+            return False
+        self._families -= 1
+        return True
 
     def _new_text(self, request: Request, stream: _Stream) -> str:
         """Detokenise the request's new tokens and check its stop strings; the text it may release now."""

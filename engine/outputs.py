@@ -70,6 +70,8 @@ class RequestMetrics(msgspec.Struct, array_like=True, gc=False):
     @classmethod
     def of(cls, request: Request) -> RequestMetrics:
         """Snapshot a request's metrics (positional and slotted: the loop makes one per output per step)."""
+        if request.family is not None:
+            return cls.of_family(request.family.members)
         return cls(
             len(request.prompt_token_ids),
             request.num_cached_tokens,
@@ -84,6 +86,29 @@ class RequestMetrics(msgspec.Struct, array_like=True, gc=False):
             request.first_token_time,
             request.finished_time,
             request.num_public_cached_tokens,
+        )
+
+    @classmethod
+    def of_family(cls, members: Sequence[Request]) -> RequestMetrics:
+        """The metrics of a request of n choices, summed over them: its prompt once (the leader's, which
+        prefilled it), every choice's completion tokens, service, preemptions and recompute."""
+        leader = members[0]
+        firsts = [m.first_token_time for m in members if m.first_token_time is not None]
+        ends = [m.finished_time for m in members]
+        return cls(
+            len(leader.prompt_token_ids),
+            leader.num_cached_tokens,
+            sum(len(m.output_token_ids) for m in members),
+            sum(m.charged_service for m in members),
+            sum(len(m.preemptions) for m in members),
+            sum(m.recomputed_tokens for m in members),
+            sum(m.tokens_after_cancel for m in members),
+            leader.cancel_state,
+            leader.meta.arrival_time,
+            leader.first_scheduled_time,
+            min(firsts) if firsts else None,
+            None if None in ends else max(e for e in ends if e is not None),
+            leader.num_public_cached_tokens,
         )
 
 
@@ -149,6 +174,9 @@ class RequestOutput:
     metrics: RequestMetrics
     held_text: str = ""  # finish_reason `handoff`: the text held back for the decode part (OutputDelta)
     new_logprobs: list[TokenLogprobs] | None = None  # of new_token_ids, when SamplingParams.logprobs asked
+    # n > 1: which choice this output is of. Its token ids and text are that choice's; `finished` is the
+    # request's end (its last choice's), a choice's own end shows as its `finish_reason`.
+    index: int = 0
 
 
 class OutputDelta(msgspec.Struct, array_like=True, gc=False):
@@ -168,6 +196,7 @@ class OutputDelta(msgspec.Struct, array_like=True, gc=False):
     # Trailing with a default, so a frame without it still decodes; empty, it is one byte on the wire.
     held_text: str = ""
     logprobs: list[TokenLogprobs] | None = None  # of new_token_ids, when SamplingParams.logprobs asked
+    index: int = 0  # n > 1: the choice (RequestOutput.index)
 
 
 @dataclass

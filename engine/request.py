@@ -9,9 +9,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from engine.kv_cache import prefix_root
 from engine.token_logprobs import TokenLogprobs
+
+if TYPE_CHECKING:
+    from engine.family import Family
 
 
 class RequestState(enum.Enum):
@@ -104,6 +108,8 @@ class SamplingParams:
     # -- log probabilities and several choices (engine/sampler.py; docs/gateway.md) --
     # None: no logprobs; k >= 0: each sampled token's logprob and the k most likely tokens' (RequestCaps caps k).
     logprobs: int | None = None
+    # Choices (completions) of one prompt: prefilled once, then forked (engine/scheduler.py, `Family`).
+    n: int = 1
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first field the sampler could not compute with.
@@ -150,6 +156,16 @@ class SamplingParams:
         if self.logprobs is not None and (not _integer(self.logprobs) or self.logprobs < 0):
             raise InvalidRequestError(
                 f"logprobs must be an integer >= 0 or absent, got {self.logprobs!r}", "logprobs"
+            )
+        if type(self.n) is not int or self.n != 1:
+            self._validate_n()
+
+    def _validate_n(self) -> None:
+        if not _integer(self.n) or self.n < 1:
+            raise InvalidRequestError(f"n must be a positive integer, got {self.n!r}", "n")
+        if self.grammar is not None:  # one matcher state per choice is not built (docs/gateway.md)
+            raise InvalidRequestError(
+                "n > 1 cannot be combined with constrained output (response_format, tools)", "n"
             )
 
     def _validate_grammar(self, grammar: object) -> None:
@@ -280,6 +296,9 @@ class Request:
     prompt_block_keys: list[bytes] | None = None
     # SamplingParams.logprobs: one entry per output token, in step with output_token_ids.
     output_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # n > 1: the choices this request is one of (engine/family.py), and which one; None for a lone request.
+    family: Family | None = field(default=None, repr=False, compare=False)
+    choice_index: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from operator import attrgetter
 
 from engine.deadlines import Deadlines
+from engine.family import Family, end_unforked, share_prompt
 from engine.kv_cache import BlockPool
 from engine.request import FinishReason, Preemption, Request, RequestState, decodes_first
 from engine.scheduler_output import ScheduledChunk, SchedulerConfig, SchedulerOutput, SwapFn
@@ -38,6 +39,8 @@ class Scheduler:
         self._decoding: list[Request] = []  # decodes scheduled this step and not yet charged
         self._prefilling: list[Request] = []  # running prompts waiting for this step's share_budget
         self._admitting = True  # False once admission stopped in this step (blocks, static batching)
+        self._reserved_seats = 0  # seats held for the unforked choices of running leaders (`Family`)
+        self.families: dict[str, Family] = {}  # requests of n > 1 choices with a choice still live, by id
         self.iteration = 0
         self.waiting_for_blocks = 0
         self.block_waits_total = 0  # iterations in which admission stopped for want of free blocks
@@ -57,21 +60,33 @@ class Scheduler:
         now = time.time() if now is None else now
         request.state = RequestState.WAITING
         self.requests[request.request_id] = request
+        if request.family is not None:
+            self.families[request.family.request_id] = request.family
         self.policy.add(request, now)
         if request.meta.deadline is not None:
             self._deadlines.add(request.meta.deadline, request.request_id)
 
     def abort(self, request_id: str, reason: str = "cancelled", signal_time: float | None = None) -> bool:
         """Mark a live request for cancellation at the next iteration boundary."""
+        t = time.time() if signal_time is None else signal_time
+        family = self.families.get(request_id)
+        if family is not None:  # aborting a request aborts every live choice of it (the leader may be done)
+            live = [m for m in family.members if m.request_id in self.requests]
+            for member in live:
+                self._mark_abort(member, reason, t)
+            return bool(live)
         request = self.requests.get(request_id)
         if request is None or request.is_finished:
             return False
-        t = time.time() if signal_time is None else signal_time
+        self._mark_abort(request, reason, t)
+        return True
+
+    def _mark_abort(self, request: Request, reason: str, t: float) -> None:
+        request_id = request.request_id
         self._pending_aborts.setdefault(request_id, (reason, t))
         if request.cancel_time is None:
             request.cancel_time = t
             request.cancel_state = request.phase
-        return True
 
     @property
     def num_waiting(self) -> int:
@@ -232,11 +247,14 @@ class Scheduler:
 
     def _head(self, now: float) -> Request | None:
         """The waiting request the policy would admit next, when a seat is free and it can be admitted now."""
-        if len(self.running) >= self.config.max_num_seqs:
+        seats = self.config.max_num_seqs - len(self.running) - self._reserved_seats
+        if seats <= 0:
             return None
         request = self.policy.peek(now)
         if request is None or request.num_output_placeholders:
             return None  # (a victim whose last token is still in flight comes back once it lands)
+        if request.family is not None and len(request.family.pending) >= seats:
+            return None  # an unforked leader needs a seat for each of its choices
         return request
 
     def _continue_prefill(self, request: Request, now: float, out: SchedulerOutput, budget: int) -> int:
@@ -267,6 +285,12 @@ class Scheduler:
         # Admit only when the whole (re)prefill fits beside the watermark, not just its first chunk:
         # a prompt admitted into memory it cannot finish in is preempted again, and recompute thrashes.
         new_blocks = -(-request.num_tokens // self.pool.block_size) - len(hit_ids)
+        family = request.family
+        if family is not None and family.pending:  # each choice computes its prompt's tail in its own blocks
+            size = self.pool.block_size
+            new_blocks += len(family.pending) * (
+                -(-request.num_prompt_tokens // size) - family.fork_at // size
+            )
         if blocks_from_free + new_blocks > self.pool.num_free - self.config.watermark_blocks:
             self._wait_for_blocks()
             return None
@@ -288,6 +312,8 @@ class Scheduler:
         request.state = RequestState.RUNNING
         self._enter_running(request)
         self._add_chunk(out, request, length)
+        if family is not None and family.pending and cached >= family.fork_at:
+            self._fork(family, now, into_step=True)
         return length
 
     def _wait_for_blocks(self) -> None:
@@ -301,6 +327,8 @@ class Scheduler:
             running.append(request)
         else:
             bisect.insort_right(running, request, key=_priority)
+        if request.family is not None and request.choice_index == 0:
+            self._reserved_seats += len(request.family.pending)
 
     def _leave_running(self, request: Request) -> None:
         # By identity: Request is a dataclass, so list.remove would compare every field of every peer.
@@ -308,6 +336,8 @@ class Scheduler:
         for i in range(len(running) - 1, -1, -1):
             if running[i] is request:
                 del running[i]
+                if request.family is not None and request.choice_index == 0:
+                    self._reserved_seats -= len(request.family.pending)
                 return
 
     def _add_chunk(self, out: SchedulerOutput, request: Request, length: int) -> None:
@@ -415,10 +445,36 @@ class Scheduler:
         request = chunk.request
         computed = request.num_computed_tokens = chunk.start + chunk.length
         pool = self.pool
-        if pool.enable_prefix_caching and (chunk.length > 1 or computed % pool.block_size == 0):
-            root, public = request.cache_chain(pool.block_size)
-            pool.commit_full_blocks(request.request_id, request.all_token_ids, computed, root, public)
+        if chunk.length > 1 or computed % pool.block_size == 0:  # a block filled (a decode step: rarely)
+            if pool.enable_prefix_caching:
+                root, public = request.cache_chain(pool.block_size)
+                pool.commit_full_blocks(request.request_id, request.all_token_ids, computed, root, public)
+            # A leader forks once it computed `fork_at`, a block boundary: a chunk reaching it fills a block.
+            family = request.family
+            if family is not None and family.pending and computed >= family.fork_at:
+                self._fork(family, time.time())  # (only the leader computes while choices are pending)
         return computed
+
+    # -- several choices (n > 1) ------------------------------------------------------------
+    def _fork(self, family: Family, now: float, into_step: bool = False) -> None:
+        """The leader's KV holds the prompt up to `fork_at`: every pending choice takes those full blocks by
+        reference count and runs from there (engine/family.py). `into_step`: forked while this step's budget
+        is being shared, so the choices compete for it now."""
+        followers = family.pending
+        self._reserved_seats -= len(followers)
+        family.pending = []
+        share_prompt(self.pool, family, followers)
+        aborted = self._pending_aborts.get(family.leader.request_id)
+        for follower in followers:
+            follower.first_scheduled_time = follower.first_scheduled_time or now
+            self.requests[follower.request_id] = follower
+            if follower.meta.deadline is not None:
+                self._deadlines.add(follower.meta.deadline, follower.request_id)
+            self._enter_running(follower)
+            if into_step:
+                self._prefilling.append(follower)
+            if aborted is not None:  # the request was aborted before the fork landed: every choice goes
+                self._mark_abort(follower, *aborted)
 
     def check_stop(
         self, request: Request, token: int, eos_token_ids: set[int] | frozenset[int], now: float
@@ -444,6 +500,12 @@ class Scheduler:
         request.finish_reason = reason
         request.finished_time = time.time() if now is None else now
         self.requests.pop(request.request_id, None)
+        family = request.family
+        if family is not None:
+            if family.pending:
+                end_unforked(family, reason, request.finished_time)
+            if all(m.is_finished for m in family.members):
+                self.families.pop(family.request_id, None)
 
 
 def _remove(requests: list[Request], request: Request) -> None:

@@ -136,7 +136,14 @@ class EngineFront:
                 raise DuplicateRequestError(f"request id {request_id!r} is already live", "request_id")
             detokenizer = None if text_in_loop(params) else self.tokenizer.detokenizer(prompt)
             info = RequestInfo(request_id, meta.tenant_id, meta.task_id, "waiting")
-            self._streams[request_id] = OutputRoute(loop, stream.put, prompt, detokenizer, info)
+            route = self._streams[request_id] = OutputRoute(loop, stream.put, prompt, detokenizer, info)
+            if params.n > 1:
+                route.add_choices(
+                    [
+                        None if detokenizer is None else self.tokenizer.detokenizer(prompt)
+                        for _ in range(params.n - 1)
+                    ]
+                )
             self._live[request_id] = info
         try:
             self._send(Submit(request_id, prompt, params, meta))
@@ -275,6 +282,7 @@ class EngineFront:
             FinishReason.ERROR,
             item.metrics,
             new_logprobs=item.logprobs,
+            index=item.index,
         )
 
     def _fail_all(self, exc: BaseException) -> None:

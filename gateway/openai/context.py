@@ -78,7 +78,8 @@ class RequestContext:
         return AdmissionAsk(
             self.tenant_id,
             len(self.inputs.prompt_token_ids),
-            self.inputs.params.max_tokens,
+            # n choices may each produce max_tokens: quotas and feasibility count them all.
+            self.inputs.params.n * self.inputs.params.max_tokens,
             self.deadline,
             self.arrival,
             self.limits,
@@ -122,6 +123,7 @@ class RequestContext:
             engine_id=self.engine_id,
             continuous_usage=self.body.continuous_usage,
             logprobs=logprobs_view(self.chat, self.inputs.params.logprobs, self.served.engine.tokenizer),
+            n=self.inputs.params.n,
         )
 
     def usage_record(self, outcome: Outcome, finished: float, delivered: int | None = None) -> UsageRecord:

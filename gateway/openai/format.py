@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,8 @@ class Shape:
     _around_cache: list[tuple[str, str] | None] = field(default_factory=list, compare=False, repr=False)
     # A chat offered tools: the reply's <tool_call> blocks become tool_calls (gateway/openai/tools.py).
     tools: ToolStream | None = field(default=None, compare=False, repr=False)
+    # n > 1 with tools: the stream parser of each choice after the first (`tools` is choice 0's).
+    _choice_tools: dict[int, ToolStream] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def object(self) -> str:
@@ -72,6 +75,17 @@ class Shape:
         logprobs: dict[str, Any] | None = None,
     ) -> str:
         """The complete non-streaming response body (`logprobs`: the choice's, gateway/openai/logprobs.py)."""
+        return self.body_of([(text, reason, logprobs)], m)
+
+    def body_of(self, choices: Sequence[Choice], m: RequestMetrics) -> str:
+        """The complete non-streaming body of one or more choices (n > 1), indexed in order; `m` covers all."""
+        listed = [self._choice(i, *choice) for i, choice in enumerate(choices)]
+        return _json(self._head(self.object) | {"choices": listed, "usage": usage(m)})
+
+    def _choice(
+        self, index: int, text: str, reason: FinishReason | None, logprobs: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """One entry of a body's `choices` (with tools offered, its text parsed on its own)."""
         finish = openai_finish_reason(reason)
         if self.tools is not None:
             content, calls = parse(text, self.tools.parallel)
@@ -79,23 +93,11 @@ class Shape:
             if calls:
                 message["tool_calls"] = calls
                 finish = "tool_calls" if reason is FinishReason.STOP else finish
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": message,
-                "logprobs": None,
-                "finish_reason": finish,
-            }
-        elif self.chat:
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": finish,
-            }
-        else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
-        out = self._head(self.object) | {"choices": [choice], "usage": usage(m)}
-        return _json(out)
+            return {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
+        if self.chat:
+            message = {"role": "assistant", "content": text}
+            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
     def chunk(
         self,
@@ -104,14 +106,17 @@ class Shape:
         first: bool,
         so_far: RequestMetrics | None = None,
         logprobs: dict[str, Any] | None = None,
+        index: int = 0,
     ) -> str:
-        """One stream event's JSON: a text delta, on the last one the finish reason, and with `so_far`
-        the usage up to this event (`stream_options.continuous_usage_stats`).
+        """One stream event's JSON: a text delta of choice `index`, on its last one the finish reason, and
+        with `so_far` the usage up to this event (`stream_options.continuous_usage_stats`).
 
         A middle event (not the first, not the last, no usage) is the run's fixed text around the delta's
         JSON string: built once per run, it saves a dict and a whole encode per token."""
         if self.tools is not None:
-            return self._tool_chunk(delta_text, reason, first, so_far)
+            return self._tool_chunk(delta_text, reason, first, so_far, index)
+        if index:
+            return self._chunk(delta_text, reason, first, so_far, logprobs, index)
         if reason is None and not first and so_far is None and logprobs is None:
             around = self._around()
             if around is not None:
@@ -132,6 +137,7 @@ class Shape:
         first: bool,
         so_far: RequestMetrics | None = None,
         logprobs: dict[str, Any] | None = None,
+        index: int = 0,
     ) -> str:
         finish = openai_finish_reason(reason)
         if self.chat:
@@ -139,14 +145,14 @@ class Shape:
                 {"role": "assistant", "content": delta_text} if first else {"content": delta_text}
             )
             choice: dict[str, Any] = {
-                "index": 0,
+                "index": index,
                 "delta": delta,
                 "logprobs": logprobs,
                 "finish_reason": finish,
             }
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": delta_text, "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": index, "text": delta_text, "logprobs": logprobs, "finish_reason": finish}
             obj = "text_completion"
         out = self._head(obj) | {"choices": [choice]}
         if so_far is not None:
@@ -154,20 +160,29 @@ class Shape:
         return _json(out)
 
     def _tool_chunk(
-        self, delta_text: str, reason: FinishReason | None, first: bool, so_far: RequestMetrics | None
+        self,
+        delta_text: str,
+        reason: FinishReason | None,
+        first: bool,
+        so_far: RequestMetrics | None,
+        index: int = 0,
     ) -> str:
-        """A chat stream event when tools were offered: content and `tool_calls` deltas (gateway/openai/tools.py)."""
-        assert self.tools is not None
-        content, calls = self.tools.feed(delta_text, final=reason is not None)
+        """A chat stream event when tools were offered: content and `tool_calls` deltas (gateway/openai/tools.py),
+        each choice's text through a parser of its own."""
+        tools = self.tools
+        assert tools is not None
+        if index:
+            tools = self._choice_tools.setdefault(index, ToolStream(tools.parallel))
+        content, calls = tools.feed(delta_text, final=reason is not None)
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
         if content or not calls:
             delta["content"] = content
         if calls:
             delta["tool_calls"] = calls
         finish = openai_finish_reason(reason)
-        if reason is FinishReason.STOP and self.tools.called:
+        if reason is FinishReason.STOP and tools.called:
             finish = "tool_calls"
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
         out = self._head("chat.completion.chunk") | {"choices": [choice]}
         if so_far is not None:
             out["usage"] = usage(so_far)
@@ -177,6 +192,9 @@ class Shape:
         """The extra final event with empty choices and usage (`stream_options.include_usage`)."""
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         return _json(self._head(obj) | {"choices": [], "usage": usage(m)})
+
+
+Choice = tuple[str, FinishReason | None, dict[str, Any] | None]  # text, finish reason, logprobs
 
 
 def sse(data: str) -> bytes:

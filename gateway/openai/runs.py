@@ -27,6 +27,7 @@ from engine import (
 )
 from gateway.edge.errors import APIError, error_body
 from gateway.idempotency.records import StoredResponse
+from gateway.openai.choices import Choices
 from gateway.openai.format import DONE, Shape
 from gateway.openai.logprobs import LogprobsView
 
@@ -51,6 +52,7 @@ class RunSpec:
     engine_id: str = ""
     continuous_usage: bool = False  # usage in every stream event (stream_options.continuous_usage_stats)
     logprobs: LogprobsView | None = None  # the caller asked for logprobs (gateway/openai/logprobs.py)
+    n: int = 1  # choices: outputs carry their index, the reply one choice each (RunFeed)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -200,6 +202,7 @@ class RunFeed:
         self.on_first = on_first
         self.on_end = on_end
         self.last: RequestOutput | None = None
+        self.choices = Choices(run.spec.n, run.spec.logprobs) if run.spec.n > 1 else None
         self.outcome: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         if run.submitted_at is None:
             run.submitted_at = time.perf_counter()
@@ -227,6 +230,9 @@ class RunFeed:
                 run.started = True
                 run.first_output_at = now
                 self.on_first()
+        if self.choices is not None:
+            self._take_choice(out, self.choices)
+            return
         view = spec.logprobs
         if view is not None and out.new_logprobs:
             view.add(out.new_token_ids, out.new_logprobs)  # a chunk without text carries them to the next
@@ -249,6 +255,27 @@ class RunFeed:
             run.final = _final(run, out)
         reason = out.finish_reason or FinishReason.ERROR
         self._end(Outcome(_STATUS[reason], out.finish_reason, out.metrics, run.cancelled_by))
+
+    def _take_choice(self, out: RequestOutput, choices: Choices) -> None:
+        """`_take` for a run of n > 1 choices: each output is its choice's, its events name their index."""
+        run, spec = self.run, self.run.spec
+        first, reason = choices.add(out)
+        if spec.stream and (out.delta_text or reason is not None or first):
+            so_far = out.metrics if spec.continuous_usage else None
+            logprobs = choices.logprobs(out.index)
+            run.chunks.append(
+                spec.shape.chunk(out.delta_text, reason, first, so_far, logprobs, index=out.index)
+            )
+            run.chunk_tokens.append(out.metrics.completion_tokens)
+        self.last = out
+        if not out.finished:
+            if spec.stream:
+                run.notify()
+            return
+        ended = choices.reason()
+        if run.error is None:
+            run.final = _final(run, out, choices)
+        self._end(Outcome(_STATUS[ended or FinishReason.ERROR], ended, out.metrics, run.cancelled_by))
 
     def _failed(self, exc: BaseException) -> Outcome:
         run = self.run
@@ -297,24 +324,25 @@ async def publish_chunks(run: Run, publish: Publish) -> None:
         await change
 
 
-def _final(run: Run, last: RequestOutput) -> StoredResponse:
+def _final(run: Run, last: RequestOutput, choices: Choices | None = None) -> StoredResponse:
     spec = run.spec
     headers = {"X-Request-Id": spec.request_id}
+    reason = last.finish_reason if choices is None else choices.reason()
     if spec.stream:
         tail = [spec.shape.usage_chunk(last.metrics)] if spec.include_usage else []
-        if (
-            last.finish_reason is FinishReason.ERROR
-        ):  # it failed alone (engine/isolation.py): say so on the stream
+        if reason is FinishReason.ERROR:  # it failed alone (engine/isolation.py): say so on the stream
             tail.append(
                 json.dumps(error_body(500, "the engine failed while generating this request", "engine_error"))
             )
         return StoredResponse(200, "sse", [*run.chunks, *tail, DONE], headers)
-    if last.finish_reason is FinishReason.DEADLINE:
+    if reason is FinishReason.DEADLINE:
         body = error_body(504, "the deadline passed before the request finished", "deadline_exceeded")
         return StoredResponse(504, "json", [json.dumps(body)], headers)
-    if last.finish_reason is FinishReason.ERROR:
+    if reason is FinishReason.ERROR:
         body = error_body(500, "the engine failed while generating", "engine_error")
         return StoredResponse(500, "json", [json.dumps(body)], headers)
+    if choices is not None:
+        return StoredResponse(200, "json", [spec.shape.body_of(choices.listed(), last.metrics)], headers)
     logprobs = None if spec.logprobs is None else spec.logprobs.take()
     return StoredResponse(
         200, "json", [spec.shape.body(last.text, last.finish_reason, last.metrics, logprobs)], headers

@@ -122,11 +122,6 @@ class _Sampling(_Strict):
     # Narrows prefix-cache sharing below the tenant's cache group (engine/kv_cache.py), as vLLM's field does.
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
 
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, v: int | None) -> int | None:
-        return _off(v, (None, 1), "n", "only one choice per request")
-
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
     def _no_penalty(cls, v: float | None) -> float | None:
@@ -155,6 +150,9 @@ class _Sampling(_Strict):
             logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()},
             stream_outputs=bool(self.stream),  # a whole response needs only the start and the end
             logprobs=self.engine_logprobs,
+            n=1
+            if self.n is None
+            else self.n,  # checked with the rest by SamplingParams.validate and the caps
         )
 
     @property

@@ -50,7 +50,7 @@ def test_missing_and_wrong_key_are_401(server: Server, client: httpx.Client) -> 
         ({"model": "M", "prompt": "hi", "max_tokens": "5"}, "max_tokens", "invalid_value"),
         ({"model": "M", "prompt": "hi", "temperature": -1}, "temperature", "invalid_value"),
         ({"model": "M", "prompt": "hi", "top_p": 0}, "top_p", "invalid_value"),
-        ({"model": "M", "prompt": "hi", "n": 2}, "n", "invalid_value"),
+        ({"model": "M", "prompt": "hi", "n": 9}, "n", "invalid_value"),  # over RequestCaps.max_n
         ({"model": "M", "prompt": "hi", "presence_penalty": 0.5}, "presence_penalty", "invalid_value"),
         ({"model": "M", "prompt": "hi", "logprobs": 6}, "logprobs", "invalid_value"),
         ({"model": "M", "prompt": "hi", "frobnicate": True}, "frobnicate", "invalid_value"),

@@ -435,3 +435,21 @@ def test_worker_that_cannot_load_its_model_fails_start(tmp_path: Path) -> None:
         engine.start()
     assert not engine.is_alive
     assert {p.pid for p in multiprocessing.active_children()} <= before  # the failed worker was reaped
+
+
+@pytest.mark.parametrize("stop", [[], ["\x00never"]])  # text made by the front, and by the loop
+def test_choices_cross_the_process_boundary_each_with_its_own_text(
+    engine: ProcessEngine, reference: LLM, stop: list[str]
+) -> None:
+    """n = 3: every output names its choice; each choice's totals equal the one-choice answer, and only the
+    last choice's end ends the stream, with metrics summed over the choices."""
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, stop=stop)
+    want = reference.generate(PROMPTS[:1], params)[0]
+    three = SamplingParams(**{**params.__dict__, "n": 3})
+    outs = asyncio.run(collect(engine, engine.tokenizer.encode(PROMPTS[0]), three, f"choices-{len(stop)}"))
+    last = {o.index: o for o in outs}
+    assert sorted(last) == [0, 1, 2]
+    assert all(list(o.token_ids) == want.token_ids and o.text == want.text for o in last.values())
+    assert all(o.finish_reason is FinishReason.LENGTH for o in last.values())
+    assert [o.finished for o in outs].count(True) == 1 and outs[-1].finished
+    assert outs[-1].metrics.completion_tokens == 3 * 6

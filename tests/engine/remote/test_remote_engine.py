@@ -103,6 +103,28 @@ def test_streams_the_same_greedy_tokens_as_llm(served: EngineProcess) -> None:
         assert "".join(o.delta_text for o in outs) == want.text
 
 
+def test_choices_cross_the_socket_each_with_its_own_text(served: EngineProcess) -> None:
+    """n = 3 over the remote engine's socket: each choice equals the one-choice answer, and only the last
+    choice's end ends the stream, its metrics summed over the choices (what the produced book records)."""
+    want = LLM(None, num_kv_blocks=96, max_num_batched_tokens=64).generate(PROMPTS[:1], GREEDY)[0]
+    three = SamplingParams(**{**GREEDY.__dict__, "n": 3})
+
+    async def scenario() -> list[RequestOutput]:
+        engine = RemoteEngine(served.address, SILENCE)
+        engine.start()
+        try:
+            return await collect(engine, PROMPTS[0], three, "choices-remote")
+        finally:
+            engine.shutdown()
+
+    outs = asyncio.run(scenario())
+    last = {o.index: o for o in outs}
+    assert sorted(last) == [0, 1, 2]
+    assert all(list(o.token_ids) == want.token_ids and o.text == want.text for o in last.values())
+    assert [o.finished for o in outs].count(True) == 1 and outs[-1].finished
+    assert outs[-1].metrics.completion_tokens == 3 * GREEDY.max_tokens
+
+
 def test_two_gateways_each_get_only_their_own_outputs(served: EngineProcess) -> None:
     async def scenario() -> tuple[Recording, Recording, list[list[RequestOutput]]]:
         a, b = Recording(served.address), Recording(served.address)

@@ -31,7 +31,7 @@ def _complete(client: httpx.Client, server: Server, tenant: str, **body: Any) ->
         ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
         ({"logit_bias": {"5": 250.0}}, "logit_bias"),
         ({"logit_bias": {"99999999": 1.0}}, "logit_bias"),
-        ({"n": 2}, "n"),
+        ({"n": 9}, "n"),  # over RequestCaps.max_n (8)
         ({"logprobs": 6}, "logprobs"),
         ({"seed": 2**64}, "seed"),
         ({"seed": -(2**63) - 1}, "seed"),

@@ -42,7 +42,7 @@ def test_common_openai_fields_are_accepted() -> None:
 @pytest.mark.parametrize(
     ("patch", "param"),
     [
-        ({"n": 3}, "n"),
+        ({"n": "three"}, "n"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"tools": [{"type": "function"}]}, "tools.0.function"),

@@ -1,0 +1,102 @@
+"""Several choices of one request (SamplingParams.n > 1): a `Family` of requests that share one prefill.
+
+The leader (choice 0, under the request's own id) is queued and prefilled like any request. Once its
+computed count reaches `fork_at` (the prompt's last block boundary before its final token), the scheduler
+forks the followers (engine/scheduler.py `_fork`): each takes the leader's first `fork_at // block_size`
+blocks by reference count (`share_prompt`) and computes only the rest of the prompt, at most block_size
+tokens, itself. The partially filled last block is never shared, so nothing is copied: copy on write is
+a recompute of at most one block per choice. The prompt is charged once, by the leader; each choice is
+charged its own decodes (docs/fairness.md, "Several choices"; docs/engine.md, "Several choices").
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from engine.kv_cache import BlockPool
+from engine.request import FinishReason, Request, RequestMeta, RequestState, SamplingParams
+
+
+@dataclass(eq=False)
+class Family:
+    """The n choices of one request, each a Request of its own, by index."""
+
+    request_id: str  # the request's id: what outputs, aborts and the ledger name
+    members: list[Request]  # by choice index
+    fork_at: int
+    pending: list[Request] = field(default_factory=list)  # followers not yet forked
+    ended: int = 0  # members whose final output went out: the last one's ends the request
+
+    @property
+    def leader(self) -> Request:
+        """Choice 0: the member that prefills the shared prompt."""
+        return self.members[0]
+
+
+def choice_id(request_id: str, index: int) -> str:
+    """The engine-internal id of a request's choice `index` (choice 0 keeps the request's own id)."""
+    return request_id if index == 0 else f"{request_id}#{index}"
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """Choice `index`'s seed: the request's own for choice 0 (so n=1 and choice 0 agree), a digest of it
+    and the index for the others, so seeded choices differ from each other yet repeat run to run."""
+    if seed is None or index == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def make_family(
+    request_id: str, prompt: list[int], params: SamplingParams, meta: RequestMeta, fork_at: int
+) -> Family:
+    """The n requests of `params.n` choices, each with one choice's parameters (its seed), all pending
+    but the leader."""
+    members = [
+        Request(
+            choice_id(request_id, i), prompt, replace(params, n=1, seed=choice_seed(params.seed, i)), meta
+        )
+        for i in range(params.n)
+    ]
+    family = Family(request_id, members, fork_at, pending=members[1:])
+    for i, member in enumerate(members):
+        member.family, member.choice_index = family, i
+    return family
+
+
+def share_prompt(pool: BlockPool, family: Family, followers: list[Request]) -> None:
+    """Give each follower the leader's full prompt blocks up to `fork_at` (one reference each) and start it
+    there; the prompt was charged to the leader, so a follower's prompt tail is free (as recompute is)."""
+    leader, size = family.leader, pool.block_size
+    shared = family.fork_at // size
+    block_ids = pool.block_ids(leader.request_id)[:shared]
+    table = pool.tables.get(leader.request_id)
+    hashes = table.hashes[:shared] if table is not None and len(table.hashes) >= shared else []
+    for follower in followers:
+        pool.attach_prefix(follower.request_id, block_ids, hashes)
+        follower.num_computed_tokens = shared * size
+        follower.num_charged_prompt_tokens = follower.num_prompt_tokens
+        follower.first_scheduled_time = leader.first_scheduled_time
+        follower.state = RequestState.RUNNING
+
+
+def end_unforked(family: Family, reason: FinishReason, now: float) -> None:
+    """The leader ended before the fork: its pending choices end with it, having computed nothing."""
+    followers, family.pending = family.pending, []
+    for follower in followers:
+        follower.state = RequestState.FINISHED
+        follower.finish_reason = reason
+        follower.finished_time = now
+
+
+def with_families(touched: Iterable[Request]) -> Iterable[Request]:
+    """`touched` by id, with every choice of a touched family: a leader that ends before its fork ends its
+    pending choices, which were never scheduled themselves."""
+    by_id = {r.request_id: r for r in touched}
+    families = {id(r.family): r.family for r in by_id.values() if r.family is not None}
+    for family in families.values():
+        for member in family.members:
+            by_id.setdefault(member.request_id, member)
+    return by_id.values()
