@@ -40,21 +40,19 @@ from engine.isolation import RequestFailures
 from engine.kv_budget import blocks_from_memory, graph_plan
 from engine.kv_cache import BlockPool
 from engine.limits import RequestLimits
-from engine.loader import LoadedModel, load_model
+from engine.loader import LoadedModel, load_ranks
 from engine.model_runner import ModelRunner, kv_block_bytes
 from engine.outputs import (
     EngineStats,
     OutputDelta,
     RequestInfo,
-    RequestMetrics,
     RequestOutput,
     land_logprobs,
-    new_logprobs,
-    text_in_loop,
+    output_delta,
+    request_output,
 )
 from engine.overlap import OverlapExecutor
 from engine.parallel.group import head_shard
-from engine.parallel.steps import StepPeers
 from engine.policy import build_policy
 from engine.recorder import EngineRecorder
 from engine.request import (
@@ -66,30 +64,15 @@ from engine.request import (
     SamplingParams,
 )
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from engine.stop import StopMatcher
-from engine.tokenizer import Detokenizer
+from engine.swap import Swapper
+from engine.text_stream import TextStream, new_text, open_stream
 from engine.trace import IterationTrace
 from engine.tracing import make_engine_tracer
 from fairness.shared import SharedCounters
 
-
-class _Stream:
-    """Per-request text state: incremental detokenizer and stop-string checker (no detokenizer: the front
-    turns this request's ids into text, see `LLMEngine.front_detokenizes`)."""
-
-    __slots__ = ("detokenizer", "stop", "sent_tokens", "emitted_tokens", "held_delta")
-
-    def __init__(self, detokenizer: Detokenizer | None, stops: list[str]) -> None:
-        self.detokenizer = detokenizer
-        self.stop = StopMatcher(stops)
-        self.sent_tokens = 0  # tokens pushed through the detokenizer
-        self.emitted_tokens = 0  # tokens already carried by an output
-        self.held_delta = ""  # text decoded since the last output, when intermediate outputs are skipped
-
-
 # request, its stream, new token ids, new text, and whether the request ended: a choice of n > 1 ends it
 # only as the last of its family to end (its own end shows as a finish_reason on a choice's output).
-Emitted = tuple[Request, _Stream, list[int], str, bool]
+Emitted = tuple[Request, TextStream, list[int], str, bool]
 
 
 class LLMEngine:
@@ -99,7 +82,7 @@ class LLMEngine:
         self.config = config  # validated by pydantic when built
         self.device = torch.device(config.device)
         # Tensor parallelism: ranks 1..N-1 start first; this process is rank 0 and loads its own shard.
-        self.peers, self.loaded = _load(config, loaded)
+        self.peers, self.loaded = load_ranks(config, loaded)
         try:
             self._build(config)
         except BaseException:
@@ -177,9 +160,7 @@ class LLMEngine:
             self.runner.graphs = graphs.start(
                 logits_forward(self.loaded.model), self.runner.kv_caches, self.runner.windows is not None
             )
-        self.scheduler.swap_out = self._swap_out
-        self.scheduler.swap_in = self._swap_in
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, TextStream] = {}
         # Set by the engine loop (engine/boundary/worker.py): its front detokenizes every request without stop strings,
         # off this loop, and such a request's outputs here carry token ids and no text.
         self.front_detokenizes = False
@@ -194,6 +175,11 @@ class LLMEngine:
         self._families = 0  # requests of n > 1 choices whose last output has not gone out
         self.failed_requests = 0  # requests ended alone by an exception of their own, since start
         self.executor = (OverlapExecutor if overlaps else InlineExecutor)(self.runner, self.pool)
+        block_bytes = kv_block_bytes(
+            mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, self.loaded.dtype
+        )
+        swapper = Swapper(self.executor, self.pool, self.runner, block_bytes, config.swap_space_bytes)
+        self.scheduler.swap_out, self.scheduler.swap_in = swapper.swap_out, swapper.swap_in
         self.tracer = make_engine_tracer(config.otlp_endpoint)  # None unless traces are configured
         # One fair share across engines: other engines' service reaches the policy's counters at step starts.
         self.counter_sync: CounterSync | None = None
@@ -256,17 +242,8 @@ class LLMEngine:
         self._families += 1
         return family.leader
 
-    def _stream(self, request: Request) -> _Stream:
-        """A request's text state. A decode part (engine/disagg.py) goes on from its prefill part's: the first
-        token (its last prompt id) pushed unreleased, the start of a stop string held back (`held_text`)."""
-        ids, params, split = request.prompt_token_ids, request.sampling, request.meta.decode_part
-        if self.front_detokenizes and not text_in_loop(params):
-            return _Stream(None, list(params.stop))
-        stream = _Stream(self.tokenizer.detokenizer(ids[:-1] if split else ids), list(params.stop))
-        if split and stream.detokenizer is not None:
-            stream.detokenizer.push(ids[-1:])
-            stream.stop.hold(request.meta.held_text)
-        return stream
+    def _stream(self, request: Request) -> TextStream:
+        return open_stream(self.tokenizer, request, self.front_detokenizes)
 
     def abort_request(
         self, request_id: str, reason: str = "cancelled", signal_time: float | None = None
@@ -312,38 +289,14 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one iteration; returns an output for every request that produced text or ended."""
         return [
-            RequestOutput(
-                request_id=r.request_id if r.family is None else r.family.request_id,
-                prompt_token_ids=r.prompt_token_ids,
-                new_token_ids=new_ids,
-                token_ids=list(r.output_token_ids),
-                delta_text=delta,
-                text=stream.stop.text[: stream.stop.emitted],
-                finished=done,
-                finish_reason=r.finish_reason,
-                metrics=RequestMetrics.of(r),
-                new_logprobs=new_logprobs(r, new_ids),
-                index=r.choice_index,
-            )
+            request_output(r, stream.stop.text[: stream.stop.emitted], new_ids, delta, done)
             for r, stream, new_ids, delta, done in self._iterate()
         ]
 
     def step_deltas(self) -> list[OutputDelta]:
         """`step` without the running totals: no copy of every token and character so far, per stream, per
         iteration (O(context) each). The engine loop uses this; its front rebuilds the totals."""
-        return [
-            OutputDelta(
-                r.request_id if r.family is None else r.family.request_id,
-                new_ids,
-                delta,
-                done,
-                r.finish_reason,
-                RequestMetrics.of(r),
-                logprobs=new_logprobs(r, new_ids),
-                index=r.choice_index,
-            )
-            for r, _, new_ids, delta, done in self._iterate()
-        ]
+        return [output_delta(r, new_ids, delta, done) for r, _, new_ids, delta, done in self._iterate()]
 
     def _iterate(self) -> list[Emitted]:
         """One iteration, with or without async scheduling: what each request has new to report."""
@@ -399,7 +352,9 @@ class LLMEngine:
             stream = self._streams.get(request.request_id)
             if stream is None:
                 continue
-            text = self._failures.run(request.request_id, partial(self._new_text, request, stream), None)
+            text = self._failures.run(
+                request.request_id, partial(new_text, request, stream, self.scheduler.finish), None
+            )
             if text is None:  # its detokenisation or stop check raised: it ends alone, with what it had
                 self.fail_requests(self._failures.take(), time.time())
                 request.finish_reason = FinishReason.ERROR  # also when it had just ended for another reason
@@ -433,27 +388,6 @@ class LLMEngine:
         self._families -= 1
         return True
 
-    def _new_text(self, request: Request, stream: _Stream) -> str:
-        """Detokenise the request's new tokens and check its stop strings; the text it may release now."""
-        detokenizer = stream.detokenizer
-        if detokenizer is None:  # the front turns this request's ids into text (`front_detokenizes`)
-            return ""
-        new_ids = request.output_token_ids[stream.sent_tokens :]
-        delta = ""
-        if new_ids:
-            delta, stopped = stream.stop.push(detokenizer.push(new_ids))
-            if stopped and not request.is_finished:
-                self.scheduler.finish(request, FinishReason.STOP)
-        if (
-            request.is_finished
-            and not stream.stop.matched
-            and request.finish_reason not in (FinishReason.ERROR, FinishReason.HANDOFF)
-        ):
-            # Release held-back text (an incomplete UTF-8 tail, a partial stop match); a hand-off keeps it.
-            tail, _ = stream.stop.push(detokenizer.finish())
-            delta += tail + stream.stop.flush()
-        return delta
-
     def fail_requests(self, errors: dict[str, Exception], now: float) -> None:
         """End each request whose own work raised, with finish_reason "error"; the others go on."""
         for request_id in errors:
@@ -481,27 +415,6 @@ class LLMEngine:
         """A fresh snapshot of queue, memory and rate figures."""
         return self.recorder.snapshot(self.policy, self.counter_sync)
 
-    # -- swap preemption --------------------------------------------------------------------
-    def _swap_out(self, request: Request) -> int:
-        self.executor.wait_forward()  # the forward in flight may still write these blocks
-        ids = self.pool.block_ids(request.request_id)[
-            : -(-request.num_computed_tokens // self.pool.block_size)
-        ]
-        need = kv_block_bytes(
-            self.loaded.config.num_layers,
-            self.pool.block_size,
-            self.loaded.config.num_kv_heads,
-            self.loaded.config.head_dim,
-            self.loaded.dtype,
-        ) * len(ids)
-        if self.runner.swapped_bytes() + need > self.config.swap_space_bytes:
-            return -1  # buffer full: fall back to recompute
-        return self.runner.swap_out(request.request_id, ids)
-
-    def _swap_in(self, request: Request) -> int:
-        self.executor.wait_forward()  # it may still write a block just freed and handed to this request
-        return self.runner.swap_in(request.request_id, self.pool.block_ids(request.request_id))
-
     def close(self) -> None:
         """Stop the forward thread, the other tensor-parallel ranks and the counter sync; release the trace file."""
         self.executor.close()
@@ -513,22 +426,3 @@ class LLMEngine:
         self.recorder.close()
         if self.tracer is not None:
             self.tracer.shutdown()
-
-
-def _load(config: EngineConfig, loaded: LoadedModel | None) -> tuple[StepPeers | None, LoadedModel]:
-    """The other tensor-parallel ranks (None on one rank) and this rank's model."""
-    if config.tensor_parallel_size == 1:
-        return None, loaded or load_model(
-            config.model, dtype=config.dtype, device=config.device, cache_dir=config.cache_dir
-        )
-    if loaded is not None:
-        raise ValueError("a preloaded model cannot be tensor-parallel: each rank loads its own shard")
-    peers = StepPeers.start(config)
-    try:
-        shard = load_model(
-            config.model, dtype=config.dtype, device=config.device, cache_dir=config.cache_dir, tp=peers.group
-        )
-    except BaseException:
-        peers.close()
-        raise
-    return peers, shard

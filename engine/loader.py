@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from safetensors import safe_open
@@ -25,6 +25,7 @@ from engine.models.config import eos_ids
 from engine.models.layers import SourceSlice
 from engine.models.protocol import CausalLM
 from engine.parallel.group import TPGroup
+from engine.parallel.steps import StepPeers
 from engine.tokenizer import (
     BYTE_SPECIAL_TOKENS,
     Tokenizer,
@@ -32,6 +33,9 @@ from engine.tokenizer import (
     read_json,
     write_byte_tokenizer,
 )
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
 
 DEFAULT_MODEL_NAME = "fairserve-tiny"
 DEFAULT_MODEL_VERSION = (
@@ -259,3 +263,22 @@ def _default_weights(c: dict[str, Any]) -> dict[str, torch.Tensor]:
     head[_READABLE_BYTES] *= 8.0
     weights["lm_head.weight"] = head
     return weights
+
+
+def load_ranks(config: EngineConfig, loaded: LoadedModel | None) -> tuple[StepPeers | None, LoadedModel]:
+    """The other tensor-parallel ranks (None on one rank) and this rank's model."""
+    if config.tensor_parallel_size == 1:
+        return None, loaded or load_model(
+            config.model, dtype=config.dtype, device=config.device, cache_dir=config.cache_dir
+        )
+    if loaded is not None:
+        raise ValueError("a preloaded model cannot be tensor-parallel: each rank loads its own shard")
+    peers = StepPeers.start(config)
+    try:
+        shard = load_model(
+            config.model, dtype=config.dtype, device=config.device, cache_dir=config.cache_dir, tp=peers.group
+        )
+    except BaseException:
+        peers.close()
+        raise
+    return peers, shard

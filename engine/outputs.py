@@ -245,3 +245,36 @@ class EngineStats:
     kv_transfers: int = 0
     kv_transfer_s: float = 0.0
     kv_transfer_bytes: int = 0
+
+
+def request_output(
+    request: Request, text: str, new_ids: list[int], delta: str, finished: bool
+) -> RequestOutput:
+    """`LLMEngine.step`'s output of one request (of a choice: its family's id, its own index)."""
+    return RequestOutput(
+        request_id=request.request_id if request.family is None else request.family.request_id,
+        prompt_token_ids=request.prompt_token_ids,
+        new_token_ids=new_ids,
+        token_ids=list(request.output_token_ids),
+        delta_text=delta,
+        text=text,
+        finished=finished,
+        finish_reason=request.finish_reason,
+        metrics=RequestMetrics.of(request),
+        new_logprobs=new_logprobs(request, new_ids),
+        index=request.choice_index,
+    )
+
+
+def output_delta(request: Request, new_ids: list[int], delta: str, finished: bool) -> OutputDelta:
+    """`LLMEngine.step_deltas`'s output of one request: only what is new."""
+    return OutputDelta(
+        request.request_id if request.family is None else request.family.request_id,
+        new_ids,
+        delta,
+        finished,
+        request.finish_reason,
+        RequestMetrics.of(request),
+        logprobs=new_logprobs(request, new_ids),
+        index=request.choice_index,
+    )
