@@ -172,8 +172,10 @@ class RunResponse:
             if ready:
                 await send({"type": "http.response.body", "body": ready, "more_body": True})
                 run.delivered_chunks = max(run.delivered_chunks, sent)
-            if len(run.chunks) == sent and not await self._until_change(gone):
-                return False
+            # Wait for the next event, or with events_per_write N for N of them (the end comes at once).
+            while len(run.chunks) - sent < run.events_per_write and not run.done:
+                if not await self._until_change(gone):
+                    return False
 
 
 class StoredResponseSender:

@@ -97,6 +97,7 @@ class Run:
     finished_at: float | None = None
     task: asyncio.Task[None] | None = None
     orphan_grace_s: float = 0.0  # how long a keyed run outlives its last reader (GatewaySettings)
+    events_per_write: int = 1  # a stream's middle events held for one write (GatewaySettings)
     chunk_tokens: list[int] = field(default_factory=list)  # completion tokens so far at each chunk
     delivered_chunks: int = 0  # chunks a reader has handed to its connection
     # Readers that write a stream's new events themselves, called before the waiters are woken
