@@ -90,7 +90,9 @@ class Run:
     started: bool = False  # first output arrived
     cancelled_by: str | None = None
     abort: Callable[[str], object] = lambda reason: None
-    _waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    _waiters: list[tuple[asyncio.Future[None], int]] = field(
+        default_factory=list
+    )  # (future, chunks it awaits)
     # perf_counter when the engine request was submitted, its first output and its last arrived here.
     submitted_at: float | None = None
     first_output_at: float | None = None
@@ -134,23 +136,30 @@ class Run:
         return self.final is not None or self.error is not None
 
     def notify(self) -> None:
-        """Wake every reader: chunks, the final response or the error changed."""
+        """Wake the readers this change is for: chunks, the final response or the error changed (a reader
+        waiting for a number of chunks sleeps on until there are that many or the run is done)."""
         for push in self.pushers:
             push()
         waiters, self._waiters = self._waiters, []
-        for fut in waiters:
-            if not fut.done():
+        ready, done = len(self.chunks), self.done
+        for fut, chunks in waiters:
+            if fut.done():
+                continue
+            if done or ready >= chunks:
                 fut.set_result(None)
+            else:
+                self._waiters.append((fut, chunks))
 
-    def next_change(self) -> asyncio.Future[None]:
-        """A future resolved at the next change of chunks, final response or error.
+    def next_change(self, chunks: int = 0) -> asyncio.Future[None]:
+        """A future resolved at the next change of chunks, final response or error; with `chunks`, at the
+        first change after which the run has that many chunks or is done (no wake-up per held event).
 
         Callers take it synchronously right after checking the state and then await it; a future taken
         later could miss a change made in between. Resolving a plain future wakes its reader in one
         loop pass, where an Event behind asyncio.wait took three.
         """
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
+        self._waiters.append((fut, chunks))
         return fut
 
     def cancel(self, reason: str) -> None:
