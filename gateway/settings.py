@@ -78,9 +78,9 @@ class GatewaySettings(StorageSettings, ProcessSettings):
         le=64,
         description="gateway processes accepting on one port (SO_REUSEPORT); over 1 needs --redis and --engine",
     )
-    # A streamed token's gateway CPU is mostly its write: the syscall and the client's wake-up (docs/gateway.md,
-    # "Benchmark: gateway CPU against its floor"). Over 1, a stream's middle events wait until that many are
-    # ready and go out in one write: fewer writes, each token later by up to N - 1 engine steps.
+    # Each streamed token costs the gateway a write and a wake-up of the reply's task (docs/gateway.md,
+    # "Benchmark: gateway CPU against its floor": 11-15% of a token's CPU saved at 4). Over 1, a stream's middle
+    # events wait until that many are ready and go out in one write, each token later by up to N - 1 steps.
     stream_events_per_write: int = Field(
         default=1,
         ge=1,
