@@ -90,9 +90,8 @@ class Run:
     started: bool = False  # first output arrived
     cancelled_by: str | None = None
     abort: Callable[[str], object] = lambda reason: None
-    _waiters: list[tuple[asyncio.Future[None], int]] = field(
-        default_factory=list
-    )  # (future, chunks it awaits)
+    # Readers' futures, each with the number of chunks it waits for (0: any change).
+    _waiters: list[tuple[asyncio.Future[None], int]] = field(default_factory=list)
     # perf_counter when the engine request was submitted, its first output and its last arrived here.
     submitted_at: float | None = None
     first_output_at: float | None = None
