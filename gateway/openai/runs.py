@@ -101,9 +101,6 @@ class Run:
     events_per_write: int = 1  # a stream's middle events held for one write (GatewaySettings)
     chunk_tokens: list[int] = field(default_factory=list)  # completion tokens so far at each chunk
     delivered_chunks: int = 0  # chunks a reader has handed to its connection
-    # Readers that write a stream's new events themselves, called before the waiters are woken
-    # (gateway/openai/responses.py, RunResponse._push).
-    pushers: list[Callable[[], None]] = field(default_factory=list)
 
     def delivered_tokens(self, completion_tokens: int) -> int:
         """Completion tokens handed to a client: all of them unless the client left before the end (then
@@ -137,8 +134,6 @@ class Run:
     def notify(self) -> None:
         """Wake the readers this change is for: chunks, the final response or the error changed (a reader
         waiting for a number of chunks sleeps on until there are that many or the run is done)."""
-        for push in self.pushers:
-            push()
         waiters, self._waiters = self._waiters, []
         ready, done = len(self.chunks), self.done
         for fut, chunks in waiters:
