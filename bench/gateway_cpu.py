@@ -46,7 +46,9 @@ FLOORS = ("floor", "waiting_floor")
 class Server:
     """A server subprocess (`fairserve serve` of some checkout, or the floor), its banner and its CPU."""
 
-    def __init__(self, name: str, args: list[str], checkout: Path | None = None) -> None:
+    def __init__(
+        self, name: str, args: list[str], checkout: Path | None = None, until: str = "admin_token"
+    ) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"PYTHONPATH": str(checkout)} if checkout else {})}
         self.name, self.banner = name, dict[str, str]()
         self.proc = subprocess.Popen(
@@ -55,12 +57,13 @@ class Server:
         for line in self.proc.stdout or []:
             key, sep, value = line.strip().partition(": ")
             self.banner.update({key: value} if sep else {})
-            if key == "admin_token":
+            if key == until:  # the banner's last line
                 break
         else:
             raise RuntimeError(f"{name} did not start")
         threading.Thread(target=lambda: [None for _ in self.proc.stdout or []], daemon=True).start()
-        host, port = self.banner["url"].removeprefix("http://").split(":")
+        url = self.banner.get("url") or self.banner["engine"]  # an HTTP server's or a `fairserve engine`'s
+        host, port = url.removeprefix("http://").removeprefix("tcp://").split(":")
         self.addr = (host, int(port))
 
     def cpu_s(self) -> float:

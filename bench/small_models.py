@@ -61,3 +61,22 @@ def write_small_model(path: Path, arch: str = "llama") -> None:
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
     write_byte_tokenizer(path)
+
+
+def one_layer_config() -> dict[str, Any]:
+    """A Llama of one layer, 32 wide, with the byte tokenizer's vocabulary (engine.loader `write_seeded_llama`
+    writes it): the forward is a few small matmuls, so the host's work and the gateway's dominate. The
+    fastest engine this machine runs (experiments/host_overhead.py, bench/gateway_workers.py)."""
+    from engine.loader import default_model_config
+    from engine.tokenizer import BYTE_SPECIAL_TOKENS
+
+    config = default_model_config(256 + len(BYTE_SPECIAL_TOKENS))
+    config.update(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
+    return config

@@ -2,11 +2,14 @@
 
     .venv/bin/python -m bench.gateway_cpu --rounds 1 --requests 3000 --profile /tmp/prof
     .venv/bin/python -m experiments.gateway_profile /tmp/prof/fairserve-nonstream-0.txt 0.55
+    .venv/bin/python -m experiments.gateway_profile /tmp/prof/fairserve-stream-0.txt 5.24 --leaves 15
 
 Each sample goes to the stage of its innermost frame that names one (walking from the leaf to the root),
 so `json.dumps` called from the response builder counts as response building and the event loop's own
 frames count as HTTP and ASGI. The shares are scaled to the CPU per request that bench.gateway_cpu
-measured without the profiler (the second argument, ms).
+measured without the profiler (the second argument, ms). With `--leaves N` the N innermost frames that
+took the most samples follow the table: where the time is spent, not which stage spent it (a C call such as
+a socket write shows as the Python frame that made it; the event loop's own C as `Runner.run`).
 """
 
 from __future__ import annotations
@@ -64,14 +67,33 @@ def stages(path: str) -> Counter[str]:
     return counts
 
 
+def leaves(path: str) -> Counter[str]:
+    """Samples per innermost frame (its function and file, without the line), waiting threads left out."""
+    counts: Counter[str] = Counter()
+    with open(path) as stacks:
+        for line in stacks.read().splitlines():
+            stack, _, n = line.rstrip().rpartition(" ")
+            if stack and stage_of(stack) != "idle":
+                function, _, where = stack.rpartition(";")[2].partition(" (")
+                counts[f"{function} ({where.rpartition(':')[0]})"] += int(n)
+    return counts
+
+
 def main() -> None:
-    """Print a Markdown table: stage, share of samples, µs per request."""
-    counts = stages(sys.argv[1])
-    ms = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+    """Print a Markdown table: stage, share of samples, µs per request; with `--leaves N`, the top frames."""
+    args = [a for a in sys.argv[1:] if a != "--leaves"]
+    top = int(args.pop()) if "--leaves" in sys.argv[1:] else 0
+    counts = stages(args[0])
+    ms = float(args[1]) if len(args) > 1 else 0.0
     total = sum(counts.values())
     print("| stage | share | µs per request |\n|---|---|---|")
     for stage, n in counts.most_common():
         print(f"| {stage} | {n / total:.1%} | {n / total * ms * 1e3:.0f} |")
+    if top:
+        frames = leaves(args[0])
+        print("\n| innermost frame | share | µs per request |\n|---|---|---|")
+        for frame, n in frames.most_common(top):
+            print(f"| `{frame}` | {n / total:.1%} | {n / total * ms * 1e3:.0f} |")
 
 
 if __name__ == "__main__":

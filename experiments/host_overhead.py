@@ -31,14 +31,14 @@ from typing import Any
 import msgspec
 import torch
 
+from bench.small_models import one_layer_config
 from engine.boundary.messages import IterationReport
 from engine.boundary.route import OutputRoute
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.loader import default_model_config, write_seeded_llama
+from engine.loader import write_seeded_llama
 from engine.outputs import text_in_loop
 from engine.request import SamplingParams
-from engine.tokenizer import BYTE_SPECIAL_TOKENS
 
 _ENCODE = msgspec.msgpack.Encoder().encode
 
@@ -69,16 +69,7 @@ class Row:
 
 def tiny_model_config() -> dict[str, Any]:
     """One layer, hidden 32: the forward is a few small matmuls, so the host's work dominates."""
-    config = default_model_config(256 + len(BYTE_SPECIAL_TOKENS))
-    config.update(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-    )
-    return config
+    return one_layer_config()
 
 
 def steady_engine(

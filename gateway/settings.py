@@ -78,6 +78,16 @@ class GatewaySettings(StorageSettings, ProcessSettings):
         le=64,
         description="gateway processes accepting on one port (SO_REUSEPORT); over 1 needs --redis and --engine",
     )
+    # Each streamed token costs the gateway a write and a wake-up of the reply's task (docs/gateway.md,
+    # "Benchmark: gateway CPU against its floor": 11-15% of a token's CPU saved at 4). Over 1, a stream's middle
+    # events wait until that many are ready and go out in one write, each token later by up to N - 1 steps.
+    stream_events_per_write: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="a stream's middle events sent per write (1: each at once; over 1 trades "
+        "inter-token latency for gateway CPU); the first and the last are never held",
+    )
     redis_url: str | None = Field(
         default=None,
         description="redis:// URL for shared idempotency and quotas (default: in memory)",

@@ -118,11 +118,12 @@ class RunResponse:
         if change is not None and not change.done():
             change.set_result(None)
 
-    async def _until_change(self, gone: asyncio.Future[None]) -> bool:
-        """Wait for the run to change; False when the client left first."""
+    async def _until_change(self, gone: asyncio.Future[None], chunks: int = 0) -> bool:
+        """Wait for the run to change (with `chunks`: to have that many chunks, or end); False when the
+        client left first."""
         if gone.done():
             return False
-        self._change = change = self.run.next_change()
+        self._change = change = self.run.next_change(chunks)
         await change
         return not gone.done()
 
@@ -172,8 +173,10 @@ class RunResponse:
             if ready:
                 await send({"type": "http.response.body", "body": ready, "more_body": True})
                 run.delivered_chunks = max(run.delivered_chunks, sent)
-            if len(run.chunks) == sent and not await self._until_change(gone):
-                return False
+            # Wait for the next event, or with events_per_write N for N of them (the end comes at once).
+            while len(run.chunks) - sent < run.events_per_write and not run.done:
+                if not await self._until_change(gone, sent + run.events_per_write):
+                    return False
 
 
 class StoredResponseSender:

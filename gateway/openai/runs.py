@@ -92,18 +92,17 @@ class Run:
     started: bool = False  # first output arrived
     cancelled_by: str | None = None
     abort: Callable[[str], object] = lambda reason: None
-    _waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    # Readers' futures, each with the number of chunks it waits for (0: any change).
+    _waiters: list[tuple[asyncio.Future[None], int]] = field(default_factory=list)
     # perf_counter when the engine request was submitted, its first output and its last arrived here.
     submitted_at: float | None = None
     first_output_at: float | None = None
     finished_at: float | None = None
     task: asyncio.Task[None] | None = None
     orphan_grace_s: float = 0.0  # how long a keyed run outlives its last reader (GatewaySettings)
+    events_per_write: int = 1  # a stream's middle events held for one write (GatewaySettings)
     chunk_tokens: list[int] = field(default_factory=list)  # completion tokens so far at each chunk
     delivered_chunks: int = 0  # chunks a reader has handed to its connection
-    # Readers that write a stream's new events themselves, called before the waiters are woken
-    # (gateway/openai/responses.py, RunResponse._push).
-    pushers: list[Callable[[], None]] = field(default_factory=list)
 
     def delivered_tokens(self, completion_tokens: int) -> int:
         """Completion tokens handed to a client: all of them unless the client left before the end (then
@@ -135,23 +134,28 @@ class Run:
         return self.final is not None or self.error is not None
 
     def notify(self) -> None:
-        """Wake every reader: chunks, the final response or the error changed."""
-        for push in self.pushers:
-            push()
+        """Wake the readers this change is for: chunks, the final response or the error changed (a reader
+        waiting for a number of chunks sleeps on until there are that many or the run is done)."""
         waiters, self._waiters = self._waiters, []
-        for fut in waiters:
-            if not fut.done():
+        ready, done = len(self.chunks), self.done
+        for fut, chunks in waiters:
+            if fut.done():
+                continue
+            if done or ready >= chunks:
                 fut.set_result(None)
+            else:
+                self._waiters.append((fut, chunks))
 
-    def next_change(self) -> asyncio.Future[None]:
-        """A future resolved at the next change of chunks, final response or error.
+    def next_change(self, chunks: int = 0) -> asyncio.Future[None]:
+        """A future resolved at the next change of chunks, final response or error; with `chunks`, at the
+        first change after which the run has that many chunks or is done (no wake-up per held event).
 
         Callers take it synchronously right after checking the state and then await it; a future taken
         later could miss a change made in between. Resolving a plain future wakes its reader in one
         loop pass, where an Event behind asyncio.wait took three.
         """
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
+        self._waiters.append((fut, chunks))
         return fut
 
     def cancel(self, reason: str) -> None:

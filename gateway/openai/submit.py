@@ -45,6 +45,7 @@ def submit(
         spec,
         abort=lambda reason: engine.abort(spec.engine_id, reason),
         orphan_grace_s=state.settings.idempotent_orphan_grace_s,
+        events_per_write=state.settings.stream_events_per_write,
     )
     run.submitted_at = time.perf_counter()
     feed = RunFeed(run, admission.slot.start, lambda outcome: _record(state, ctx, outcome, run))

@@ -160,3 +160,20 @@ def test_events_and_bodies_are_the_json_of_their_fields_whatever_the_text(chat: 
         body = json.loads(shape.body(text, FinishReason.STOP, metrics))
         assert shape.body(text, FinishReason.STOP, metrics) == _compact(body)
         assert (body["choices"][0]["message"]["content"] if chat else body["choices"][0]["text"]) == text
+
+
+def test_a_reader_waiting_for_events_sleeps_until_there_are_that_many_or_the_end() -> None:
+    async def scenario() -> list[tuple[bool, bool]]:
+        run = Run(spec(stream=True))
+        feed = RunFeed(run, lambda: None)
+        three, four, any_change = run.next_change(3), run.next_change(4), run.next_change()
+        seen = []
+        for i in range(3):
+            feed(output(i, str(i)))
+            seen.append((three.done(), any_change.done()))
+        assert not four.done()  # three events, four awaited
+        feed(output(3, "3", finished=True))
+        assert four.done()  # the end wakes every reader, however many events it awaits
+        return seen
+
+    assert asyncio.run(scenario()) == [(False, True), (False, True), (True, True)]
