@@ -62,15 +62,15 @@ class GrammarMasks:
         self,
         vocab_size: int,
         failures: RequestFailures,
-        closers: Callable[[], Closers] | None = None,
-        max_model_len: int = 0,
+        closers: Callable[[], Closers] | None,
+        context_len: int,
     ) -> None:
         self.vocab_size = vocab_size
         # Narrows the masks of outputs near their budget's end (closing.py); built at the first grammar
         # request (a pass over the vocabulary), so an engine that serves none never pays for it.
         self._make_closers = closers
         self._closers: Closers | None = None
-        self.max_model_len = max_model_len
+        self.context_len = context_len  # the engine's max_model_len: a closing budget ends there too
         self.failures = failures  # the sampler's: the executors take them with the step's samples
         self._matchers: dict[str, llguidance.LLMatcher] = {}
         self._lock = threading.Lock()  # attach/forget on the loop thread, the rest on the forward thread
@@ -113,7 +113,7 @@ class GrammarMasks:
 
     def _closing(self, request: Request) -> int | None:
         """The lexer state of a request in its closing stretch (closing.py); None before it."""
-        if self._make_closers is None or not is_closing(request, self.max_model_len):
+        if self._make_closers is None or not is_closing(request, self.context_len):
             return None
         if self._closers is None:
             self._closers = self._make_closers()

@@ -58,10 +58,18 @@ class TPGroup:
         return self.pg
 
 
-def open_store(world: int, port: int = 0, host: str = "127.0.0.1") -> TCPStore:
-    """Rank 0's rendezvous store (port 0: a free one, read back from `.port`); others connect to it."""
-    master = port == 0
-    return TCPStore(host, port, world, is_master=master, timeout=COLLECTIVE_TIMEOUT, wait_for_workers=False)
+def open_store(world: int, store_port: int | None = None) -> TCPStore:
+    """Rank 0's rendezvous store on a free loopback port (`store_port` None; read it back from `.port`);
+    the other ranks connect to rank 0's `store_port`. The ranks of one engine share its host."""
+    master = store_port is None
+    return TCPStore(
+        "127.0.0.1",
+        store_port or 0,
+        world,
+        is_master=master,
+        timeout=COLLECTIVE_TIMEOUT,
+        wait_for_workers=False,
+    )
 
 
 def join_group(store: Store, rank: int, world: int, device: torch.device) -> TPGroup:
