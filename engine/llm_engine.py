@@ -41,6 +41,7 @@ from engine.kv_budget import blocks_from_memory, graph_plan
 from engine.kv_cache import BlockPool
 from engine.limits import RequestLimits
 from engine.loader import LoadedModel, load_ranks
+from engine.lora.registry import LoraRegistry
 from engine.model_runner import ModelRunner, kv_block_bytes
 from engine.outputs import (
     EngineStats,
@@ -145,6 +146,12 @@ class LLMEngine:
         if peers is not None:
             peers.allocate(num_blocks)
             self.runner.peers = peers
+        # LoRA adapters (engine/lora/): loaded once here; none configured, nothing is built.
+        self.lora: LoraRegistry | None = None
+        if config.lora:
+            self.lora = self.runner.lora = LoraRegistry.load(
+                config.lora, mc, config.max_lora_rank, self.loaded.dtype, self.device
+            )
         # Constrained decoding (engine/grammar/): compiles off this loop, masks beside the forward.
         masks = self.runner.grammar = GrammarMasks(
             mc.vocab_size,
@@ -210,6 +217,8 @@ class LLMEngine:
             raise DuplicateRequestError(f"request id {request_id!r} is already live", "request_id")
         ids = self.encode(prompt)
         self.validate(ids, params)
+        if meta is not None and meta.lora is not None:
+            self._check_adapter(meta.lora)
         if params.n > 1:
             return self._add_family(request_id, ids, params, meta or RequestMeta())
         request = Request(request_id, ids, params, meta or RequestMeta())
@@ -218,6 +227,12 @@ class LLMEngine:
         if not held:
             self.scheduler.add(request)
         return request
+
+    def _check_adapter(self, name: str) -> None:
+        """InvalidRequestError (field `model`) unless the adapter is loaded: unknown, or its directory broken."""
+        if self.lora is None:
+            raise InvalidRequestError(f"unknown LoRA adapter {name!r}: this engine serves none", "model")
+        self.lora.slot(name)
 
     def _add_family(
         self, request_id: str, ids: list[int], params: SamplingParams, meta: RequestMeta
