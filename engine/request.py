@@ -279,6 +279,8 @@ class Request:
     # Tokens charged to the fairness policy: prompt positions are charged once, even if recomputed.
     num_charged_prompt_tokens: int = 0
     charged_service: float = 0.0
+    # Each token's service multiplier: 1 + a LoRA adapter's extra FLOPs share (engine/lora/cost.py).
+    service_scale: float = 1.0
     preemptions: list[Preemption] = field(default_factory=list)
     recomputed_tokens: int = 0
     # Cancellation bookkeeping: when the signal arrived, in which state, and work done after it.

@@ -40,6 +40,7 @@ class LoraAdapter:
     rank: int
     scale: float
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+    service_scale: float = 1.0  # each token's service multiplier (engine/lora/cost.py), set by the registry
 
     @property
     def modules(self) -> set[str]:

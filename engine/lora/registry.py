@@ -12,6 +12,7 @@ from collections.abc import Mapping
 import torch
 
 from engine.lora.adapter import AdapterError, LoraAdapter, load_adapter
+from engine.lora.cost import service_scale
 from engine.models.config import ModelConfig
 from engine.request import InvalidRequestError
 
@@ -39,7 +40,9 @@ class LoraRegistry:
         adapters, failed = [], {}
         for name, path in paths.items():
             try:
-                adapters.append(load_adapter(name, path, cfg, max_rank, dtype, device))
+                adapter = load_adapter(name, path, cfg, max_rank, dtype, device)
+                adapter.service_scale = service_scale(cfg, adapter)
+                adapters.append(adapter)
             except AdapterError as exc:
                 log.error("LoRA %s", exc)
                 failed[name] = str(exc)
