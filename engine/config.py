@@ -165,6 +165,22 @@ class EngineConfig(BaseModel):
             )
         return value
 
+    @field_validator("lora", mode="before")
+    @classmethod
+    def _lora_pairs(cls, value: object) -> object:
+        """`--lora NAME=PATH`, repeated, arrives as a list of NAME=PATH strings; a TOML table or a dict as is."""
+        if not isinstance(value, list):
+            return value
+        pairs: dict[str, str] = {}
+        for item in value:
+            name, sep, path = str(item).partition("=")
+            if not sep or not name or not path:
+                raise ValueError(f"lora {item!r}: use NAME=PATH (a PEFT adapter directory)")
+            if name in pairs:
+                raise ValueError(f"lora: adapter {name!r} named twice")
+            pairs[name] = path
+        return pairs
+
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, value: str | None) -> str | None:
