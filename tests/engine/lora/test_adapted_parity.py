@@ -11,7 +11,7 @@ from engine import LLM, SamplingParams
 from engine.request import RequestMeta
 from tests.engine.lora.adapters import ALL_MODULES, Adapted, build
 
-SPECS = {"a": (4, ALL_MODULES, False), "b": (8, ["q_proj", "v_proj", "down_proj"], True)}
+SPECS = {"a": (8, ALL_MODULES, False), "b": (8, ["q_proj", "v_proj", "down_proj"], True)}
 
 
 def prompts(n: int, seed: int) -> list[list[int]]:
@@ -25,7 +25,7 @@ def greedy(llm: LLM, items: list[list[int]], adapters: list[str | None], tokens:
     return [o.token_ids for o in llm.generate(items, [params] * len(items), metas)]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma3"])
 def adapted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Adapted:
     return build(tmp_path_factory.mktemp(request.param), request.param, SPECS)
 
@@ -49,10 +49,11 @@ def test_adapter_matches_merged_weights(adapted: Adapted) -> None:
         assert got != base  # the adapter changed the output: the comparison can fail
 
 
-def test_mixed_batch_gives_each_request_its_own_output(adapted: Adapted) -> None:
+@pytest.mark.parametrize("scheduling", ["off", "on"])
+def test_mixed_batch_gives_each_request_its_own_output(adapted: Adapted, scheduling: str) -> None:
     items = prompts(6, seed=2)
     names: list[str | None] = ["a", None, "b", "b", None, "a"]
-    llm = serving(adapted, max_num_seqs=8)
+    llm = serving(adapted, max_num_seqs=8, async_scheduling=scheduling)
     together = greedy(llm, items, names)
     alone = [greedy(llm, [p], [n])[0] for p, n in zip(items, names, strict=True)]
     assert together == alone
