@@ -6,5 +6,6 @@
     apply.py      y += scale * (x @ A^T) @ B^T for each group's rows: the torch twin (a Triton SGMV is later)
     cost.py       the rank-aware service factor an adapter's requests are charged (docs/fairness.md)
 
-Nothing here is imported on the path of an engine started without adapters.
+Without adapters nothing here runs: each adapted projection tests `AttentionMetadata.lora is None`, the
+runner builds no groups and the scheduler charges as before.
 """
