@@ -8,6 +8,7 @@ from engine import LLM, SamplingParams
 from engine.lora.cost import base_linear_flops
 from engine.request import RequestMeta
 from tests.engine.lora.adapters import Adapted, build
+from tests.engine.test_choices import _run
 
 
 @pytest.fixture(scope="module")
@@ -41,3 +42,28 @@ def test_an_adapted_tenant_is_charged_the_factor(adapted: Adapted, async_schedul
     scale = llm.engine.lora.adapters[0].service_scale
     assert scale > 1
     assert service["adapted"] == pytest.approx(scale * service["plain"])
+
+
+def test_n_choices_under_an_adapter_each_equal_the_single_request_and_are_charged_the_factor(
+    adapted: Adapted,
+) -> None:
+    # Prefix caching off: the single request's blocks would otherwise make the n = 3 prompt a cache hit.
+    llm = LLM(
+        str(adapted.base),
+        dtype="float32",
+        lora={"a": str(adapted.adapters["a"])},
+        block_size=4,
+        enable_prefix_caching=False,
+    )
+    engine, meta = llm.engine, RequestMeta(lora="a")
+    assert engine.lora is not None
+    prompt = list(range(50, 71))  # 21 tokens: the choices fork after 5 full blocks and own the partial one
+    single = llm.generate(prompt, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True), [meta])[0]
+    before = engine.policy.service()["default"]
+    engine.add_request("r", prompt, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, n=3), meta)
+    choices, metrics = _run(engine)
+    assert [tokens for tokens, _, _ in choices.values()] == [single.token_ids] * 3
+    w_in, w_out = engine.config.fairness.w_in, engine.config.fairness.w_out
+    charged = engine.lora.adapters[0].service_scale * (w_in * len(prompt) + w_out * 3 * 5)
+    assert engine.policy.service()["default"] - before == pytest.approx(charged)
+    assert metrics.charged_service == pytest.approx(charged)
