@@ -89,6 +89,8 @@ class AsyncScheduler(Scheduler):
         """The step's results are now certain to be wanted for the requests still live: charge their
         provisional decodes, advance them, and put a placeholder where each sampled token will land."""
         survivors = [r for r in out.provisional if not r.is_finished]
+        if self.scaled_charges:
+            self.charge_scaled_decodes(survivors)
         if survivors:
             cost = self.policy.charge_decodes(survivors)
             for request in survivors:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.kernels import kernels
+
+if TYPE_CHECKING:
+    from engine.lora.batch import LoraBatch
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -27,6 +30,8 @@ class AttentionMetadata:
     # their own whose blocks are freed once they fall behind the window (engine/window_cache.py); this
     # is that pool's layout of the same batch. None: every layer uses the fields above.
     window_group: AttentionMetadata | None = None
+    # LoRA adapters (engine/lora/): the step's rows grouped by adapter; None when no row has one.
+    lora: LoraBatch | None = None
 
 
 def resolve_backend(name: str, device: torch.device | str) -> str:

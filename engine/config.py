@@ -61,6 +61,13 @@ class EngineConfig(BaseModel):
     )
     max_num_batched_tokens: int = Field(default=512, ge=1, description="token budget of one iteration")
     max_num_seqs: int = Field(default=64, ge=1, description="sequences running at once (seats)")
+    # LoRA adapters (engine/lora/, docs/engine.md "LoRA adapters"): none by default, and then nothing changes.
+    lora: dict[str, str] = Field(
+        default_factory=dict,
+        description="LoRA adapters served over the model, NAME=PATH (a PEFT directory); a request selects "
+        "one with `model: NAME`",
+    )
+    max_lora_rank: int = Field(default=64, ge=1, le=1024, description="the largest LoRA rank loaded")
     max_model_len: int | None = Field(
         default=None, ge=1, description="context length cap (default: the model's)"
     )
@@ -158,6 +165,22 @@ class EngineConfig(BaseModel):
             )
         return value
 
+    @field_validator("lora", mode="before")
+    @classmethod
+    def _lora_pairs(cls, value: object) -> object:
+        """`--lora NAME=PATH`, repeated, arrives as a list of NAME=PATH strings; a TOML table or a dict as is."""
+        if not isinstance(value, list):
+            return value
+        pairs: dict[str, str] = {}
+        for item in value:
+            name, sep, path = str(item).partition("=")
+            if not sep or not name or not path:
+                raise ValueError(f"lora {item!r}: use NAME=PATH (a PEFT adapter directory)")
+            if name in pairs:
+                raise ValueError(f"lora: adapter {name!r} named twice")
+            pairs[name] = path
+        return pairs
+
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, value: str | None) -> str | None:
@@ -172,6 +195,12 @@ class EngineConfig(BaseModel):
                 f"redis_url shares fairness counters across engines, and policy "
                 f"{self.fairness.policy!r} keeps none: use a policy that does (vtc) or drop redis_url"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _lora_single_rank(self) -> EngineConfig:
+        if self.lora and self.tensor_parallel_size > 1:
+            raise ValueError("LoRA adapters (lora) are not served with tensor_parallel_size > 1 yet")
         return self
 
     @model_validator(mode="after")

@@ -51,12 +51,17 @@ _DIGEST = 32  # bytes of BLAKE2b output: 256 bits, collision-resistant
 DEFAULT_ROOT = hashlib.blake2b(b"fairserve-prefix-v1", digest_size=_DIGEST).digest()
 
 
-def prefix_root(tenant_id: str, cache_group: str | None = None, cache_salt: str | None = None) -> bytes:
+def prefix_root(
+    tenant_id: str, cache_group: str | None = None, cache_salt: str | None = None, lora: str | None = None
+) -> bytes:
     """The digest every block key of a request chains from: its cache group (the tenant unless an admin
-    named a group) and its optional per-request salt. Length-prefixed parts, so no two inputs collide."""
+    named a group), its optional per-request salt and its LoRA adapter, if any (an adapter's K and V
+    differ from the base model's). Length-prefixed parts, so no two inputs collide; without an adapter
+    the digest is what it was before adapters existed."""
     group = f"group:{cache_group}" if cache_group else f"tenant:{tenant_id}"
     h = hashlib.blake2b(b"fairserve-prefix-v1", digest_size=_DIGEST)
-    for part in (group, cache_salt or ""):
+    parts = (group, cache_salt or "") if lora is None else (group, cache_salt or "", f"lora:{lora}")
+    for part in parts:
         raw = part.encode("utf-8", "surrogatepass")
         h.update(len(raw).to_bytes(8, "little"))
         h.update(raw)

@@ -41,6 +41,7 @@ from engine.kv_budget import blocks_from_memory, graph_plan
 from engine.kv_cache import BlockPool
 from engine.limits import RequestLimits
 from engine.loader import LoadedModel, load_ranks
+from engine.lora.registry import LoraRegistry
 from engine.model_runner import ModelRunner, kv_block_bytes
 from engine.outputs import (
     EngineStats,
@@ -145,6 +146,13 @@ class LLMEngine:
         if peers is not None:
             peers.allocate(num_blocks)
             self.runner.peers = peers
+        # LoRA adapters (engine/lora/): loaded once here; none configured, nothing is built.
+        self.lora: LoraRegistry | None = None
+        if config.lora:
+            self.lora = self.runner.lora = LoraRegistry.load(
+                config.lora, mc, config.max_lora_rank, self.loaded.dtype, self.device
+            )
+            self.scheduler.scaled_charges = True
         # Constrained decoding (engine/grammar/): compiles off this loop, masks beside the forward.
         masks = self.runner.grammar = GrammarMasks(
             mc.vocab_size,
@@ -210,17 +218,25 @@ class LLMEngine:
             raise DuplicateRequestError(f"request id {request_id!r} is already live", "request_id")
         ids = self.encode(prompt)
         self.validate(ids, params)
+        scale = 1.0 if meta is None or meta.lora is None else self._adapter_scale(meta.lora)
         if params.n > 1:
-            return self._add_family(request_id, ids, params, meta or RequestMeta())
-        request = Request(request_id, ids, params, meta or RequestMeta())
+            return self._add_family(request_id, ids, params, meta or RequestMeta(), scale)
+        request = Request(request_id, ids, params, meta or RequestMeta(), service_scale=scale)
         held = self.grammar.hold(request)  # waits for its grammar outside the scheduler unless it is cached
         self._streams[request_id] = self._stream(request)
         if not held:
             self.scheduler.add(request)
         return request
 
+    def _adapter_scale(self, name: str) -> float:
+        """The adapter's service factor (engine/lora/cost.py); InvalidRequestError (field `model`) unless it
+        is loaded: unknown, or its directory broken."""
+        if self.lora is None:
+            raise InvalidRequestError(f"unknown LoRA adapter {name!r}: this engine serves none", "model")
+        return self.lora.adapters[self.lora.slot(name)].service_scale
+
     def _add_family(
-        self, request_id: str, ids: list[int], params: SamplingParams, meta: RequestMeta
+        self, request_id: str, ids: list[int], params: SamplingParams, meta: RequestMeta, scale: float
     ) -> Request:
         """Queue a request of n choices: its leader (choice 0, returned) now, the others forked from the
         leader's prompt KV once it is computed (engine/family.py, engine/scheduler.py `_fork`)."""
@@ -237,6 +253,7 @@ class LLMEngine:
         fork_at = 0 if self.runner.windows is not None else (len(ids) - 1) // size * size
         family = make_family(request_id, ids, params, meta, fork_at)
         for member in family.members:
+            member.service_scale = scale
             self._streams[member.request_id] = self._stream(member)
         self.scheduler.add(family.leader)
         self._families += 1

@@ -216,6 +216,9 @@ class RequestMeta:
     # Leading prompt tokens that equal a registered public prefix (engine/public_prefixes.py), set only by
     # the gateway, which alone holds the registry: blocks wholly inside them are keyed publicly.
     public_prefix_tokens: int = 0
+    # The LoRA adapter the request runs with (engine/lora/; `model: NAME` at the gateway); None: the base model.
+    # Its KV is keyed apart (prefix_root), since an adapter changes every layer's K and V.
+    lora: str | None = None
     api_key_id: str | None = None
     user: str | None = None
     task_id: str | None = None
@@ -276,6 +279,8 @@ class Request:
     # Tokens charged to the fairness policy: prompt positions are charged once, even if recomputed.
     num_charged_prompt_tokens: int = 0
     charged_service: float = 0.0
+    # Each token's service multiplier: 1 + a LoRA adapter's extra FLOPs share (engine/lora/cost.py).
+    service_scale: float = 1.0
     preemptions: list[Preemption] = field(default_factory=list)
     recomputed_tokens: int = 0
     # Cancellation bookkeeping: when the signal arrived, in which state, and work done after it.
@@ -345,10 +350,14 @@ class Request:
     @cached_property
     def prefix_root(self) -> bytes:
         """Where this request's prefix-cache keys chain from: its cache group and salt (engine/kv_cache.py)."""
-        return prefix_root(self.meta.tenant_id, self.meta.cache_group, self.meta.cache_salt)
+        meta = self.meta
+        return prefix_root(meta.tenant_id, meta.cache_group, meta.cache_salt, meta.lora)
 
     def public_blocks(self, block_size: int) -> int:
-        """Prompt blocks keyed in the public namespace: those wholly inside the public prefix."""
+        """Prompt blocks keyed in the public namespace: those wholly inside the public prefix (none under a
+        LoRA adapter: public blocks hold the base model's KV)."""
+        if self.meta.lora is not None:
+            return 0
         return max(0, min(self.meta.public_prefix_tokens, len(self.prompt_token_ids))) // block_size
 
     def cache_chain(self, block_size: int) -> tuple[bytes, int]:

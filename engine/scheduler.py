@@ -42,6 +42,9 @@ class Scheduler:
         self._reserved_seats = 0  # seats held for the unforked choices of running leaders (`Family`)
         self.families: dict[str, Family] = {}  # requests of n > 1 choices with a choice still live, by id
         self.iteration = 0
+        # True once some request may carry a service_scale (LoRA adapters loaded, engine/lora/cost.py): its
+        # decodes are then charged one by one, since `charge_decodes` charges every item one token's cost.
+        self.scaled_charges = False
         self.waiting_for_blocks = 0
         self.block_waits_total = 0  # iterations in which admission stopped for want of free blocks
         self.swap_out: SwapFn | None = None
@@ -190,11 +193,21 @@ class Scheduler:
     def _charge_decodes(self) -> None:
         """Charge the decodes scheduled since the last call: one policy call for the batch, not one per request."""
         decoding = self._decoding
+        if self.scaled_charges:
+            self.charge_scaled_decodes(decoding)
         if decoding:
             cost = self.policy.charge_decodes(decoding)
             for request in decoding:
                 request.charged_service += cost
             decoding.clear()
+
+    def charge_scaled_decodes(self, decoding: list[Request]) -> None:
+        """Charge the decodes of requests with a service_scale one by one (scaled), and drop them from the list."""
+        if any(r.service_scale != 1.0 for r in decoding):
+            for request in decoding:
+                if request.service_scale != 1.0:
+                    request.charged_service += self.policy.charge(request, 0, 1, 0)
+            decoding[:] = [r for r in decoding if r.service_scale == 1.0]
 
     def _grow(self, request: Request, target: int, out: SchedulerOutput, now: float) -> bool:
         """Give `request` blocks for `target` tokens, preempting the policy's victims; False if it was preempted."""

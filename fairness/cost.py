@@ -9,6 +9,13 @@ from typing import TypeGuard
 from fairness.errors import InvalidChargeError, InvalidWeightError
 
 
+def item_scale(item: object) -> float:
+    """An item's service multiplier: its `service_scale` (the engine's LoRA requests, engine/lora/cost.py),
+    else 1. `charge` applies it; `charge_decodes` is only handed items without one (engine/scheduler.py)."""
+    scale: float = getattr(item, "service_scale", 1.0)
+    return scale
+
+
 @dataclass(frozen=True)
 class TokenCost:
     """Linear token cost `w_in·prefill + w_out·decode + w_cached·cached` (Sheng et al. use w_in=1, w_out=2)."""

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Generic
 
 from fairness.base import T
-from fairness.cost import TokenCost, check_weight
+from fairness.cost import TokenCost, check_weight, item_scale
 from fairness.keys import KeyFn, tenant_key
 from fairness.queue import LazyQueue
 from fairness.victim import lowest_class, preemptible
@@ -44,7 +44,7 @@ class FCFSPolicy(Generic[T]):
 
     def charge(self, item: T, prefill: int, decode: int, cached: int) -> float:
         """Record service for reporting; FCFS does not order by it."""
-        cost = self.cost(prefill, decode, cached)
+        cost = self.cost(prefill, decode, cached) * item_scale(item)
         self._service[self.key_fn(item)] += cost
         return cost
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Generic
 
 from fairness.base import Item, T
-from fairness.cost import TokenCost, check_weight
+from fairness.cost import TokenCost, check_weight, item_scale
 from fairness.errors import DuplicateItemError
 from fairness.keys import KeyFn, tenant_key
 from fairness.queue import LazyQueue
@@ -202,7 +202,7 @@ class VTCPolicy(Generic[T]):
 
     def charge(self, item: T, prefill: int, decode: int, cached: int) -> float:
         """Charge the item's key for tokens just scheduled; returns the (unweighted) service charged."""
-        cost = self.cost(prefill, decode, cached)
+        cost = self.cost(prefill, decode, cached) * item_scale(item)
         key = self.key_fn(item)
         self._service[key] += cost
         if cost:

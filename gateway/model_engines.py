@@ -9,9 +9,12 @@ from routing import ModelRouter
 
 def local_models(settings: GatewaySettings) -> ModelRouter:
     """An engine of its own (the settings' engine knobs, its own model) for each `models.local_models`
-    directory, grouped by the name each serves (its directory's name)."""
+    directory, grouped by the name each serves (its directory's name); only the first loads `--lora`."""
     engines: list[tuple[str, EngineClient]] = []
-    for directory in settings.models.local_models:
-        config = settings.engine.model_copy(update={"model": directory, "served_model_name": None})
+    for i, directory in enumerate(settings.models.local_models):
+        update: dict[str, object] = {"model": directory, "served_model_name": None}
+        if i:  # `--lora` adapters run over the default (first) model only (gateway/openai/served.py)
+            update["lora"] = {}
+        config = settings.engine.model_copy(update=update)
         engines.append((directory, engine_client(config, in_process=not settings.engine_process)))
     return ModelRouter.of(engines, settings.routing)

@@ -134,7 +134,8 @@ def add_knob_flags(
             continue
         kind, choices = _scalar(knob.field.annotation)
         choices = _REGISTRY_CHOICES[knob.path]() if knob.path in _REGISTRY_CHOICES else choices
-        repeated = typing.get_origin(knob.field.annotation) is list  # e.g. --engine A --engine B
+        # e.g. --engine A --engine B; a dict knob is repeated NAME=VALUE (--lora a=/p --lora b=/q)
+        repeated = typing.get_origin(knob.field.annotation) in (list, dict)
         group.add_argument(
             *flags,
             dest=knob.dest,

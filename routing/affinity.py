@@ -30,8 +30,10 @@ def prefix_digests(
     prompt is thus spread by load, and affinity follows only what comes after it.
     """
     public = max(0, min(meta.public_prefix_tokens, len(prompt_token_ids))) // block_size
+    if meta.lora is not None:  # an adapter's blocks are never keyed publicly (engine/request.py)
+        public = 0
     full = min((len(prompt_token_ids) - 1) // block_size, public + blocks)
-    root = prefix_root(meta.tenant_id, meta.cache_group, meta.cache_salt)
+    root = prefix_root(meta.tenant_id, meta.cache_group, meta.cache_salt, meta.lora)
     return block_keys(prompt_token_ids, max(full, 0), block_size, root, public)[public:]
 
 

@@ -19,6 +19,8 @@ from torch import nn
 
 from engine.attention import AttentionMetadata, KVCache, paged_attention
 from engine.kernels import Kernels, kernels
+from engine.lora.apply import Slices, add_lora
+from engine.lora.batch import LoraBatch
 from engine.models.config import ModelConfig
 from engine.models.layers import (
     RMSNorm,
@@ -85,6 +87,13 @@ class LlamaAttention(nn.Module):
             cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.o_proj_bias, dtype, device, tp
         )
         norm = norm_class(cfg)
+        # Where a LoRA adapter's q/k/v deltas land in the fused output, and o's (engine/lora/apply.py).
+        self.qkv_slices: Slices = (
+            ("q_proj", 0, self.q_size),
+            ("k_proj", self.q_size, self.kv_size),
+            ("v_proj", self.q_size + self.kv_size, self.kv_size),
+        )
+        self.o_slices: Slices = (("o_proj", 0, cfg.hidden_size),)
         self.q_norm = norm(cfg.head_dim, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
         self.k_norm = norm(cfg.head_dim, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
 
@@ -99,7 +108,10 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         """x: [N, hidden]; cos/sin: [N, head_dim] in x's dtype (sin sign-folded, see layers.rope_tables)."""
         heads = self.num_heads + self.num_kv_heads
-        qkv = self.qkv_proj(x).view(-1, heads + self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        if meta.lora is not None:
+            add_lora(qkv, x, meta.lora, self.layer_idx, self.qkv_slices)
+        qkv = qkv.view(-1, heads + self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             qk = torch.cat(
                 (
@@ -127,7 +139,10 @@ class LlamaAttention(nn.Module):
             sliding_window=self.sliding_window,
             soft_cap=self.soft_cap,
         )
-        projected: torch.Tensor = self.o_proj(out.reshape(-1, self.q_size))
+        attended = out.reshape(-1, self.q_size)
+        projected: torch.Tensor = self.o_proj(attended)
+        if meta.lora is not None:
+            add_lora(projected, attended, meta.lora, self.layer_idx, self.o_slices)
         return projected
 
     def weight_targets(self, prefix: str) -> WeightTargets:
@@ -167,6 +182,16 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor, ops: Kernels) -> torch.Tensor:
         """down(act(gate(x)) * up(x))."""
         down: torch.Tensor = self.down_proj(ops.act_and_mul(self.gate_up_proj(x), self.act))
+        return down
+
+    def adapted(self, x: torch.Tensor, ops: Kernels, lora: LoraBatch, layer: int) -> torch.Tensor:
+        """`forward` with the step's LoRA deltas added to gate/up and down (engine/lora/apply.py)."""
+        inter, hidden = self.intermediate_size, self.down_proj.out_features
+        gate_up = self.gate_up_proj(x)
+        add_lora(gate_up, x, lora, layer, (("gate_proj", 0, inter), ("up_proj", inter, inter)))
+        act = ops.act_and_mul(gate_up, self.act)
+        down: torch.Tensor = self.down_proj(act)
+        add_lora(down, act, lora, layer, (("down_proj", 0, hidden),))
         return down
 
     def weight_targets(self, prefix: str) -> WeightTargets:
@@ -222,8 +247,14 @@ class LlamaDecoderLayer(nn.Module):
         x, residual = self.input_norm(h, residual, ops)
         x = self.self_attn(x, *rope, kv_cache, meta, ops)
         x, residual = self.post_attention_layernorm.add(x, residual, ops)
-        mlp: torch.Tensor = self.mlp(x, ops)
-        return mlp, residual
+        return self.run_mlp(x, ops, meta), residual
+
+    def run_mlp(self, x: torch.Tensor, ops: Kernels, meta: AttentionMetadata) -> torch.Tensor:
+        """The MLP, with LoRA deltas when the step has adapted rows (routed experts are never adapted)."""
+        if meta.lora is None or not isinstance(self.mlp, LlamaMLP):
+            mlp: torch.Tensor = self.mlp(x, ops)
+            return mlp
+        return self.mlp.adapted(x, ops, meta.lora, self.self_attn.layer_idx)
 
     def input_norm(
         self, h: torch.Tensor, residual: torch.Tensor | None, ops: Kernels

@@ -111,8 +111,8 @@ def _fallback(state: GatewayState, ctx: RequestContext, left: float) -> RequestC
         if est.finish_s <= left:  # charged at the fallback's `--model-cost`
             factor = state.settings.models.cost_factor(name)
             served = replace(
-                ctx.served, model=name, engine=engine, degradation="fallback", cost_factor=factor
-            )
+                ctx.served, model=name, engine=engine, degradation="fallback", cost_factor=factor, lora=None
+            )  # the fallback model runs without the adapter
             return replace(ctx, inputs=inputs, served=served)
     return None
 

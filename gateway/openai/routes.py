@@ -29,21 +29,30 @@ async def models(request: Request) -> JSONResponse:
     """GET /v1/models: each model the engines behind this gateway serve, the default first."""
     state: GatewayState = request.app.state.gateway
     await authenticate(request, state.keys, state.auth_budget, state.metrics.auth_failures)
-    return JSONResponse(
+    clients = served_models(state.engine)
+    data: list[dict[str, object]] = [
         {
-            "object": "list",
-            "data": [
-                {
-                    "id": client.model_name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "fairserve",
-                    "max_model_len": client.max_model_len,
-                }
-                for client in served_models(state.engine)
-            ],
+            "id": client.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "fairserve",
+            "max_model_len": client.max_model_len,
         }
-    )
+        for client in clients
+    ]
+    base = clients[0]  # `--lora` adapters run over the default model (gateway/openai/served.py)
+    data += [
+        {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "fairserve",
+            "max_model_len": base.max_model_len,
+            "parent": base.model_name,
+        }
+        for name in state.settings.engine.lora
+    ]
+    return JSONResponse({"object": "list", "data": data})
 
 
 class GenerationRoutes:

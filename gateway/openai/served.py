@@ -32,6 +32,7 @@ class ServedAs:
     dropped: int = 0
     partial_at_deadline: bool = False  # the engine ends it at its deadline with the tokens so far
     cost_factor: float = 1.0  # the served model's `--model-cost`
+    lora: str | None = None  # the LoRA adapter `model` named (served over the default model's engines)
 
     def header(self) -> str | None:
         """The X-Degraded value, None when served as asked."""
@@ -57,11 +58,21 @@ def requested_policy(raw: str | None) -> str | None:
     return policy
 
 
+def lora_base(state: GatewayState, model: str) -> EngineClient | None:
+    """The engine(s) a LoRA adapter named `model` runs on: the default model's, whose engines `--lora`
+    loads it into (docs/gateway.md, "LoRA adapters"); None when `model` names no adapter."""
+    if model not in state.settings.engine.lora:
+        return None
+    return served_models(state.engine)[0]
+
+
 def model_engine(state: GatewayState, model: str) -> EngineClient:
-    """The engine(s) serving `model`; 404 `model_not_found` listing the served names for any other."""
-    engine = model_client(state.engine, model)
+    """The engine(s) serving `model` (a model, or a LoRA adapter over the default model); 404
+    `model_not_found` listing the served names for any other, an unknown adapter included."""
+    engine = model_client(state.engine, model) or lora_base(state, model)
     if engine is None:
         names = [client.model_name for client in served_models(state.engine)]
+        names += list(state.settings.engine.lora)
         raise APIError(
             404,
             f"model {model!r} does not exist; this server serves {', '.join(repr(n) for n in names)}",

@@ -1,0 +1,52 @@
+"""Adapters at engine start: a broken directory fails only the requests naming it; KV is keyed per adapter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.request import InvalidRequestError, RequestMeta
+from tests.engine.lora.adapters import Adapted, build
+
+
+@pytest.fixture(scope="module")
+def adapted(tmp_path_factory: pytest.TempPathFactory) -> Adapted:
+    return build(tmp_path_factory.mktemp("llama"), "llama", {"a": (4, ["q_proj", "v_proj"], False)})
+
+
+def test_a_broken_adapter_fails_only_requests_naming_it(adapted: Adapted, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8}))
+    (broken / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    llm = LLM(str(adapted.base), dtype="float32", lora={"a": str(adapted.adapters["a"]), "bad": str(broken)})
+    params = SamplingParams(max_tokens=2, temperature=0.0)
+    with pytest.raises(InvalidRequestError, match="adapter 'bad': cannot read adapter_model") as info:
+        llm.engine.add_request("r1", [1, 2, 3], params, RequestMeta(lora="bad"))
+    assert info.value.field_name == "model"
+    with pytest.raises(InvalidRequestError, match="unknown LoRA adapter 'nope'"):
+        llm.engine.add_request("r2", [1, 2, 3], params, RequestMeta(lora="nope"))
+    served = llm.generate([[1, 2, 3]] * 2, params, [RequestMeta(lora="a"), RequestMeta()])
+    assert [len(o.token_ids) for o in served] == [2, 2]
+
+
+def test_a_rank_over_the_limit_is_refused_by_name(adapted: Adapted) -> None:
+    llm = LLM(str(adapted.base), dtype="float32", lora={"a": str(adapted.adapters["a"])}, max_lora_rank=2)
+    assert llm.engine.lora is not None
+    assert llm.engine.lora.failed == {"a": "adapter 'a': rank 4 exceeds max_lora_rank 2"}
+
+
+def test_prefix_cache_is_not_shared_across_adapters(adapted: Adapted) -> None:
+    llm = LLM(str(adapted.base), dtype="float32", lora={"a": str(adapted.adapters["a"])}, block_size=4)
+    prompt = list(range(10, 40))
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    base_alone = LLM(str(adapted.base), dtype="float32", block_size=4).generate(prompt, params)[0]
+    first = llm.generate(prompt, params, [RequestMeta(lora="a")])[0]
+    base = llm.generate(prompt, params, [RequestMeta()])[0]
+    again = llm.generate(prompt, params, [RequestMeta(lora="a")])[0]
+    assert base.cached_tokens == 0  # the adapter's blocks were not reused for the base model
+    assert base.token_ids == base_alone.token_ids
+    assert again.cached_tokens > 0 and again.token_ids == first.token_ids  # but the adapter's own were
