@@ -11,18 +11,8 @@ import torch
 import transformers
 
 from engine.tokenizer import write_byte_tokenizer
+from tests.engine.test_engine_parity import COMMON  # the parity tests' tiny config, shared
 
-COMMON: dict[str, Any] = dict(
-    vocab_size=300,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    initializer_range=0.1,
-    rms_norm_eps=1e-5,
-)
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", {}),
     "qwen3": ("Qwen3Config", {"head_dim": 16}),
