@@ -1,8 +1,9 @@
 """Kernel tests run the Triton kernels on CUDA when present, else in Triton's numpy interpreter on CPU.
 
-TRITON_INTERPRET is read when a kernel is decorated (at import of fairserve_kernels.triton_*), so it is set
-here, at conftest import, before any test module of this directory imports the kernels; modules
-imported earlier without it (another directory's tests) are reloaded.
+TRITON_INTERPRET is read when a kernel is decorated (at import of fairserve_kernels.triton_*, and of Triton's
+own library at `import triton`), so tests/conftest.py sets it for the whole session on a machine without
+CUDA; it is set here too, for a run of this directory alone, and kernel modules imported earlier without it
+are reloaded.
 """
 
 from __future__ import annotations
