@@ -5,8 +5,8 @@ model ends the structure on its own: one that keeps writing inside a string (a s
 the built-in one writes `{"name":"N3333…` until `max_tokens`) returns JSON cut in half with `finish_reason`
 "length", which `client.chat.completions.parse` raises on. So in the last stretch of a grammar request's
 budget (`closing_budget`: a quarter of its `max_tokens`, at least 64 tokens or three quarters of a smaller
-budget; or what the context has left)
-its mask is narrowed to the tokens that move toward the end, when the grammar allows any of them. Which
+budget; or what the context has left) its mask is narrowed to the tokens that move toward the end, when the
+grammar allows any of them. Which
 those are depends on where the output is, read by a JSON lexer over the output so far (in a string or
 not, kept per request and advanced by a per-token table): inside a string, the closing quote; outside,
 end of sequence, then a token of only `}` and `]`, then a comma (the grammar then forces or allows the
@@ -14,6 +14,9 @@ next member). So a string closes, a number ends at the next allowed `}` or `,`, 
 once its required members are there. What is left of a structure needs about a token per nesting level
 and per remaining required key, so the stretch covers any schema of sane depth; what it cannot cover still
 ends `length`, as before. Tool calls are JSON inside tags the grammar forces, so they close the same way.
+
+This is engine policy, not llguidance's: llguidance computes what is allowed, never how far the end is.
+vLLM and SGLang return the cut output; here a quarter of the budget is the price of the promise.
 """
 
 from __future__ import annotations
