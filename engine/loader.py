@@ -20,19 +20,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from engine.byte_tokenizer import BYTE_SPECIAL_TOKENS, byte_tokenizer_config, write_byte_tokenizer
 from engine.models import ModelConfig, build_model
 from engine.models.config import eos_ids
 from engine.models.layers import SourceSlice
 from engine.models.protocol import CausalLM
 from engine.parallel.group import TPGroup
 from engine.parallel.steps import StepPeers
-from engine.tokenizer import (
-    BYTE_SPECIAL_TOKENS,
-    Tokenizer,
-    byte_tokenizer_config,
-    read_json,
-    write_byte_tokenizer,
-)
+from engine.tokenizer import Tokenizer, read_json
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from engine.detokenizer import Detokenizer
 from engine.outputs import text_in_loop
 from engine.request import FinishReason, Request
 from engine.stop import StopMatcher
-from engine.tokenizer import Detokenizer, Tokenizer
+from engine.tokenizer import Tokenizer
 
 
 class TextStream:

@@ -1,7 +1,7 @@
 """Text <-> token ids: a `tokenizers.Tokenizer` plus the special ids and chat template of a model directory.
 
-Also writes the embedded byte-level tokenizer (256 byte tokens + a few special tokens, no merges),
-which round-trips any UTF-8 text exactly.
+Streaming detokenizers are in engine/detokenizer.py; the embedded byte-level tokenizer the built-in model
+uses is written by engine/byte_tokenizer.py.
 """
 
 from __future__ import annotations
@@ -18,37 +18,13 @@ from jinja2 import Template, TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-BYTE_SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>")
-
-# The embedded byte tokenizer's own chat template (written into its tokenizer_config.json, so the default
-# model chats): "<|role|>\ncontent\n" per message, then "<|assistant|>\n". With tools it lists them and asks
-# for Qwen3's (Hermes) call format, writes an assistant's calls that way and a tool's result as Qwen3 does
-# (a user turn in <tool_response>), so `make serve` shows tools end to end (gateway/openai/tools.py).
-# Written without a newline after any tag: the environment trims those (trim_blocks).
-BYTE_CHAT_TEMPLATE = (
-    "{% if tools %}<|system|>\n# Tools\nYou may call these functions:\n"
-    "{% for tool in tools %}{{ tool | tojson }}{{ '\\n' }}{% endfor %}"
-    'Call one as <tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>\n'
-    "{% endif %}"
-    "{% for message in messages %}"
-    "{% if message['role'] == 'tool' %}<|user|>\n<tool_response>\n{{ message['content'] }}\n</tool_response>\n"
-    "{% else %}<|{{ message['role'] }}|>\n{{ message['content'] or '' }}"
-    "{% for call in message.tool_calls or [] %}{% if message['content'] or not loop.first %}{{ '\\n' }}{% endif %}"
-    '<tool_call>\n{"name": "{{ call.function.name }}", "arguments": '
-    "{{ call.function.arguments if call.function.arguments is string else call.function.arguments | tojson }}"
-    "}\n</tool_call>{% endfor %}{{ '\\n' }}{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
+from engine.byte_tokenizer import unicode_to_bytes
+from engine.detokenizer import DETOK_CONTEXT, Detokenizer, IncrementalDetokenizer, WindowDetokenizer
 
 # Texts longer than this are encoded through `encode_batch`, which releases the GIL while the Rust tokenizer
 # runs (`encode` holds it for the whole call: a 300 KB text held every other thread of the process, the
 # gateway's event loop included, for half a second). Below it the batch call's overhead is not worth it.
 ENCODE_RELEASING_GIL_CHARS = 4096
-
-# Prompt tokens kept as left context when detokenizing, so tokenizers that drop a leading space
-# at the start of a decode (SentencePiece "▁") still produce the right first output character.
-_DETOK_CONTEXT = 5
 
 
 class Tokenizer:
@@ -197,7 +173,7 @@ class Tokenizer:
         A prompt whose last ids are an incomplete character gets the window decoder: DecodeStream would
         complete (or replace) that character in the output, where the engine always left it to the prompt.
         """
-        context = list(prompt_ids[-_DETOK_CONTEXT:])
+        context = list(prompt_ids[-DETOK_CONTEXT:])
         if context and self.decode(context).endswith("\ufffd"):
             return WindowDetokenizer(self, context)
         return IncrementalDetokenizer(self, context)
@@ -209,7 +185,7 @@ class Tokenizer:
         piece = self._tk.id_to_token(token_id)
         if piece is None:
             return b""
-        inverse = _unicode_to_bytes()
+        inverse = unicode_to_bytes()
         if self._byte_level and all(ch in inverse for ch in piece):
             return bytes(inverse[ch] for ch in piece)
         if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
@@ -239,160 +215,6 @@ class Tokenizer:
         """
         longest = max((len(t.encode("utf-8")) for t in self._tk.get_vocab(with_added_tokens=True)), default=1)
         return max(longest, 1) * (4 if self._tk.normalizer is not None else 1)
-
-
-class IncrementalDetokenizer:
-    """Turns a stream of output ids into text deltas whose concatenation equals the full decode.
-
-    Text ending in U+FFFD (a multi-byte character split across tokens) is held back until the
-    next token completes it; `finish()` releases whatever is still held.
-
-    Each token goes through `tokenizers`' DecodeStream (one call into Rust: 0.9 us a token here, against
-    1.7 us for the pair of window decodes per push of WindowDetokenizer), which holds back the same incomplete
-    characters. DecodeStream has no end, though: a character still incomplete when the request ends
-    would never come out. So the ids it holds are tracked here, and `finish()` decodes them after the
-    ids of the last delta, as the window decode did, releasing U+FFFD like a full decode does.
-    """
-
-    __slots__ = ("_tk", "_stream", "_tail", "_pending", "_held")
-
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int]) -> None:
-        self._tk = tokenizer._tk
-        context = list(prompt_ids[-_DETOK_CONTEXT:])
-        self._stream = tokenizers.decoders.DecodeStream(ids=context, skip_special_tokens=True)
-        self._tail = context  # the ids of the last text released: left context for finish()
-        self._pending: list[int] = []  # ids the stream holds (no text yet)
-        self._held = ""  # text the stream gave that waits for the pending ids (see push)
-
-    def push(self, new_ids: Sequence[int]) -> str:
-        """Append new output ids; return the text they complete (possibly empty)."""
-        step, tk, pending = self._stream.step, self._tk, self._pending
-        out = ""
-        for token_id in new_ids:
-            chunk = step(tk, token_id)
-            if chunk is None:
-                pending.append(token_id)
-                continue
-            if pending:
-                pending.append(token_id)
-                self._tail, self._pending = pending, []
-                pending = self._pending
-            else:
-                self._tail = [token_id]
-            out += chunk
-        if (
-            pending
-            and (out or self._held)
-            and tk.decode(pending, skip_special_tokens=True).endswith("\ufffd")
-        ):
-            # Several ids whose last ones are an incomplete character: the text of the whole push waits for
-            # it, as it did when each push was decoded as one window (the deltas stay what they were).
-            self._held += out
-            return ""
-        out, self._held = self._held + out, ""
-        return out
-
-    def finish(self) -> str:
-        """Release held-back text at the end of the request (U+FFFD for a truly incomplete character)."""
-        delta, self._held = self._held, ""
-        if self._pending:
-            before = self._tk.decode(self._tail, skip_special_tokens=True)
-            after = self._tk.decode(self._tail + self._pending, skip_special_tokens=True)
-            self._tail, self._pending = self._tail + self._pending, []
-            delta += after[len(before) :] if len(after) > len(before) else ""
-        return str(delta)
-
-
-class WindowDetokenizer:
-    """Incremental detokenization by decoding a window of ids twice per push (the engine's original method).
-
-    Kept for prompts that end inside a character (see `Tokenizer.detokenizer`); same interface and
-    behaviour as IncrementalDetokenizer otherwise, at four times its cost per token.
-    """
-
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int]) -> None:
-        self._tokenizer = tokenizer
-        self._ids = list(prompt_ids[-_DETOK_CONTEXT:])
-        self._prefix_offset = 0  # start of the decode window (context tokens)
-        self._read_offset = len(self._ids)  # tokens before this are already emitted
-
-    def push(self, new_ids: Sequence[int]) -> str:
-        """Append new output ids; return the text they complete (possibly empty)."""
-        self._ids.extend(new_ids)
-        return self._emit(hold_incomplete=True)
-
-    def finish(self) -> str:
-        """Release held-back text at the end of the request (U+FFFD for a truly incomplete character)."""
-        return self._emit(hold_incomplete=False)
-
-    def _emit(self, hold_incomplete: bool) -> str:
-        decode = self._tokenizer.decode
-        prefix_text = decode(self._ids[self._prefix_offset : self._read_offset])
-        new_text = decode(self._ids[self._prefix_offset :])
-        if len(new_text) <= len(prefix_text) or (hold_incomplete and new_text.endswith("\ufffd")):
-            return ""
-        delta = new_text[len(prefix_text) :]
-        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
-        return delta
-
-
-Detokenizer = IncrementalDetokenizer | WindowDetokenizer
-
-
-def write_byte_tokenizer(path: str | Path) -> None:
-    """Write a byte-level BPE tokenizer.json (path: the file, or its directory): id b is byte b, then the specials."""
-    byte_chars = _bytes_to_unicode()
-    vocab = {byte_chars[b]: b for b in range(256)}
-    tk = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[]))
-    tk.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tk.decoder = tokenizers.decoders.ByteLevel()
-    tk.add_special_tokens(
-        [tokenizers.AddedToken(t, special=True, normalized=False) for t in BYTE_SPECIAL_TOKENS]
-    )
-    bos = 256  # "<|bos|>": the first special token
-    tk.post_processor = tokenizers.processors.TemplateProcessing(
-        single="<|bos|> $A", pair="<|bos|> $A $B", special_tokens=[("<|bos|>", bos)]
-    )
-    target = Path(path)
-    if target.suffix != ".json":  # a directory (created if needed) rather than the file itself
-        target = target / "tokenizer.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tk.save(str(target))
-
-
-def byte_tokenizer_config() -> dict[str, Any]:
-    """The tokenizer_config.json that goes with `write_byte_tokenizer`."""
-    return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<|bos|>",
-        "eos_token": "<|eos|>",
-        "pad_token": "<|pad|>",
-        "add_bos_token": True,
-        "model_max_length": 2048,
-        "chat_template": BYTE_CHAT_TEMPLATE,
-    }
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    # GPT-2's byte -> printable character map, the one the ByteLevel pre-tokenizer/decoder use.
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    chars = list(printable)
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
-
-
-@functools.cache
-def _unicode_to_bytes() -> dict[str, int]:
-    return {ch: b for b, ch in _bytes_to_unicode().items()}
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -41,9 +41,9 @@ def write_model(path: Path) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     try:
-        from engine.tokenizer import write_byte_tokenizer
+        from engine.byte_tokenizer import write_byte_tokenizer
     except ImportError:
-        from engine.tokenizer import write_byte_tokenizer
+        from engine.byte_tokenizer import write_byte_tokenizer
     config = LlamaConfig(
         **MODEL_GEOMETRY, bos_token_id=256, eos_token_id=257, pad_token_id=258, tie_word_embeddings=False
     )

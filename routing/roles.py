@@ -26,10 +26,10 @@ from typing import cast
 
 from engine.boundary.client import EngineClient
 from engine.boundary.front import EngineFront, OutputStream, Sink
+from engine.detokenizer import Detokenizer
 from engine.disagg import HOLD
 from engine.outputs import RequestInfo, RequestMetrics, RequestOutput, TokenPrefix, text_in_loop
 from engine.request import DuplicateRequestError, FinishReason, RequestMeta, SamplingParams
-from engine.tokenizer import Detokenizer
 from routing.config import RoutingSettings
 from routing.loads import EngineLoad
 from routing.router import EngineRouter

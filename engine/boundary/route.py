@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from engine.detokenizer import Detokenizer
 from engine.outputs import OutputDelta, RequestInfo, RequestOutput, TokenPrefix
-from engine.tokenizer import Detokenizer
 
 # Called inside the front's delivery, so it must not wait; what it raises is logged and goes no further.
 Sink = Callable[[RequestOutput | BaseException], None]

@@ -18,11 +18,11 @@ import transformers
 import engine.decode_graphs as decode_graphs
 import engine.model_runner as model_runner
 from engine import LLM, SamplingParams
+from engine.byte_tokenizer import write_byte_tokenizer
 from engine.decode_graphs import Replay, graph_batch_sizes
 from engine.llm import CompletionOutput
 from engine.loader import load_model
 from engine.model_runner import kv_block_bytes
-from engine.tokenizer import write_byte_tokenizer
 from tests.engine.test_async_scheduling import GREEDY, assert_same
 from tests.engine.test_async_scheduling import run as run_async
 from tests.engine.test_engine_parity import ARCHITECTURES, COMMON, workload

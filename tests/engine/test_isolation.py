@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import EngineConfig, FinishReason, InvalidRequestError, LLMEngine, RequestMeta, SamplingParams
+from engine.detokenizer import IncrementalDetokenizer
 from engine.limits import RequestCaps
 from engine.loader import LoadedModel, load_model
-from engine.tokenizer import IncrementalDetokenizer
 
 FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} | {"prompt"}
 

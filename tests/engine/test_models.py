@@ -12,9 +12,9 @@ import torch
 import transformers
 
 from engine.attention import AttentionMetadata
+from engine.byte_tokenizer import write_byte_tokenizer
 from engine.loader import LoadedModel, iter_tensors, load_model, safetensors_files
 from engine.models import ModelConfig, build_model
-from engine.tokenizer import write_byte_tokenizer
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 24

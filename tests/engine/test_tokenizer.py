@@ -10,13 +10,8 @@ import tokenizers
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from engine.tokenizer import (
-    BYTE_SPECIAL_TOKENS,
-    NoChatTemplateError,
-    Tokenizer,
-    byte_tokenizer_config,
-    write_byte_tokenizer,
-)
+from engine.byte_tokenizer import BYTE_SPECIAL_TOKENS, byte_tokenizer_config, write_byte_tokenizer
+from engine.tokenizer import NoChatTemplateError, Tokenizer
 
 
 @pytest.fixture(scope="module")

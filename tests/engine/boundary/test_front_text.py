@@ -18,8 +18,9 @@ from engine import (
     RequestOutput,
     SamplingParams,
 )
+from engine.detokenizer import Detokenizer, IncrementalDetokenizer
 from engine.loader import LoadedModel, load_model
-from engine.tokenizer import Detokenizer, IncrementalDetokenizer, Tokenizer
+from engine.tokenizer import Tokenizer
 
 PROMPTS = ["The batch never waits.", "Fair share", "x", "\u00e9t\u00e9 \u2603"]
 

@@ -10,7 +10,7 @@ import peft
 import torch
 import transformers
 
-from engine.tokenizer import write_byte_tokenizer
+from engine.byte_tokenizer import write_byte_tokenizer
 from tests.engine.test_engine_parity import COMMON  # the parity tests' tiny config, shared
 
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {

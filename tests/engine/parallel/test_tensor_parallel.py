@@ -23,6 +23,7 @@ import transformers
 from safetensors.torch import save_file
 
 from engine import LLM, EngineDeadError, ProcessEngine, SamplingParams
+from engine.byte_tokenizer import write_byte_tokenizer
 from engine.config import EngineConfig
 from engine.llm import CompletionOutput
 from engine.llm_engine import LLMEngine
@@ -30,7 +31,6 @@ from engine.loader import iter_tensors
 from engine.models.layers import SourceSlice
 from engine.parallel.steps import TensorParallelLost
 from engine.request import RequestMeta
-from engine.tokenizer import write_byte_tokenizer
 from tests.engine.test_engine_parity import ARCHITECTURES, COMMON  # heads, vocab and widths divide by 4
 from tests.engine.test_engine_parity import workload as parity_workload
 
