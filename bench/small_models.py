@@ -67,8 +67,8 @@ def one_layer_config() -> dict[str, Any]:
     """A Llama of one layer, 32 wide, with the byte tokenizer's vocabulary (engine.loader `write_seeded_llama`
     writes it): the forward is a few small matmuls, so the host's work and the gateway's dominate. The
     fastest engine this machine runs (experiments/host_overhead.py, bench/gateway_workers.py)."""
-    from engine.loader import default_model_config
     from engine.byte_tokenizer import BYTE_SPECIAL_TOKENS
+    from engine.loader import default_model_config
 
     config = default_model_config(256 + len(BYTE_SPECIAL_TOKENS))
     config.update(

@@ -18,7 +18,7 @@ from cluster.registry import REGISTRY_NAME, EngineEntry
 from engine.config import EngineConfig
 from engine.remote.curve import ClusterKey
 from engine.remote.server import EngineServer
-from gateway.settings import EngineServerSettings
+from gateway.engine_server_settings import EngineServerSettings
 
 log = logging.getLogger("fairserve.cluster.engine")
 # Engines re-register this often: a registry that Ray restarted (and so forgot them) learns them back.

@@ -23,7 +23,8 @@ from pydantic_settings import BaseSettings
 from engine.config import KV_CACHE_FRACTION_BY_DEVICE
 from fairness import POLICIES
 from gateway.cluster_settings import ClusterConfig
-from gateway.settings import EngineServerSettings, GatewaySettings, raw_sources
+from gateway.engine_server_settings import EngineServerSettings
+from gateway.settings import GatewaySettings, raw_sources
 from gateway.settings_base import ENV_NESTED_DELIMITER, ENV_PREFIX, LayeredSettings
 
 S = TypeVar("S", bound=LayeredSettings)

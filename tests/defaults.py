@@ -20,7 +20,8 @@ from fairness.fcfs import FCFSPolicy
 from fairness.flows import FlowVTCPolicy
 from fairness.keys import KeyFn
 from fairness.vtc import VTCPolicy
-from gateway.settings import EngineServerSettings, GatewaySettings
+from gateway.engine_server_settings import EngineServerSettings
+from gateway.settings import GatewaySettings
 
 FAIRNESS = FairnessConfig()
 COST: TokenCost = FAIRNESS.token_cost()

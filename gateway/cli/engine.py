@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from engine.remote.curve import ClusterKey, ClusterKeyError, create_key_file
 from engine.remote.roles import RoleServer
 from engine.remote.server import EngineServer
-from gateway.settings import EngineServerSettings
+from gateway.engine_server_settings import EngineServerSettings
 from gateway.settings_base import settings_error_text
 from gateway.settings_flags import add_knob_flags, load_from_args
 

@@ -68,7 +68,7 @@ def test_an_engine_serves_under_the_name_it_is_given(tmp_path: Path) -> None:
 
     from engine import EngineConfig, LLMEngine
     from gateway.cli.engine import _ALIASES
-    from gateway.settings import EngineServerSettings
+    from gateway.engine_server_settings import EngineServerSettings
     from gateway.settings_flags import add_knob_flags, load_from_args
 
     parser = argparse.ArgumentParser()

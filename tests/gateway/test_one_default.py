@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from gateway.cluster_settings import ClusterConfig
-from gateway.settings import EngineServerSettings, GatewaySettings
+from gateway.engine_server_settings import EngineServerSettings
+from gateway.settings import GatewaySettings
 from gateway.settings_flags import command_rows, knobs
 
 TREES: tuple[type[BaseModel], ...] = (GatewaySettings, EngineServerSettings, ClusterConfig)

@@ -14,7 +14,8 @@ from engine import EngineConfig
 from fairness import POLICIES, FCFSPolicy, PolicyEntry
 from gateway.cli import build_parser, main
 from gateway.cli.engine import _ALIASES
-from gateway.settings import EngineServerSettings, GatewaySettings
+from gateway.engine_server_settings import EngineServerSettings
+from gateway.settings import GatewaySettings
 from gateway.settings_flags import add_knob_flags, knobs, load_from_args
 
 

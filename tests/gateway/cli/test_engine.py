@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import build_parser, main
-from gateway.settings import EngineServerSettings, GatewaySettings
+from gateway.engine_server_settings import EngineServerSettings
+from gateway.settings import GatewaySettings
 
 
 def test_engine_takes_every_engine_knob_and_its_own() -> None:
