@@ -20,6 +20,7 @@ from cluster.config import ClusterConfig
 from cluster.engine_actor import EngineActor
 from cluster.fit import MIN_SHARE, Capacity, check_gpus, size
 from cluster.gateway_actor import GatewayActor
+from cluster.placement import release_ranks, reserve_ranks
 from cluster.registry import REGISTRY_NAME, Registry
 from engine.config import EngineConfig
 from engine.remote.curve import ClusterKey
@@ -110,9 +111,9 @@ def engine_resources(config: EngineConfig, cfg: ClusterConfig) -> dict[str, floa
     """One GPU per engine on CUDA (Ray then sets CUDA_VISIBLE_DEVICES, so the engine sees it as cuda:0),
     and `engine_cpus` (sized by `fit`).
 
-    With tensor parallelism one actor holds every rank's GPU (cuda:0..N-1 in it): Ray places an actor's
-    resources on one node, so the ranks are placed together as one bundle, and they are the actor's child
-    processes (engine/parallel/), so Ray's restart of the actor restarts them as a unit."""
+    With tensor parallelism one actor holds every rank's GPU (cuda:0..N-1 in it), in its placement group's
+    one bundle (cluster/placement.py): the ranks are the actor's child processes (engine/parallel/), so Ray's
+    restart of the actor restarts them as a unit, into the same reserved GPUs."""
     cpus = MIN_SHARE if cfg.engine_cpus is None else cfg.engine_cpus
     if config.device.startswith("cuda"):
         return {"num_gpus": config.tensor_parallel_size, "num_cpus": cpus}
@@ -129,12 +130,16 @@ def start_engines(
         config = config.model_copy(update={"device": "cuda"})  # the one GPU Ray gave the actor
     actors = []
     for name in _free_names(ENGINE_PREFIX, engine_names(), n):
+        resources = engine_resources(settings.engine, cfg)
         options = ray.remote(EngineActor).options(
             name=name,
             lifetime="detached",
             max_restarts=cfg.max_restarts,
             max_task_retries=0,
-            **engine_resources(settings.engine, cfg),
+            scheduling_strategy=reserve_ranks(
+                name, resources
+            ),  # all ranks as one unit (cluster/placement.py)
+            **resources,
         )
         actors.append(options.remote(name, config, cfg.engine_host, key))
     return actors
@@ -228,6 +233,7 @@ def drain_engines(names: list[str], cfg: ClusterConfig) -> int:
         wait_until(drained, cfg.drain_timeout_s, f"engines {names} to drain", every_s=cfg.poll_interval_s / 2)
     for name in names:
         kill_actor(name, "stop")
+        release_ranks(name)
         ray.get(reg.forget_engine.remote(name))
     return live
 
@@ -288,6 +294,7 @@ def down(cfg: ClusterConfig) -> None:
         kill_actor(name, "stop")
     for name in engine_names():
         kill_actor(name, "stop")
+        release_ranks(name)
     ray.kill(reg, no_restart=True)
 
 

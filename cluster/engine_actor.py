@@ -84,6 +84,8 @@ class EngineActor:
             "node_ip": self.node_ip,
             "pid": os.getpid(),
             "serving": self._serving.is_alive(),
+            # the group holding its ranks (cluster/placement.py): the same id after every restart
+            "placement_group": ray.get_runtime_context().get_placement_group_id(),
         }
 
     def stop(self) -> None:

@@ -1,7 +1,9 @@
 """fairserve on a local Ray cluster: `fairserve ray up` serves OpenAI requests from 2 engines behind 1 gateway;
 an engine actor killed with SIGKILL fails only its own in-flight requests (retryable), is restarted by Ray and
-serves again; scaling 2 -> 3 -> 1 engines under load loses no accepted request; every answered request has
-its ledger row (PostgreSQL, shared by URL). The tests run in file order on one deployment."""
+serves again; scaling 2 -> 3 -> 1 engines under load loses no accepted request; a tensor-parallel engine added
+to it sits in its placement group, and killing its rank 1 restarts the engine, ranks and all, into that group;
+every answered request has its ledger row (PostgreSQL, shared by URL). The tests run in file order on one
+deployment."""
 
 from __future__ import annotations
 
@@ -14,14 +16,19 @@ from typing import Any
 
 import httpx
 import openai
+import psutil
 import pytest
 import ray
 from sqlalchemy import text
 
 from billing import Database
 from cluster import deploy
+from cluster.commands import CLUSTER_KEY_FILE
 from cluster.config import ClusterConfig
+from cluster.placement import group_state, ranks_group
 from cluster.registry import EngineEntry
+from engine.remote.curve import ClusterKey
+from gateway.settings import GatewaySettings
 from tests.cluster.conftest import Cluster, RayUp
 from tests.cluster.load import Load
 from tests.gateway.conftest import wait_for
@@ -220,3 +227,53 @@ def test_scale_2_3_1_loses_no_accepted_request(deployment: Deployment) -> None:
     deployment.assert_ledger_complete(load.ids("answered"))
     with httpx.Client(base_url=deployment.url, timeout=10) as client:
         assert client.get("/readyz").status_code == 200
+
+
+def test_tensor_parallel_engine_restarts_as_one_unit_in_its_placement_group(deployment: Deployment) -> None:
+    """A TP=2 engine joins the deployment (the kept settings, tensor_parallel_size 2) in a placement group of
+    its own; rank 1 (a child process of the engine actor) is killed mid-stream: the engine's in-flight
+    requests fail retryably, Ray restarts the actor and its ranks into the same group, it serves again, and
+    every answered request has its ledger row. Scale-down removes the group with the engine."""
+    kept: Any = ray.get(ray.get_actor("fairserve-registry").deployment.remote())
+    settings: GatewaySettings = kept[0]
+    secrets: dict[str, str] = kept[1]
+    cfg: ClusterConfig = kept[2]
+    tp = settings.model_copy(
+        update={"engine": settings.engine.model_copy(update={"tensor_parallel_size": 2})}
+    )
+    before = set(deploy.engine_names())
+    deploy.start_engines(tp, cfg, 1, ClusterKey.from_secret(secrets[CLUSTER_KEY_FILE]))
+    (name,) = set(deploy.engine_names()) - before
+    first = wait_for(lambda: deployment.registered().get(name), 180, "the TP=2 engine to register")
+    group = ranks_group(name)
+    assert group is not None and group_state(group) == "CREATED"
+    assert _actor_group(name) == group.id.hex()
+    key = f"{name}@{first.engine_id}"
+    load = Load(deployment.url, deployment.api_key, deployment.model, long_share=0.6)
+    try:
+        wait_for(lambda: (deployment.loads().get(key) or {}).get("in_flight", 0) > 0, 120, "requests on it")
+        (rank1,) = psutil.Process(first.pid).children()  # engine/parallel/steps.py starts one per rank > 0
+        rank1.kill()
+        wait_for(lambda: load.count("retryable") > 0, 60, "a retryable failure of a request on the engine")
+        back = wait_for(lambda: _restarted(deployment, first), 180, "Ray to restart the engine and its ranks")
+        new_key = f"{back.name}@{back.engine_id}"
+        wait_for(lambda: (deployment.loads().get(new_key) or {}).get("routed", 0) > 0, 60, "routed to again")
+        seen = load.count("answered")
+        wait_for(lambda: load.count("answered") > seen + 5, 60, "answers after the restart")
+    finally:
+        tally = load.finish()
+    print(f"TP=2 engine, rank 1 SIGKILL mid-stream: {tally}")
+    assert back.pid != first.pid and not psutil.pid_exists(rank1.pid)
+    assert len(psutil.Process(back.pid).children()) == 1, "the restarted engine has its rank 1 again"
+    assert _actor_group(name) == group.id.hex(), "restarted into the same placement group"
+    assert set(tally) <= {"answered", "retryable"}, tally
+    deployment.assert_ledger_complete(load.ids("answered"))
+    deploy.drain_engines([name], cfg)
+    assert ranks_group(name) is None or group_state(group) == "REMOVED"
+
+
+def _actor_group(name: str) -> str | None:
+    """The placement group id (hex) the named actor runs in, as it reports it."""
+    described: Any = ray.get(ray.get_actor(name).describe.remote(), timeout=30)
+    group = described["placement_group"]
+    return None if group is None else str(group)
