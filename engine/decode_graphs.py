@@ -303,6 +303,7 @@ class GraphPlan:
         dtype: torch.dtype,
         num_layers: int,
         windowed: bool,
+        probe: bool = True,
     ) -> int:
         """Bytes the graphs will hold, taken before the KV cache is sized from what is left.
 
@@ -310,15 +311,16 @@ class GraphPlan:
         memory is taken (its pool, the static inputs, the warm-up's cached activations, first-use kernel
         modules); the smaller buckets reuse that pool. All of it is released before the KV cache is
         allocated. CPU: the static inputs' bytes. A capture that fails here counts 0 (the real one fails
-        the same way and says so).
+        the same way and says so). Without `probe` (tensor parallelism: a capture runs collectives), also
+        the static inputs' bytes.
         """
         device = self.device
-        if device.type != "cuda":
+        if device.type != "cuda" or not probe:
             return _buffer_bytes(self.inputs(windowed))
         k, v = (torch.zeros((2, *kv_shape[1:]), dtype=dtype, device=device) for _ in range(2))
         free_before = _free_bytes(device)
         try:
-            probe = DecodeGraphs(
+            largest = DecodeGraphs(
                 forward,
                 [(k, v)] * num_layers,
                 self.inputs(windowed),
@@ -326,9 +328,9 @@ class GraphPlan:
                 self.max_model_len,
                 self.backend,
             )
-            probe.capture(capture_for(device))
+            largest.capture(capture_for(device))
             taken = free_before - _free_bytes(device)
-            del probe
+            del largest
         except Exception:
             taken = 0
         _release(device)

@@ -39,6 +39,11 @@ def blocks_from_memory(
     if graphs is not None:
         shape = (1, config.block_size, mc.num_kv_heads, mc.head_dim)
         windowed = not config.enable_prefix_caching and has_window_pool(loaded.model, mc.num_layers)
-        budget -= graphs.measure(logits_forward(loaded.model), shape, loaded.dtype, mc.num_layers, windowed)
+        # Under tensor parallelism a probe capture would run collectives the other ranks are not in: the
+        # graphs' pool then comes out of the headroom kv_fraction leaves (docs/engine.md "Tensor parallelism").
+        probe = config.tensor_parallel_size == 1
+        budget -= graphs.measure(
+            logits_forward(loaded.model), shape, loaded.dtype, mc.num_layers, windowed, probe=probe
+        )
     useful = config.max_num_seqs * -(-max_model_len // config.block_size)
     return max(1, min(budget // per_block, useful))

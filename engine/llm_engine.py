@@ -101,12 +101,8 @@ class LLMEngine:
         self.vocab_size = mc.vocab_size
         self.eos_token_ids = set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids)
         backend = resolve_backend(config.attention_backend, self.device)
-        # Decode graphs are per rank with the all-reduce inside (GPU); not built under tensor parallelism yet.
-        graphs = (
-            None
-            if self.peers is not None
-            else graph_plan(config, self.device, backend, self.max_model_len, mc.vocab_size)
-        )
+        # Decode graphs: under tensor parallelism every rank captures the same buckets, the collectives inside.
+        graphs = graph_plan(config, self.device, backend, self.max_model_len, mc.vocab_size)
         num_blocks = config.num_kv_blocks or blocks_from_memory(
             config, self.loaded, self.max_model_len, graphs
         )
@@ -144,7 +140,7 @@ class LLMEngine:
             else (config.max_num_seqs, config.max_num_batched_tokens),
         )
         if peers is not None:
-            peers.allocate(num_blocks)
+            peers.allocate(num_blocks, None if graphs is None else graphs.sizes, self.max_model_len)
             self.runner.peers = peers
         # LoRA adapters (engine/lora/): loaded once here; none configured, nothing is built.
         self.lora: LoraRegistry | None = None
@@ -168,6 +164,8 @@ class LLMEngine:
             self.runner.graphs = graphs.start(
                 logits_forward(self.loaded.model), self.runner.kv_caches, self.runner.windows is not None
             )
+            if peers is not None and not peers.agree(self.runner.graphs is not None):
+                self.runner.graphs = None  # a rank failed to capture: every rank runs eagerly
         self._streams: dict[str, TextStream] = {}
         # Set by the engine loop (engine/boundary/worker.py): its front detokenizes every request without stop strings,
         # off this loop, and such a request's outputs here carry token ids and no text.

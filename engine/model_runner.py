@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import cast
 
 import numpy as np
@@ -336,21 +338,29 @@ class ModelRunner:
         replays it over the static inputs (engine/decode_graphs.py); any other step runs eagerly."""
         graphs = self.graphs
         # A step with adapted rows runs eagerly: the graphs' static inputs hold no adapter rows (docs/engine.md).
+        run: Callable[[], torch.Tensor | None]
         if graphs is not None and batch.lora_groups is None and graphs.serves(batch):
-            return graphs.run(batch, self._input_ids(batch))
-        ids, positions, meta = self._to_device(batch)
+            ids = self._input_ids(batch)
+            run = partial(graphs.run, batch, ids)
+        else:
+            ids, positions, meta = self._to_device(batch)
+            run = partial(self._forward, ids, positions, meta, batch.sample_rows)
         if self.peers is None:
-            return self._forward(ids, positions, meta, batch.sample_rows)
-        try:
+            return run()
+        try:  # every rank replays the same bucket (or runs the same eager step): engine/parallel/worker.py
             self.peers.send_step(batch, ids)
-            return self._forward(ids, positions, meta, batch.sample_rows)
+            return run()
         except RuntimeError as exc:  # a collective failed: another rank is gone
             raise self.peers.lost(exc) from exc
 
     @torch.inference_mode()
     def run_peer_step(self, batch: HostBatch) -> None:
         """A tensor-parallel rank > 0's share of a step rank 0 sent (engine/parallel/worker.py): the same
-        forward and logits, whose collectives meet rank 0's; rank 0 samples."""
+        forward and logits, whose collectives meet rank 0's; rank 0 samples. A decode step rank 0 replays
+        a graph for is replayed here too, over the same bucket (the ranks captured the same ones)."""
+        if self.graphs is not None and self.graphs.serves(batch):
+            self.graphs.run(batch, self._input_ids(batch))
+            return
         ids, positions, meta = self._to_device(batch)
         self._forward(ids, positions, meta, batch.sample_rows)
 

@@ -162,11 +162,17 @@ class StepPeers:
             raise
         return cls(procs, group)
 
-    def allocate(self, num_blocks: int) -> None:
-        """Tell every rank the KV cache size rank 0 chose; returns once all have their shard loaded and
-        their cache allocated (one all-reduce, which fails at once if a rank died on the way)."""
-        self.send_control(ALLOCATE, num_blocks)
+    def allocate(self, num_blocks: int, graph_sizes: list[int] | None, max_model_len: int) -> None:
+        """Tell every rank the KV cache size rank 0 chose, and the decode-graph buckets it captures (None:
+        none), so each rank captures the same buckets and pads a step the same way; returns once all have
+        their shard loaded and their cache allocated (one all-reduce, which fails at once if a rank died on
+        the way). The ranks then capture, in step with rank 0 (engine/decode_graphs.py), and `agree`."""
+        self.send_control(ALLOCATE, num_blocks, graph_sizes, max_model_len)
         self.group.all_reduce(torch.zeros(1))
+
+    def agree(self, captured: bool) -> bool:
+        """Whether every rank captured its graphs (rank 0's `captured` and each peer's `agree_captured`)."""
+        return agree_captured(self.group, captured)
 
     def send_control(self, *message: object) -> None:
         """A control message to every other rank (swap preemption), in order with the steps."""
@@ -237,3 +243,11 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def agree_captured(group: TPGroup, captured: bool) -> bool:
+    """One all-reduce of each rank's capture outcome: True only if all captured. A rank that replays a padded
+    graph while another runs the step eagerly would meet it in collectives of different shapes, so one
+    failed capture sends every rank to the eager path."""
+    votes = group.all_reduce(torch.tensor([1.0 if captured else 0.0]))
+    return int(votes.item()) == group.world

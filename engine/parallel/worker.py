@@ -15,6 +15,7 @@ import sys
 import torch
 
 from engine.attention import resolve_backend
+from engine.decode_graphs import GraphPlan, logits_forward
 from engine.loader import load_model
 from engine.model_runner import ModelRunner
 from engine.parallel.group import head_shard, join_group, open_store, rank_device
@@ -26,6 +27,7 @@ from engine.parallel.steps import (
     SWAP_OUT,
     StepMessage,
     WorkerInit,
+    agree_captured,
     read_frame,
     step_batch,
 )
@@ -49,6 +51,7 @@ def serve(init: WorkerInit) -> None:
     message = read_frame(stdin)
     if message is None or message[0] != ALLOCATE:
         return
+    backend = resolve_backend(config.attention_backend, device)
     runner = ModelRunner(
         loaded.model,
         mc.num_layers,
@@ -58,10 +61,16 @@ def serve(init: WorkerInit) -> None:
         config.block_size,
         loaded.dtype,
         device,
-        resolve_backend(config.attention_backend, device),
+        backend,
         config.seed,
     )
     group.all_reduce(torch.zeros(1))  # ready: rank 0's `allocate` returns
+    graph_sizes, max_model_len = message[2], message[3]
+    if graph_sizes is not None:  # rank 0's buckets, captured in step with it (its collectives inside)
+        plan = GraphPlan(graph_sizes, max_model_len, config.block_size, mc.vocab_size, backend, device)
+        runner.graphs = plan.start(logits_forward(loaded.model), runner.kv_caches, windowed=False)
+        if not agree_captured(group, runner.graphs is not None):
+            runner.graphs = None
     while (message := read_frame(stdin)) is not None:
         if isinstance(message, StepMessage):
             runner.run_peer_step(step_batch(message))

@@ -22,9 +22,10 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
-from engine import LLM, EngineDeadError, ProcessEngine, SamplingParams
+from engine import LLM, EngineDeadError, ProcessEngine, SamplingParams, decode_graphs
 from engine.byte_tokenizer import write_byte_tokenizer
 from engine.config import EngineConfig
+from engine.decode_graphs import graph_batch_sizes
 from engine.llm import CompletionOutput
 from engine.llm_engine import LLMEngine
 from engine.loader import iter_tensors
@@ -121,6 +122,24 @@ def test_tp4_matches_tp1_with_kv_heads_replicated(models: dict[str, Path], arch:
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_tp2_decode_graphs_pad_the_same_bucket_on_every_rank(
+    models: dict[str, Path], arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decode steps replay the graph path on each rank (CPU: the eager "capture" over the static buffers),
+    padded to CUDA's buckets (1, 2, 4, 8: five requests run as eight rows). Rank 1 learns the buckets from
+    rank 0's allocate message: a rank that ran such a step unpadded would meet rank 0's all-reduce with a
+    tensor of another shape, and the step would fail. Greedy tokens equal TP=1's eager ones."""
+    monkeypatch.setattr(decode_graphs, "batch_sizes", lambda seats, device: graph_batch_sizes(seats))
+    items = workload(5, seed=6)
+    want, _ = generate(models[arch], items, enforce_eager=True, max_num_seqs=8)
+    got, llm = generate(models[arch], items, tensor_parallel_size=2, max_num_seqs=8)
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and graphs.sizes == [1, 2, 4, 8]
+    assert graphs.replayed_steps > 0
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+
+
 def essay_completion_steps(path: Path, world: int) -> dict[str, int]:
     """The essay's four-request trace (two slots; A and B at step 0, C at 1, D at 3; 8, 2, 3 and 1 tokens)
     on the real engine: the iteration at which each request finished."""
@@ -207,7 +226,9 @@ def test_a_rank_reads_only_its_slice_of_a_checkpoint_tensor(tmp_path: Path) -> N
 
 RANK0 = """
 import sys
+from engine import decode_graphs
 from engine.config import EngineConfig
+from engine.decode_graphs import graph_batch_sizes
 from engine.llm_engine import LLMEngine
 from engine.request import SamplingParams
 engine = LLMEngine(EngineConfig(model=sys.argv[1], dtype="float32", tensor_parallel_size=2))
