@@ -111,7 +111,7 @@ def test_tp2_matches_tp1_under_preemption_and_holds_half_the_sharded_weights(
     assert sizes(llm.engine) == (norms, sharded // 2)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
 def test_tp4_matches_tp1_with_kv_heads_replicated(models: dict[str, Path], arch: str, tmp_path: Path) -> None:
     # Two KV heads over four ranks: each KV head lives on the two ranks whose q heads read it. Llama's
     # vocabulary of 302 does not divide by 4: the last rank's shard is padded.
