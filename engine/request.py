@@ -219,6 +219,7 @@ class RequestMeta:
     # The LoRA adapter the request runs with (engine/lora/; `model: NAME` at the gateway); None: the base model.
     # Its KV is keyed apart (prefix_root), since an adapter changes every layer's K and V.
     lora: str | None = None
+    lora_path: str | None = None  # the adapter's PEFT directory, from the gateway's adapter directory
     api_key_id: str | None = None
     user: str | None = None
     task_id: str | None = None
