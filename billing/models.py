@@ -1,5 +1,5 @@
 """SQLAlchemy 2 models: tenants, api_keys, usage (one row per request), usage_daily and usage_scopes rollups,
-audit_log, public_prefixes."""
+audit_log, public_prefixes, lora_adapters."""
 
 from __future__ import annotations
 
@@ -233,3 +233,19 @@ class PublicPrefixRow(Base):
     text: Mapped[str | None] = mapped_column(Text, nullable=True)
     token_ids: Mapped[list[int]] = mapped_column(JSON, nullable=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+
+
+class LoraAdapterRow(Base):
+    """A LoRA adapter an operator registered at run time (gateway/adapters.py): `model: NAME` selects it.
+    The path travels to the engines in each request's meta, so every gateway must read the same directory;
+    a tenant id makes it private to that tenant (None: public). Removing a tenant removes its adapters."""
+
+    __tablename__ = "lora_adapters"
+
+    name: Mapped[str] = mapped_column(String(width.MODEL_MAX), primary_key=True)
+    path: Mapped[str] = mapped_column(String(4096), nullable=False)
+    tenant_id: Mapped[str | None] = mapped_column(
+        String(36), ForeignKey("tenants.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    actor: Mapped[str] = mapped_column(String(128), nullable=False)

@@ -68,6 +68,22 @@ class EngineConfig(BaseModel):
         "one with `model: NAME`",
     )
     max_lora_rank: int = Field(default=64, ge=1, le=1024, description="the largest LoRA rank loaded")
+    # The adapter caches (engine/lora/cache.py, engine/lora/host_cache.py): LRU, adapters in use kept.
+    max_loras: int = Field(
+        default=8, ge=1, le=1024, description="LoRA adapters held on the device at once (slots)"
+    )
+    max_cpu_loras: int = Field(
+        default=32,
+        ge=1,
+        le=65536,
+        description="LoRA adapters held in host memory at once, loads under way included (>= max_loras)",
+    )
+    lora_load_bytes_per_token: int = Field(
+        default=65536,
+        ge=1,
+        description="an adapter load is charged one prefill token per this many bytes of its weights file, "
+        "to the tenant whose request caused it",
+    )
     max_model_len: int | None = Field(
         default=None, ge=1, description="context length cap (default: the model's)"
     )
@@ -194,6 +210,15 @@ class EngineConfig(BaseModel):
             raise ValueError(
                 f"redis_url shares fairness counters across engines, and policy "
                 f"{self.fairness.policy!r} keeps none: use a policy that does (vtc) or drop redis_url"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _lora_caches(self) -> EngineConfig:
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras}): every "
+                "adapter on the device is loaded through host memory"
             )
         return self
 

@@ -52,15 +52,22 @@ DEFAULT_ROOT = hashlib.blake2b(b"fairserve-prefix-v1", digest_size=_DIGEST).dige
 
 
 def prefix_root(
-    tenant_id: str, cache_group: str | None = None, cache_salt: str | None = None, lora: str | None = None
+    tenant_id: str,
+    cache_group: str | None = None,
+    cache_salt: str | None = None,
+    lora: str | None = None,
+    lora_path: str | None = None,
 ) -> bytes:
     """The digest every block key of a request chains from: its cache group (the tenant unless an admin
     named a group), its optional per-request salt and its LoRA adapter, if any (an adapter's K and V
-    differ from the base model's). Length-prefixed parts, so no two inputs collide; without an adapter
-    the digest is what it was before adapters existed."""
+    differ from the base model's), by name and, when the gateway gave one, directory (one name may be
+    registered again over another directory). Length-prefixed parts, so no two inputs collide; without an
+    adapter the digest is what it was before adapters existed."""
     group = f"group:{cache_group}" if cache_group else f"tenant:{tenant_id}"
     h = hashlib.blake2b(b"fairserve-prefix-v1", digest_size=_DIGEST)
-    parts = (group, cache_salt or "") if lora is None else (group, cache_salt or "", f"lora:{lora}")
+    parts: tuple[str, ...] = (group, cache_salt or "")
+    if lora is not None:
+        parts += (f"lora:{lora}",) if lora_path is None else (f"lora:{lora}", f"lora_path:{lora_path}")
     for part in parts:
         raw = part.encode("utf-8", "surrogatepass")
         h.update(len(raw).to_bytes(8, "little"))

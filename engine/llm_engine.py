@@ -41,7 +41,7 @@ from engine.kv_budget import blocks_from_memory, graph_plan
 from engine.kv_cache import BlockPool
 from engine.limits import RequestLimits
 from engine.loader import LoadedModel, load_ranks
-from engine.lora.registry import LoraRegistry
+from engine.lora.intake import build_intake
 from engine.model_runner import ModelRunner, kv_block_bytes
 from engine.outputs import (
     EngineStats,
@@ -142,13 +142,10 @@ class LLMEngine:
         if peers is not None:
             peers.allocate(num_blocks, None if graphs is None else graphs.sizes, self.max_model_len)
             self.runner.peers = peers
-        # LoRA adapters (engine/lora/): loaded once here; none configured, nothing is built.
-        self.lora: LoraRegistry | None = None
-        if config.lora:
-            self.lora = self.runner.lora = LoraRegistry.load(
-                config.lora, mc, config.max_lora_rank, self.loaded.dtype, self.device
-            )
-            self.scheduler.scaled_charges = True
+        # LoRA adapters (engine/lora/): the `--lora` entries load here, the gateway's on demand, off this loop.
+        self.lora = self.runner.lora = build_intake(config, mc, self.loaded.dtype, self.device)
+        self.scheduler.admissible = partial(self.lora.admissible, self.scheduler.running)  # device slots
+        self.scheduler.scaled_charges = self.lora.loaded_any
         # Constrained decoding (engine/grammar/): compiles off this loop, masks beside the forward.
         masks = self.runner.grammar = GrammarMasks(
             mc.vocab_size,
@@ -216,25 +213,34 @@ class LLMEngine:
             raise DuplicateRequestError(f"request id {request_id!r} is already live", "request_id")
         ids = self.encode(prompt)
         self.validate(ids, params)
-        scale = 1.0 if meta is None or meta.lora is None else self._adapter_scale(meta.lora)
         if params.n > 1:
-            return self._add_family(request_id, ids, params, meta or RequestMeta(), scale)
-        request = Request(request_id, ids, params, meta or RequestMeta(), service_scale=scale)
-        held = self.grammar.hold(request)  # waits for its grammar outside the scheduler unless it is cached
+            return self._add_family(request_id, ids, params, meta or RequestMeta())
+        request = Request(request_id, ids, params, meta or RequestMeta())
+        parked = self.lora.hold(
+            request, [request]
+        )  # waits for its adapter outside the scheduler unless cached
+        try:
+            held = parked or self.grammar.hold(request)  # the same for its grammar
+        except InvalidRequestError:
+            self.lora.forget(request_id)
+            raise
         self._streams[request_id] = self._stream(request)
         if not held:
             self.scheduler.add(request)
         return request
 
-    def _adapter_scale(self, name: str) -> float:
-        """The adapter's service factor (engine/lora/cost.py); InvalidRequestError (field `model`) unless it
-        is loaded: unknown, or its directory broken."""
-        if self.lora is None:
-            raise InvalidRequestError(f"unknown LoRA adapter {name!r}: this engine serves none", "model")
-        return self.lora.adapters[self.lora.slot(name)].service_scale
+    def _queue_adapted(self, request: Request, now: float) -> None:
+        """Queue a request whose adapter has just loaded (through its grammar's wait, if it has one)."""
+        try:
+            held = request.family is None and self.grammar.hold(request)
+        except InvalidRequestError as exc:
+            self.lora.refuse(request, exc)
+            return
+        if not held:
+            self.scheduler.add(request, now)
 
     def _add_family(
-        self, request_id: str, ids: list[int], params: SamplingParams, meta: RequestMeta, scale: float
+        self, request_id: str, ids: list[int], params: SamplingParams, meta: RequestMeta
     ) -> Request:
         """Queue a request of n choices: its leader (choice 0, returned) now, the others forked from the
         leader's prompt KV once it is computed (engine/family.py, engine/scheduler.py `_fork`)."""
@@ -250,10 +256,11 @@ class LLMEngine:
         # no prompt KV to share, so each choice computes its prompt (still charged once).
         fork_at = 0 if self.runner.windows is not None else (len(ids) - 1) // size * size
         family = make_family(request_id, ids, params, meta, fork_at)
+        parked = self.lora.hold(family.leader, family.members)
         for member in family.members:
-            member.service_scale = scale
             self._streams[member.request_id] = self._stream(member)
-        self.scheduler.add(family.leader)
+        if not parked:
+            self.scheduler.add(family.leader)
         self._families += 1
         return family.leader
 
@@ -264,7 +271,8 @@ class LLMEngine:
         self, request_id: str, reason: str = "cancelled", signal_time: float | None = None
     ) -> bool:
         """Cancel at the next iteration boundary; tokens computed after `signal_time` are counted against it."""
-        waiting = self.grammar.release(request_id)  # still waiting for its grammar: it ends as queued ones do
+        # Still waiting for its adapter or its grammar: it ends as queued ones do.
+        waiting = self.lora.release(request_id) or self.grammar.release(request_id)
         if waiting is not None:
             self.scheduler.add(waiting)
         ok = self.scheduler.abort(request_id, reason, signal_time)
@@ -284,11 +292,19 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         """True while any request is queued or running, or a step's results have not landed."""
-        return self.scheduler.has_unfinished() or self.executor.in_flight or self.grammar.waiting > 0
+        busy = self.scheduler.has_unfinished() or self.executor.in_flight
+        return busy or self.grammar.waiting > 0 or self.lora.waiting > 0
 
     def take_refused(self) -> list[tuple[str, InvalidRequestError]]:
-        """Requests refused after `add_request` accepted them (their grammar failed); the loop reports each."""
+        """Requests refused after `add_request` accepted them (their grammar or adapter failed); the loop
+        reports each."""
         refused = self.grammar.take_refused()
+        for request, exc in self.lora.take_refused():
+            refused.append((request.request_id, exc))
+            if request.family is not None:
+                self._families -= 1
+                for member in request.family.members[1:]:
+                    self._streams.pop(member.request_id, None)
         for request_id, _ in refused:
             self._streams.pop(request_id, None)
         return refused
@@ -320,6 +336,9 @@ class LLMEngine:
                 cast(SharedCounters, self.policy)
             )  # config checked that it shares counters
         p0, t0 = perf_counter(), time.time()
+        for request in self.lora.admit(self.policy):  # adapters loaded since the last step (charged here)
+            self._queue_adapted(request, t0)
+        self.scheduler.scaled_charges = self.lora.loaded_any
         for request in self.grammar.admit():  # grammars compiled since the last step
             self.scheduler.add(request, t0)
         scheduled = self.scheduler.schedule(t0)
@@ -417,6 +436,7 @@ class LLMEngine:
         self.executor.forget(request_id)  # overlapped: once the forward in flight cannot sample it
         self.runner.forget(request_id)
         self.grammar.forget(request_id)
+        self.lora.forget(request_id)
 
     def write_trace(self, trace: IterationTrace) -> None:
         """Append a finished trace row to the trace file, if one is configured."""
@@ -436,6 +456,7 @@ class LLMEngine:
         if self.peers is not None:
             self.peers.close()
         self.grammar.close()
+        self.lora.close()
         if self.counter_sync is not None:
             self.counter_sync.close()
         self.recorder.close()

@@ -17,8 +17,9 @@ from engine.attention import AttentionMetadata, KVCache
 from engine.decode_graphs import DecodeGraphs
 from engine.grammar.masks import GrammarMasks
 from engine.input_batch import BlockTableRows
+from engine.lora.adapter import LoraAdapter
 from engine.lora.batch import device_batch, host_groups
-from engine.lora.registry import LoraRegistry
+from engine.lora.intake import LoraIntake
 from engine.models.config import ModelConfig
 from engine.models.protocol import CausalLM
 from engine.parallel.steps import DROP_SWAPPED, SWAP_IN, SWAP_OUT, StepPeers
@@ -64,8 +65,9 @@ class HostBatch:
     placeholders: bool  # some ids are still in flight (async scheduling): -(1 + row of the previous samples)
     window_slots: torch.Tensor | None = None  # the sliding-window group's layout (engine/window_cache.py)
     window_table: torch.Tensor | None = None
-    # LoRA (engine/lora/): (adapter slot, token rows) per adapter the step uses; None when no row has one.
-    lora_groups: list[tuple[int, torch.Tensor]] | None = None
+    # LoRA (engine/lora/): (adapter, token rows) per adapter the step uses; None when no row has one. The
+    # adapters are those their slots held when the step was scheduled (a later step may reassign a slot).
+    lora_groups: list[tuple[LoraAdapter, torch.Tensor]] | None = None
 
 
 @dataclass
@@ -114,8 +116,8 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         # Tensor parallelism (engine/parallel/): the other ranks, sent each forward's inputs; None on one rank.
         self.peers: StepPeers | None = None
-        # LoRA adapters (engine/lora/), set by the engine when `--lora` loaded any; None: no row is adapted.
-        self.lora: LoraRegistry | None = None
+        # LoRA adapters (engine/lora/): each request's device slot, set by the engine; None: no row is adapted.
+        self.lora: LoraIntake | None = None
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         self.kv_caches: list[KVCache] = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
@@ -154,17 +156,19 @@ class ModelRunner:
             batch = self._prepare_chunks(out, torch.from_numpy(table))
         if self.windows is not None:
             batch.window_slots, batch.window_table = self._window_layout(out, batch, self.windows)
-        if self.lora is not None:
+        if self.lora is not None and self.lora.slots.in_use:
             batch.lora_groups = self._lora_groups(out, self.lora)
         return batch
 
     @staticmethod
-    def _lora_groups(out: SchedulerOutput, registry: LoraRegistry) -> list[tuple[int, torch.Tensor]] | None:
-        """Each adapter's token rows in the step (the engine checked every name when the request came)."""
-        slots = [registry.slots.get(c.request.meta.lora or "") for c in out.chunks]
+    def _lora_groups(out: SchedulerOutput, lora: LoraIntake) -> list[tuple[LoraAdapter, torch.Tensor]] | None:
+        """Each adapter's token rows in the step (a running request's adapter is pinned in its slot)."""
+        slots = [lora.slot(c.request) for c in out.chunks]
         if all(slot is None for slot in slots):
             return None
-        return host_groups(slots, [c.length for c in out.chunks])
+        held = lora.slots.adapters
+        groups = host_groups(slots, [c.length for c in out.chunks])
+        return [(adapter, rows) for slot, rows in groups if (adapter := held[slot]) is not None]
 
     def _window_layout(
         self, out: SchedulerOutput, batch: HostBatch, windows: WindowBlocks
@@ -281,8 +285,8 @@ class ModelRunner:
             meta.window_group = replace(
                 meta, slot_mapping=batch.window_slots.to(dev), block_tables=batch.window_table.to(dev)
             )
-        if batch.lora_groups is not None and self.lora is not None:
-            meta.lora = device_batch(self.lora.adapters, batch.lora_groups, dev)
+        if batch.lora_groups is not None:
+            meta.lora = device_batch(batch.lora_groups, dev)
         return ids, batch.positions.to(dev), meta
 
     def _input_ids(self, batch: HostBatch) -> torch.Tensor:

@@ -217,8 +217,10 @@ class RequestMeta:
     # the gateway, which alone holds the registry: blocks wholly inside them are keyed publicly.
     public_prefix_tokens: int = 0
     # The LoRA adapter the request runs with (engine/lora/; `model: NAME` at the gateway); None: the base model.
-    # Its KV is keyed apart (prefix_root), since an adapter changes every layer's K and V.
+    # Its KV is keyed apart (prefix_root), since an adapter changes every layer's K and V. Without lora_path
+    # the name is one of the engine's `--lora` entries; with it, the engine loads that directory on demand.
     lora: str | None = None
+    lora_path: str | None = None  # the adapter's PEFT directory, from the gateway's adapter directory
     api_key_id: str | None = None
     user: str | None = None
     task_id: str | None = None
@@ -351,7 +353,7 @@ class Request:
     def prefix_root(self) -> bytes:
         """Where this request's prefix-cache keys chain from: its cache group and salt (engine/kv_cache.py)."""
         meta = self.meta
-        return prefix_root(meta.tenant_id, meta.cache_group, meta.cache_salt, meta.lora)
+        return prefix_root(meta.tenant_id, meta.cache_group, meta.cache_salt, meta.lora, meta.lora_path)
 
     def public_blocks(self, block_size: int) -> int:
         """Prompt blocks keyed in the public namespace: those wholly inside the public prefix (none under a

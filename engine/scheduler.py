@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from operator import attrgetter
 
 from engine.deadlines import Deadlines
@@ -45,6 +45,10 @@ class Scheduler:
         # True once some request may carry a service_scale (LoRA adapters loaded, engine/lora/cost.py): its
         # decodes are then charged one by one, since `charge_decodes` charges every item one token's cost.
         self.scaled_charges = False
+        # Whether the policy's head may be admitted now beyond seats and blocks (a LoRA adapter needs a device
+        # slot: engine/lora/intake.py `admissible`); False stops admission for this step, as blocks running
+        # out does. None: every head may.
+        self.admissible: Callable[[Request], bool] | None = None
         self.waiting_for_blocks = 0
         self.block_waits_total = 0  # iterations in which admission stopped for want of free blocks
         self.swap_out: SwapFn | None = None
@@ -268,6 +272,9 @@ class Scheduler:
             return None  # (a victim whose last token is still in flight comes back once it lands)
         if request.family is not None and len(request.family.pending) >= seats:
             return None  # an unforked leader needs a seat for each of its choices
+        if self.admissible is not None and not self.admissible(request):
+            self._admitting = False  # (its adapter has no device slot: running prompts may still go on)
+            return None
         return request
 
     def _continue_prefill(self, request: Request, now: float, out: SchedulerOutput, budget: int) -> int:

@@ -16,6 +16,7 @@ from starlette.responses import Response
 
 from engine import EngineClient
 from engine.remote.client import RemoteEngine
+from gateway.adapters import keep_adapters_fresh
 from gateway.admin import routes as admin_routes
 from gateway.admin.live import keep_share_history
 from gateway.edge.errors import APIError, error_response
@@ -83,6 +84,7 @@ def create_app(
             state.billed_ids = []
             billing = asyncio.create_task(keep_engines_billed(state))
         prefixes = asyncio.create_task(keep_prefixes_fresh(state.prefixes))
+        adapters = asyncio.create_task(keep_adapters_fresh(state.adapters))
         history = asyncio.create_task(keep_share_history(app.state, state))  # the dashboard's, watched or not
         watches = []  # one per worker process it started: a lone engine, or one per `--model`
         if state.owns_engine and settings.restart_engine:
@@ -94,6 +96,7 @@ def create_app(
             yield
         finally:
             prefixes.cancel()
+            adapters.cancel()
             history.cancel()
             for watch in watches:
                 watch.cancel()

@@ -21,6 +21,7 @@ from billing import BillingStore, Database, KeyCache, Ledger, default_db_url
 from engine import EngineClient, EngineStartError, engine_client
 from engine.remote.client import RemoteEngine
 from engine.remote.roles import RoleAwareEngine
+from gateway.adapters import AdapterRegistry
 from gateway.admin.rejections import RejectionLog
 from gateway.edge.auth import ensure_admin_token, ensure_metrics_token
 from gateway.edge.auth_guard import FailureBudget
@@ -80,6 +81,7 @@ class GatewayState:
     reports: FailureBudget = field(init=False)  # task and workflow-run reports a tenant may read
     model_rates: ModelRates = field(init=False)  # each model's learned rates (admission/model_feasibility.py)
     prefixes: PrefixRegistry = field(init=False)  # public prompt prefixes (gateway/prefixes.py)
+    adapters: AdapterRegistry = field(init=False)  # LoRA adapters, public or a tenant's (gateway/adapters.py)
 
     def __post_init__(self) -> None:
         self.edge = EdgeAdmission(self.admission, self.quota)
@@ -94,6 +96,11 @@ class GatewayState:
             self.prefixes.reload()
         except Exception:  # serve without public prefixes rather than not at all; the refresh retries
             log.warning("could not load public prefixes", exc_info=True)
+        self.adapters = AdapterRegistry(self.db, s.engine.lora)
+        try:
+            self.adapters.reload()
+        except Exception:  # serve the `--lora` adapters rather than nothing; the refresh retries
+            log.warning("could not load LoRA adapters", exc_info=True)
 
     def refresh_tenant_labels(self, force: bool = False) -> None:
         """Re-read configured tenants for metric labels (cheap, at most every few seconds)."""

@@ -33,7 +33,7 @@ def prefix_digests(
     if meta.lora is not None:  # an adapter's blocks are never keyed publicly (engine/request.py)
         public = 0
     full = min((len(prompt_token_ids) - 1) // block_size, public + blocks)
-    root = prefix_root(meta.tenant_id, meta.cache_group, meta.cache_salt, meta.lora)
+    root = prefix_root(meta.tenant_id, meta.cache_group, meta.cache_salt, meta.lora, meta.lora_path)
     return block_keys(prompt_token_ids, max(full, 0), block_size, root, public)[public:]
 
 

@@ -2,8 +2,8 @@
 
 Read with json and safetensors directly, so the engine does not depend on peft. Every way a directory
 can be wrong (missing files, an unsupported option, a module the model lacks, a rank over the limit, a
-mis-shaped tensor) is an `AdapterError` naming the adapter: the registry keeps it, and only requests
-that name that adapter fail with it.
+mis-shaped tensor) is an `AdapterError` naming the adapter: the host cache remembers it (engine/lora/host_cache.py), and
+only requests that name that adapter fail with it.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ class LoraAdapter:
     rank: int
     scale: float
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
-    service_scale: float = 1.0  # each token's service multiplier (engine/lora/cost.py), set by the registry
+    service_scale: float = 1.0  # each token's service multiplier (engine/lora/cost.py), set when loaded
+    load_bytes: int = 0  # bytes of adapter_model.safetensors read: its load charge (engine/lora/intake.py)
 
     @property
     def modules(self) -> set[str]:
@@ -102,8 +103,9 @@ def load_adapter(
     rank, scale = read_config(name, path)
     if rank > max_rank:
         raise AdapterError(f"adapter {name!r}: rank {rank} exceeds max_lora_rank {max_rank}")
+    file = path / "adapter_model.safetensors"
     try:
-        tensors = load_file(str(path / "adapter_model.safetensors"))
+        tensors, size = load_file(str(file)), file.stat().st_size
     except Exception as exc:  # a missing or corrupt file: safetensors raises several types
         raise AdapterError(f"adapter {name!r}: cannot read adapter_model.safetensors: {exc}") from exc
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
@@ -120,7 +122,7 @@ def load_adapter(
     weights = {
         key: _checked(name, cfg, key, pair, rank, dtype, device) for key, pair in sorted(halves.items())
     }
-    return LoraAdapter(name, rank, scale, weights)
+    return LoraAdapter(name, rank, scale, weights, load_bytes=size)
 
 
 def _checked(

@@ -1,7 +1,7 @@
 """One step's token rows grouped by adapter: what each adapted projection of the forward reads.
 
-Built on the host with the rest of the batch (engine/model_runner.py), from each chunk's adapter slot
-and length; rows of requests without an adapter are in no group, so the projections leave them as
+Built on the host with the rest of the batch (engine/model_runner.py), from each chunk's device slot
+(engine/lora/cache.py) and length; rows of requests without an adapter are in no group, so the projections leave them as
 the base model computes them.
 """
 
@@ -34,8 +34,6 @@ def host_groups(slots: Sequence[int | None], lengths: Sequence[int]) -> list[tup
     return [(slot, torch.from_numpy(np.concatenate(parts))) for slot, parts in sorted(rows.items())]
 
 
-def device_batch(
-    adapters: Sequence[LoraAdapter], groups: Sequence[tuple[int, torch.Tensor]], device: torch.device
-) -> LoraBatch:
+def device_batch(groups: Sequence[tuple[LoraAdapter, torch.Tensor]], device: torch.device) -> LoraBatch:
     """The host groups' rows moved to the device, each beside its adapter."""
-    return LoraBatch([(adapters[slot], rows.to(device)) for slot, rows in groups])
+    return LoraBatch([(adapter, rows.to(device)) for adapter, rows in groups])

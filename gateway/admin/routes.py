@@ -10,7 +10,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from gateway.admin import api, ledger_api, live, prefixes
+from gateway.admin import adapters, api, ledger_api, live, prefixes
 from gateway.admin.http import AdminHandler, admin_endpoint
 from gateway.admin.live import engine_rows
 from gateway.state import GatewayState
@@ -81,4 +81,7 @@ routes: list[BaseRoute] = [
     _api("/prefixes", prefixes.list_prefixes, "GET"),
     _api("/prefixes", prefixes.add_prefix, "POST"),
     _api("/prefixes/{ref}", prefixes.remove_prefix, "DELETE"),
+    _api("/adapters", adapters.list_adapters, "GET"),
+    _api("/adapters", adapters.add_adapter, "POST"),
+    _api("/adapters/{name}", adapters.remove_adapter, "DELETE"),
 ]

@@ -106,6 +106,7 @@ class RequestContext:
             ledger_id=self.request_id,
             partial_at_deadline=self.served.partial_at_deadline,
             lora=self.served.lora,
+            lora_path=self.served.lora_path,
         )
 
     def run_spec(self) -> RunSpec:
@@ -194,13 +195,13 @@ async def read_request(
     )
     body = rp.parse_body(raw, chat, state.settings.max_chat_messages, longest)
     policy = requested_policy(headers.on_infeasible)  # 400 for a bad X-On-Infeasible
-    engine = model_engine(state, body.model)  # 404 for a model not served
-    # A LoRA adapter's name: the request runs on its base model's engines, with the adapter in its meta.
-    lora = body.model if body.model != engine.model_name else None
+    tenant_id = caller.tenant.id
+    # 404 for a model not served (or an adapter this tenant may not use). An adapter's request runs on
+    # its base model's engines, with the adapter's name and path in its meta.
+    engine, adapter = model_engine(state, body.model, tenant_id)
     if not state.engine_health.serves(engine):  # this model's engines; another model's may be down
         raise APIError(503, "the engine is not running", "engine_unavailable", headers={"Retry-After": "1"})
-    tenant_id = caller.tenant.id
-    as_base = body if lora is None else body.model_copy(update={"model": engine.model_name})
+    as_base = body if adapter is None else body.model_copy(update={"model": engine.model_name})
     inputs = await rp.engine_input_async(as_base, engine, lambda work: state.refusals.run(tenant_id, work))
     fp = fingerprint(request.url.path, json.loads(raw)) if ident.idempotency_key is not None else None
     return RequestContext(
@@ -221,6 +222,11 @@ async def read_request(
         # The serving model's `--model-cost` is known now unless a fallback changes the model
         # (gateway/openai/degrade.py, which then charges the fallback's).
         served=ServedAs(
-            body.model, engine, policy, cost_factor=state.settings.models.cost_factor(body.model), lora=lora
+            body.model,
+            engine,
+            policy,
+            cost_factor=state.settings.models.cost_factor(body.model),
+            lora=None if adapter is None else adapter.name,
+            lora_path=None if adapter is None else adapter.path,
         ),
     )

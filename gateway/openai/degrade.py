@@ -110,9 +110,15 @@ def _fallback(state: GatewayState, ctx: RequestContext, left: float) -> RequestC
         est = _estimate(state, name, engine, ctx, len(inputs.prompt_token_ids), inputs.params.max_tokens)
         if est.finish_s <= left:  # charged at the fallback's `--model-cost`
             factor = state.settings.models.cost_factor(name)
-            served = replace(
-                ctx.served, model=name, engine=engine, degradation="fallback", cost_factor=factor, lora=None
-            )  # the fallback model runs without the adapter
+            served = replace(  # the fallback model runs without the adapter
+                ctx.served,
+                model=name,
+                engine=engine,
+                degradation="fallback",
+                cost_factor=factor,
+                lora=None,
+                lora_path=None,
+            )
             return replace(ctx, inputs=inputs, served=served)
     return None
 

@@ -26,9 +26,10 @@ async def chat_completions(request: Request) -> ASGIApp:
 
 
 async def models(request: Request) -> JSONResponse:
-    """GET /v1/models: each model the engines behind this gateway serve, the default first."""
+    """GET /v1/models: each model the engines behind this gateway serve, the default first, then the LoRA
+    adapters the caller's key may use (public ones and its tenant's own; never another tenant's)."""
     state: GatewayState = request.app.state.gateway
-    await authenticate(request, state.keys, state.auth_budget, state.metrics.auth_failures)
+    caller = await authenticate(request, state.keys, state.auth_budget, state.metrics.auth_failures)
     clients = served_models(state.engine)
     data: list[dict[str, object]] = [
         {
@@ -40,17 +41,17 @@ async def models(request: Request) -> JSONResponse:
         }
         for client in clients
     ]
-    base = clients[0]  # `--lora` adapters run over the default model (gateway/openai/served.py)
+    base = clients[0]  # adapters run over the default model (gateway/openai/served.py)
     data += [
         {
-            "id": name,
+            "id": adapter.name,
             "object": "model",
-            "created": 0,
-            "owned_by": "fairserve",
+            "created": 0 if adapter.created_at is None else int(adapter.created_at.timestamp()),
+            "owned_by": "fairserve" if adapter.tenant_id is None else caller.tenant.name,
             "max_model_len": base.max_model_len,
             "parent": base.model_name,
         }
-        for name in state.settings.engine.lora
+        for adapter in state.adapters.listed(caller.tenant.id)
     ]
     return JSONResponse({"object": "list", "data": data})
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from billing.adapters import AdapterInfo
 from engine import EngineClient
 from gateway.edge.errors import APIError
 from gateway.model_settings import ON_INFEASIBLE
@@ -33,6 +34,7 @@ class ServedAs:
     partial_at_deadline: bool = False  # the engine ends it at its deadline with the tokens so far
     cost_factor: float = 1.0  # the served model's `--model-cost`
     lora: str | None = None  # the LoRA adapter `model` named (served over the default model's engines)
+    lora_path: str | None = None  # that adapter's PEFT directory, from the gateway's adapter directory
 
     def header(self) -> str | None:
         """The X-Degraded value, None when served as asked."""
@@ -58,25 +60,30 @@ def requested_policy(raw: str | None) -> str | None:
     return policy
 
 
-def lora_base(state: GatewayState, model: str) -> EngineClient | None:
-    """The engine(s) a LoRA adapter named `model` runs on: the default model's, whose engines `--lora`
-    loads it into (docs/gateway.md, "LoRA adapters"); None when `model` names no adapter."""
-    if model not in state.settings.engine.lora:
-        return None
-    return served_models(state.engine)[0]
+def served_names(state: GatewayState, tenant_id: str) -> list[str]:
+    """The names a key of the tenant may put in `model`: each served model, the default first, then the
+    adapters it may use (public ones and its own; never another tenant's)."""
+    names = [client.model_name for client in served_models(state.engine)]
+    return names + [adapter.name for adapter in state.adapters.listed(tenant_id)]
 
 
-def model_engine(state: GatewayState, model: str) -> EngineClient:
-    """The engine(s) serving `model` (a model, or a LoRA adapter over the default model); 404
-    `model_not_found` listing the served names for any other, an unknown adapter included."""
-    engine = model_client(state.engine, model) or lora_base(state, model)
-    if engine is None:
-        names = [client.model_name for client in served_models(state.engine)]
-        names += list(state.settings.engine.lora)
-        raise APIError(
-            404,
-            f"model {model!r} does not exist; this server serves {', '.join(repr(n) for n in names)}",
-            "model_not_found",
-            "model",
-        )
-    return engine
+def model_engine(state: GatewayState, model: str, tenant_id: str) -> tuple[EngineClient, AdapterInfo | None]:
+    """The engine(s) serving `model` for the tenant, and the LoRA adapter it names (None: a model).
+
+    An adapter runs over the default model's engines (docs/gateway.md, "LoRA adapters"). Any other name,
+    another tenant's private adapter included, is the same 404 `model_not_found`, listing only the
+    names this tenant may use: the answer does not depend on what other tenants registered.
+    """
+    engine = model_client(state.engine, model)
+    if engine is not None:
+        return engine, None
+    adapter = state.adapters.visible(model, tenant_id)
+    if adapter is not None:
+        return served_models(state.engine)[0], adapter
+    names = served_names(state, tenant_id)
+    raise APIError(
+        404,
+        f"model {model!r} does not exist; this server serves {', '.join(repr(n) for n in names)}",
+        "model_not_found",
+        "model",
+    )

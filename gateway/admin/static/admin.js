@@ -1,5 +1,6 @@
 // The dashboard: login, tenants (inline editing), API keys, usage and the audit log.
 
+import { refreshAdapters } from "./adapters.js";
 import { LiveView } from "./live.js";
 import { refreshPrefixes } from "./prefixes.js";
 import { ApiError, api, el, fillBody, identities, num, session, when } from "./util.js";
@@ -48,7 +49,7 @@ async function enter() {
   $("logout").hidden = false;
   $("who").textContent = session.actor ? `as ${session.actor}` : "";
   await refreshTenants(); // first: the other tables name tenants from it
-  await Promise.all([refreshKeys(), refreshUsage(), refreshAudit(), refreshPrefixes()]);
+  await Promise.all([refreshKeys(), refreshUsage(), refreshAudit(), refreshPrefixes(), refreshAdapters()]);
   live = live || new LiveView(logout);
   await live.start();
 }

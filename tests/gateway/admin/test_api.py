@@ -35,6 +35,9 @@ ALL_ENDPOINTS = [
     ("GET", "/admin/api/prefixes"),
     ("POST", "/admin/api/prefixes"),
     ("DELETE", "/admin/api/prefixes/x"),
+    ("GET", "/admin/api/adapters"),
+    ("POST", "/admin/api/adapters"),
+    ("DELETE", "/admin/api/adapters/x"),
 ]
 
 

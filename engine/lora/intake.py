@@ -1,0 +1,228 @@
+"""LoraIntake: where an adapted request waits for its adapter to load, outside the scheduler, and how the
+adapter reaches a device slot and its load is charged.
+
+A request names its adapter by `RequestMeta.lora` and, when the gateway's adapter directory registered it
+at run time, `RequestMeta.lora_path`; without a path the name is looked up in the engine's `--lora` table.
+The pair is the adapter's key (engine/lora/host_cache.py). If the key is in host memory the request is
+queued at once. If not, its load starts on a worker thread and the request is parked here: not in the
+scheduler's queues, so it holds no batch seat, no KV block and no place in the fairness order, until
+`admit` (at every step start) finds the load done. A failed load refuses exactly the requests parked on
+that key (InvalidRequestError, field `model`, which the gateway turns into a 400), and for a while every
+new request naming it (the host cache remembers the failure).
+
+Device slots (engine/lora/cache.py): the scheduler asks `admissible` before admitting an adapted request;
+the adapter takes a slot then, evicting the least recently used adapter no running request uses. With
+every slot pinned the request stays queued this step (admission stops, as it does when KV blocks run out).
+
+Host entries used by a live request are never evicted: each live request's key is held until the engine
+forgets it (`forget`), so a queued request always finds its weights when it is admitted.
+
+Service: a load is charged to the request that caused it, once, as prefill tokens: one per
+`bytes_per_token` bytes of adapter_model.safetensors read, rounded up (docs/fairness.md, "LoRA adapters:
+the charge"). A later request that finds the adapter cached pays nothing for it. Then each of its tokens
+is charged the adapter's rank-aware factor (engine/lora/cost.py), set on the request here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from functools import partial
+
+import torch
+
+from engine.config import EngineConfig
+from engine.lora.adapter import AdapterError, LoraAdapter, load_adapter
+from engine.lora.cache import DeviceSlots
+from engine.lora.cost import service_scale
+from engine.lora.host_cache import HostCache, Key, Loader
+from engine.models.config import ModelConfig
+from engine.request import InvalidRequestError, Request, RequestMeta
+from fairness.base import SchedulingPolicy
+
+log = logging.getLogger(__name__)
+
+
+class LoraIntake:
+    """Adapted requests between `add_request` and the scheduler; the host cache and the device slots."""
+
+    def __init__(
+        self, startup: Mapping[str, str], host: HostCache, slots: DeviceSlots, bytes_per_token: int
+    ) -> None:
+        self.startup = dict(startup)  # `--lora` name -> directory: a request without lora_path uses these
+        self.host = host
+        self.slots = slots
+        self.bytes_per_token = bytes_per_token
+        self.refuse_all: str | None = None  # set: every adapted request is refused with it (e.g. TP > 1)
+        self.loaded_any = False  # some adapter has loaded: requests may carry a service_scale
+        self._parked: dict[str, tuple[Request, list[Request], Key]] = {}  # id -> (request, members, key)
+        self._payers: dict[Key, Request] = {}  # key -> the request whose arrival started its load
+        self._holders: dict[str, Key] = {}  # live request (or choice) id -> the adapter it runs under
+        self._refused: list[tuple[Request, InvalidRequestError]] = []
+
+    def preload(self, load: Loader) -> None:
+        """Load the `--lora` entries now, on the caller's thread (engine start), as far as the host cache
+        holds them; a broken one is logged and remembered, not raised."""
+        for name, path in list(self.startup.items())[: self.host.capacity]:
+            try:
+                self.host.put((name, path), load(name, path))
+                self.loaded_any = True
+            except AdapterError as exc:
+                log.error("LoRA %s", exc)
+                self.host.fail((name, path), str(exc))
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """`--lora` names whose directory failed to load recently, with the error."""
+        errors = {name: self.host.failure((name, path)) for name, path in self.startup.items()}
+        return {name: error for name, error in errors.items() if error is not None}
+
+    def key(self, meta: RequestMeta) -> Key:
+        """The adapter a request names; InvalidRequestError (field `model`) if it names none this engine
+        can serve."""
+        name = meta.lora
+        assert name is not None
+        if self.refuse_all is not None:
+            raise InvalidRequestError(self.refuse_all, "model")
+        path = meta.lora_path if meta.lora_path is not None else self.startup.get(name)
+        if path is None:
+            raise InvalidRequestError(f"unknown LoRA adapter {name!r}", "model")
+        return name, path
+
+    def hold(self, request: Request, members: Sequence[Request]) -> bool:
+        """True when `request` must wait for its adapter to load; False when it may be queued now (its
+        adapter is cached, or it names none). Raises InvalidRequestError if the adapter recently failed.
+        `members`: the requests that run under it (the choices of n > 1, else the request itself)."""
+        if request.meta.lora is None:
+            return False
+        key = self.key(request.meta)
+        adapter = self.host.get(key)
+        if adapter is not None:
+            self._attach(members, key, adapter)
+            return False
+        error = self.host.failure(key)
+        if error is not None:
+            raise InvalidRequestError(error, "model")
+        self._parked[request.request_id] = (request, list(members), key)
+        if not self.host.loading(key) and self.host.start(key, self._in_use()):
+            self._payers[key] = request
+        return True
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for their adapter."""
+        return len(self._parked)
+
+    def admit(self, policy: SchedulingPolicy[Request]) -> list[Request]:
+        """The parked requests whose adapter has loaded, to be queued now; refuses those whose load failed,
+        charges each finished load to its payer, and starts the loads that waited for room."""
+        if not self._parked and not self._payers:
+            return []
+        for key, adapter, error in self.host.poll():
+            payer = self._payers.pop(key, None)
+            if adapter is None:
+                log.error("LoRA %s", error)
+                self._refuse(key, error)
+            else:
+                self.loaded_any = True
+                if payer is not None:
+                    self._charge_load(policy, payer, adapter)
+        admitted = []
+        for request_id, (request, members, key) in list(self._parked.items()):
+            adapter = self.host.get(key)
+            if adapter is not None:
+                del self._parked[request_id]
+                self._attach(members, key, adapter)
+                admitted.append(request)
+            elif not self.host.loading(key) and self.host.start(key, self._in_use()):
+                self._payers[key] = request
+        return admitted
+
+    def _charge_load(self, policy: SchedulingPolicy[Request], payer: Request, adapter: LoraAdapter) -> None:
+        """Charge the load to the tenant whose request started it, as ceil(bytes / rate) prefill tokens (at
+        the base factor: the payer's own service_scale is set only once it is released)."""
+        tokens = max(1, -(-adapter.load_bytes // self.bytes_per_token))
+        payer.charged_service += policy.charge(payer, tokens, 0, 0)
+
+    def _refuse(self, key: Key, error: str) -> None:
+        for request_id, (request, _, parked) in list(self._parked.items()):
+            if parked == key:
+                del self._parked[request_id]
+                self._refused.append((request, InvalidRequestError(error, "model")))
+
+    def refuse(self, request: Request, error: InvalidRequestError) -> None:
+        """Refuse a released request after all (the engine found its grammar failed): it holds nothing."""
+        self.forget(request.request_id)
+        self._refused.append((request, error))
+
+    def _attach(self, members: Sequence[Request], key: Key, adapter: LoraAdapter) -> None:
+        for member in members:
+            member.service_scale = adapter.service_scale
+            self._holders[member.request_id] = key
+
+    def _in_use(self) -> set[Key]:
+        """Host entries a live request holds (never evicted)."""
+        return set(self._holders.values())
+
+    def admissible(self, running: Sequence[Request], request: Request) -> bool:
+        """Whether `request` may be admitted now: no adapter, or its adapter holds a device slot (taken now
+        if need be, evicting the least recently used adapter no `running` request uses)."""
+        key = self._holders.get(request.request_id)
+        if key is None:
+            return True
+        pinned: set[Key] = set()
+        if self.slots.slot(key) is None:
+            pinned = {held for r in running if (held := self._holders.get(r.request_id)) is not None}
+        return self.slots.acquire(key, self._weights(key), pinned) is not None
+
+    def _weights(self, key: Key) -> LoraAdapter:
+        adapter = self.host.get(key)
+        assert adapter is not None, "a held adapter stays in the host cache"
+        return adapter
+
+    def slot(self, request: Request) -> int | None:
+        """The device slot of the adapter `request` runs under (None: the base model)."""
+        key = self._holders.get(request.request_id)
+        return None if key is None else self.slots.slot(key)
+
+    def release(self, request_id: str) -> Request | None:
+        """Take a parked request out (it was aborted), or None if it is not parked."""
+        parked = self._parked.pop(request_id, None)
+        return None if parked is None else parked[0]
+
+    def take_refused(self) -> list[tuple[Request, InvalidRequestError]]:
+        """Requests refused since the last call, mostly because their adapter failed to load."""
+        refused, self._refused = self._refused, []
+        return refused
+
+    def forget(self, request_id: str) -> None:
+        """A request (or choice) ended: its hold on the adapter goes."""
+        self._holders.pop(request_id, None)
+
+    def close(self) -> None:
+        """Stop the load threads."""
+        self.host.close()
+
+
+def load_to_host(cfg: ModelConfig, max_rank: int, dtype: torch.dtype, name: str, path: str) -> LoraAdapter:
+    """One adapter read into host memory in the model's dtype, with its service factor (a load thread's
+    work; AdapterError naming it if the directory is broken)."""
+    adapter = load_adapter(name, path, cfg, max_rank, dtype, torch.device("cpu"))
+    adapter.service_scale = service_scale(cfg, adapter)
+    return adapter
+
+
+def build_intake(
+    config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> LoraIntake:
+    """The engine's intake: `--lora` entries loaded now, others on demand; refuses every adapter under
+    tensor parallelism (not served there yet)."""
+    load = partial(load_to_host, cfg, config.max_lora_rank, dtype)
+    host = HostCache(load, config.max_cpu_loras)
+    intake = LoraIntake(
+        config.lora, host, DeviceSlots(config.max_loras, device), config.lora_load_bytes_per_token
+    )
+    if config.tensor_parallel_size > 1:
+        intake.refuse_all = "LoRA adapters are not served with tensor_parallel_size > 1 yet"
+    intake.preload(load)
+    return intake
