@@ -289,7 +289,8 @@ class LLMEngine:
 
     def cancel_task(self, task_id: str, reason: str = "cancelled") -> list[str]:
         """Abort every live request of a task."""
-        ids = [r.request_id for r in self.scheduler.requests.values() if r.meta.task_id == task_id]
+        live = [*self.scheduler.requests.values(), *self.lora.parked()]
+        ids = [r.request_id for r in live if r.meta.task_id == task_id]
         return [i for i in ids if self.abort_request(i, reason)]
 
     def has_unfinished(self) -> bool:

@@ -190,6 +190,10 @@ class LoraIntake:
         parked = self._parked.pop(request_id, None)
         return None if parked is None else parked[0]
 
+    def parked(self) -> list[Request]:
+        """The requests waiting for their adapter."""
+        return [request for request, _, _ in self._parked.values()]
+
     def take_refused(self) -> list[tuple[Request, InvalidRequestError]]:
         """Requests refused since the last call, mostly because their adapter failed to load."""
         refused, self._refused = self._refused, []
