@@ -310,6 +310,7 @@ class LLMEngine:
                     self._streams.pop(member.request_id, None)
         for request_id, _ in refused:
             self._streams.pop(request_id, None)
+            self.lora.forget(request_id)  # (a grammar refused after its adapter loaded held the adapter)
         return refused
 
     def live_request(self, request_id: str) -> RequestInfo | None:

@@ -104,7 +104,7 @@ class LoraIntake:
         if error is not None:
             raise InvalidRequestError(error, "model")
         self._parked[request.request_id] = (request, list(members), key)
-        if not self.host.loading(key) and self.host.start(key, self._in_use()):
+        if not self.host.loading(key) and self.host.start(key, self.in_use()):
             self._payers[key] = request
         return True
 
@@ -134,7 +134,7 @@ class LoraIntake:
                 del self._parked[request_id]
                 self._attach(members, key, adapter)
                 admitted.append(request)
-            elif not self.host.loading(key) and self.host.start(key, self._in_use()):
+            elif not self.host.loading(key) and self.host.start(key, self.in_use()):
                 self._payers[key] = request
         return admitted
 
@@ -160,7 +160,7 @@ class LoraIntake:
             member.service_scale = adapter.service_scale
             self._holders[member.request_id] = key
 
-    def _in_use(self) -> set[Key]:
+    def in_use(self) -> set[Key]:
         """Host entries a live request holds (never evicted)."""
         return set(self._holders.values())
 

@@ -10,7 +10,7 @@ import pytest
 
 from engine import LLM, LLMEngine, SamplingParams
 from engine.config import EngineConfig
-from engine.request import InvalidRequestError, RequestMeta
+from engine.request import Grammar, InvalidRequestError, RequestMeta
 from tests.engine.lora.adapters import Adapted, build
 from tests.engine.lora.runtime import gate, run_checked
 
@@ -151,3 +151,26 @@ def test_n_choices_wait_for_the_load_together_and_each_equal_the_single_request(
             choices.setdefault(delta.index, []).extend(delta.new_token_ids)
     single = merged(adapted, "b", prompt)[:5]
     assert choices == {0: single, 1: single, 2: single}
+
+
+def test_a_grammar_request_waits_for_its_adapter_then_for_its_grammar(adapted: Adapted) -> None:
+    llm_engine = engine(adapted)
+    loader = gate(llm_engine)
+    params = SamplingParams(max_tokens=16, temperature=0.0, grammar=Grammar("json_object"))
+    llm_engine.add_request("json", [1, 2, 3], params, by_path(adapted, "a"))
+    assert llm_engine.lora.waiting == 1 and llm_engine.grammar.waiting == 0
+    loader.gate.set()
+    out = run_checked(llm_engine)
+    assert not out.refused
+    assert llm_engine.tokenizer.decode(out.tokens["json"]).lstrip().startswith("{")
+
+
+def test_a_request_refused_for_its_grammar_lets_go_of_its_adapter(adapted: Adapted) -> None:
+    llm_engine = engine(adapted)
+    broken = Grammar("json_schema", json.dumps({"type": "array", "uniqueItems": True}))
+    params = SamplingParams(max_tokens=4, grammar=broken)
+    llm_engine.add_request("bad-grammar", [1, 2, 3], params, by_path(adapted, "a"))
+    assert llm_engine.lora.waiting == 1
+    out = run_checked(llm_engine)
+    assert list(out.refused) == ["bad-grammar"] and out.refused["bad-grammar"].field_name == "response_format"
+    assert llm_engine.lora.in_use() == set()  # its adapter may be evicted again
