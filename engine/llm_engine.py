@@ -348,6 +348,7 @@ class LLMEngine:
         scheduled = self.scheduler.schedule(t0)
         p1 = perf_counter()
         ran = self.executor.execute(scheduled, t0)  # this step; with async scheduling, the one before
+        self.lora.note_in_flight(scheduled.chunks if self.executor.in_flight else [])
         self.fail_requests(ran.failures, ran.ended)
         self.grammar.charge(self.policy, self.scheduler.requests)
         self.note_ran(ran.out, ran.started, ran.ended)

@@ -38,6 +38,7 @@ from engine.lora.cost import service_scale
 from engine.lora.host_cache import HostCache, Key, Loader
 from engine.models.config import ModelConfig
 from engine.request import InvalidRequestError, Request, RequestMeta
+from engine.scheduler_output import ScheduledChunk
 from fairness.base import SchedulingPolicy
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class LoraIntake:
         self._payers: dict[Key, Request] = {}  # key -> the request whose arrival started its load
         self._holders: dict[str, Key] = {}  # live request (or choice) id -> the adapter it runs under
         self._refused: list[tuple[Request, InvalidRequestError]] = []
+        self._in_flight: set[Key] = set()  # adapters of the step whose forward still runs (async scheduling)
 
     def preload(self, load: Loader) -> None:
         """Load the `--lora` entries now, on the caller's thread (engine start), as far as the host cache
@@ -166,14 +168,23 @@ class LoraIntake:
 
     def admissible(self, running: Sequence[Request], request: Request) -> bool:
         """Whether `request` may be admitted now: no adapter, or its adapter holds a device slot (taken now
-        if need be, evicting the least recently used adapter no `running` request uses)."""
+        if need be, evicting the least recently used adapter that no `running` request and no step in
+        flight uses: a forward still running reads its slots)."""
         key = self._holders.get(request.request_id)
         if key is None:
             return True
         pinned: set[Key] = set()
         if self.slots.slot(key) is None:
             pinned = {held for r in running if (held := self._holders.get(r.request_id)) is not None}
+            pinned |= self._in_flight
         return self.slots.acquire(key, self._weights(key), pinned) is not None
+
+    def note_in_flight(self, chunks: Sequence[ScheduledChunk]) -> None:
+        """The step whose forward is still running after `execute` returned (none without async scheduling):
+        its adapters stay in their slots until it lands, even if their requests end or are preempted."""
+        if self._in_flight or (chunks and self.slots.in_use):
+            keys = (self._holders.get(c.request.request_id) for c in chunks)
+            self._in_flight = {key for key in keys if key is not None}
 
     def _weights(self, key: Key) -> LoraAdapter:
         adapter = self.host.get(key)

@@ -124,3 +124,19 @@ def test_host_memory_keeps_the_most_recently_used_adapters(adapted: Adapted) -> 
     assert llm_engine.lora.host.keys == [b, a]
     generate(llm_engine, adapted, ["c"])  # full: b, the least recently used, goes
     assert llm_engine.lora.host.keys == [a, c]
+
+
+def test_an_adapter_stays_in_its_slot_while_a_forward_using_it_is_in_flight(adapted: Adapted) -> None:
+    llm_engine = engine(adapted, max_loras=1, async_scheduling="on")
+    long = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    llm_engine.add_request("first", list(range(5, 25)), long, meta(adapted, "a"))
+    llm_engine.add_request("second", list(range(5, 25)), PARAMS, meta(adapted, "b"))
+    while "second" not in llm_engine.scheduler.requests:  # b loaded and queued behind a's slot
+        llm_engine.step()
+    assert llm_engine.executor.in_flight and llm_engine.lora.slots.keys == [key(adapted, "a")]
+    llm_engine.abort_request("first")
+    llm_engine.step()  # first leaves `running`, but the forward in flight still reads a's slot
+    assert llm_engine.lora.slots.keys == [key(adapted, "a")]
+    assert "second" not in {r.request_id for r in llm_engine.scheduler.running}
+    out = run_checked(llm_engine)
+    assert len(out.tokens["second"]) == 6 and llm_engine.lora.slots.keys == [key(adapted, "b")]
