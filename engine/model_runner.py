@@ -15,7 +15,7 @@ from engine.attention import AttentionMetadata, KVCache
 from engine.decode_graphs import DecodeGraphs
 from engine.grammar.masks import GrammarMasks
 from engine.input_batch import BlockTableRows
-from engine.lora.batch import device_batch, host_groups
+from engine.lora.batch import LoraSegments, device_batch, host_groups
 from engine.lora.registry import LoraRegistry
 from engine.models.config import ModelConfig
 from engine.models.protocol import CausalLM
@@ -62,8 +62,8 @@ class HostBatch:
     placeholders: bool  # some ids are still in flight (async scheduling): -(1 + row of the previous samples)
     window_slots: torch.Tensor | None = None  # the sliding-window group's layout (engine/window_cache.py)
     window_table: torch.Tensor | None = None
-    # LoRA (engine/lora/): (adapter slot, token rows) per adapter the step uses; None when no row has one.
-    lora_groups: list[tuple[int, torch.Tensor]] | None = None
+    # LoRA (engine/lora/batch.py): the adapted rows as sorted segments per slot; None when no row has one.
+    lora_groups: LoraSegments | None = None
 
 
 @dataclass
@@ -157,7 +157,7 @@ class ModelRunner:
         return batch
 
     @staticmethod
-    def _lora_groups(out: SchedulerOutput, registry: LoraRegistry) -> list[tuple[int, torch.Tensor]] | None:
+    def _lora_groups(out: SchedulerOutput, registry: LoraRegistry) -> LoraSegments | None:
         """Each adapter's token rows in the step (the engine checked every name when the request came)."""
         slots = [registry.slots.get(c.request.meta.lora or "") for c in out.chunks]
         if all(slot is None for slot in slots):
@@ -279,8 +279,8 @@ class ModelRunner:
             meta.window_group = replace(
                 meta, slot_mapping=batch.window_slots.to(dev), block_tables=batch.window_table.to(dev)
             )
-        if batch.lora_groups is not None and self.lora is not None:
-            meta.lora = device_batch(self.lora.adapters, batch.lora_groups, dev)
+        if batch.lora_groups is not None and self.lora is not None and self.lora.stack is not None:
+            meta.lora = device_batch(self.lora.stack, batch.lora_groups, dev)
         return ids, batch.positions.to(dev), meta
 
     def _input_ids(self, batch: HostBatch) -> torch.Tensor:

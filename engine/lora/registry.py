@@ -13,6 +13,7 @@ import torch
 
 from engine.lora.adapter import AdapterError, LoraAdapter, load_adapter
 from engine.lora.cost import service_scale
+from engine.lora.stack import LoraStack
 from engine.models.config import ModelConfig
 from engine.request import InvalidRequestError
 
@@ -20,12 +21,15 @@ log = logging.getLogger(__name__)
 
 
 class LoraRegistry:
-    """name -> adapter, in a fixed order (a batch names adapters by position); `failed`: name -> error."""
+    """name -> adapter, in a fixed order (a batch names adapters by slot); `failed`: name -> error.
 
-    def __init__(self, adapters: list[LoraAdapter], failed: dict[str, str]) -> None:
+    `stack` holds every loaded adapter's weights, adapter i in slot i (None when none loaded)."""
+
+    def __init__(self, adapters: list[LoraAdapter], failed: dict[str, str], stack: LoraStack | None) -> None:
         self.adapters = adapters
         self.slots = {adapter.name: i for i, adapter in enumerate(adapters)}
         self.failed = failed
+        self.stack = stack
 
     @classmethod
     def load(
@@ -46,7 +50,14 @@ class LoraRegistry:
             except AdapterError as exc:
                 log.error("LoRA %s", exc)
                 failed[name] = str(exc)
-        return cls(adapters, failed)
+        stack = None
+        if adapters:
+            # The set is fixed at start, so r_max is the largest loaded rank, not max_rank: every row's
+            # shrink and expand run at r_max, and padding a rank-16 set to 64 would quadruple them.
+            stack = LoraStack(cfg, len(adapters), max(a.rank for a in adapters), dtype, device)
+            for slot, adapter in enumerate(adapters):
+                stack.put(slot, adapter)
+        return cls(adapters, failed, stack)
 
     @property
     def names(self) -> list[str]:

@@ -4,7 +4,8 @@ Per (layer, HF module) one A stack [slots, r_max, d_in] and one B stack [slots, 
 adapter of rank r < r_max fills the first r rows of A and columns of B and leaves the rest zero, so
 its delta through the padded stacks is exact. `scales[slot]` is the adapter's alpha/r (or rsLoRA)
 factor, 0 for an empty slot. A module an adapter does not target stays zero in its slot: the kernels
-need no per-slot module mask, and a batch row's delta is only ever read from its own slot.
+need no per-slot module mask, and a batch row's delta is only ever read from its own slot. A module
+no resident adapter targets is skipped by the forward (`get` is None).
 
 The interface is `put(slot, adapter)` and `drop(slot)`, so whatever decides which adapters are
 resident (the static registry today, an LRU of device slots later) only names slots.
@@ -49,10 +50,13 @@ class LoraStack:
                     torch.zeros(slots, d_out, max_rank, dtype=dtype, device=device),
                 )
         self.resident: list[str | None] = [None] * slots  # the adapter name in each slot
+        self.targets: list[frozenset[tuple[int, str]]] = [frozenset()] * slots  # each slot's (layer, module)s
+        self.users: dict[tuple[int, str], int] = {}  # how many resident slots target each (layer, module)
 
     def get(self, layer: int, module: str) -> ModuleStack | None:
-        """The stacks of one projection; None where no adapter can target it (a routed-expert MLP)."""
-        return self.modules.get((layer, module))
+        """The stacks of one projection; None where no resident adapter targets it (its delta is zero for
+        every slot, so the forward skips both launches)."""
+        return self.modules.get((layer, module)) if self.users.get((layer, module)) else None
 
     def put(self, slot: int, adapter: LoraAdapter) -> None:
         """Copy `adapter` into `slot`, replacing whatever was there (modules it does not target are zeroed)."""
@@ -69,17 +73,22 @@ class LoraStack:
             stack.b[slot, :, :rank].copy_(b)
         self.scales[slot] = adapter.scale
         self.resident[slot] = adapter.name
+        self.targets[slot] = frozenset(adapter.weights)
+        for key in self.targets[slot]:
+            self.users[key] = self.users.get(key, 0) + 1
 
     def drop(self, slot: int) -> None:
         """Empty `slot`: zero weights and scale, so a stale row indexing it adds nothing."""
         self._check_slot(slot)
         if self.resident[slot] is None:
             return
-        for stack in self.modules.values():
-            stack.a[slot].zero_()
-            stack.b[slot].zero_()
+        for key in self.targets[slot]:
+            self.modules[key].a[slot].zero_()
+            self.modules[key].b[slot].zero_()
+            self.users[key] -= 1
         self.scales[slot] = 0.0
         self.resident[slot] = None
+        self.targets[slot] = frozenset()
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.slots:

@@ -34,8 +34,8 @@ def test_put_pads_the_rank_with_zeros_and_keeps_other_slots() -> None:
     assert not q0.a[0, 2:].any() and not q0.b[0, :, 2:].any()
     torch.testing.assert_close(q0.a[2], full.weights[0, "q_proj"][0])
     assert not q0.a[1].any()  # an empty slot is all zero
-    v0 = stack.get(0, "v_proj")
-    assert v0 is not None and not v0.a.any()  # no adapter targets v_proj
+    assert stack.get(0, "v_proj") is None  # no resident adapter targets it: the forward skips it
+    assert not stack.modules[0, "v_proj"].a.any()
     assert stack.scales.tolist() == [4.0, 0.0, 0.5]
     assert stack.resident == ["small", None, "full"]
 
@@ -45,11 +45,12 @@ def test_put_over_a_slot_replaces_and_drop_empties() -> None:
     stack.put(1, _adapter("first", 4, [(1, "down_proj")], 2.0))
     second = _adapter("second", 3, [(0, "v_proj")], 1.0)
     stack.put(1, second)
-    down, v0 = stack.get(1, "down_proj"), stack.get(0, "v_proj")
-    assert down is not None and v0 is not None
+    down, v0 = stack.modules[1, "down_proj"], stack.get(0, "v_proj")
+    assert v0 is not None and stack.get(1, "down_proj") is None
     assert not down.a[1].any()  # the first adapter's module is gone
     torch.testing.assert_close(v0.b[1, :, :3], second.weights[0, "v_proj"][1])
     stack.drop(1)
+    assert stack.get(0, "v_proj") is None
     assert not v0.a.any() and not v0.b.any() and stack.scales.tolist() == [0.0, 0.0]
     assert stack.resident == [None, None]
 
