@@ -36,6 +36,7 @@ from engine.lora.adapter import AdapterError, LoraAdapter, load_adapter
 from engine.lora.cache import DeviceSlots
 from engine.lora.cost import service_scale
 from engine.lora.host_cache import HostCache, Key, Loader
+from engine.lora.resident import ResidentStack
 from engine.models.config import ModelConfig
 from engine.request import InvalidRequestError, Request, RequestMeta
 from engine.scheduler_output import ScheduledChunk
@@ -48,11 +49,17 @@ class LoraIntake:
     """Adapted requests between `add_request` and the scheduler; the host cache and the device slots."""
 
     def __init__(
-        self, startup: Mapping[str, str], host: HostCache, slots: DeviceSlots, bytes_per_token: int
+        self,
+        startup: Mapping[str, str],
+        host: HostCache,
+        stack: ResidentStack,
+        max_loras: int,
+        bytes_per_token: int,
     ) -> None:
         self.startup = dict(startup)  # `--lora` name -> directory: a request without lora_path uses these
         self.host = host
-        self.slots = slots
+        self.stack = stack  # the slots' weights on the device, filled through the slots' hooks
+        self.slots = DeviceSlots(max_loras, on_put=stack.put, on_drop=stack.drop)
         self.bytes_per_token = bytes_per_token
         self.refuse_all: str | None = None  # set: every adapted request is refused with it (e.g. TP > 1)
         self.loaded_any = False  # some adapter has loaded: requests may carry a service_scale
@@ -234,9 +241,8 @@ def build_intake(
     tensor parallelism (not served there yet)."""
     load = partial(load_to_host, cfg, config.max_lora_rank, dtype)
     host = HostCache(load, config.max_cpu_loras)
-    intake = LoraIntake(
-        config.lora, host, DeviceSlots(config.max_loras, device), config.lora_load_bytes_per_token
-    )
+    stack = ResidentStack(cfg, config.max_loras, dtype, device)
+    intake = LoraIntake(config.lora, host, stack, config.max_loras, config.lora_load_bytes_per_token)
     if config.tensor_parallel_size > 1:
         intake.refuse_all = "LoRA adapters are not served with tensor_parallel_size > 1 yet"
     intake.preload(load)

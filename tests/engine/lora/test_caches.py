@@ -11,6 +11,7 @@ from engine.lora.adapter import LoraAdapter
 from engine.lora.cache import DeviceSlots
 from engine.lora.host_cache import Key
 from engine.lora.intake import load_to_host
+from engine.lora.resident import ResidentStack
 from engine.request import RequestMeta
 from tests.engine.lora.adapters import Adapted, build
 from tests.engine.lora.runtime import run_checked
@@ -62,9 +63,7 @@ def test_device_slots_evict_the_least_recently_used_unpinned_adapter(adapted: Ad
     def put(slot: int, adapter: LoraAdapter) -> None:
         events.append((f"put {adapter.name}", slot))
 
-    slots = DeviceSlots(
-        2, torch.device("cpu"), on_put=put, on_drop=lambda slot: events.append(("drop", slot))
-    )
+    slots = DeviceSlots(2, on_put=put, on_drop=lambda slot: events.append(("drop", slot)))
     a, b, c = (key(adapted, name) for name in NAMES)
     assert slots.acquire(a, host["a"], ()) == 0 and slots.acquire(b, host["b"], ()) == 1
     assert slots.acquire(a, host["a"], ()) == 0  # a is now the most recently used
@@ -140,3 +139,24 @@ def test_an_adapter_stays_in_its_slot_while_a_forward_using_it_is_in_flight(adap
     assert "second" not in {r.request_id for r in llm_engine.scheduler.running}
     out = run_checked(llm_engine)
     assert len(out.tokens["second"]) == 6 and llm_engine.lora.slots.keys == [key(adapted, "b")]
+
+
+def test_the_slot_stacks_grow_to_a_larger_rank_and_keep_every_resident_adapter(adapted: Adapted) -> None:
+    llm_engine = engine(adapted)
+    cfg, dtype = llm_engine.loaded.config, llm_engine.loaded.dtype
+    host = {name: load_to_host(cfg, 64, dtype, *key(adapted, name)) for name in NAMES}  # ranks 4, 8, 2
+    resident = ResidentStack(cfg, 3, dtype, torch.device("cpu"))
+    resident.put(0, host["a"])
+    first = resident.stack
+    assert first is not None and first.max_rank == 4
+    resident.put(1, host["c"])  # rank 2 fits: the same stack
+    assert resident.stack is first and resident.rebuilds == 1
+    resident.put(2, host["b"])  # rank 8: a new stack, a and c copied in again
+    grown = resident.stack
+    assert grown is not first and grown is not None and grown.max_rank == 8 and resident.rebuilds == 2
+    assert grown.resident == ["a", "c", "b"]
+    a_q, _ = host["a"].weights[0, "q_proj"]
+    assert torch.equal(grown.modules[0, "q_proj"].a[0, :4], a_q)
+    assert first.resident == ["a", "c", None]  # the old stack, which a step in flight may hold, is untouched
+    resident.drop(0)
+    assert grown.resident == [None, "c", "b"] and float(grown.scales[0]) == 0.0
