@@ -7,13 +7,17 @@ multiply that work by eight. The stack therefore starts at the first adapter's r
 one is put, is rebuilt at that rank with every resident adapter copied in again. A rebuild makes a new
 stack object: a step already built keeps the one it was built with (engine/model_runner.py), so a forward
 in flight never sees the copy. r_max does not shrink when the largest adapter leaves.
+
+The stacks are allocated when adapters arrive, long after the KV cache took its share of device memory,
+so the KV budget leaves room for them up front: `stack_bytes` at `max_loras` slots and `max_lora_rank`
+(engine/kv_budget.py). During a rebuild the old stack lives until the steps holding it end.
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.lora.adapter import LoraAdapter
+from engine.lora.adapter import ATTENTION_MODULES, MLP_MODULES, LoraAdapter, module_shape
 from engine.lora.stack import LoraStack
 from engine.models.config import ModelConfig
 
@@ -45,3 +49,12 @@ class ResidentStack:
         self._resident.pop(slot, None)
         if self.stack is not None:
             self.stack.drop(slot)
+
+
+def stack_bytes(cfg: ModelConfig, slots: int, rank: int, dtype: torch.dtype) -> int:
+    """Bytes of the slot stacks at r_max = `rank`: A and B of every projection an adapter may target."""
+    per_rank = 0
+    for layer in range(cfg.num_layers):
+        targets = ATTENTION_MODULES + (() if cfg.is_sparse(layer) else MLP_MODULES)
+        per_rank += sum(sum(module_shape(cfg, module)) for module in targets)
+    return slots * rank * per_rank * torch.empty(0, dtype=dtype).element_size()

@@ -11,7 +11,8 @@ from engine.lora.adapter import LoraAdapter
 from engine.lora.cache import DeviceSlots
 from engine.lora.host_cache import Key
 from engine.lora.intake import load_to_host
-from engine.lora.resident import ResidentStack
+from engine.lora.resident import ResidentStack, stack_bytes
+from engine.lora.stack import LoraStack
 from engine.request import RequestMeta
 from tests.engine.lora.adapters import Adapted, build
 from tests.engine.lora.runtime import run_checked
@@ -160,3 +161,10 @@ def test_the_slot_stacks_grow_to_a_larger_rank_and_keep_every_resident_adapter(a
     assert first.resident == ["a", "c", None]  # the old stack, which a step in flight may hold, is untouched
     resident.drop(0)
     assert grown.resident == [None, "c", "b"] and float(grown.scales[0]) == 0.0
+
+
+def test_the_kv_budget_reserves_exactly_the_largest_slot_stacks(adapted: Adapted) -> None:
+    cfg = engine(adapted).loaded.config
+    stack = LoraStack(cfg, 3, 16, torch.float32, torch.device("cpu"))
+    allocated = sum(m.a.nbytes + m.b.nbytes for m in stack.modules.values())
+    assert stack_bytes(cfg, 3, 16, torch.float32) == allocated > 0
