@@ -15,7 +15,7 @@ from engine.lora.resident import ResidentStack, stack_bytes
 from engine.lora.stack import LoraStack
 from engine.request import RequestMeta
 from tests.engine.lora.adapters import Adapted, build
-from tests.engine.lora.runtime import run_checked
+from tests.engine.lora.runtime import gate, run_checked
 
 PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 NAMES = ("a", "b", "c")
@@ -168,3 +168,24 @@ def test_the_kv_budget_reserves_exactly_the_largest_slot_stacks(adapted: Adapted
     stack = LoraStack(cfg, 3, 16, torch.float32, torch.device("cpu"))
     allocated = sum(m.a.nbytes + m.b.nbytes for m in stack.modules.values())
     assert stack_bytes(cfg, 3, 16, torch.float32) == allocated > 0
+
+
+def test_a_tenant_naming_many_new_adapters_loads_them_in_turn_and_cannot_hold_back_another(
+    adapted: Adapted,
+) -> None:
+    llm_engine = engine(adapted)
+    loader = gate(llm_engine)  # loads are held open until the test says
+    host = llm_engine.lora.host
+
+    def named(name: str, tenant: str) -> RequestMeta:
+        return RequestMeta(tenant_id=tenant, lora=name, lora_path=str(adapted.adapters[name]))
+
+    llm_engine.add_request("flood-a", [1, 2, 3], PARAMS, named("a", "flood"))
+    llm_engine.add_request("flood-b", [1, 2, 3], PARAMS, named("b", "flood"))
+    assert host.loading(key(adapted, "a")) and not host.loading(key(adapted, "b"))  # b waits its turn
+    llm_engine.add_request("other-c", [1, 2, 3], PARAMS, named("c", "other"))
+    assert host.loading(key(adapted, "c"))  # another tenant's load starts at once beside it
+    loader.gate.set()
+    out = run_checked(llm_engine)
+    assert sorted(out.tokens) == ["flood-a", "flood-b", "other-c"] and not out.refused
+    assert sorted(loader.calls) == ["a", "b", "c"]
