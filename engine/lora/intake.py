@@ -11,8 +11,9 @@ that key (InvalidRequestError, field `model`, which the gateway turns into a 400
 new request naming it (the host cache remembers the failure).
 
 Device slots (engine/lora/cache.py): the scheduler asks `admissible` before admitting an adapted request;
-the adapter takes a slot then, evicting the least recently used adapter no running request uses. With
-every slot pinned the request stays queued this step (admission stops, as it does when KV blocks run out).
+the adapter takes a slot then, evicting the least recently used adapter that no running request uses and
+no step still in flight reads (`note_in_flight`). With every slot pinned the request stays queued this
+step (admission stops, as it does when KV blocks run out).
 
 Loads are taken in turn across tenants: a tenant has at most LOADS_PER_TENANT under way, its other new
 adapters wait (parked) until one lands, so a tenant that names many new adapters cannot hold every load
