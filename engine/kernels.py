@@ -2,7 +2,7 @@
 
 One table per backend name (`attention_backend`, resolved by `engine.attention.resolve_backend`:
 Triton on CUDA, torch elsewhere). The name travels in `AttentionMetadata.backend`, so the attention
-call and every model layer (norms, rotary, gated activation, routed experts) read the same choice;
+call and every model layer (norms, rotary, gated activation, routed experts, LoRA deltas) read the same choice;
 nothing else in the engine decides between a kernel and its twin.
 """
 
@@ -20,6 +20,7 @@ from fairserve_kernels.layer_reference import (
     rms_norm_ref,
     rotary_embedding_ref,
 )
+from fairserve_kernels.lora_reference import lora_expand_ref, lora_shrink_ref
 from fairserve_kernels.moe_reference import fused_moe_ref
 from fairserve_kernels.reference import paged_attention_ref, store_kv_ref
 
@@ -31,6 +32,8 @@ AddNormFn = Callable[[Tensor, Tensor, Tensor, float, bool], tuple[Tensor, Tensor
 RotaryFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 ActFn = Callable[[Tensor, str], Tensor]
 MoeFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+ShrinkFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int], Tensor]
+ExpandFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,8 @@ class Kernels:
     rotary_embedding: RotaryFn
     act_and_mul: ActFn
     fused_moe: MoeFn
+    lora_shrink: ShrinkFn
+    lora_expand: ExpandFn
 
 
 TORCH = Kernels(
@@ -54,6 +59,8 @@ TORCH = Kernels(
     rotary_embedding=rotary_embedding_ref,
     act_and_mul=act_and_mul_ref,
     fused_moe=fused_moe_ref,
+    lora_shrink=lora_shrink_ref,
+    lora_expand=lora_expand_ref,
 )
 
 
@@ -64,6 +71,7 @@ def _triton() -> Kernels:
     from fairserve_kernels import (
         triton_activation,
         triton_attention,
+        triton_lora,
         triton_moe,
         triton_norm,
         triton_rotary,
@@ -78,6 +86,8 @@ def _triton() -> Kernels:
         rotary_embedding=triton_rotary.rotary_embedding,
         act_and_mul=triton_activation.act_and_mul,
         fused_moe=triton_moe.fused_moe,
+        lora_shrink=triton_lora.sgmv_shrink,
+        lora_expand=triton_lora.sgmv_expand,
     )
 
 

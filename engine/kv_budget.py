@@ -11,6 +11,7 @@ import engine.decode_graphs as decode_graphs
 from engine.config import EngineConfig
 from engine.decode_graphs import GraphPlan, logits_forward, uses_graphs
 from engine.loader import LoadedModel
+from engine.lora.resident import stack_bytes
 from engine.model_runner import has_window_pool, kv_block_bytes
 
 
@@ -27,8 +28,8 @@ def graph_plan(
 def blocks_from_memory(
     config: EngineConfig, loaded: LoadedModel, max_model_len: int, graphs: GraphPlan | None
 ) -> int:
-    """Blocks that fit the budget: `kv_fraction` of free memory, less the graphs' bytes, at most what every
-    seat filled to the full context would hold."""
+    """Blocks that fit the budget: `kv_fraction` of free memory, less the graphs' bytes and the LoRA slot
+    stacks' largest size, at most what every seat filled to the full context would hold."""
     mc, device = loaded.config, torch.device(config.device)
     per_block = kv_block_bytes(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, loaded.dtype)
     if device.type == "cuda":
@@ -36,6 +37,8 @@ def blocks_from_memory(
         budget = int(free * config.kv_fraction())
     else:
         budget = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * config.kv_fraction())
+    if config.tensor_parallel_size == 1:  # LoRA slot stacks, at their largest (engine/lora/resident.py)
+        budget -= stack_bytes(mc, config.max_loras, config.max_lora_rank, loaded.dtype)
     if graphs is not None:
         shape = (1, config.block_size, mc.num_kv_heads, mc.head_dim)
         windowed = not config.enable_prefix_caching and has_window_pool(loaded.model, mc.num_layers)

@@ -287,7 +287,8 @@ class LLMEngine:
 
     def cancel_task(self, task_id: str, reason: str = "cancelled") -> list[str]:
         """Abort every live request of a task."""
-        ids = [r.request_id for r in self.scheduler.requests.values() if r.meta.task_id == task_id]
+        live = [*self.scheduler.requests.values(), *self.lora.parked()]
+        ids = [r.request_id for r in live if r.meta.task_id == task_id]
         return [i for i in ids if self.abort_request(i, reason)]
 
     def has_unfinished(self) -> bool:
@@ -307,6 +308,7 @@ class LLMEngine:
                     self._streams.pop(member.request_id, None)
         for request_id, _ in refused:
             self._streams.pop(request_id, None)
+            self.lora.forget(request_id)  # (a grammar refused after its adapter loaded held the adapter)
         return refused
 
     def live_request(self, request_id: str) -> RequestInfo | None:
@@ -344,6 +346,7 @@ class LLMEngine:
         scheduled = self.scheduler.schedule(t0)
         p1 = perf_counter()
         ran = self.executor.execute(scheduled, t0)  # this step; with async scheduling, the one before
+        self.lora.note_in_flight(scheduled.chunks if self.executor.in_flight else [])
         self.fail_requests(ran.failures, ran.ended)
         self.grammar.charge(self.policy, self.scheduler.requests)
         self.note_ran(ran.out, ran.started, ran.ended)

@@ -17,9 +17,9 @@ from engine.attention import AttentionMetadata, KVCache
 from engine.decode_graphs import DecodeGraphs
 from engine.grammar.masks import GrammarMasks
 from engine.input_batch import BlockTableRows
-from engine.lora.adapter import LoraAdapter
-from engine.lora.batch import device_batch, host_groups
+from engine.lora.batch import LoraSegments, device_batch, host_groups
 from engine.lora.intake import LoraIntake
+from engine.lora.stack import LoraStack
 from engine.models.config import ModelConfig
 from engine.models.protocol import CausalLM
 from engine.parallel.steps import DROP_SWAPPED, SWAP_IN, SWAP_OUT, StepPeers
@@ -65,9 +65,11 @@ class HostBatch:
     placeholders: bool  # some ids are still in flight (async scheduling): -(1 + row of the previous samples)
     window_slots: torch.Tensor | None = None  # the sliding-window group's layout (engine/window_cache.py)
     window_table: torch.Tensor | None = None
-    # LoRA (engine/lora/): (adapter, token rows) per adapter the step uses; None when no row has one. The
-    # adapters are those their slots held when the step was scheduled (a later step may reassign a slot).
-    lora_groups: list[tuple[LoraAdapter, torch.Tensor]] | None = None
+    # LoRA (engine/lora/batch.py): the adapted rows as sorted segments per slot; None when no row has one.
+    lora_groups: LoraSegments | None = None
+    # The slot stacks those segments index, as they were when the step was built (a later step may grow
+    # them into a new stack: engine/lora/resident.py).
+    lora_stack: LoraStack | None = None
 
 
 @dataclass
@@ -158,17 +160,17 @@ class ModelRunner:
             batch.window_slots, batch.window_table = self._window_layout(out, batch, self.windows)
         if self.lora is not None and self.lora.slots.in_use:
             batch.lora_groups = self._lora_groups(out, self.lora)
+            batch.lora_stack = self.lora.stack.stack
         return batch
 
     @staticmethod
-    def _lora_groups(out: SchedulerOutput, lora: LoraIntake) -> list[tuple[LoraAdapter, torch.Tensor]] | None:
-        """Each adapter's token rows in the step (a running request's adapter is pinned in its slot)."""
+    def _lora_groups(out: SchedulerOutput, lora: LoraIntake) -> LoraSegments | None:
+        """The step's adapted rows as segments per device slot (a running request's adapter is pinned in its
+        slot, engine/lora/cache.py)."""
         slots = [lora.slot(c.request) for c in out.chunks]
         if all(slot is None for slot in slots):
             return None
-        held = lora.slots.adapters
-        groups = host_groups(slots, [c.length for c in out.chunks])
-        return [(adapter, rows) for slot, rows in groups if (adapter := held[slot]) is not None]
+        return host_groups(slots, [c.length for c in out.chunks])
 
     def _window_layout(
         self, out: SchedulerOutput, batch: HostBatch, windows: WindowBlocks
@@ -285,8 +287,8 @@ class ModelRunner:
             meta.window_group = replace(
                 meta, slot_mapping=batch.window_slots.to(dev), block_tables=batch.window_table.to(dev)
             )
-        if batch.lora_groups is not None:
-            meta.lora = device_batch(batch.lora_groups, dev)
+        if batch.lora_groups is not None and batch.lora_stack is not None:
+            meta.lora = device_batch(batch.lora_stack, batch.lora_groups, dev)
         return ids, batch.positions.to(dev), meta
 
     def _input_ids(self, batch: HostBatch) -> torch.Tensor:

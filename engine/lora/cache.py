@@ -6,18 +6,18 @@ while any request using it runs. The scheduler asks `acquire` before it admits a
 slot, or evicts the least recently used adapter that no running request uses (the caller passes those,
 `pinned`). With every slot pinned the request is not admitted this step and holds nothing.
 
-`on_put(slot, adapter)` and `on_drop(slot)` tell a consumer of the slots (a stacked-weights buffer for a
-batched kernel) that a slot now holds an adapter or was freed; a slot that changes adapter is dropped,
-then put. Both run on the engine loop, inside scheduling, so a copy into device memory they issue is
-ordered after the forward in flight on the same stream.
+`on_put(slot, adapter)` and `on_drop(slot)` tell the slots' stacked weights (engine/lora/resident.py,
+what the SGMV kernels read) that a slot now holds an adapter or was freed; a slot that changes adapter is
+dropped, then put. Both run on the engine loop, inside scheduling, while with async scheduling the step
+before may still be computing on its thread: that is why an adapter a step in flight reads is pinned too
+(engine/lora/intake.py `note_in_flight`), so the copy never lands in a slot a running forward reads.
+The adapters kept here are the host copies; the device copy is the stack's.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Collection
-
-import torch
 
 from engine.lora.adapter import LoraAdapter
 from engine.lora.host_cache import Key
@@ -26,26 +26,11 @@ SlotPut = Callable[[int, LoraAdapter], None]
 SlotDrop = Callable[[int], None]
 
 
-def on_device(adapter: LoraAdapter, device: torch.device) -> LoraAdapter:
-    """The adapter with its weights on `device` (the same tensors when they already are)."""
-    weights = {key: (a.to(device), b.to(device)) for key, (a, b) in adapter.weights.items()}
-    return LoraAdapter(
-        adapter.name, adapter.rank, adapter.scale, weights, adapter.service_scale, adapter.load_bytes
-    )
-
-
 class DeviceSlots:
     """Which adapter each of `capacity` slots holds, in use order."""
 
-    def __init__(
-        self,
-        capacity: int,
-        device: torch.device,
-        on_put: SlotPut | None = None,
-        on_drop: SlotDrop | None = None,
-    ) -> None:
-        self.device = device
-        self.adapters: list[LoraAdapter | None] = [None] * capacity  # by slot, weights on the device
+    def __init__(self, capacity: int, on_put: SlotPut | None = None, on_drop: SlotDrop | None = None) -> None:
+        self.adapters: list[LoraAdapter | None] = [None] * capacity  # by slot (host copies)
         self.on_put, self.on_drop = on_put, on_drop
         self._slots: OrderedDict[Key, int] = OrderedDict()  # least recently used first
         self.evictions = 0
@@ -71,10 +56,10 @@ class DeviceSlots:
             self.evictions += 1
             if self.on_drop is not None:
                 self.on_drop(slot)
-        placed = self.adapters[slot] = on_device(adapter, self.device)
+        self.adapters[slot] = adapter
         self._slots[key] = slot
         if self.on_put is not None:
-            self.on_put(slot, placed)
+            self.on_put(slot, adapter)
         return slot
 
     @property

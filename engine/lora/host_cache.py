@@ -71,13 +71,15 @@ class HostCache:
         """Remember a failed load of `key`."""
         self._failed[key] = (error, self._clock())
 
-    def start(self, key: Key, in_use: Collection[Key]) -> bool:
-        """Begin loading `key` on a worker thread, evicting the least recently used entry outside `in_use`
-        if the cache is full; False (nothing started) while every entry is in use or loading."""
+    def start(self, key: Key, in_use: Callable[[], Collection[Key]]) -> bool:
+        """Begin loading `key` on a worker thread, evicting the least recently used entry outside `in_use()`
+        (asked only when the cache is full) if need be; False (nothing started) while every entry is in use
+        or loading."""
         if key in self._loading:
             return True
         if len(self._entries) + len(self._loading) >= self.capacity:
-            victim = next((k for k in self._entries if k not in in_use), None)
+            used = in_use()
+            victim = next((k for k in self._entries if k not in used), None)
             if victim is None:
                 return False
             del self._entries[victim]

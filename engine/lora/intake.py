@@ -11,8 +11,13 @@ that key (InvalidRequestError, field `model`, which the gateway turns into a 400
 new request naming it (the host cache remembers the failure).
 
 Device slots (engine/lora/cache.py): the scheduler asks `admissible` before admitting an adapted request;
-the adapter takes a slot then, evicting the least recently used adapter no running request uses. With
-every slot pinned the request stays queued this step (admission stops, as it does when KV blocks run out).
+the adapter takes a slot then, evicting the least recently used adapter that no running request uses and
+no step still in flight reads (`note_in_flight`). With every slot pinned the request stays queued this
+step (admission stops, as it does when KV blocks run out).
+
+Loads are taken in turn across tenants: a tenant has at most LOADS_PER_TENANT under way, its other new
+adapters wait (parked) until one lands, so a tenant that names many new adapters cannot hold every load
+thread while another tenant's single adapter waits.
 
 Host entries used by a live request are never evicted: each live request's key is held until the engine
 forgets it (`forget`), so a queued request always finds its weights when it is admitted.
@@ -26,6 +31,7 @@ is charged the adapter's rank-aware factor (engine/lora/cost.py), set on the req
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from functools import partial
 
@@ -36,29 +42,44 @@ from engine.lora.adapter import AdapterError, LoraAdapter, load_adapter
 from engine.lora.cache import DeviceSlots
 from engine.lora.cost import service_scale
 from engine.lora.host_cache import HostCache, Key, Loader
+from engine.lora.resident import ResidentStack
 from engine.models.config import ModelConfig
 from engine.request import InvalidRequestError, Request, RequestMeta
+from engine.scheduler_output import ScheduledChunk
 from fairness.base import SchedulingPolicy
 
 log = logging.getLogger(__name__)
+
+# Loads one tenant may have under way at once: a tenant naming many new adapters queues its own loads
+# behind each other instead of filling every load thread (engine/lora/host_cache.py) ahead of others.
+LOADS_PER_TENANT = 1
 
 
 class LoraIntake:
     """Adapted requests between `add_request` and the scheduler; the host cache and the device slots."""
 
     def __init__(
-        self, startup: Mapping[str, str], host: HostCache, slots: DeviceSlots, bytes_per_token: int
+        self,
+        startup: Mapping[str, str],
+        host: HostCache,
+        stack: ResidentStack,
+        max_loras: int,
+        bytes_per_token: int,
     ) -> None:
         self.startup = dict(startup)  # `--lora` name -> directory: a request without lora_path uses these
         self.host = host
-        self.slots = slots
+        self.stack = stack  # the slots' weights on the device, filled through the slots' hooks
+        self.slots = DeviceSlots(max_loras, on_put=stack.put, on_drop=stack.drop)
         self.bytes_per_token = bytes_per_token
         self.refuse_all: str | None = None  # set: every adapted request is refused with it (e.g. TP > 1)
         self.loaded_any = False  # some adapter has loaded: requests may carry a service_scale
         self._parked: dict[str, tuple[Request, list[Request], Key]] = {}  # id -> (request, members, key)
+        self._by_key: dict[Key, list[str]] = {}  # key -> its parked requests, keys in order of first arrival
         self._payers: dict[Key, Request] = {}  # key -> the request whose arrival started its load
+        self._loads: Counter[str] = Counter()  # tenant -> its loads under way
         self._holders: dict[str, Key] = {}  # live request (or choice) id -> the adapter it runs under
         self._refused: list[tuple[Request, InvalidRequestError]] = []
+        self._in_flight: set[Key] = set()  # adapters of the step whose forward still runs (async scheduling)
 
     def preload(self, load: Loader) -> None:
         """Load the `--lora` entries now, on the caller's thread (engine start), as far as the host cache
@@ -104,9 +125,21 @@ class LoraIntake:
         if error is not None:
             raise InvalidRequestError(error, "model")
         self._parked[request.request_id] = (request, list(members), key)
-        if not self.host.loading(key) and self.host.start(key, self._in_use()):
-            self._payers[key] = request
+        self._by_key.setdefault(key, []).append(request.request_id)
+        self._start(key, request)
         return True
+
+    def _start(self, key: Key, request: Request) -> None:
+        """Start loading `key` for `request` unless it is loading, its tenant has a load under way already
+        (LOADS_PER_TENANT), or the host cache has no room; `admit` tries again at each step."""
+        if self.host.loading(key):
+            return
+        tenant = request.meta.tenant_id
+        if self._loads[tenant] >= LOADS_PER_TENANT:
+            return
+        if self.host.start(key, self.in_use):
+            self._payers[key] = request
+            self._loads[tenant] += 1
 
     @property
     def waiting(self) -> int:
@@ -115,27 +148,29 @@ class LoraIntake:
 
     def admit(self, policy: SchedulingPolicy[Request]) -> list[Request]:
         """The parked requests whose adapter has loaded, to be queued now; refuses those whose load failed,
-        charges each finished load to its payer, and starts the loads that waited for room."""
-        if not self._parked and not self._payers:
+        charges each finished load to its payer, and starts the loads that waited (for room or their turn).
+        Its work grows with the loads that landed and the keys still waiting, not with parked requests."""
+        if not self._by_key and not self._payers:
             return []
+        admitted = []
         for key, adapter, error in self.host.poll():
             payer = self._payers.pop(key, None)
+            if payer is not None:
+                self._loads[payer.meta.tenant_id] -= 1
             if adapter is None:
                 log.error("LoRA %s", error)
                 self._refuse(key, error)
-            else:
-                self.loaded_any = True
-                if payer is not None:
-                    self._charge_load(policy, payer, adapter)
-        admitted = []
-        for request_id, (request, members, key) in list(self._parked.items()):
-            adapter = self.host.get(key)
-            if adapter is not None:
-                del self._parked[request_id]
+                continue
+            self.loaded_any = True
+            if payer is not None:
+                self._charge_load(policy, payer, adapter)
+            for request_id in self._by_key.pop(key, []):
+                request, members, _ = self._parked.pop(request_id)
                 self._attach(members, key, adapter)
                 admitted.append(request)
-            elif not self.host.loading(key) and self.host.start(key, self._in_use()):
-                self._payers[key] = request
+        for key, waiting in self._by_key.items():
+            if not self.host.loading(key):
+                self._start(key, self._parked[waiting[0]][0])
         return admitted
 
     def _charge_load(self, policy: SchedulingPolicy[Request], payer: Request, adapter: LoraAdapter) -> None:
@@ -145,10 +180,9 @@ class LoraIntake:
         payer.charged_service += policy.charge(payer, tokens, 0, 0)
 
     def _refuse(self, key: Key, error: str) -> None:
-        for request_id, (request, _, parked) in list(self._parked.items()):
-            if parked == key:
-                del self._parked[request_id]
-                self._refused.append((request, InvalidRequestError(error, "model")))
+        for request_id in self._by_key.pop(key, []):
+            request, _, _ = self._parked.pop(request_id)
+            self._refused.append((request, InvalidRequestError(error, "model")))
 
     def refuse(self, request: Request, error: InvalidRequestError) -> None:
         """Refuse a released request after all (the engine found its grammar failed): it holds nothing."""
@@ -160,20 +194,29 @@ class LoraIntake:
             member.service_scale = adapter.service_scale
             self._holders[member.request_id] = key
 
-    def _in_use(self) -> set[Key]:
+    def in_use(self) -> set[Key]:
         """Host entries a live request holds (never evicted)."""
         return set(self._holders.values())
 
     def admissible(self, running: Sequence[Request], request: Request) -> bool:
         """Whether `request` may be admitted now: no adapter, or its adapter holds a device slot (taken now
-        if need be, evicting the least recently used adapter no `running` request uses)."""
+        if need be, evicting the least recently used adapter that no `running` request and no step in
+        flight uses: a forward still running reads its slots)."""
         key = self._holders.get(request.request_id)
         if key is None:
             return True
         pinned: set[Key] = set()
         if self.slots.slot(key) is None:
             pinned = {held for r in running if (held := self._holders.get(r.request_id)) is not None}
+            pinned |= self._in_flight
         return self.slots.acquire(key, self._weights(key), pinned) is not None
+
+    def note_in_flight(self, chunks: Sequence[ScheduledChunk]) -> None:
+        """The step whose forward is still running after `execute` returned (none without async scheduling):
+        its adapters stay in their slots until it lands, even if their requests end or are preempted."""
+        if self._in_flight or (chunks and self.slots.in_use):
+            keys = (self._holders.get(c.request.request_id) for c in chunks)
+            self._in_flight = {key for key in keys if key is not None}
 
     def _weights(self, key: Key) -> LoraAdapter:
         adapter = self.host.get(key)
@@ -188,7 +231,17 @@ class LoraIntake:
     def release(self, request_id: str) -> Request | None:
         """Take a parked request out (it was aborted), or None if it is not parked."""
         parked = self._parked.pop(request_id, None)
-        return None if parked is None else parked[0]
+        if parked is None:
+            return None
+        waiting = self._by_key[parked[2]]
+        waiting.remove(request_id)
+        if not waiting:
+            del self._by_key[parked[2]]
+        return parked[0]
+
+    def parked(self) -> list[Request]:
+        """The requests waiting for their adapter."""
+        return [request for request, _, _ in self._parked.values()]
 
     def take_refused(self) -> list[tuple[Request, InvalidRequestError]]:
         """Requests refused since the last call, mostly because their adapter failed to load."""
@@ -219,9 +272,8 @@ def build_intake(
     tensor parallelism (not served there yet)."""
     load = partial(load_to_host, cfg, config.max_lora_rank, dtype)
     host = HostCache(load, config.max_cpu_loras)
-    intake = LoraIntake(
-        config.lora, host, DeviceSlots(config.max_loras, device), config.lora_load_bytes_per_token
-    )
+    stack = ResidentStack(cfg, config.max_loras, dtype, device)
+    intake = LoraIntake(config.lora, host, stack, config.max_loras, config.lora_load_bytes_per_token)
     if config.tensor_parallel_size > 1:
         intake.refuse_all = "LoRA adapters are not served with tensor_parallel_size > 1 yet"
     intake.preload(load)

@@ -110,7 +110,7 @@ class LlamaAttention(nn.Module):
         heads = self.num_heads + self.num_kv_heads
         qkv = self.qkv_proj(x)
         if meta.lora is not None:
-            add_lora(qkv, x, meta.lora, self.layer_idx, self.qkv_slices)
+            add_lora(qkv, x, meta.lora, self.layer_idx, self.qkv_slices, ops)
         qkv = qkv.view(-1, heads + self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             qk = torch.cat(
@@ -142,7 +142,7 @@ class LlamaAttention(nn.Module):
         attended = out.reshape(-1, self.q_size)
         projected: torch.Tensor = self.o_proj(attended)
         if meta.lora is not None:
-            add_lora(projected, attended, meta.lora, self.layer_idx, self.o_slices)
+            add_lora(projected, attended, meta.lora, self.layer_idx, self.o_slices, ops)
         return projected
 
     def weight_targets(self, prefix: str) -> WeightTargets:
@@ -188,10 +188,10 @@ class LlamaMLP(nn.Module):
         """`forward` with the step's LoRA deltas added to gate/up and down (engine/lora/apply.py)."""
         inter, hidden = self.intermediate_size, self.down_proj.out_features
         gate_up = self.gate_up_proj(x)
-        add_lora(gate_up, x, lora, layer, (("gate_proj", 0, inter), ("up_proj", inter, inter)))
+        add_lora(gate_up, x, lora, layer, (("gate_proj", 0, inter), ("up_proj", inter, inter)), ops)
         act = ops.act_and_mul(gate_up, self.act)
         down: torch.Tensor = self.down_proj(act)
-        add_lora(down, act, lora, layer, (("down_proj", 0, hidden),))
+        add_lora(down, act, lora, layer, (("down_proj", 0, hidden),), ops)
         return down
 
     def weight_targets(self, prefix: str) -> WeightTargets:

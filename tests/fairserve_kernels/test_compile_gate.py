@@ -68,6 +68,10 @@ def test_every_value_the_launch_code_picks_is_compiled(gate: tuple[int, str, dic
     assert attention["USE_WINDOW"] == ["False", "True"] and attention["USE_SOFT_CAP"] == ["False", "True"]
     assert {"*bf16", "*fp16", "*fp32"} <= set(attention["dtype:query_ptr"])
     assert {"64", "80", "256"} <= set(attention["HEAD_DIM"])
+    # SGMV: decode and prefill row tiles, and each rank tile (16 up to the 64-wide loop), every dtype.
+    shrink = report["archs"]["sm_80"]["triton_lora._sgmv_shrink_kernel"]["values"]
+    assert shrink["BLOCK_M"] == ["16", "64"] and shrink["BLOCK_R"] == ["16", "32", "64"]
+    assert {"*bf16", "*fp16", "*fp32"} <= set(shrink["dtype:x_ptr"])
 
 
 def test_a_kernel_the_compiler_refuses_fails_the_gate(tmp_path: Path) -> None:
