@@ -12,12 +12,17 @@ are neither read nor written.
   seg_slots   [S] int                     each segment's slot
   h           [M, r_max] float32          shrink's output, row i for token rows[i]
   out         [num_tokens, width]         expand adds into columns col_start .. col_start + d_out
-`max_seg_len` (a host int, the longest segment) sizes the Triton grid; the twin ignores it.
+`max_seg_len` (a host int, the longest segment) sizes the Triton grid; the twin ignores it. The twin
+loops over the segments, or, when they are many and short (decode), gathers each row's slot weights
+and runs one batched matmul (`_row_slots`).
 """
 
 from __future__ import annotations
 
 import torch
+
+# The gathered path (below) copies each row's slot weights: [M, r_max, d] elements, bounded here.
+GATHER_LIMIT = 1 << 23
 
 
 def _segments(seg_starts: torch.Tensor, seg_slots: torch.Tensor) -> list[tuple[int, int, int]]:
@@ -26,6 +31,21 @@ def _segments(seg_starts: torch.Tensor, seg_slots: torch.Tensor) -> list[tuple[i
     return [
         (s, starts[i], starts[i + 1]) for i, s in enumerate(seg_slots.tolist()) if starts[i + 1] > starts[i]
     ]
+
+
+def _row_slots(
+    rows: torch.Tensor, seg_starts: torch.Tensor, seg_slots: torch.Tensor, width: int, r_max: int
+) -> torch.Tensor | None:
+    """Each row's slot when segments are short (decode: a row or a few per adapter) and the gathered
+    weights are small; None to loop over the segments instead (prefill: long runs of one slot).
+
+    With many short segments the loop's dozen small ops per segment dominate a step (64 adapters: most
+    of it); one gather of the rows' weights and a batched matmul do the same arithmetic in a few ops.
+    """
+    segments, num_rows = seg_slots.numel(), rows.numel()
+    if segments < 2 or num_rows > 4 * segments or num_rows * r_max * width > GATHER_LIMIT:
+        return None
+    return torch.repeat_interleave(seg_slots.long(), torch.diff(seg_starts.long()), output_size=num_rows)
 
 
 def lora_shrink_ref(
@@ -37,6 +57,10 @@ def lora_shrink_ref(
     max_seg_len: int,
 ) -> torch.Tensor:
     """h[i] = x[rows[i]] @ a[slot of i]^T in float32: each segment's rows through its slot's A."""
+    row_slots = _row_slots(rows, seg_starts, seg_slots, a.shape[2], a.shape[1])
+    if row_slots is not None:
+        picked = x.index_select(0, rows).float()
+        return torch.bmm(a.index_select(0, row_slots).float(), picked[:, :, None])[:, :, 0]
     h = torch.zeros(rows.numel(), a.shape[1], dtype=torch.float32, device=x.device)
     for slot, start, end in _segments(seg_starts, seg_slots):
         picked = x.index_select(0, rows[start:end])
@@ -59,9 +83,15 @@ def lora_expand_ref(
 
     The sum is taken in float32 and rounded once to out's dtype, as the kernel does.
     """
-    cols = slice(col_start, col_start + b.shape[1])
+    target = out[:, col_start : col_start + b.shape[1]]
+    row_slots = _row_slots(rows, seg_starts, seg_slots, b.shape[1], b.shape[2])
+    if row_slots is not None:
+        picked = rows.long()
+        weights = b.index_select(0, row_slots).float()
+        delta = torch.bmm(weights, h.to(b.dtype).float()[:, :, None])[:, :, 0] * scales[row_slots][:, None]
+        target.index_copy_(0, picked, (target.index_select(0, picked).float() + delta).to(out.dtype))
+        return
     for slot, start, end in _segments(seg_starts, seg_slots):
         picked = rows[start:end].long()
         delta = (h[start:end].to(b.dtype).float() @ b[slot].float().t()) * scales[slot]
-        target = out[:, cols]
         target.index_copy_(0, picked, (target.index_select(0, picked).float() + delta).to(out.dtype))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fairserve_kernels.checks import KernelInputError
-from fairserve_kernels.lora_reference import lora_expand_ref, lora_shrink_ref
+from fairserve_kernels.lora_reference import _row_slots, lora_expand_ref, lora_shrink_ref
 from fairserve_kernels.triton_lora import sgmv_expand, sgmv_shrink
 
 Segments = tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]
@@ -70,16 +70,19 @@ def test_shrink_then_expand_matches_the_twin(
     assert not torch.equal(got.cpu(), out)
 
 
-def test_the_twin_is_the_per_adapter_lora_delta() -> None:
+@pytest.mark.parametrize(
+    ("token_slots", "gathered"),
+    [([1, -1, 0, 1], True), ([1] * 10 + [-1] + [0] * 9, False)],  # decode-like: gathered; prefill: a loop
+)
+def test_the_twin_is_the_per_adapter_lora_delta(token_slots: list[int], gathered: bool) -> None:
     """The oracle itself against the plain formula y += scale * (x @ A^T) @ B^T, per token's own adapter."""
-    token_slots = [1, -1, 0, 1]
     a, b, scales = _stacks(2, 8, [3, 8], 16, 12)
-    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
-    out = torch.zeros(4, 12)
+    x = torch.randn(len(token_slots), 16, generator=torch.Generator().manual_seed(1))
+    out = torch.zeros(len(token_slots), 12)
     rows, starts, slots, longest = _segments(token_slots)
-    lora_expand_ref(
-        out, lora_shrink_ref(x, a, rows, starts, slots, longest), b, scales, rows, starts, slots, longest, 0
-    )
+    assert (_row_slots(rows, starts, slots, 16, 8) is not None) == gathered
+    h = lora_shrink_ref(x, a, rows, starts, slots, longest)
+    lora_expand_ref(out, h, b, scales, rows, starts, slots, longest, 0)
     for token, slot in enumerate(token_slots):
         want = torch.zeros(12) if slot < 0 else scales[slot] * (x[token] @ a[slot].t()) @ b[slot].t()
         torch.testing.assert_close(out[token], want, atol=1e-5, rtol=1e-5)

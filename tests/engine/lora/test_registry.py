@@ -9,7 +9,8 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.request import InvalidRequestError, RequestMeta
-from tests.engine.lora.adapters import Adapted, build
+from tests.engine.lora.adapters import ALL_MODULES, Adapted, build
+from tests.engine.lora.test_adapted_parity import greedy, merged, prompts
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +50,20 @@ def test_prefix_cache_is_not_shared_across_adapters(adapted: Adapted) -> None:
     assert base.cached_tokens == 0  # the adapter's blocks were not reused for the base model
     assert base.token_ids == base_alone.token_ids
     assert again.cached_tokens > 0 and again.token_ids == first.token_ids  # but the adapter's own were
+
+
+def test_adapters_of_different_ranks_share_one_stack_padded_to_the_largest(tmp_path: Path) -> None:
+    """Rank 4 on every projection and rank 16 on q/v in one stack of r_max 16: each equals its merged model."""
+    mixed = build(
+        tmp_path, "llama", {"small": (4, ALL_MODULES, False), "large": (16, ["q_proj", "v_proj"], True)}
+    )
+    llm = LLM(
+        str(mixed.base), dtype="float32", lora={name: str(path) for name, path in mixed.adapters.items()}
+    )
+    items = prompts(2, seed=3)
+    together = greedy(llm, items + items, ["small", "small", "large", "large"])
+    assert together == merged(mixed.merged["small"], items) + merged(mixed.merged["large"], items)
+    assert llm.engine.lora is not None
+    stack = llm.engine.lora.stack.stack
+    assert stack is not None and stack.max_rank == 16
+    assert sorted(name for name in stack.resident if name) == ["large", "small"]
