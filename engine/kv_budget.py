@@ -37,7 +37,10 @@ def blocks_from_memory(
         budget = int(free * config.kv_fraction())
     else:
         budget = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * config.kv_fraction())
-    if config.tensor_parallel_size == 1:  # LoRA slot stacks, at their largest (engine/lora/resident.py)
+    if device.type == "cuda" and config.tensor_parallel_size == 1:
+        # LoRA slot stacks at their largest (engine/lora/resident.py). On CPU they come out of the RAM that
+        # kv_fraction leaves, as the rest of the host's allocations do: reserving them there took the whole
+        # budget of a small-RAM configuration from engines that never see an adapter.
         budget -= stack_bytes(mc, config.max_loras, config.max_lora_rank, loaded.dtype)
     if graphs is not None:
         shape = (1, config.block_size, mc.num_kv_heads, mc.head_dim)

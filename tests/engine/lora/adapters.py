@@ -4,21 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import peft
 import torch
 import transformers
 
 from engine.byte_tokenizer import write_byte_tokenizer
-from tests.engine.test_engine_parity import COMMON  # the parity tests' tiny config, shared
+from tests.engine.test_engine_parity import ARCHITECTURES, COMMON  # the parity tests' tiny configs, shared
 
-CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "llama": ("LlamaConfig", {}),
-    "qwen3": ("Qwen3Config", {"head_dim": 16}),
-    "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": 12, "sliding_window_pattern": 2}),
-}
+CONFIGS = ARCHITECTURES  # every architecture of the model table
 ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ATTENTION_MODULES = ALL_MODULES[:4]  # what an adapter of a model with routed experts may target
 
 
 @dataclass

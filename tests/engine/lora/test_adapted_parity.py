@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.request import RequestMeta
-from tests.engine.lora.adapters import ALL_MODULES, Adapted, build
+from engine.request import InvalidRequestError, RequestMeta
+from tests.engine.lora.adapters import ALL_MODULES, ATTENTION_MODULES, CONFIGS, Adapted, build
 
 SPECS = {"a": (8, ALL_MODULES, False), "b": (8, ["q_proj", "v_proj", "down_proj"], True)}
+# Qwen3-MoE's MLPs are routed experts, which adapters do not target (engine/lora/adapter.py refuses them).
+MOE_SPECS = {"a": (8, ATTENTION_MODULES, False), "b": (8, ["q_proj", "v_proj"], True)}
 
 
 def prompts(n: int, seed: int) -> list[list[int]]:
@@ -25,9 +27,10 @@ def greedy(llm: LLM, items: list[list[int]], adapters: list[str | None], tokens:
     return [o.token_ids for o in llm.generate(items, [params] * len(items), metas)]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma3"])
+@pytest.fixture(scope="module", params=list(CONFIGS))
 def adapted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Adapted:
-    return build(tmp_path_factory.mktemp(request.param), request.param, SPECS)
+    specs = MOE_SPECS if request.param == "qwen3_moe" else SPECS
+    return build(tmp_path_factory.mktemp(request.param), request.param, specs)
 
 
 def serving(adapted: Adapted, **config: object) -> LLM:
@@ -59,3 +62,15 @@ def test_mixed_batch_gives_each_request_its_own_output(adapted: Adapted, schedul
     assert together == alone
     base = greedy(LLM(str(adapted.base), dtype="float32"), items, [None] * 6)
     assert [t for t, n in zip(together, names, strict=True) if n is None] == [base[1], base[4]]
+
+
+def test_an_adapter_on_routed_experts_is_refused_naming_the_module(tmp_path: Path) -> None:
+    """Adapters do not reach Qwen3-MoE's experts: one that targets their projections is refused at load, by
+    name, rather than served without them."""
+    built = build(tmp_path, "qwen3_moe", {"experts": (4, ["q_proj", "down_proj"], False)})
+    llm = LLM(str(built.base), dtype="float32", lora={"experts": str(built.adapters["experts"])})
+    with pytest.raises(
+        InvalidRequestError, match=r"mlp\.experts\..*targets no projection this engine adapts"
+    ) as refused:
+        greedy(llm, prompts(1, seed=2), ["experts"])
+    assert refused.value.field_name == "model"
