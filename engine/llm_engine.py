@@ -25,24 +25,18 @@ from typing import cast
 
 import torch
 
-from engine.async_scheduler import AsyncScheduler
 from engine.attention import resolve_backend
 from engine.config import EngineConfig
 from engine.counter_sync import CounterSync
-from engine.decode_graphs import logits_forward
 from engine.executor import InlineExecutor, Ran
 from engine.family import Family, make_family, with_families
-from engine.grammar.backend import Backend
-from engine.grammar.closing import Closers
-from engine.grammar.intake import GrammarIntake
-from engine.grammar.masks import GrammarMasks
 from engine.isolation import RequestFailures
 from engine.kv_budget import blocks_from_memory, graph_plan
 from engine.kv_cache import BlockPool
 from engine.limits import RequestLimits
 from engine.loader import LoadedModel, load_ranks
 from engine.lora.intake import build_intake
-from engine.model_runner import ModelRunner, kv_block_bytes
+from engine.model_runner import kv_block_bytes
 from engine.outputs import (
     EngineStats,
     OutputDelta,
@@ -53,7 +47,7 @@ from engine.outputs import (
     request_output,
 )
 from engine.overlap import OverlapExecutor
-from engine.parallel.group import head_shard
+from engine.parts import build_grammar, build_runner, build_scheduler, capture_graphs
 from engine.policy import build_policy
 from engine.recorder import EngineRecorder
 from engine.request import (
@@ -64,7 +58,7 @@ from engine.request import (
     RequestMeta,
     SamplingParams,
 )
-from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from engine.scheduler import SchedulerOutput
 from engine.swap import Swapper
 from engine.text_stream import TextStream, new_text, open_stream
 from engine.trace import IterationTrace
@@ -92,6 +86,7 @@ class LLMEngine:
             raise
 
     def _build(self, config: EngineConfig) -> None:
+        """Size the KV cache and build the parts (engine/parts.py) over the loaded model."""
         mc = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
         self.model_name = config.served_model_name or self.loaded.name
@@ -111,34 +106,9 @@ class LLMEngine:
             self.vocab_size, self.max_model_len, config.block_size, num_blocks, config.caps
         )
         self.policy = build_policy(config.fairness, self.pool)
-        sched_cfg = SchedulerConfig(
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            max_model_len=self.max_model_len,
-            watermark_blocks=config.watermark_blocks,
-            preemption_mode=config.preemption_mode,
-        )
-        # Async scheduling: step N+1 is scheduled while step N's forward runs.
-        overlaps = config.overlaps()
-        self.scheduler = (AsyncScheduler if overlaps else Scheduler)(sched_cfg, self.pool, self.policy)
-        world, peers = config.tensor_parallel_size, self.peers
-        self.runner = ModelRunner(
-            self.loaded.model,
-            mc.num_layers,
-            head_shard(mc.num_heads, mc.num_kv_heads, 0, world).kv_heads,  # this rank's share of the cache
-            mc.head_dim,
-            num_blocks,
-            config.block_size,
-            self.loaded.dtype,
-            self.device,
-            backend,
-            config.seed,
-            # Sliding layers free blocks behind their window only without prefix caching (engine/window_cache.py).
-            # Under tensor parallelism every layer stays in the BlockPool (no window pool to mirror on each rank).
-            window_seats=None
-            if config.enable_prefix_caching or peers is not None
-            else (config.max_num_seqs, config.max_num_batched_tokens),
-        )
+        self.scheduler = build_scheduler(config, self.pool, self.policy, self.max_model_len)
+        peers = self.peers
+        self.runner = build_runner(config, self.loaded, num_blocks, backend, self.device, peers)
         if peers is not None:
             peers.allocate(num_blocks, None if graphs is None else graphs.sizes, self.max_model_len)
             self.runner.peers = peers
@@ -146,23 +116,17 @@ class LLMEngine:
         self.lora = self.runner.lora = build_intake(config, mc, self.loaded.dtype, self.device)
         self.scheduler.admissible = partial(self.lora.admissible, self.scheduler.running)  # device slots
         self.scheduler.scaled_charges = self.lora.loaded_any
-        # Constrained decoding (engine/grammar/): compiles off this loop, masks beside the forward.
-        masks = self.runner.grammar = GrammarMasks(
-            mc.vocab_size,
-            self.runner.sampler.failures,
-            partial(Closers, self.tokenizer.token_bytes, mc.vocab_size, self.eos_token_ids),
-            self.max_model_len,
+        self.grammar = build_grammar(
+            config, self.tokenizer, mc.vocab_size, self.eos_token_ids, self.max_model_len, self.runner
         )
-        grammars = Backend(
-            self.tokenizer.to_json(), mc.vocab_size, sorted(self.eos_token_ids), config.grammar
-        )
-        self.grammar = GrammarIntake(grammars, config.grammar, masks)
         if graphs is not None:  # captured over the KV cache just allocated
-            self.runner.graphs = graphs.start(
-                logits_forward(self.loaded.model), self.runner.kv_caches, self.runner.windows is not None
-            )
-            if peers is not None and not peers.agree(self.runner.graphs is not None):
-                self.runner.graphs = None  # a rank failed to capture: every rank runs eagerly
+            capture_graphs(graphs, self.loaded, self.runner, peers)
+        self._build_step_state(config)
+
+    def _build_step_state(self, config: EngineConfig) -> None:
+        """What the steps keep beside the parts: streams, traces, failures, the executor and swapper,
+        tracing and the shared fair-share counters."""
+        mc = self.loaded.config
         self._streams: dict[str, TextStream] = {}
         # Set by the engine loop (engine/boundary/worker.py): its front detokenizes every request without stop strings,
         # off this loop, and such a request's outputs here carry token ids and no text.
@@ -177,7 +141,7 @@ class LLMEngine:
         self._failures = RequestFailures()  # detokenisation and stop checks; the sampler keeps its own
         self._families = 0  # requests of n > 1 choices whose last output has not gone out
         self.failed_requests = 0  # requests ended alone by an exception of their own, since start
-        self.executor = (OverlapExecutor if overlaps else InlineExecutor)(self.runner, self.pool)
+        self.executor = (OverlapExecutor if config.overlaps() else InlineExecutor)(self.runner, self.pool)
         block_bytes = kv_block_bytes(
             mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, self.loaded.dtype
         )

@@ -1,0 +1,103 @@
+"""The engine's parts, each built from the one EngineConfig: what `LLMEngine._build` assembles.
+
+Kept apart from engine/llm_engine.py, whose job is the step, so that reading how a step runs does not
+mean reading how a scheduler, a model runner and the grammar machinery are sized and wired at start.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from engine.async_scheduler import AsyncScheduler
+from engine.config import EngineConfig
+from engine.decode_graphs import GraphPlan, logits_forward
+from engine.grammar.backend import Backend
+from engine.grammar.closing import Closers
+from engine.grammar.intake import GrammarIntake
+from engine.grammar.masks import GrammarMasks
+from engine.kv_cache import BlockPool
+from engine.loader import LoadedModel
+from engine.model_runner import ModelRunner
+from engine.parallel.group import head_shard
+from engine.parallel.steps import StepPeers
+from engine.request import Request
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.tokenizer import Tokenizer
+from fairness.base import SchedulingPolicy
+
+
+def build_scheduler(
+    config: EngineConfig, pool: BlockPool, policy: SchedulingPolicy[Request], max_model_len: int
+) -> Scheduler:
+    """The scheduler of `config`'s budgets; with async scheduling, the one that plans step N+1 while step
+    N's forward runs (engine/async_scheduler.py)."""
+    sched_cfg = SchedulerConfig(
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        max_model_len=max_model_len,
+        watermark_blocks=config.watermark_blocks,
+        preemption_mode=config.preemption_mode,
+    )
+    return (AsyncScheduler if config.overlaps() else Scheduler)(sched_cfg, pool, policy)
+
+
+def build_runner(
+    config: EngineConfig,
+    loaded: LoadedModel,
+    num_blocks: int,
+    backend: str,
+    device: torch.device,
+    peers: StepPeers | None,
+) -> ModelRunner:
+    """Rank 0's model runner over its share of the KV cache (all of it without tensor parallelism)."""
+    mc = loaded.config
+    world = config.tensor_parallel_size
+    return ModelRunner(
+        loaded.model,
+        mc.num_layers,
+        head_shard(mc.num_heads, mc.num_kv_heads, 0, world).kv_heads,  # this rank's share of the cache
+        mc.head_dim,
+        num_blocks,
+        config.block_size,
+        loaded.dtype,
+        device,
+        backend,
+        config.seed,
+        # Sliding layers free blocks behind their window only without prefix caching (engine/window_cache.py).
+        # Under tensor parallelism every layer stays in the BlockPool (no window pool to mirror on each rank).
+        window_seats=None
+        if config.enable_prefix_caching or peers is not None
+        else (config.max_num_seqs, config.max_num_batched_tokens),
+    )
+
+
+def build_grammar(
+    config: EngineConfig,
+    tokenizer: Tokenizer,
+    vocab_size: int,
+    eos_token_ids: set[int],
+    max_model_len: int,
+    runner: ModelRunner,
+) -> GrammarIntake:
+    """Constrained decoding (engine/grammar/): compiles off the engine loop, masks beside the forward; the
+    runner gets the masks, the engine the intake that holds requests until their grammar is ready."""
+    masks = runner.grammar = GrammarMasks(
+        vocab_size,
+        runner.sampler.failures,
+        partial(Closers, tokenizer.token_bytes, vocab_size, eos_token_ids),
+        max_model_len,
+    )
+    grammars = Backend(tokenizer.to_json(), vocab_size, sorted(eos_token_ids), config.grammar)
+    return GrammarIntake(grammars, config.grammar, masks)
+
+
+def capture_graphs(
+    plan: GraphPlan, loaded: LoadedModel, runner: ModelRunner, peers: StepPeers | None
+) -> None:
+    """Capture the decode graphs over the KV cache just allocated; under tensor parallelism every rank
+    captures the same buckets in step (engine/parallel/worker.py), and one failure sends all to eager."""
+    runner.graphs = plan.start(logits_forward(loaded.model), runner.kv_caches, runner.windows is not None)
+    if peers is not None and not peers.agree(runner.graphs is not None):
+        runner.graphs = None
