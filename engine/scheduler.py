@@ -46,9 +46,11 @@ class Scheduler:
         # decodes are then charged one by one, since `charge_decodes` charges every item one token's cost.
         self.scaled_charges = False
         # Whether the policy's head may be admitted now beyond seats and blocks (a LoRA adapter needs a device
-        # slot: engine/lora/intake.py `admissible`); False stops admission for this step, as blocks running
-        # out does. None: every head may.
+        # slot: engine/lora/intake.py `admissible`). None: every head may. A head that may not is set aside
+        # for the step (out of the policy's queue, back at the next step's start), so the requests behind
+        # it, of other adapters or of none, are not held up by a slot they do not need.
         self.admissible: Callable[[Request], bool] | None = None
+        self._set_aside: list[Request] = []
         self.waiting_for_blocks = 0
         self.block_waits_total = 0  # iterations in which admission stopped for want of free blocks
         self.swap_out: SwapFn | None = None
@@ -97,8 +99,8 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        """Requests queued for admission (including preempted ones)."""
-        return len(self.policy)
+        """Requests queued for admission (including preempted ones, and heads set aside for a slot)."""
+        return len(self.policy) + len(self._set_aside)
 
     def has_unfinished(self) -> bool:
         """True while any request is queued or running."""
@@ -112,6 +114,7 @@ class Scheduler:
         out = SchedulerOutput(self.iteration)
         self.retire_aborted(out, now)
         self.expire_deadlines(now, out)
+        self._return_set_aside(now)
         budget = self.schedule_decodes(now, out, self.config.max_num_batched_tokens)
         self.share_budget(now, out, budget)
         return out
@@ -267,15 +270,24 @@ class Scheduler:
         seats = self.config.max_num_seqs - len(self.running) - self._reserved_seats
         if seats <= 0:
             return None
-        request = self.policy.peek(now)
-        if request is None or request.num_output_placeholders:
-            return None  # (a victim whose last token is still in flight comes back once it lands)
-        if request.family is not None and len(request.family.pending) >= seats:
-            return None  # an unforked leader needs a seat for each of its choices
-        if self.admissible is not None and not self.admissible(request):
-            self._admitting = False  # (its adapter has no device slot: running prompts may still go on)
-            return None
-        return request
+        while (request := self.policy.peek(now)) is not None:
+            if request.num_output_placeholders:
+                return None  # (a victim whose last token is still in flight comes back once it lands)
+            if request.family is not None and len(request.family.pending) >= seats:
+                return None  # an unforked leader needs a seat for each of its choices
+            if self.admissible is None or self.admissible(request):
+                return request
+            # Its adapter has no device slot (each holds a running request's): the next head may go instead.
+            self.policy.remove(request)
+            self._set_aside.append(request)
+        return None
+
+    def _return_set_aside(self, now: float) -> None:
+        """Queue again the heads set aside last step for want of a device slot (those still live)."""
+        set_aside, self._set_aside = self._set_aside, []
+        for request in set_aside:
+            if not request.is_finished:
+                self.policy.add(request, now)
 
     def _continue_prefill(self, request: Request, now: float, out: SchedulerOutput, budget: int) -> int:
         """Schedule a running prompt's next chunk; the tokens it took (0 when it was preempted)."""

@@ -114,6 +114,33 @@ def test_an_adapter_in_flight_keeps_its_slot_and_the_other_waits_queued(adapted:
     assert len(out.tokens["second"]) == 6 and llm_engine.lora.slots.keys == [key(adapted, "b")]
 
 
+@pytest.mark.parametrize("scheduling", ["off", "on"])
+def test_a_head_without_a_slot_does_not_hold_up_the_requests_behind_it(
+    adapted: Adapted, scheduling: str
+) -> None:
+    """One slot, held by a running request of adapter a; a request of adapter b, then one of the base model,
+    queue behind it. b's request is set aside each step (no slot frees while a's runs), so the base request
+    is admitted and finishes while a's still runs; b's runs once a's ends, and gives what it gives alone."""
+    llm_engine = engine(adapted, max_loras=1, async_scheduling=scheduling)
+    long = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    llm_engine.add_request("first", list(range(5, 25)), long, meta(adapted, "a"))
+    while "first" not in {r.request_id for r in llm_engine.scheduler.running}:
+        llm_engine.step()
+    llm_engine.add_request("second", list(range(11, 31)), PARAMS, meta(adapted, "b"))
+    while "second" not in llm_engine.scheduler.requests:  # its adapter loads off the loop first
+        llm_engine.step()
+    llm_engine.add_request("third", list(range(7, 27)), PARAMS, meta(adapted, None))
+    ended: list[str] = []
+    tokens: dict[str, list[int]] = {}
+    while llm_engine.has_unfinished():
+        for delta in llm_engine.step_deltas():
+            tokens.setdefault(delta.request_id, []).extend(delta.new_token_ids)
+            if delta.finish_reason is not None:
+                ended.append(delta.request_id)
+    assert ended.index("third") < ended.index("first") < ended.index("second")
+    assert [tokens["second"]] == generate(engine(adapted), adapted, ["b"], first=1)
+
+
 def test_host_memory_keeps_the_most_recently_used_adapters(adapted: Adapted) -> None:
     llm_engine = engine(adapted, max_loras=1, max_cpu_loras=2)
     a, b, c = (key(adapted, name) for name in NAMES)
