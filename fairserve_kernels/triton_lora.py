@@ -35,6 +35,24 @@ from fairserve_kernels.checks import (
 
 
 @triton.jit
+def _tile_bounds(seg_starts_ptr, BLOCK_M: tl.constexpr):
+    """This program's tile of its segment (pid 0), tile pid 1: its first row and the segment's end."""
+    seg = tl.program_id(0)
+    first = tl.load(seg_starts_ptr + seg) + tl.program_id(1) * BLOCK_M
+    return first, tl.load(seg_starts_ptr + seg + 1)
+
+
+@triton.jit
+def _tile_rows(rows_ptr, seg_slots_ptr, first, end, BLOCK_M: tl.constexpr):
+    """The tile's slot, its positions in the segment order, which of them are real, and their token rows."""
+    slot = tl.load(seg_slots_ptr + tl.program_id(0)).to(tl.int64)
+    idx = first + tl.arange(0, BLOCK_M)
+    valid = idx < end
+    tokens = tl.load(rows_ptr + idx, mask=valid, other=0).to(tl.int64)
+    return slot, idx, valid, tokens
+
+
+@triton.jit
 def _sgmv_shrink_kernel(
     x_ptr,
     a_ptr,
@@ -54,16 +72,10 @@ def _sgmv_shrink_kernel(
     BLOCK_K: tl.constexpr,
 ):
     """h[i, r] = sum_k x[rows[i], k] * a[slot, r, k] for the tile (segment, pid 1) and rank block pid 2."""
-    seg = tl.program_id(0)
-    start = tl.load(seg_starts_ptr + seg)
-    end = tl.load(seg_starts_ptr + seg + 1)
-    first = start + tl.program_id(1) * BLOCK_M
+    first, end = _tile_bounds(seg_starts_ptr, BLOCK_M)
     if first >= end:
         return
-    slot = tl.load(seg_slots_ptr + seg).to(tl.int64)
-    idx = first + tl.arange(0, BLOCK_M)
-    valid = idx < end
-    tokens = tl.load(rows_ptr + idx, mask=valid, other=0).to(tl.int64)
+    slot, idx, valid, tokens = _tile_rows(rows_ptr, seg_slots_ptr, first, end, BLOCK_M)
     ranks = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
     acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
     for k0 in range(0, d_in, BLOCK_K):
@@ -108,16 +120,10 @@ def _sgmv_expand_kernel(
     BLOCK_K: tl.constexpr,
 ):
     """out[rows[i], col_start + n] += scale[slot] * sum_r h[i, r] * b[slot, n, r] for columns block pid 2."""
-    seg = tl.program_id(0)
-    start = tl.load(seg_starts_ptr + seg)
-    end = tl.load(seg_starts_ptr + seg + 1)
-    first = start + tl.program_id(1) * BLOCK_M
+    first, end = _tile_bounds(seg_starts_ptr, BLOCK_M)
     if first >= end:
         return
-    slot = tl.load(seg_slots_ptr + seg).to(tl.int64)
-    idx = first + tl.arange(0, BLOCK_M)
-    valid = idx < end
-    tokens = tl.load(rows_ptr + idx, mask=valid, other=0).to(tl.int64)
+    slot, idx, valid, tokens = _tile_rows(rows_ptr, seg_slots_ptr, first, end, BLOCK_M)
     cols = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
     b_dtype = b_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
