@@ -41,6 +41,10 @@ from tests.engine.remote.engine_process import EngineProcess
 from tests.gateway.conftest import wait_for
 from tests.gateway.serve_process import ServeProcess
 
+# Shares of two engines measured on this machine's two cores, which they need to themselves: beside the
+# parallel part's other tests the affinity case read A:B 0.60 and 0.66 (1.0 alone, and in the serial part).
+pytestmark = pytest.mark.serial
+
 MAX_SEQS = 4
 CLIENTS = 16  # per tenant: 2x the seats of both engines, so each tenant stays queued on both
 MAX_TOKENS = 12
