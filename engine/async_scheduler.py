@@ -43,7 +43,7 @@ class AsyncScheduler(Scheduler):
         if pending is not None:
             self._commit(pending)
         out = super().schedule(now)
-        out.sampling = [c.request for c in out.chunks if c.samples]
+        out.sampling = [c.request for c in out.chunks if c.samples] + out.forked  # the runner's row order
         self._pending = out
         return out
 

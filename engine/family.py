@@ -1,12 +1,17 @@
 """Several choices of one request (SamplingParams.n > 1): a `Family` of requests that share one prefill.
 
-The leader (choice 0, under the request's own id) is queued and prefilled like any request. Once its
-computed count reaches `fork_at` (the prompt's last block boundary before its final token), the scheduler
-forks the followers (engine/scheduler.py `_fork`): each takes the leader's first `fork_at // block_size`
-blocks by reference count (`share_prompt`) and computes only the rest of the prompt, at most block_size
-tokens, itself. The partially filled last block is never shared, so nothing is copied: copy on write is
-a recompute of at most one block per choice. The prompt is charged once, by the leader; each choice is
-charged its own decodes (docs/fairness.md, "Several choices"; docs/engine.md, "Several choices").
+The leader (choice 0, under the request's own id) is queued and prefilled like any request. In the step
+whose forward computes its last prompt token (`fork_at`, the prompt's length), the scheduler forks the
+followers (engine/scheduler.py `_fork_sampled`): each takes every one of the leader's prompt blocks by
+reference count (`share_prompt`), computes no prompt token, and samples its first token, with its own seed,
+from the leader's last prompt row of that step, which the runner repeats for it. The partially filled last
+block is shared too: the first member to write into it (its first decode) gets a fresh block and a copy of
+the shared one (copy on write, engine/kv_cache.py `copy_on_write`, copied on the device before that step's
+forward), until the last holder writes in place. The prompt is charged once, by the leader; each choice
+is charged its own decodes (docs/fairness.md, "Several choices"; docs/engine.md, "Several choices").
+
+With sliding-window layers outside the pool (engine/window_cache.py) there is no prompt KV to share:
+`fork_at` is 0, the followers fork at the leader's admission and each computes the prompt itself.
 """
 
 from __future__ import annotations
@@ -67,16 +72,17 @@ def make_family(
 
 
 def share_prompt(pool: BlockPool, family: Family, followers: list[Request]) -> None:
-    """Give each follower the leader's full prompt blocks up to `fork_at` (one reference each) and start it
-    there; the prompt was charged to the leader, so a follower's prompt tail is free (as recompute is)."""
-    leader, size = family.leader, pool.block_size
-    shared = family.fork_at // size
+    """Give each follower the leader's blocks holding its first `fork_at` tokens (one reference each, the
+    partial last one included: it is copied when first written, engine/kv_cache.py `copy_on_write`) and
+    start it there; the prompt was charged to the leader, so a follower's prompt is free."""
+    leader = family.leader
+    shared = -(-family.fork_at // pool.block_size)
     block_ids = pool.block_ids(leader.request_id)[:shared]
     table = pool.tables.get(leader.request_id)
-    hashes = table.hashes[:shared] if table is not None and len(table.hashes) >= shared else []
+    hashes = table.hashes[:shared] if table is not None else []  # the full blocks committed so far
     for follower in followers:
         pool.attach_prefix(follower.request_id, block_ids, hashes)
-        follower.num_computed_tokens = shared * size
+        follower.num_computed_tokens = family.fork_at
         follower.num_charged_prompt_tokens = follower.num_prompt_tokens
         follower.first_scheduled_time = leader.first_scheduled_time
         follower.state = RequestState.RUNNING

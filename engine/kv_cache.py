@@ -109,6 +109,10 @@ def block_keys(
     return keys
 
 
+class NoFreeBlock(Exception):
+    """`copy_on_write` found no free block for the copy."""
+
+
 class BlockPool:
     """Fixed pool of `num_blocks` blocks of `block_size` token slots."""
 
@@ -205,6 +209,34 @@ class BlockPool:
             block.ref_count = 1
             table.block_ids.append(block_id)
         return True
+
+    def copy_on_write(self, request_id: str, position: int) -> tuple[int, int] | None:
+        """Before `request_id` writes the token at `position`: if the block holding it is shared (the prompt's
+        partial last block, which the choices of n > 1 fork by reference, engine/family.py), give the
+        request a fresh block in its place and return (shared, fresh) for the caller to copy; None when
+        the block is its own or not yet allocated. Raises NoFreeBlock (nothing changed) when the pool has no
+        block to give."""
+        table = self.tables.get(request_id)
+        index = position // self.block_size
+        if table is None or index >= len(table.block_ids):
+            return None
+        shared = self.blocks[table.block_ids[index]]
+        if shared.ref_count == 1:
+            return None
+        if not self._free:
+            self.alloc_failures += 1
+            raise NoFreeBlock(request_id)
+        fresh_id, _ = self._free.popitem(last=False)
+        fresh = self.blocks[fresh_id]
+        if fresh.block_hash is not None:  # evicting a cached block, as `allocate` does
+            if self._cached.get(fresh.block_hash) == fresh_id:
+                del self._cached[fresh.block_hash]
+            fresh.block_hash = None
+        fresh.ref_count = 1
+        shared.ref_count -= 1
+        table.block_ids[index] = fresh_id
+        del table.hashes[index:]  # a partial block has no hash; the fresh one gets its own when full
+        return shared.block_id, fresh_id
 
     def commit_full_blocks(
         self,

@@ -215,10 +215,9 @@ class LLMEngine:
             )
         if meta.kv_handoff is not None:
             raise InvalidRequestError("n > 1 is not served across separate prefill and decode engines", "n")
-        size = self.pool.block_size
         # Sliding-window layers keep their KV per request outside the pool (engine/window_cache.py): there is
         # no prompt KV to share, so each choice computes its prompt (still charged once).
-        fork_at = 0 if self.runner.windows is not None else (len(ids) - 1) // size * size
+        fork_at = 0 if self.runner.windows is not None else len(ids)
         family = make_family(request_id, ids, params, meta, fork_at)
         parked = self.lora.hold(family.leader, family.members)
         for member in family.members:

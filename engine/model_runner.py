@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import cast
 
@@ -17,6 +17,7 @@ from engine.attention import AttentionMetadata, KVCache
 from engine.decode_graphs import DecodeGraphs
 from engine.grammar.masks import GrammarMasks
 from engine.input_batch import BlockTableRows
+from engine.kv_copy import copy_blocks
 from engine.lora.batch import LoraSegments, device_batch, host_groups
 from engine.lora.intake import LoraIntake
 from engine.lora.stack import LoraStack
@@ -70,6 +71,8 @@ class HostBatch:
     # The slot stacks those segments index, as they were when the step was built (a later step may grow
     # them into a new stack: engine/lora/resident.py).
     lora_stack: LoraStack | None = None
+    # (shared, fresh) KV blocks copied before the forward (copy on write: engine/kv_copy.py).
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -161,6 +164,13 @@ class ModelRunner:
         if self.lora is not None and self.lora.slots.in_use:
             batch.lora_groups = self._lora_groups(out, self.lora)
             batch.lora_stack = self.lora.stack.stack
+        if out.forked:  # choices forked this step sample from their leader's row (engine/family.py)
+            row_of = {id(r): row for r, row in zip(batch.sampling, batch.sample_rows, strict=True)}
+            for follower in out.forked:
+                assert follower.family is not None
+                batch.sample_rows.append(row_of[id(follower.family.leader)])
+                batch.sampling.append(follower)
+        batch.block_copies = out.block_copies
         return batch
 
     @staticmethod
@@ -324,6 +334,7 @@ class ModelRunner:
         t1 = time.perf_counter()
         sampling, grammar = batch.sampling, self.grammar
         masks = grammar.begin(sampling) if grammar else None  # computed beside the forward
+        copy_blocks(self.kv_caches, self.main_layers, batch.block_copies, self.device)
         logits = self._logits(batch)
         if logits is None or not sampling:
             self.sampler.last_sampled = None
@@ -364,6 +375,7 @@ class ModelRunner:
         """A tensor-parallel rank > 0's share of a step rank 0 sent (engine/parallel/worker.py): the same
         forward and logits, whose collectives meet rank 0's; rank 0 samples. A decode step rank 0 replays
         a graph for is replayed here too, over the same bucket (the ranks captured the same ones)."""
+        copy_blocks(self.kv_caches, self.main_layers, batch.block_copies, self.device)
         if self.graphs is not None and self.graphs.serves(batch):
             self.graphs.run(batch, self._input_ids(batch))
             return

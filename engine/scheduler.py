@@ -15,7 +15,7 @@ from operator import attrgetter
 
 from engine.deadlines import Deadlines
 from engine.family import Family, end_unforked, share_prompt
-from engine.kv_cache import BlockPool
+from engine.kv_cache import BlockPool, NoFreeBlock
 from engine.request import FinishReason, Preemption, Request, RequestState, decodes_first
 from engine.scheduler_output import ScheduledChunk, SchedulerConfig, SchedulerOutput, SwapFn
 from fairness.base import SchedulingPolicy
@@ -185,7 +185,9 @@ class Scheduler:
                     len(output) >= request.sampling.max_tokens or computed + 1 >= max_model_len
                 ):
                     continue  # its token in flight ends it by length: nothing to speculate on
-                if computed % block_size == 0 and not self._grow(request, computed + 1, out, now):
+                # A choice of n > 1 may write into its family's shared partial block: `_grow` copies it first.
+                grows = computed % block_size == 0 or request.family is not None
+                if grows and not self._grow(request, computed + 1, out, now):
                     continue
                 chunks.append(ScheduledChunk(request, computed, 1))
                 (out.provisional if in_flight else decoding).append(request)
@@ -218,9 +220,9 @@ class Scheduler:
 
     def _grow(self, request: Request, target: int, out: SchedulerOutput, now: float) -> bool:
         """Give `request` blocks for `target` tokens, preempting the policy's victims; False if it was preempted."""
-        while not self.pool.allocate(request.request_id, target):
+        while not self._claim(request, target, out):
             self._charge_decodes()  # the victim is chosen on counters that include this step's decodes so far
-            scheduled = {id(c.request) for c in out.chunks}
+            scheduled = {id(c.request) for c in out.chunks} | {id(r) for r in out.forked}
             candidates = [r for r in self.running if id(r) not in scheduled]
             victim = self.policy.victim(candidates, for_item=request) if candidates else None
             if victim is None:
@@ -229,6 +231,17 @@ class Scheduler:
             if victim is request:
                 return False
         return True
+
+    def _claim(self, request: Request, target: int, out: SchedulerOutput) -> bool:
+        """Blocks for `target` tokens, the block the chunk writes first made the request's own if it is shared
+        (copy on write: the copy goes into `out`, done before the forward); False if the pool is short."""
+        try:
+            copy = self.pool.copy_on_write(request.request_id, request.num_computed_tokens)
+        except NoFreeBlock:
+            return False
+        if copy is not None:
+            out.block_copies.append(copy)
+        return self.pool.allocate(request.request_id, target)
 
     def share_budget(self, now: float, out: SchedulerOutput, budget: int) -> None:
         """Hand the budget the decodes left to prefill chunks in the policy's order (`_share`)."""
@@ -318,7 +331,9 @@ class Scheduler:
         # a prompt admitted into memory it cannot finish in is preempted again, and recompute thrashes.
         new_blocks = -(-request.num_tokens // self.pool.block_size) - len(hit_ids)
         family = request.family
-        if family is not None and family.pending:  # each choice computes its prompt's tail in its own blocks
+        # Each pending choice needs a block of its own: for the partial last prompt block, copied when first
+        # written (none when the prompt fills its blocks); for the whole prompt with sliding-window layers.
+        if family is not None and family.pending:
             size = self.pool.block_size
             new_blocks += len(family.pending) * (
                 -(-request.num_prompt_tokens // size) - family.fork_at // size
@@ -395,6 +410,9 @@ class Scheduler:
             decode = 0
         if new_prompt or decode:
             request.charged_service += self.policy.charge(request, new_prompt, decode, 0)
+        family = request.family
+        if family is not None and family.pending and family.fork_at and start + length == family.fork_at:
+            self._fork_sampled(family, out)  # the leader's prompt is complete in this step's forward
 
     # -- preemption -------------------------------------------------------------------------
     def preempt(self, victim: Request, reason: str, out: SchedulerOutput, now: float) -> None:
@@ -469,6 +487,14 @@ class Scheduler:
                 or token in params.stop_token_ids
             ) and self.check_stop(request, token, eos_token_ids, now):
                 finished.append(request)
+        for follower in out.forked:  # choices forked this step: their first token, from the leader's row
+            first = sampled.get(follower.request_id)
+            if follower.state is finished_state or first is None:
+                continue
+            follower.output_token_ids.append(first)
+            follower.first_token_time = now
+            if self.check_stop(follower, first, eos_token_ids, now):
+                finished.append(follower)
         return finished
 
     def advance(self, chunk: ScheduledChunk) -> int:
@@ -477,21 +503,29 @@ class Scheduler:
         request = chunk.request
         computed = request.num_computed_tokens = chunk.start + chunk.length
         pool = self.pool
-        if chunk.length > 1 or computed % pool.block_size == 0:  # a block filled (a decode step: rarely)
-            if pool.enable_prefix_caching:
-                root, public = request.cache_chain(pool.block_size)
-                pool.commit_full_blocks(request.request_id, request.all_token_ids, computed, root, public)
-            # A leader forks once it computed `fork_at`, a block boundary: a chunk reaching it fills a block.
-            family = request.family
-            if family is not None and family.pending and computed >= family.fork_at:
-                self._fork(family, time.time())  # (only the leader computes while choices are pending)
+        # A block filled (by a decode step: rarely).
+        if pool.enable_prefix_caching and (chunk.length > 1 or computed % pool.block_size == 0):
+            root, public = request.cache_chain(pool.block_size)
+            pool.commit_full_blocks(request.request_id, request.all_token_ids, computed, root, public)
         return computed
 
     # -- several choices (n > 1) ------------------------------------------------------------
+    def _fork_sampled(self, family: Family, out: SchedulerOutput) -> None:
+        """The leader's last prompt chunk is in `out`: every pending choice takes all its prompt blocks by
+        reference (the partial last one copied when first written: `_claim`) and samples its first token
+        from the leader's last row of this step (`out.forked`), charged one decode; the prompt was the
+        leader's to compute and be charged."""
+        followers = list(family.pending)
+        self._fork(family, family.leader.first_scheduled_time or time.time())
+        for follower in followers:
+            follower.charged_service += self.policy.charge(follower, 0, 1, 0)
+        out.forked.extend(followers)
+
     def _fork(self, family: Family, now: float, into_step: bool = False) -> None:
-        """The leader's KV holds the prompt up to `fork_at`: every pending choice takes those full blocks by
-        reference count and runs from there (engine/family.py). `into_step`: forked while this step's budget
-        is being shared, so the choices compete for it now."""
+        """The leader's KV holds the prompt up to `fork_at`: every pending choice takes those blocks by
+        reference count and runs from there (engine/family.py; all of the prompt's, or none with
+        sliding-window layers). `into_step`: forked while this step's budget is being shared, so the
+        choices compete for it now."""
         followers = family.pending
         self._reserved_seats -= len(followers)
         family.pending = []

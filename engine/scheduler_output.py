@@ -53,6 +53,12 @@ class SchedulerOutput:
     # it computed for requests that had ended before its results were committed.
     sampling: list[Request] = field(default_factory=list)
     discarded_tokens: int = 0
+    # Choices of n > 1 forked this step (engine/family.py): each samples its first token from its leader's
+    # last prompt row, after the leader's own (the runner repeats that row), and runs no chunk of its own.
+    forked: list[Request] = field(default_factory=list)
+    # (shared, fresh) KV blocks to copy before this step's forward: copy on write of a shared partial block
+    # that a chunk of this step writes into (engine/kv_cache.py `copy_on_write`).
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:

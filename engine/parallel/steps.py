@@ -91,18 +91,20 @@ def read_frame(pipe: IO[bytes]) -> Any:
 
 
 def step_payload(batch: HostBatch, ids: torch.Tensor) -> bytes:
-    """A forward's inputs as one int64 array: five lengths (tokens, sequences, block-table columns, the
-    longest query, sampled rows), then token ids, positions, slots, the block table, query starts,
-    sequence lengths and the sampled rows. The ids are those rank 0 resolved (async scheduling's
-    placeholders filled from the previous step's samples)."""
+    """A forward's inputs as one int64 array: six lengths (tokens, sequences, block-table columns, the
+    longest query, sampled rows, block copies), then token ids, positions, slots, the block table, query
+    starts, sequence lengths, the sampled rows and the (shared, fresh) block pairs to copy first. The ids
+    are those rank 0 resolved (async scheduling's placeholders filled from the previous step's samples)."""
     host_ids = batch.ids if not batch.placeholders else ids.cpu()
     table = batch.table.numpy()
     rows = np.asarray(batch.sample_rows, dtype=np.int64)
+    copies = np.asarray(batch.block_copies, dtype=np.int64).reshape(-1)
     head = np.array(
-        [len(host_ids), table.shape[0], table.shape[1], batch.max_query_len, len(rows)], dtype=np.int64
+        [len(host_ids), table.shape[0], table.shape[1], batch.max_query_len, len(rows), len(copies) // 2],
+        dtype=np.int64,
     )
     parts = (host_ids.numpy(), batch.positions.numpy(), batch.slots.numpy(), table.reshape(-1))
-    tail = (batch.starts.numpy(), batch.seq_lens.numpy(), rows)
+    tail = (batch.starts.numpy(), batch.seq_lens.numpy(), rows, copies)
     return np.concatenate([head, *parts, *tail], dtype=np.int64).tobytes()
 
 
@@ -111,12 +113,12 @@ def step_batch(message: StepMessage) -> HostBatch:
     from engine.model_runner import HostBatch
 
     flat = message.flat
-    tokens, seqs, cols, max_query_len, n_rows = (int(v) for v in flat[:5])
-    sizes = (tokens, tokens, tokens, seqs * cols, seqs + 1, seqs, n_rows)
-    bounds = np.cumsum((5, *sizes))
-    ids, positions, slots, table, starts, seq_lens, rows = np.split(flat, bounds[:-1])[1:]
+    tokens, seqs, cols, max_query_len, n_rows, n_copies = (int(v) for v in flat[:6])
+    sizes = (tokens, tokens, tokens, seqs * cols, seqs + 1, seqs, n_rows, 2 * n_copies)
+    bounds = np.cumsum((6, *sizes))
+    ids, positions, slots, table, starts, seq_lens, rows, copies = np.split(flat, bounds[:-1])[1:]
     i32 = np.int32
-    return HostBatch(
+    batch = HostBatch(
         torch.from_numpy(ids.copy()),
         torch.from_numpy(positions.copy()),
         torch.from_numpy(slots.copy()),
@@ -128,6 +130,8 @@ def step_batch(message: StepMessage) -> HostBatch:
         [],
         False,
     )
+    batch.block_copies = [(int(a), int(b)) for a, b in copies.reshape(-1, 2)]
+    return batch
 
 
 class StepPeers:

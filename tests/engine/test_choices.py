@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from engine.config import EngineConfig
+from engine.family import choice_seed
 from engine.llm import LLM
 from engine.llm_engine import LLMEngine
 from engine.request import FinishReason, InvalidRequestError, RequestMeta, SamplingParams
@@ -67,24 +69,61 @@ def test_greedy_choices_each_equal_the_single_request(prefix_caching: bool, asyn
     engine.close()
 
 
-def test_forked_choices_share_the_prompts_full_blocks_and_own_the_partial_one() -> None:
+def test_forked_choices_share_every_prompt_block_and_copy_the_partial_one_when_written() -> None:
     engine = _engine()
     prompt = engine.encode(PROMPT)
     assert len(prompt) % 4 != 0
     engine.add_request("r", prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, n=3))
     while not all(f"r{s}" in engine.scheduler.requests for s in ("#1", "#2")):
         engine.step_deltas()
-    tables = [engine.pool.block_ids(rid) for rid in ("r", "r#1", "r#2")]
-    shared = (len(prompt) - 1) // 4
-    assert tables[0][:shared] == tables[1][:shared] == tables[2][:shared]
-    assert all(engine.pool.blocks[b].ref_count == 3 for b in tables[0][:shared])
-    engine.step_deltas()  # the choices' tails are computed into blocks of their own
-    tables = [engine.pool.block_ids(rid) for rid in ("r", "r#1", "r#2")]
-    tails = [t[shared] for t in tables]
-    assert len(set(tails)) == 3 and all(engine.pool.blocks[b].ref_count == 1 for b in tails)
+    # Forked in the step that computed the leader's last prompt token: every block shared, none computed.
+    ids = ("r", "r#1", "r#2")
+    tables = [list(engine.pool.block_ids(rid)) for rid in ids]
+    blocks = -(-len(prompt) // 4)
+    assert tables[0] == tables[1] == tables[2] and len(tables[0]) == blocks
+    assert all(engine.pool.blocks[b].ref_count == 3 for b in tables[0])
+    assert all(engine.scheduler.requests[rid].num_computed_tokens == len(prompt) for rid in ids)
+    assert all(len(engine.scheduler.requests[rid].output_token_ids) == 1 for rid in ids)
+    shared = tables[0][-1]
+    written = len(prompt) % 4  # the prompt's positions in its partial last block
+    layers = engine.runner.main_layers
+    before = {
+        layer: [t[shared, :written].clone() for t in engine.runner.kv_caches[layer]] for layer in layers
+    }
+    engine.step_deltas()  # each choice's first decode writes into that block: two of them copy it first
+    tables = [list(engine.pool.block_ids(rid)) for rid in ids]
+    tails = [t[blocks - 1] for t in tables]
+    assert len(set(tails)) == 3 and shared in tails
+    assert all(engine.pool.blocks[b].ref_count == 1 for b in tails)
+    assert tables[0][:-2] == tables[1][:-2] == tables[2][:-2]  # the full blocks stay shared
+    for layer in layers:
+        for tensor, kept in zip(engine.runner.kv_caches[layer], before[layer], strict=True):
+            assert all(torch.equal(tensor[tail, :written], kept) for tail in tails)
     engine.pool.check_invariants()
     _run(engine)
     assert engine.pool.num_free == engine.pool.num_blocks
+    engine.close()
+
+
+@pytest.mark.parametrize("async_scheduling", ["off", "on"])
+def test_no_choice_recomputes_a_prompt_token(async_scheduling: str) -> None:
+    engine = _engine(async_scheduling=async_scheduling)
+    prompt = engine.encode(PROMPT)
+    engine.add_request("r", prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, n=4))
+    _run(engine)
+    assert sum(t.prefill_tokens for t in engine.traces) == len(prompt)
+    engine.close()
+
+
+def test_seeded_choices_each_equal_a_single_request_of_their_seed() -> None:
+    """Each choice samples its first token from the leader's last prompt row with its own seed: exactly what
+    a request of that seed alone samples from its own prefill."""
+    params: dict[str, Any] = {"max_tokens": 10, "temperature": 1.0, "ignore_eos": True}
+    engine = _engine()
+    engine.add_request("r", PROMPT, SamplingParams(**params, seed=11, n=3))
+    choices, _ = _run(engine)
+    alone = [_single(_engine(), SamplingParams(**params, seed=choice_seed(11, i))) for i in range(3)]
+    assert [choices[i][0] for i in range(3)] == alone
     engine.close()
 
 

@@ -140,6 +140,32 @@ def test_tp2_decode_graphs_pad_the_same_bucket_on_every_rank(
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
 
 
+def test_tp2_choices_fork_and_copy_on_write_on_every_rank(models: dict[str, Path]) -> None:
+    """n = 3 with a prompt that ends inside a block: the choices share its blocks and copy the partial one
+    when first written, each rank its own shard; seeded choices equal TP=1's. (The copies reach the other
+    ranks in the step's message, test_steps.py; on this small random model a shard left uncopied did not
+    change the sampled tokens, so this is parity, not a proof of rank 1's copy.)"""
+    prompt = list(range(3, 26))  # 23 tokens: blocks of 16 leave a partial last one
+    params = SamplingParams(max_tokens=10, temperature=0.8, seed=5, ignore_eos=True, n=3)
+
+    def choices(**config: Any) -> list[list[int]]:
+        llm = LLM(str(models["llama"]), dtype="float32", block_size=16, **config)
+        try:
+            outs = llm.engine
+            outs.add_request("r", prompt, params)
+            got: dict[int, list[int]] = {}
+            while outs.has_unfinished():
+                for delta in outs.step_deltas():
+                    got.setdefault(delta.index, []).extend(delta.new_token_ids)
+            return [got[i] for i in sorted(got)]
+        finally:
+            llm.engine.close()
+
+    want = choices()
+    assert len(want) == 3 and len({tuple(t) for t in want}) == 3
+    assert choices(tensor_parallel_size=2) == want
+
+
 def essay_completion_steps(path: Path, world: int) -> dict[str, int]:
     """The essay's four-request trace (two slots; A and B at step 0, C at 1, D at 3; 8, 2, 3 and 1 tokens)
     on the real engine: the iteration at which each request finished."""
