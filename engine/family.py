@@ -2,7 +2,7 @@
 
 The leader (choice 0, under the request's own id) is queued and prefilled like any request. In the step
 whose forward computes its last prompt token (`fork_at`, the prompt's length), the scheduler forks the
-followers (engine/scheduler.py `_fork_sampled`): each takes every one of the leader's prompt blocks by
+followers (engine/scheduler_state.py `_fork_sampled`): each takes every one of the leader's prompt blocks by
 reference count (`share_prompt`), computes no prompt token, and samples its first token, with its own seed,
 from the leader's last prompt row of that step, which the runner repeats for it. The partially filled last
 block is shared too: the first member to write into it (its first decode) gets a fresh block and a copy of

@@ -207,7 +207,7 @@ class LLMEngine:
         self, request_id: str, ids: list[int], params: SamplingParams, meta: RequestMeta
     ) -> Request:
         """Queue a request of n choices: its leader (choice 0, returned) now, the others forked from the
-        leader's prompt KV once it is computed (engine/family.py, engine/scheduler.py `_fork`)."""
+        leader's prompt KV once it is computed (engine/family.py, engine/scheduler_state.py `_fork`)."""
         n = params.n
         if n > self.config.max_num_seqs:
             raise InvalidRequestError(
