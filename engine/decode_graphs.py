@@ -33,7 +33,7 @@ from engine.attention import AttentionMetadata, KVCache
 from engine.models.protocol import CausalLM
 
 if TYPE_CHECKING:
-    from engine.model_runner import HostBatch
+    from engine.host_batch import HostBatch
 
 log = logging.getLogger(__name__)
 

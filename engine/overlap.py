@@ -17,8 +17,9 @@ from time import perf_counter
 import torch
 
 from engine.executor import Ran, without_failures
+from engine.host_batch import HostBatch
 from engine.kv_cache import BlockPool
-from engine.model_runner import HostBatch, ModelRunner, RunnerTiming
+from engine.model_runner import ModelRunner, RunnerTiming
 from engine.scheduler import SchedulerOutput
 from engine.token_logprobs import TokenLogprobs
 

@@ -26,9 +26,9 @@ from typing import Any
 
 from engine.byte_tokenizer import BYTE_SPECIAL_TOKENS
 from engine.config import EngineConfig
+from engine.host_batch import HostBatch
 from engine.llm_engine import LLMEngine
 from engine.loader import default_model_config, write_seeded_llama
-from engine.model_runner import HostBatch
 from engine.parallel.steps import StepPeers, step_payload
 from engine.request import SamplingParams
 

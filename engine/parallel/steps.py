@@ -30,7 +30,7 @@ from engine.parallel.group import COLLECTIVE_TIMEOUT, TPGroup, join_group, open_
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
-    from engine.model_runner import HostBatch
+    from engine.host_batch import HostBatch
 
 # The control messages (pickled tuples, the name first); a step is a StepMessage.
 ALLOCATE, STOP = "allocate", "stop"
@@ -110,7 +110,7 @@ def step_payload(batch: HostBatch, ids: torch.Tensor) -> bytes:
 
 def step_batch(message: StepMessage) -> HostBatch:
     """A worker's HostBatch from a step message (it samples nothing: `sampling` stays empty)."""
-    from engine.model_runner import HostBatch
+    from engine.host_batch import HostBatch
 
     flat = message.flat
     tokens, seqs, cols, max_query_len, n_rows, n_copies = (int(v) for v in flat[:6])

@@ -11,7 +11,7 @@ import transformers
 
 from engine import LLM, SamplingParams
 from engine.byte_tokenizer import write_byte_tokenizer
-from engine.model_runner import HostBatch
+from engine.host_batch import HostBatch
 from engine.window_cache import NULL_BLOCK, WindowBlocks, pool_blocks
 from tests.engine.test_engine_parity import COMMON, Reference, workload
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.model_runner import HostBatch
+from engine.host_batch import HostBatch
 from engine.parallel.steps import StepMessage, step_batch, step_payload
 
 
