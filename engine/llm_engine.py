@@ -195,8 +195,9 @@ class LLMEngine:
 
     def _queue_adapted(self, request: Request, now: float) -> None:
         """Queue a request whose adapter has just loaded (through its grammar's wait, if it has one)."""
+        members = request.family.members if request.family is not None else [request]
         try:
-            held = request.family is None and self.grammar.hold(request)
+            held = self.grammar.hold(request, members)
         except InvalidRequestError as exc:
             self.lora.refuse(request, exc)
             return
@@ -220,9 +221,15 @@ class LLMEngine:
         fork_at = 0 if self.runner.windows is not None else len(ids)
         family = make_family(request_id, ids, params, meta, fork_at)
         parked = self.lora.hold(family.leader, family.members)
+        try:  # one compile, a matcher per choice (engine/grammar/intake.py)
+            held = parked or self.grammar.hold(family.leader, family.members)
+        except InvalidRequestError:
+            for member in family.members:
+                self.lora.forget(member.request_id)
+            raise
         for member in family.members:
             self._streams[member.request_id] = self._stream(member)
-        if not parked:
+        if not held:
             self.scheduler.add(family.leader)
         self._families += 1
         return family.leader
@@ -262,16 +269,14 @@ class LLMEngine:
     def take_refused(self) -> list[tuple[str, InvalidRequestError]]:
         """Requests refused after `add_request` accepted them (their grammar or adapter failed); the loop
         reports each."""
-        refused = self.grammar.take_refused()
-        for request, exc in self.lora.take_refused():
+        refused = []
+        for request, exc in [*self.grammar.take_refused(), *self.lora.take_refused()]:
             refused.append((request.request_id, exc))
+            for member in request.family.members if request.family is not None else [request]:
+                self._streams.pop(member.request_id, None)
+                self.lora.forget(member.request_id)  # (a grammar refused after its adapter loaded held it)
             if request.family is not None:
                 self._families -= 1
-                for member in request.family.members[1:]:
-                    self._streams.pop(member.request_id, None)
-        for request_id, _ in refused:
-            self._streams.pop(request_id, None)
-            self.lora.forget(request_id)  # (a grammar refused after its adapter loaded held the adapter)
         return refused
 
     def live_request(self, request_id: str) -> RequestInfo | None:

@@ -163,10 +163,6 @@ class SamplingParams:
     def _validate_n(self) -> None:
         if not _integer(self.n) or self.n < 1:
             raise InvalidRequestError(f"n must be a positive integer, got {self.n!r}", "n")
-        if self.grammar is not None:  # one matcher state per choice is not built (docs/gateway.md)
-            raise InvalidRequestError(
-                "n > 1 cannot be combined with constrained output (response_format, tools)", "n"
-            )
 
     def _validate_grammar(self, grammar: object) -> None:
         if not isinstance(grammar, Grammar) or grammar.kind not in GRAMMAR_KINDS:

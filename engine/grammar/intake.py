@@ -13,6 +13,8 @@ to the next charge. A tenant whose schemas cost more mask time is served corresp
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from engine.grammar.backend import Backend
 from engine.grammar.compiler import GrammarCompiler
 from engine.grammar.config import GrammarConfig
@@ -29,22 +31,27 @@ class GrammarIntake:
         self.compiler = GrammarCompiler(backend, config)
         self.masks = masks
         self._waiting: dict[str, Request] = {}
-        self._refused: list[tuple[str, InvalidRequestError]] = []
+        self._members: dict[str, list[Request]] = {}  # a waiting request's choices (n > 1), itself first
+        self._refused: list[tuple[Request, InvalidRequestError]] = []
         self._carry: dict[str, float] = {}  # request -> service tokens owed below one whole token
 
-    def hold(self, request: Request) -> bool:
+    def hold(self, request: Request, members: Sequence[Request] = ()) -> bool:
         """True when `request` must wait for its grammar; a cached grammar is attached at once (False), a
-        cached failure raises InvalidRequestError naming the grammar's field."""
+        cached failure raises InvalidRequestError naming the grammar's field. `members`: the choices of
+        n > 1 (the request first), each given a matcher of its own from the one compiled grammar."""
         grammar = request.sampling.grammar
         if grammar is None:
             return False
+        choices = list(members) or [request]
         cached = self.compiler.cached(request)
         if cached is not None:
             if cached.matcher is None:
                 raise InvalidRequestError(f"{grammar.field}: {cached.error}", grammar.field)
-            self.masks.attach(request.request_id, cached.matcher.deep_copy(), 0.0)
+            for choice in choices:
+                self.masks.attach(choice.request_id, cached.matcher.deep_copy(), 0.0)
             return False
         self._waiting[request.request_id] = request
+        self._members[request.request_id] = choices
         self.compiler.request(request)
         return True
 
@@ -60,13 +67,17 @@ class GrammarIntake:
         ready, failed = self.compiler.poll()
         for request, reason in failed:
             if self._waiting.pop(request.request_id, None) is not None:
+                self._members.pop(request.request_id, None)
                 grammar = request.sampling.grammar
                 field = grammar.field if grammar is not None else "grammar"
-                self._refused.append((request.request_id, InvalidRequestError(f"{field}: {reason}", field)))
+                self._refused.append((request, InvalidRequestError(f"{field}: {reason}", field)))
         admitted = []
         for request, matcher, cpu in ready:
             if self._waiting.pop(request.request_id, None) is not None:
-                self.masks.attach(request.request_id, matcher, cpu)
+                first, *others = self._members.pop(request.request_id, [request])
+                for choice in others:  # each choice its own state; the compile is charged once, to the first
+                    self.masks.attach(choice.request_id, matcher.deep_copy(), 0.0)
+                self.masks.attach(first.request_id, matcher, cpu)
                 admitted.append(request)
         return admitted
 
@@ -74,11 +85,13 @@ class GrammarIntake:
         """Take a waiting request out (it was aborted), or None if it is not waiting."""
         request = self._waiting.pop(request_id, None)
         if request is not None:
+            self._members.pop(request_id, None)
             self.compiler.drop(request_id)
         return request
 
-    def take_refused(self) -> list[tuple[str, InvalidRequestError]]:
-        """Requests refused since the last call because their grammar failed; the loop reports each."""
+    def take_refused(self) -> list[tuple[Request, InvalidRequestError]]:
+        """Requests refused since the last call because their grammar failed (once per request, whatever its
+        n); the loop reports each."""
         refused, self._refused = self._refused, []
         return refused
 

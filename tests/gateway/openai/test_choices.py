@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from typing import Any
+from typing import Any, cast
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
 from tests.gateway.conftest import Server, wait_for
+from tests.gateway.openai.test_structured import PERSON, Answer
 from tests.gateway.openai.test_tools import WEATHER
 
 
@@ -139,12 +141,76 @@ def test_n_over_the_cap_is_a_400_naming_n(server: Server, client: httpx.Client) 
     assert _param(err.value) == "n"
 
 
-def test_a_required_tool_call_with_n_is_a_400_naming_n(server: Server, oa: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError) as err:
+def test_a_required_tool_call_with_n_gives_each_choice_its_call(server: Server, oa: openai.OpenAI) -> None:
+    reply = oa.chat.completions.create(
+        model=server.model,
+        messages=MESSAGES,
+        tools=[WEATHER],
+        tool_choice="required",
+        n=2,
+        max_tokens=120,
+        temperature=1.0,
+        seed=5,
+    )
+    assert [c.index for c in reply.choices] == [0, 1]
+    for choice in reply.choices:
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+        call = choice.message.tool_calls[0]
+        assert call.type == "function" and call.function.name == "get_weather"
+        assert isinstance(json.loads(call.function.arguments), dict)
+
+
+def test_json_schema_with_n_gives_choices_that_each_validate(server: Server, oa: openai.OpenAI) -> None:
+    reply = oa.chat.completions.create(
+        model=server.model,
+        messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        response_format=cast(
+            Any, {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}}
+        ),
+        n=3,
+        max_tokens=200,
+        temperature=1.0,
+        seed=2,
+    )
+    contents = [c.message.content or "" for c in reply.choices]
+    assert [c.index for c in reply.choices] == [0, 1, 2] and len(set(contents)) == 3
+    for choice in reply.choices:
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content or ""), PERSON)
+
+
+def test_streamed_json_object_with_n_interleaves_choices_that_each_parse(
+    server: Server, oa: openai.OpenAI
+) -> None:
+    events = list(
         oa.chat.completions.create(
-            model=server.model, messages=MESSAGES, tools=[WEATHER], tool_choice="required", n=2, max_tokens=5
+            model=server.model,
+            messages=[{"role": "user", "content": "Some JSON, please."}],
+            response_format={"type": "json_object"},
+            n=2,
+            max_tokens=120,
+            temperature=1.0,
+            seed=9,
+            stream=True,
         )
-    assert _param(err.value) == "n"
+    )
+    order, texts, reasons, _ = _streamed(events, chat=True)
+    assert set(order) == {0, 1} and order != sorted(order), "the two choices' events interleave"
+    assert reasons == {0: ["stop"], 1: ["stop"]}
+    assert all(isinstance(json.loads(texts[i]), dict) for i in (0, 1))
+
+
+def test_openai_parse_with_n_returns_a_parsed_object_per_choice(server: Server, oa: openai.OpenAI) -> None:
+    completion = oa.chat.completions.parse(
+        model=server.model,
+        messages=[{"role": "user", "content": "A city?"}],
+        response_format=Answer,
+        n=2,
+        max_tokens=200,
+        temperature=1.0,
+        seed=4,
+    )
+    assert [type(c.message.parsed) for c in completion.choices] == [Answer, Answer]
 
 
 def test_tools_offered_with_n_parse_each_choice(server: Server, oa: openai.OpenAI) -> None:
