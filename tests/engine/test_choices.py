@@ -293,3 +293,26 @@ def test_a_grammar_that_fails_refuses_the_request_once_with_all_its_choices() ->
         and engine.pool.num_free == engine.pool.num_blocks
     )
     engine.close()
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_aborting_a_request_held_for_its_grammar_ends_every_choice(cached: bool) -> None:
+    """Aborted while its grammar compiles (or, cached, before its first step): every choice ends cancelled
+    and no choice's matcher is left behind."""
+    engine = _engine()
+    grammar = Grammar("json_schema", json.dumps(SCHEMA), "response_format")
+    params = SamplingParams(max_tokens=16, temperature=1.0, seed=5, n=3, grammar=grammar)
+    if cached:  # a first request compiles the grammar; the second gets its matchers at once
+        engine.add_request("r", PROMPT, params)
+        _run(engine)
+    engine.add_request("r", PROMPT, params)
+    assert engine.grammar.waiting == (0 if cached else 1)
+    assert engine.abort_request("r")
+    choices, metrics = _run(engine)
+    assert {i: reason for i, (_, _, reason) in choices.items()} == dict.fromkeys(
+        range(3), FinishReason.CANCELLED
+    )
+    assert metrics is not None and not engine.take_refused()
+    assert not engine.grammar.masks and not engine._streams and not engine.scheduler.requests
+    assert engine.pool.num_free == engine.pool.num_blocks
+    engine.close()
