@@ -1,4 +1,4 @@
-# Two commands: `make serve` and `make test`. Both build .venv on first use.
+# Two commands: `make serve` (the serving install) and `make test` (adds the dev tools and Ray). Both build .venv on first use.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -6,18 +6,27 @@ STAMP := $(VENV)/.installed
 
 .PHONY: serve test lint bench bench-litellm clean
 
-$(STAMP): pyproject.toml fairserve_client/pyproject.toml
+SERVE_STAMP := $(VENV)/.installed-serve
+ARGS ?=
+
+# The serving install: what `fairserve serve` needs, no test tools, no Ray (README "Quick start").
+$(SERVE_STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned to the CPU build on disk, so nothing pulls a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e .
+	touch $(SERVE_STAMP)
+
+$(STAMP): $(SERVE_STAMP) pyproject.toml fairserve_client/pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,ray]'  # ray: the tests of cluster/ (fairserve ray) run in CI
 	# The client is a distribution of its own (openai is its only dependency; see its pyproject.toml).
 	$(BIN)/pip install -q -e ./fairserve_client
 	touch $(STAMP)
 
-serve: $(STAMP)
-	$(BIN)/fairserve serve
+# `make serve ARGS="--host 0.0.0.0 --port 9000"`: any flag of `fairserve serve` (or FAIRSERVE_HOST, FAIRSERVE_PORT).
+serve: $(SERVE_STAMP)
+	$(BIN)/fairserve serve $(ARGS)
 
 test: $(STAMP)
 	bash scripts/test.sh

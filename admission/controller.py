@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass
 
 from admission.backoff import retry_after_seconds
-from admission.feasibility import LoadStats, RatePriors, drain_seconds, estimate
+from admission.feasibility import Estimate, LoadStats, RatePriors, drain_seconds, estimate
 from admission.queues import AdmissionQueues, QueueBounds, QueueFull, QueueSlot
 from admission.quota import QuotaDecision
 
@@ -37,6 +37,8 @@ class Rejection:
     retry_after_s: int | None = None
     estimated_start_ms: int | None = None
     quota: QuotaDecision | None = None  # the tenant's quota state, for RateLimit headers (admission/edge.py)
+    param: str | None = None  # the request field a non-retryable refusal is about
+    retryable: bool = True  # False: waiting cannot help; sent with `x-should-retry: false`, no Retry-After
 
 
 @dataclass(frozen=True)
@@ -80,17 +82,7 @@ class AdmissionController:
         )
         start_ms = int(round(est.start_s * 1000))
         if deadline is not None and now + est.finish_s > deadline:
-            # Retry once the queue ahead has drained by the amount the request overshoots.
-            overshoot = now + est.finish_s - deadline
-            wait = min(overshoot, est.start_s) if est.start_s > 0 else overshoot
-            return Rejection(
-                503,
-                "deadline_infeasible",
-                f"cannot finish by the deadline: estimated start in {start_ms} ms, "
-                f"finish in {est.finish_s * 1000:.0f} ms, deadline in {(deadline - now) * 1000:.0f} ms",
-                retry_after_s=self.retry_after(wait),
-                estimated_start_ms=start_ms,
-            )
+            return self.infeasible(est, deadline - now)
         slot = self.queues.try_enter(tenant_id, prompt_tokens, tenant_queue_bound, weight)
         if isinstance(slot, QueueFull):
             wait = drain_seconds(stats, slot.excess_tokens, slot.excess_requests, self.settings.priors)
@@ -100,6 +92,38 @@ class AdmissionController:
                 return Rejection(429, "over_share", slot.message, self.retry_after(wait), start_ms)
             return Rejection(503, "overloaded", slot.message, self.retry_after(wait), start_ms)
         return Admitted(slot, start_ms)
+
+    def infeasible(self, est: Estimate, left: float) -> Rejection:
+        """The refusal of a deadline `left` seconds away that `est` cannot meet.
+
+        When the request's own run time (prefill and max_tokens decode steps on an idle engine) exceeds the
+        deadline, waiting cannot help: 400 `deadline_unmeetable`, not retryable. Otherwise 503
+        `deadline_infeasible`, retry once the queue ahead has drained by the amount the request overshoots.
+        """
+        start_ms = int(round(est.start_s * 1000))
+        said = (
+            f"estimated start in {start_ms} ms, finish in {est.finish_s * 1000:.0f} ms, "
+            f"deadline in {left * 1000:.0f} ms"
+        )
+        if not est.waiting_helps(left):
+            return Rejection(
+                400,
+                "deadline_unmeetable",
+                f"cannot finish by the deadline even on an idle engine: its own run takes an estimated "
+                f"{est.run_s * 1000:.0f} ms ({said}); lower max_tokens or allow more time",
+                estimated_start_ms=start_ms,
+                param="max_tokens",
+                retryable=False,
+            )
+        overshoot = est.finish_s - left
+        wait = min(overshoot, est.start_s) if est.start_s > 0 else overshoot
+        return Rejection(
+            503,
+            "deadline_infeasible",
+            f"cannot finish by the deadline: {said}",
+            retry_after_s=self.retry_after(wait),
+            estimated_start_ms=start_ms,
+        )
 
     def pushed_out(self, slot: QueueSlot, stats: LoadStats) -> Rejection:
         """The answer to a request pushed out of the full queue by a tenant under its share: 429, retry

@@ -92,17 +92,39 @@ class EdgeAdmission:
         if quota.allowed:
             return Admission(verdict.slot, verdict.estimated_start_ms, quota)
         verdict.slot.release()
-        return self._quota_refusal(quota)
+        return self._quota_refusal(quota, ask)
 
-    def _quota_refusal(self, quota: QuotaDecision) -> Rejection:
-        retry = self.controller.retry_after(quota.retry_after_s)
+    def _quota_refusal(self, quota: QuotaDecision, ask: AdmissionAsk) -> Rejection:
+        """What a denied reservation answers, naming the tokens asked for and the limit.
+
+        A request larger than the whole quota (`exceeds_limit`) can never be admitted, however long its
+        client waits: 400 `quota_exceeds_limit`, no Retry-After, `x-should-retry: false` (a retry must not
+        be invited: docs/gateway.md, "Refusals that waiting cannot cure"). Otherwise 429 `quota_exceeded`
+        with the wait until enough tokens have left the window.
+        """
         if quota.reason == "backend_unavailable":  # quotas fail closed and Redis is away
+            retry = self.controller.retry_after(quota.retry_after_s)
             return Rejection(503, "quota_unavailable", "the quota backend is unavailable; retry later", retry)
+        asked = ask.prompt_tokens + ask.max_tokens
+        what = (
+            f"this request reserves {asked} tokens (prompt {ask.prompt_tokens} + {ask.max_tokens} to "
+            "generate: max_tokens times n)"
+        )
+        if quota.reason == "exceeds_limit":
+            return Rejection(
+                400,
+                "quota_exceeds_limit",
+                f"{what}, more than the tenant's whole quota of {quota.limit_text()}: it can never be "
+                "admitted; lower max_tokens (a request without it reserves the whole context) or the prompt",
+                quota=quota,
+                param="max_tokens",
+                retryable=False,
+            )
         return Rejection(
             429,
             "quota_exceeded",
-            f"tenant token quota exceeded ({quota.reason or 'insufficient tokens'})",
-            retry,
+            f"tenant token quota exceeded: {what}, {quota.remaining or 0} of {quota.limit_text()} left now",
+            self.controller.retry_after(quota.retry_after_s),
             quota=quota,
         )
 

@@ -51,6 +51,12 @@ class Estimate:
     finish_s: float
     tokens_ahead: int
     requests_ahead: int
+    run_s: float = 0.0  # its own prefill and decode: its finish on an idle engine, where waiting cannot help
+
+    def waiting_helps(self, seconds_left: float) -> bool:
+        """Whether the request could meet a deadline `seconds_left` away on an idle engine: if not, a retry
+        never succeeds, and the refusal must not say when to retry (docs/gateway.md, "Refusals")."""
+        return self.run_s <= seconds_left
 
 
 def requests_ahead(stats: LoadStats, tenant_id: str, fair: bool) -> int:
@@ -92,8 +98,14 @@ def estimate(
     if ahead >= free_slots:
         start_s += (ahead - free_slots + 1) * iteration_s
     # Decode advances each running sequence by one token per iteration.
-    finish_s = start_s + prompt_tokens / prefill_rate + max_tokens * iteration_s
-    return Estimate(start_s=start_s, finish_s=finish_s, tokens_ahead=tokens_ahead, requests_ahead=ahead)
+    run_s = prompt_tokens / prefill_rate + max_tokens * iteration_s
+    return Estimate(
+        start_s=start_s,
+        finish_s=start_s + run_s,
+        tokens_ahead=tokens_ahead,
+        requests_ahead=ahead,
+        run_s=run_s,
+    )
 
 
 def drain_seconds(stats: LoadStats, excess_tokens: int, excess_requests: int, priors: RatePriors) -> float:

@@ -11,7 +11,7 @@ with the learned rates where the engines report none: an engine idle now still h
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from admission.feasibility import Estimate, LoadStats, RatePriors, estimate
 
@@ -35,6 +35,9 @@ class ModelRates:
     def __init__(self, priors: RatePriors) -> None:
         self.priors = priors
         self._rates: dict[str, LearnedRate] = {}
+        # Per model, the fastest prefill rate and iteration time its engines ever reported: how fast a
+        # request runs with the engine to itself, which decides whether waiting can help (`estimate`).
+        self._fastest: dict[str, tuple[float, float]] = {}
         self._lock = threading.Lock()
 
     def observe(self, model: str, stats: LoadStats) -> LearnedRate:
@@ -45,6 +48,8 @@ class ModelRates:
             )
             prefill, iteration = stats.prefill_tokens_per_s, stats.iteration_seconds
             if prefill > 0 and iteration > 0:
+                best = self._fastest.get(model, (prefill, iteration))
+                self._fastest[model] = (max(best[0], prefill), min(best[1], iteration))
                 keep = 0.0 if rate.samples == 0 else 1.0 - LEARNING_RATE
                 rate.prefill_tokens_per_s = keep * rate.prefill_tokens_per_s + (1 - keep) * prefill
                 rate.iteration_s = keep * rate.iteration_s + (1 - keep) * iteration
@@ -72,9 +77,11 @@ class ModelRates:
     def estimate(
         self, model: str, stats: LoadStats, tenant_id: str, prompt_tokens: int, max_tokens: int, fair: bool
     ) -> Estimate:
-        """Start and worst-case finish of a request on `model`, from its live queue and rates."""
+        """Start and worst-case finish of a request on `model`, from its live queue and rates; its `run_s`
+        (the run alone, which says whether waiting can help) at the fastest rates the model has shown, since
+        a busy engine's slower iterations are part of what waiting cures."""
         rate = self.effective(model, stats)
-        return estimate(
+        est = estimate(
             _Measured(stats, rate),
             tenant_id,
             prompt_tokens,
@@ -82,6 +89,12 @@ class ModelRates:
             fair,
             RatePriors(rate.prefill_tokens_per_s, rate.iteration_s),
         )
+        with self._lock:
+            fastest = self._fastest.get(model)
+        if fastest is None:
+            return est
+        alone = prompt_tokens / fastest[0] + max_tokens * fastest[1]
+        return replace(est, run_s=min(est.run_s, alone))
 
 
 class _Measured:

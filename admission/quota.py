@@ -57,6 +57,12 @@ class QuotaDecision:
     reservation_id: str | None
     policy: str
     reason: str | None = None  # None | "insufficient_tokens" | "exceeds_limit" | "backend_unavailable"
+    window_s: float = 0.0  # the binding window's length (60: per minute, 86400: per day); 0 without one
+
+    def limit_text(self) -> str:
+        """The binding limit as a refusal names it, e.g. '200 tokens per minute'."""
+        per = {60.0: "minute", 86_400.0: "day"}.get(self.window_s, f"{self.window_s:g} s")
+        return f"{self.limit} tokens per {per}"
 
 
 @dataclass
@@ -112,6 +118,7 @@ def decide(tokens: int, views: list[WindowView], reservation_id: str | None, pol
         reservation_id=reservation_id if allowed else None,
         policy=policy,
         reason=reason,
+        window_s=views[i].seconds,
     )
 
 

@@ -17,7 +17,11 @@ from typing import Any
 from bench.workloads import WORKLOADS
 
 # Flags whose value the report writes as the environment variable that can hold it, never as given.
-SECRETS = {"api_key": "FAIRSERVE_API_KEY", "metrics_token": "FAIRSERVE_METRICS_TOKEN"}
+SECRETS = {
+    "api_key": "FAIRSERVE_API_KEY",
+    "metrics_token": "FAIRSERVE_METRICS_TOKEN",
+    "admin_token": "FAIRSERVE_ADMIN_TOKEN",
+}
 # `--quick`: the whole run fits in under two minutes on a 2-core machine.
 QUICK: dict[str, Any] = {"duration_s": 4.0, "sweep_rates": [4.0, 16.0, 32.0, 64.0], "sweep_duration_s": 2.5}
 
@@ -29,6 +33,8 @@ class BenchOptions:
     url: str | None = None
     api_key: str | None = None
     metrics_token: str = ""  # with --url: the server's metrics (or admin) token, for /metrics
+    # With --url: the admin token, to give each workload tenant its own tenant, weight and key (bench/provision.py).
+    admin_token: str = ""
     quick: bool = False
     out: Path = Path("bench-report")
     workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
@@ -54,8 +60,8 @@ class BenchOptions:
             raise ValueError("durations must be > 0")
         if self.rate_scale <= 0 or any(r <= 0 for r in self.sweep_rates):
             raise ValueError("rates must be > 0")
-        if self.url is not None and not self.api_key:
-            raise ValueError("--url needs --api-key")
+        if self.url is not None and not self.api_key and not self.admin_token:
+            raise ValueError("--url needs --api-key (every tenant on that key) or --admin-token (a key each)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -65,6 +71,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--url", help="a running server (default: start one in-process on a free port)")
     a("--api-key", help=f"tenant API key for --url (or ${SECRETS['api_key']})")
     a("--metrics-token", help=f"the metrics (or admin) token of --url (or ${SECRETS['metrics_token']})")
+    a(
+        "--admin-token",
+        help="the admin token of --url: each bench tenant gets its own tenant (bench-NAME), weight and key "
+        f"through the admin API, so charged service per tenant is measured (or ${SECRETS['admin_token']})",
+    )
     a("--out", default="bench-report", help="directory for report.json, report.md and the PNGs")
     a("--workload", nargs="+", metavar="NAME", help=f"workloads (default: all of {', '.join(WORKLOADS)})")
     a("--duration", type=float, help="seconds of traffic per workload")
@@ -124,6 +135,7 @@ def options(args: argparse.Namespace) -> BenchOptions:
         url=args.url,
         api_key=args.api_key or os.environ.get(SECRETS["api_key"]),
         metrics_token=args.metrics_token or os.environ.get(SECRETS["metrics_token"], ""),
+        admin_token=args.admin_token or os.environ.get(SECRETS["admin_token"], ""),
         quick=args.quick,
         out=Path(args.out),
         seed=args.seed,
@@ -154,7 +166,15 @@ def bench_command(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"fairserve bench: {exc}", file=sys.stderr)
             return 2
-        from bench.run import run_bench
+        try:
+            from bench.run import run_bench
+        except ModuleNotFoundError as exc:  # the serving install (`pip install .`) has no plotting library
+            print(
+                f"fairserve bench: {exc.name} is not installed; pip install '.[bench]' adds what the "
+                "report needs",
+                file=sys.stderr,
+            )
+            return 2
 
         paths = run_bench(opts)
     for kind, path in paths.items():

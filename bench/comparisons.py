@@ -1,9 +1,14 @@
 """Comparisons measured in the same run, as ratios to a peer of this run: engine vs transformers, one
-policy dimension at a time, the gateway vs the in-process engine and litellm."""
+policy dimension at a time, the gateway vs the in-process engine and litellm.
+
+The sides of a comparison take turns, round by round, and each round's result is kept: a ratio or an
+added latency is reported only when the rounds agree within the effect, else "inconclusive" with the
+rounds' spread (bench/verdict.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -13,6 +18,7 @@ from bench.litellm_peer import LiteLLMProxy, find_litellm
 from bench.loadgen import Outcome, Target, run_load
 from bench.report import percentiles
 from bench.server import LocalServer
+from bench.verdict import difference_verdict, ratio_verdict
 from bench.workloads import SLO, LengthDist, PlannedRequest, Workload
 from engine import AsyncEngine, EngineConfig, ProcessEngine, RequestMeta, SamplingParams
 
@@ -71,7 +77,7 @@ async def _via(target: Target, plan: list[PlannedRequest]) -> list[Outcome]:
 
 
 async def gateway_comparison(
-    local: LocalServer | None, rate: float, n: int, litellm_bin: str | None, rounds: int = 2
+    local: LocalServer | None, rate: float, n: int, litellm_bin: str | None, rounds: int = 3
 ) -> dict[str, Any]:
     """p50/p99 at one offered load: in-process engine, through fairserve's gateway, through litellm in front;
     the paths take turns for `rounds` rounds, so background load on a shared machine hits them alike."""
@@ -99,24 +105,37 @@ async def gateway_comparison(
         else:
             ll = Target(proxy.url, local.model, {}, proxy.master_key)
             paths["litellm_proxy"] = lambda p: _via(ll, p)
+    by_round: list[dict[str, dict[str, Any]]] = []
     try:
         collected: dict[str, list[Outcome]] = {name: [] for name in paths}
         for run in paths.values():
             await run(_fixed_rate_plan(rate, min(n, 10)))  # warm-up
         for _ in range(rounds):
+            this_round: dict[str, dict[str, Any]] = {}
             for name, run in paths.items():
-                collected[name] += await run(plan)
+                outcomes = await run(plan)
+                collected[name] += outcomes
+                this_round[name] = _lat(outcomes)
+            by_round.append(this_round)
         rows.update({name: _lat(outs) for name, outs in collected.items()})
     finally:
         if proxy is not None:
             await asyncio.to_thread(proxy.stop)
     base = rows["in_process"]
-    for r in (rows["fairserve_gateway"], rows["litellm_proxy"]):
+    for name in ("fairserve_gateway", "litellm_proxy"):
+        r = rows[name]
         if r.get("measured") and r["n"] and base["n"]:
             r |= {
                 f"added_{k}": r[k] - base[k]
                 for k in ("ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms")
             }
+            # Each round's own added p50 TTFT: the paths alternated, so a busy spell hits one round, not one path.
+            added = [
+                rnd[name]["ttft_p50_ms"] - rnd["in_process"]["ttft_p50_ms"]
+                for rnd in by_round
+                if rnd[name]["ttft_p50_ms"] is not None and rnd["in_process"]["ttft_p50_ms"] is not None
+            ]
+            r["added_ttft_p50_verdict"] = difference_verdict(added)
     return rows
 
 
@@ -142,25 +161,52 @@ def engine_comparison(cache_dir: str, quick: bool) -> dict[str, Any]:
     from bench import engine_throughput as et
     from engine.loader import default_model_dir
 
-    n, prompts, outputs, repeats = (12, (8, 64), (4, 32), 2) if quick else (48, (8, 256), (8, 128), 3)
+    n, prompts, outputs, repeats = (12, (8, 64), (4, 32), 3) if quick else (48, (8, 256), (8, 128), 3)
     header = {
         "model": "embedded default (fairserve-tiny, fp32)",
         "requests": n,
         "prompt_tokens": list(prompts),
         "output_tokens": list(outputs),
         "sampling": "greedy, EOS ignored",
-        "mode": ("reduced" if quick else "full") + f", best of {repeats} interleaved rounds after a warm-up",
+        "mode": ("reduced" if quick else "full")
+        + f", median of {repeats} alternating rounds after a warm-up",
     }
     try:
         systems = ["fairserve", "generate", "generate_batch"]
         runs, _ = et.runners(Path(default_model_dir(cache_dir)), systems, 8, (64, 512), (4 * n, 512))
         workload, warmup = et.make_workload(n, prompts, outputs, 0), et.make_workload(4, (4, 16), (2, 4), 1)
-        results = et.measure(runs, workload, warmup, repeats)
+        rounds = _alternating_rounds(runs, workload, warmup, repeats)
     except Exception as exc:  # a peer's API or install problem must not sink the whole report
         return {**header, "rows": [], "note": f"not measured: {type(exc).__name__}: {str(exc)[:200]}"}
     rows: list[dict[str, Any]] = [
-        {"system": r.system, "tokens_per_s": r.tokens_per_s, "seconds": r.seconds} for r in results
+        {
+            "system": system,
+            "tokens_per_s": statistics.median(r[system] for r in rounds),
+            "rounds_tokens_per_s": [r[system] for r in rounds],
+        }
+        for system in runs  # the runners' display names, fairserve's first
     ]
     for row in rows[1:]:
-        row["fairserve_speedup"] = rows[0]["tokens_per_s"] / row["tokens_per_s"]
+        # Each round's ratio: the systems ran back to back in it, so load on the machine hit both alike.
+        verdict = ratio_verdict([r["fairserve"] / r[row["system"]] for r in rounds])
+        row["verdict"] = verdict
+        if verdict["conclusive"]:
+            row["fairserve_speedup"] = verdict["median"]
     return {**header, "rows": rows}
+
+
+def _alternating_rounds(
+    runs: dict[str, Any], workload: Any, warmup: Any, repeats: int
+) -> list[dict[str, float]]:
+    """Warm every system up, then `repeats` rounds of every system in turn: each round's tokens/s by system."""
+    for run in runs.values():
+        run(warmup)
+    rounds = []
+    for _ in range(repeats):
+        this_round = {}
+        for system, run in runs.items():
+            start = time.perf_counter()
+            tokens = run(workload)
+            this_round[system] = tokens / (time.perf_counter() - start)
+        rounds.append(this_round)
+    return rounds

@@ -11,6 +11,7 @@ what is reported: docs/gateway.md, "Benchmark: fair at the door".
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import multiprocessing as mp
 import random
@@ -36,12 +37,44 @@ FLOODS = (
     "spoofed_xff",
     "long_prefills",
     "long_prefill_one",
+    "cached_prefills",
+    "cached_prefill_one",
+    "chat_empty",
+    "chat_parts",
+    "fresh_schemas",
+    "schema_free",
 )
 # The `messages` flood's chat: 30,000 empty messages (990 KB, under the body cap), refused whatever it
 # costs to find out (issue #45: it held the event loop for 0.28 s each).
 FLOOD_MESSAGES = 30_000
 # Issue 45: B's closed loops of distinct 2,047-token prompts (the prefix cache cannot shorten them)
 LONG_PREFILL_LOOPS = {"long_prefills": 62, "long_prefill_one": 1}
+# Issue 54: B's closed loops re-sending cached 2,047-token prompts (`max_tokens` 1), so only the tail past the
+# cached blocks is new each time; the step cost model (engine/step_cost.py) must keep A's steps bounded.
+CACHED_PREFILL_LOOPS = {"cached_prefills": 48, "cached_prefill_one": 1}
+# Issue 54: chats under the message cap that still cost their CPU to render (`chat_empty`: 2,048 empty
+# messages; `chat_parts`: 2,048 one-part content lists), and B's 8 loops each sending a fresh 30-property
+# schema (`fresh_schemas`): preprocessing CPU, which must be B's own and bounded. `schema_free` is the same
+# 8 loops without a schema, the control: what B's answers themselves cost A.
+CHAT_FLOOD_MESSAGES = 2048
+SCHEMA_LOOPS, SCHEMA_PROPERTIES = 8, 30
+
+
+def chat_flood(kind: str, model: str) -> dict[str, Any]:
+    """The body of a `chat_empty` or `chat_parts` flood request (under the message cap)."""
+    content: str | list[dict[str, str]] = "" if kind == "chat_empty" else [{"type": "text", "text": ""}]
+    return {"model": model, "messages": [{"role": "user", "content": content}] * CHAT_FLOOD_MESSAGES}
+
+
+def fresh_schema(model: str, rng: random.Random | None) -> bytes:
+    """A chat whose `response_format` is a schema never sent before: 30 properties of random names (without
+    `rng`, the same chat with no schema)."""
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    if rng is not None:
+        props = {f"p{rng.getrandbits(48):x}": {"type": "integer"} for _ in range(SCHEMA_PROPERTIES)}
+        schema = {"type": "object", "properties": props, "required": list(props)[:3]}
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "fresh", "schema": schema}}
+    return json.dumps(body).encode()
 
 
 def make_tenant(url: str, admin_token: str, name: str, **fields: Any) -> str:
@@ -135,13 +168,41 @@ def flood(kind: str, url: str, key: str, seconds: float, results: Any) -> None:
             {"messages": [{"role": "user", "content": ""}] * FLOOD_MESSAGES},
             "/v1/chat/completions",
         )
+    if kind in ("chat_empty", "chat_parts"):
+        fields, path = chat_flood(kind, model), "/v1/chat/completions"
     body: bytes | Callable[[], bytes] = json.dumps({"model": model, **fields, "max_tokens": 1}).encode()
+    if kind in ("fresh_schemas", "schema_free"):
+        n, path = SCHEMA_LOOPS, "/v1/chat/completions"
+        schema_rng = random.Random() if kind == "fresh_schemas" else None
+
+        def body() -> bytes:
+            return fresh_schema(model, schema_rng)
+
     if kind in LONG_PREFILL_LOOPS:
         n, rng = LONG_PREFILL_LOOPS[kind], random.Random()  # fresh prompts each phase: none cached before
 
         def body() -> bytes:  # printable byte tokens, a new prompt each time
             tokens = [rng.randrange(32, 127) for _ in range(2047)]
             return json.dumps({"model": model, "prompt": tokens, "max_tokens": 1}).encode()
+
+    if kind in CACHED_PREFILL_LOOPS:
+        n, seed = CACHED_PREFILL_LOOPS[kind], random.Random(kind)
+        # One prompt per loop, the same every time it comes round: all cached after the first round.
+        prompts = itertools.cycle(
+            [
+                json.dumps(
+                    {
+                        "model": model,
+                        "prompt": [seed.randrange(32, 127) for _ in range(2047)],
+                        "max_tokens": 1,
+                    }
+                ).encode()
+                for _ in range(n)
+            ]
+        )
+
+        def body() -> bytes:
+            return next(prompts)
 
     def headers() -> dict[str, str]:  # spoofed: a bad key, each request claiming another client address
         if kind != "spoofed_xff":
@@ -225,6 +286,9 @@ def report(alone: list[dict[str, Any]], beside: dict[str, list[dict[str, Any]]])
     if "long_prefills" in medians and "long_prefill_one" in medians:
         # Issue 45's ratio: the depth of B's queue must not reach A (target <= 1.5)
         out["long_prefills_over_one"] = round(medians["long_prefills"] / medians["long_prefill_one"], 2)
+    if "cached_prefills" in medians and "cached_prefill_one" in medians:
+        # Issue 54's ratio: 48 loops of cached prompts over one (target <= 2; x13-19 before the step cost)
+        out["cached_prefills_over_one"] = round(medians["cached_prefills"] / medians["cached_prefill_one"], 2)
     return out
 
 

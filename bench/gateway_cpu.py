@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.banner import banner_entry
 from bench.harness import parser
 
 PROMPT = "The batch never waits."
@@ -55,9 +56,9 @@ class Server:
             [sys.executable, *args], cwd=checkout, env=env, stdout=subprocess.PIPE, text=True
         )
         for line in self.proc.stdout or []:
-            key, sep, value = line.strip().partition(": ")
-            self.banner.update({key: value} if sep else {})
-            if key == until:  # the banner's last line
+            entry = banner_entry(line)  # a secret's file read into the secret (stdout is a pipe)
+            self.banner.update([entry] if entry else [])
+            if entry and entry[0] == until:  # the banner's last line
                 break
         else:
             raise RuntimeError(f"{name} did not start")

@@ -36,6 +36,8 @@ class Target:
     keys: dict[str, str]
     default_key: str = ""
     metrics_token: str = ""  # for scraping /metrics (the gateway's metrics or admin token)
+    # vLLM and fairserve take `ignore_eos`; `transformers serve` refuses the unknown field (422).
+    ignore_eos: bool = True
 
     def metrics_headers(self) -> dict[str, str]:
         """Authorization for /metrics, when a token is known."""
@@ -65,6 +67,10 @@ class Outcome:
     attempt: int = 0
     cancel_sent_at: float | None = None  # the task cancel this attempt was subject to
     kept: bool = False  # the attempt an agent task kept
+    # What the client counted itself: chunks that carried text, and the text's UTF-8 bytes (the tokens of
+    # the embedded byte tokenizer). Chunks are not tokens: transformers serve sends several in one chunk.
+    text_chunks: int = 0
+    text_bytes: int = 0
 
     @property
     def accepted(self) -> bool:
@@ -88,8 +94,11 @@ class Outcome:
 
     def saw(self, t0: float, text: str | None, finish: str | None, usage: tuple[int, ...] | None) -> None:
         """Record one streamed chunk: its text (the first one times TTFT), finish reason and usage."""
-        if text and self.first_token_at is None:
-            self.first_token_at = time.perf_counter() - t0
+        if text:
+            self.text_chunks += 1
+            self.text_bytes += len(text.encode())
+            if self.first_token_at is None:
+                self.first_token_at = time.perf_counter() - t0
         self.finish_reason = finish or self.finish_reason
         if usage is not None:
             self.prompt_tokens, self.completion_tokens, self.cached_tokens = usage
@@ -127,7 +136,7 @@ async def stream_one(
 ) -> Outcome:
     """Send one streaming completion and time it; errors become an Outcome, never an exception."""
     out = _start(req, t0)
-    body = _params(target, workload, req, 0) | {"ignore_eos": True}
+    body = _params(target, workload, req, 0) | ({"ignore_eos": True} if target.ignore_eos else {})
     headers = {"Authorization": f"Bearer {target.key(req.tenant)}", "X-Request-Id": out.request_id}
     if workload.slo.deadline_s is not None:
         headers["X-Timeout-Ms"] = str(int(workload.slo.deadline_s * 1000))

@@ -138,10 +138,17 @@ def _engine(eng: dict[str, Any]) -> list[str]:
         ]
         rows = (
             f"{row['system']} | {_f(row['tokens_per_s'], 1)} | "
-            + (f"{_f(row['fairserve_speedup'])}x" if "fairserve_speedup" in row else "-")
+            + " / ".join(_f(v, 1) for v in row.get("rounds_tokens_per_s", []))
+            + " | "
+            + (row["verdict"]["text"] if "verdict" in row else "-")
             for row in eng["rows"]
         )
-        lines += table("system | output tok/s | fairserve speed-up", "lrr", rows)
+        lines += table("system | output tok/s (median) | each round | fairserve speed-up", "lrll", rows)
+        lines += [
+            "",
+            "A speed-up is given only when its rounds agree within it; otherwise it reads inconclusive, "
+            "with the rounds' spread (a busy machine moves single runs several-fold).",
+        ]
     return lines + ([f"\n{eng['note']}"] if eng.get("note") else [])
 
 
@@ -191,6 +198,12 @@ def _gateway(gw: dict[str, Any]) -> list[str]:
         f"the paths taking turns in {gw.get('rounds', 1)} rounds.",
         "",
         *table(header, "lllll", rows),
+        "",
+        *(
+            f"Added TTFT p50 of {name}, round by round: {gw[name]['added_ttft_p50_verdict']['text']}."
+            for name in ("fairserve_gateway", "litellm_proxy")
+            if "added_ttft_p50_verdict" in gw.get(name, {})
+        ),
     ]
 
 

@@ -22,6 +22,7 @@ from bench.cli import BenchOptions
 from bench.harness import served_model
 from bench.loadgen import Target, run_load
 from bench.probe import Timeline, sample, scrape, settled
+from bench.provision import provision_tenants
 from bench.report import capacity_point, consistency_problems, summarise
 from bench.server import LocalServer, start_local_server
 from bench.workloads import WORKLOADS, Workload, plan
@@ -72,7 +73,14 @@ def declaration(opts: BenchOptions, target: Target, local: LocalServer | None) -
         + (" (the embedded model is float32)" if cfg and cfg.dtype == "auto" else ""),
         "hardware": f"{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads), "
         + accelerator,
-        "server": server if local else f"remote {target.url}; every tenant uses the given key",
+        "server": server
+        if local
+        else f"remote {target.url}; "
+        + (
+            "each tenant its own key and weight (bench-NAME, set through the admin API)"
+            if target.keys
+            else "every tenant uses the given key (no --admin-token: one tenant, one weight)"
+        ),
         "engine": cfg.model_dump(exclude={"cache_dir", "trace_path"})
         if cfg
         else "remote server (its configuration is the server's; see its /admin/api/engine)",
@@ -176,11 +184,19 @@ def write_outputs(report: dict[str, Any], out: Path) -> dict[str, Path]:
     return {"json": out / "report.json", "markdown": out / "report.md", **pngs}
 
 
+def _bench_tenants(opts: BenchOptions) -> list[tuple[str, float]]:
+    """(name, weight) of every tenant the chosen workloads (and the warm-up's chat) send as."""
+    return sorted({(t.name, t.weight) for n in {*opts.workloads, "chat"} for t in WORKLOADS[n].tenants})
+
+
 def _remote(opts: BenchOptions) -> Target:
-    """The --url server as a target: its first model, every tenant on the one key."""
-    assert opts.url is not None and opts.api_key is not None
+    """The --url server as a target: its first model; with --admin-token a key per bench tenant, each
+    tenant with its workload's weight (bench/provision.py), else every tenant on the one --api-key."""
+    assert opts.url is not None
     url = opts.url.rstrip("/")
-    return Target(url, served_model(url, opts.api_key), {}, opts.api_key, metrics_token=opts.metrics_token)
+    keys = provision_tenants(url, opts.admin_token, _bench_tenants(opts)) if opts.admin_token else {}
+    default = opts.api_key or next(iter(keys.values()))
+    return Target(url, served_model(url, default), keys, default, metrics_token=opts.metrics_token)
 
 
 def run_bench(opts: BenchOptions) -> dict[str, Path]:
@@ -190,7 +206,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Path]:
         tmp = Path(tmp_name)
         local: LocalServer | None = None
         if opts.url is None:
-            tenants = {(t.name, t.weight) for n in {*opts.workloads, "chat"} for t in WORKLOADS[n].tenants}
+            tenants = _bench_tenants(opts)
             # The embedded model under VTC, a token budget that chunks long prompts, few KV blocks so occupancy shows.
             config = EngineConfig(
                 cache_dir=str(tmp / "models"),
@@ -198,7 +214,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Path]:
                 num_kv_blocks=384,
                 fairness=FairnessConfig(policy="vtc"),
             )
-            local = start_local_server(config, tmp / "data", sorted(tenants))
+            local = start_local_server(config, tmp / "data", tenants)
         try:
             target = _target(local) if local else _remote(opts)
             report = asyncio.run(bench_async(opts, target, local, tmp))

@@ -23,9 +23,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.sql.dml import Insert
 
-from billing.models import Base, UsageDailyRow, UsageRow, UsageScopeRow
+from billing.models import Base, UsageDailyRow, UsageRow
 from billing.records import UsageRecord
-from billing.tasks import INFEASIBLE
+from billing.scope_rollup import add_to_scopes
 
 _FIELDS = tuple(f.name for f in fields(UsageRecord))
 _SUMMED = (
@@ -39,7 +39,6 @@ _SUMMED = (
 )
 _USAGE: Table = Base.metadata.tables[UsageRow.__tablename__]
 _DAILY: Table = Base.metadata.tables[UsageDailyRow.__tablename__]
-_SCOPES: Table = Base.metadata.tables[UsageScopeRow.__tablename__]
 
 
 def _insert(dialect: str) -> Any:
@@ -79,54 +78,9 @@ def _rollup_upsert(dialect: str) -> Insert:
     return statement
 
 
-def _scope_rollup(rows: list[UsageRecord]) -> list[dict[str, Any]]:
-    """The rows' additions to usage_scopes: per tenant, task or run, attempt and outcome."""
-    groups: dict[tuple[str, str, str, int, str], list[int]] = {}
-    for row in rows:
-        if row.task_id is None and row.workflow_run_id is None:
-            continue
-        outcome = INFEASIBLE if row.status == "rejected" and row.finish_reason == INFEASIBLE else row.status
-        tokens = row.prompt_tokens - row.cached_tokens + row.completion_tokens
-        for kind, scope in (("task", row.task_id), ("run", row.workflow_run_id)):
-            if scope is not None:
-                sums = groups.setdefault((row.tenant_id, kind, scope, row.attempt, outcome), [0, 0, 0])
-                sums[0] += 1
-                sums[1] += tokens
-                sums[2] += row.tokens_after_cancel
-    return [
-        {
-            "tenant_id": key[0],
-            "kind": key[1],
-            "scope_id": key[2],
-            "attempt": key[3],
-            "outcome": key[4],
-            "requests": sums[0],
-            "engine_tokens": sums[1],
-            "tokens_after_cancel": sums[2],
-        }
-        for key, sums in sorted(groups.items())  # a fixed order, as the daily rollup's
-    ]
-
-
-@functools.cache
-def _scope_upsert(dialect: str) -> Insert:
-    """The task and workflow-run rollup's upsert for a dialect, built once."""
-    upsert = _insert(dialect)(_SCOPES)
-    statement: Insert = upsert.on_conflict_do_update(
-        index_elements=["tenant_id", "kind", "scope_id", "attempt", "outcome"],
-        set_={
-            name: _SCOPES.c[name] + upsert.excluded[name]
-            for name in ("requests", "engine_tokens", "tokens_after_cancel")
-        },
-    )
-    return statement
-
-
 def _add_to_rollup(conn: Connection, rows: list[UsageRecord]) -> None:
     conn.execute(_rollup_upsert(conn.dialect.name), _rollup(rows))
-    scopes = _scope_rollup(rows)
-    if scopes:  # most rows name no task or run: no second statement for them
-        conn.execute(_scope_upsert(conn.dialect.name), scopes)
+    add_to_scopes(conn, rows)
 
 
 _PG_TYPES = {
@@ -139,6 +93,7 @@ _PG_TYPES = {
     "recomputed_tokens": "int4",
     "delivered_tokens": "int4",
     "dropped_tokens": "int4",
+    "counted_by_gateway": "bool",
     "charged_service": "float8",
     "queue_ms": "float8",
     "ttft_ms": "float8",

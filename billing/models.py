@@ -1,5 +1,5 @@
-"""SQLAlchemy 2 models: tenants, api_keys, usage (one row per request), usage_daily and usage_scopes rollups,
-audit_log, public_prefixes, lora_adapters."""
+"""SQLAlchemy 2 models: tenants, api_keys, usage (one row per request), the usage_daily and task rollups
+(usage_scope_totals, usage_scope_attempts), audit_log, public_prefixes, lora_adapters."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -117,6 +118,8 @@ class UsageRow(Base):
         CheckConstraint(
             "delivered_tokens IS NULL OR delivered_tokens >= 0", name="ck_usage_delivered_tokens_nonnegative"
         ),
+        # Nor is the service charged (migration 0012): below zero it would credit the tenant.
+        CheckConstraint("charged_service >= 0", name="ck_usage_charged_service_nonnegative"),
     )
 
     # Request ids are the caller's choice, so they are unique only within a tenant (migration 0002).
@@ -148,6 +151,10 @@ class UsageRow(Base):
     served_model: Mapped[str | None] = mapped_column(String(width.MODEL_MAX), nullable=True)
     degradation: Mapped[str | None] = mapped_column(String(width.DEGRADATION_MAX), nullable=True)
     dropped_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
+    # The completion tokens are the gateway's count: an upstream engine sent no usage (migration 0012).
+    counted_by_gateway: Mapped[bool] = mapped_column(
+        Boolean, nullable=False, default=False, server_default=false()
+    )
 
 
 class UsageDailyRow(Base):
@@ -168,16 +175,42 @@ class UsageDailyRow(Base):
     recomputed_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
 
 
-class UsageScopeRow(Base):
-    """Per tenant, task or workflow run, attempt and outcome: requests and engine tokens, maintained by the
-    ledger in the same transaction as the rows it inserts (migration 0009). A task report reads these few
-    rows instead of every usage row of the task, so polling a 50,000-row task costs what a 5-row one does.
+class UsageScopeTotalRow(Base):
+    """One row per tenant, task or workflow run: the whole report, maintained by the ledger in the same
+    transaction as the rows it inserts (migration 0014). A report reads this one row, so its cost is the
+    same whatever the task holds: 50,000 distinct attempts cost what one does (issue 54).
 
-    `kind` is "task" (X-Task-Id) or "run" (X-Workflow-Run-Id); `outcome` is the row's status, except
-    "infeasible" for a request refused for an infeasible deadline (status "rejected", billing/tasks.py).
+    `kind` is "task" (X-Task-Id) or "run" (X-Workflow-Run-Id). `kept_attempt` is the highest attempt with a
+    completed row (NULL: none yet) and `kept_tokens` the engine tokens of its completed rows, so the tokens
+    of answers a retry replaced are `completed_tokens - kept_tokens` (billing/tasks.py).
     """
 
-    __tablename__ = "usage_scopes"
+    __tablename__ = "usage_scope_totals"
+
+    tenant_id: Mapped[str] = mapped_column(String(width.TENANT_ID_MAX), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8), primary_key=True)
+    scope_id: Mapped[str] = mapped_column(
+        String(max(width.TASK_ID_MAX, width.WORKFLOW_RUN_ID_MAX)), primary_key=True
+    )
+    attempts: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    requests: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    completed: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    cancelled: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    deadline: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    rejected_infeasible: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    engine_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    tokens_after_cancel: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    cancelled_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    completed_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    kept_attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    kept_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+
+
+class UsageScopeAttemptRow(Base):
+    """The attempt numbers seen per tenant, task or run: written only to count distinct attempts as rows
+    arrive (an insert that conflicts is an attempt already counted), never read by a report."""
+
+    __tablename__ = "usage_scope_attempts"
 
     tenant_id: Mapped[str] = mapped_column(String(width.TENANT_ID_MAX), primary_key=True)
     kind: Mapped[str] = mapped_column(String(8), primary_key=True)
@@ -185,10 +218,6 @@ class UsageScopeRow(Base):
         String(max(width.TASK_ID_MAX, width.WORKFLOW_RUN_ID_MAX)), primary_key=True
     )
     attempt: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    outcome: Mapped[str] = mapped_column(String(width.STATUS_MAX), primary_key=True)
-    requests: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
-    engine_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
-    tokens_after_cancel: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
 
 
 class GatewayRow(Base):
@@ -222,7 +251,7 @@ class AuditRow(Base):
 
 class PublicPrefixRow(Base):
     """A prompt prefix an operator made public for one model: its blocks are shared by every tenant
-    (engine/public_prefixes.py). Token ids are stored, so every gateway matches the same prefix."""
+    (gateway/public_prefixes.py). Token ids are stored, so every gateway matches the same prefix."""
 
     __tablename__ = "public_prefixes"
     __table_args__ = (UniqueConstraint("model", "name", name="uq_public_prefixes_model_name"),)

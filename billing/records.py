@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -84,6 +85,9 @@ class UsageRecord:
     served_model: str | None = None
     degradation: str | None = None
     dropped_tokens: int = 0
+    # An upstream engine that reported no usage (upstream/, migration 0012): the completion tokens are the
+    # gateway's own count of what it streamed, not the engine's. False for every engine that counts.
+    counted_by_gateway: bool = False
 
 
 # The counts a usage row may never hold below zero: the ledger refuses such a row before its journal, a
@@ -102,11 +106,14 @@ TOKEN_COUNTS = (
 
 
 def check_counts(row: UsageRecord) -> None:
-    """ValueError naming the first count of `row` below zero."""
+    """ValueError naming the first count of `row` below zero, or a charged_service that is not a finite
+    number >= 0 (migration 0012 constrains it too)."""
     for name in TOKEN_COUNTS:
         value = getattr(row, name)
         if value is not None and value < 0:
             raise ValueError(f"usage {name} must be >= 0, got {value!r}")
+    if not (row.charged_service >= 0 and math.isfinite(row.charged_service)):
+        raise ValueError(f"usage charged_service must be a finite number >= 0, got {row.charged_service!r}")
 
 
 # A journal or spill row written by an older fairserve may lack fields added since; these are the values
@@ -130,6 +137,7 @@ USAGE_DEFAULTS: dict[str, Any] = {
     "served_model": None,
     "degradation": None,
     "dropped_tokens": 0,
+    "counted_by_gateway": False,
 }
 
 

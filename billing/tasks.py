@@ -10,9 +10,9 @@ X-Attempt). From the usage rows of one tenant's task or run:
   cancelled requests (branches a client abandoned), and those of completed attempts whose answer a retry
   replaced: every completed row with an attempt number below the task's highest completed attempt.
 
-A report reads the ledger's rollup of the task (usage_scopes: requests and engine tokens per attempt and
-outcome, kept by billing/ledger_sql.py as rows are stored), so a task of 50,000 requests costs what one of
-five does; the per-tenant report budget (gateway/openai/tasks.py) bounds how often it is read.
+A report reads one row: the ledger's rollup of the task (usage_scope_totals, kept by billing/scope_rollup.py
+as rows are stored), so a task of 50,000 requests or 50,000 distinct attempts costs what one of five does;
+the per-tenant report budget (gateway/openai/tasks.py) bounds how often it is read.
 """
 
 from __future__ import annotations
@@ -24,10 +24,25 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, and_, func, select
 from sqlalchemy.orm import Session
 
-from billing.models import UsageRow, UsageScopeRow
+from billing.models import UsageRow, UsageScopeTotalRow
 
 # The finish_reason of a ledger row the edge writes for a request refused for an infeasible deadline.
 INFEASIBLE = "infeasible"
+# The rollup's counts, summed as rows come (billing/scope_rollup.py keeps them; `attempts` is added to only for
+# attempts new to the ledger), and the columns a report reads: those and the kept attempt's tokens.
+SUMMED = (
+    "attempts",
+    "requests",
+    "completed",
+    "cancelled",
+    "deadline",
+    "rejected_infeasible",
+    "engine_tokens",
+    "tokens_after_cancel",
+    "cancelled_tokens",
+    "completed_tokens",
+)
+_REPORTED = (*SUMMED, "kept_tokens")
 
 
 @dataclass
@@ -72,18 +87,15 @@ def _engine_tokens() -> ColumnElement[Any]:
     return UsageRow.prompt_tokens - UsageRow.cached_tokens + UsageRow.completion_tokens
 
 
-def report_query(tenant_id: str, kind: str, scope_id: str) -> Select[int, str, int, int, int]:
-    """The rollup rows of one tenant's task (kind "task") or workflow run ("run"): a range of
-    usage_scopes' primary key, which begins with the tenant, so another tenant's id reads what an unknown
-    one does (nothing)."""
-    return select(
-        UsageScopeRow.attempt,
-        UsageScopeRow.outcome,
-        UsageScopeRow.requests,
-        UsageScopeRow.engine_tokens,
-        UsageScopeRow.tokens_after_cancel,
-    ).where(
-        UsageScopeRow.tenant_id == tenant_id, UsageScopeRow.kind == kind, UsageScopeRow.scope_id == scope_id
+def report_query(tenant_id: str, kind: str, scope_id: str) -> Select[Any]:
+    """The rollup row of one tenant's task (kind "task") or workflow run ("run"): one key of
+    usage_scope_totals, whose primary key begins with the tenant, so another tenant's id reads what an
+    unknown one does (nothing)."""
+    columns = [UsageScopeTotalRow.__table__.c[name] for name in _REPORTED]
+    return select(*columns).where(
+        UsageScopeTotalRow.tenant_id == tenant_id,
+        UsageScopeTotalRow.kind == kind,
+        UsageScopeTotalRow.scope_id == scope_id,
     )
 
 
@@ -92,37 +104,17 @@ def task_report(
 ) -> TaskReport | None:
     """The report of `tenant_id`'s task (or workflow run); None when the ledger has no row of it.
 
-    Read from the rollup the ledger keeps (usage_scopes, one row per attempt and outcome), so its cost is
-    the task's attempts, not its requests."""
+    One row of the rollup the ledger keeps (usage_scope_totals, billing/scope_rollup.py), so its cost is
+    the same whatever the task holds: attempts, users, requests."""
     kind, scope_id = ("task", task_id) if task_id is not None else ("run", workflow_run_id)
     assert scope_id is not None
-    report = TaskReport()
-    attempts: set[int] = set()
-    completed: dict[int, int] = {}  # attempt -> engine tokens of its completed rows
-    for attempt, outcome, count, engine_tokens, after in session.execute(
-        report_query(tenant_id, kind, scope_id)
-    ):
-        attempts.add(attempt)
-        report.requests += count
-        report.engine_tokens += engine_tokens
-        report.tokens_after_cancel += after
-        if outcome == "completed":
-            report.completed += count
-            completed[attempt] = engine_tokens
-        elif outcome == "cancelled":
-            report.cancelled += count
-            report.cancelled_tokens += engine_tokens
-        elif outcome == "deadline":
-            report.deadline += count
-        elif outcome == INFEASIBLE:
-            report.rejected_infeasible += count
-    if not report.requests:
+    found = session.execute(report_query(tenant_id, kind, scope_id)).one_or_none()
+    if found is None or not found.requests:
         return None
-    report.attempts = len(attempts)
-    if completed:  # every completed attempt below the highest one was replaced by a retry
-        kept = max(completed)
-        report.replaced_tokens = sum(tokens for attempt, tokens in completed.items() if attempt < kept)
-    return report
+    values = dict(zip(_REPORTED, found, strict=True))
+    completed_tokens, kept_tokens = values.pop("completed_tokens"), values.pop("kept_tokens")
+    # Every completed attempt below the highest one was replaced by a retry.
+    return TaskReport(**values, replaced_tokens=completed_tokens - kept_tokens)
 
 
 def wasted_by_tenant(session: Session, since: datetime, until: datetime | None = None) -> list[WastedShare]:

@@ -17,7 +17,7 @@ from cluster import deploy
 from cluster.config import ClusterConfig
 from cluster.fit import DoesNotFit
 from engine.remote.curve import ClusterKey, create_key_file
-from gateway.cli.serve import prepare_deployment
+from gateway.cli.serve_run import prepare_deployment
 from gateway.edge.auth import ADMIN_TOKEN_FILE, METRICS_TOKEN_FILE
 from gateway.settings import GatewaySettings
 from gateway.settings_base import settings_error_text

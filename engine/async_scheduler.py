@@ -89,6 +89,9 @@ class AsyncScheduler(Scheduler):
         """The step's results are now certain to be wanted for the requests still live: charge their
         provisional decodes, advance them, and put a placeholder where each sampled token will land."""
         survivors = [r for r in out.provisional if not r.is_finished]
+        if self._charges_work:  # their decodes' work beyond the new token, as a plain step charges it
+            for request in survivors:
+                self.charge_work(request, request.step_work_pending)
         if self.scaled_charges:
             self.charge_scaled_decodes(survivors)
         if survivors:

@@ -8,7 +8,7 @@ and the field's description is the flag's help. Add a knob here and it appears i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -21,6 +21,17 @@ from fairness.registry import policy_entry
 # engine owns the accelerator, so it takes most of what is free after the weights (vLLM's
 # gpu_memory_utilization default is 0.9); on a CPU it shares RAM with everything else on the host.
 KV_CACHE_FRACTION_BY_DEVICE = {"cuda": 0.9, "cpu": 0.05}
+# A CUDA engine's step budget when none is given (a CPU's is the field's default, 256).
+CUDA_MAX_NUM_BATCHED_TOKENS = 512
+
+
+def budget_by_device(data: Any) -> Any:
+    """EngineConfig's raw input with a CUDA engine's step budget defaulted to 512 tokens where none is given
+    (a CPU's is the field's default, 256; docs/engine.md, "The step's cost")."""
+    unset = isinstance(data, dict) and data.get("max_num_batched_tokens") is None
+    if unset and str(data.get("device", "cpu")).startswith("cuda"):
+        return {**data, "max_num_batched_tokens": CUDA_MAX_NUM_BATCHED_TOKENS}
+    return data
 
 
 class EngineConfig(BaseModel):
@@ -59,8 +70,35 @@ class EngineConfig(BaseModel):
         description="run every step eagerly: no CUDA graphs for decode steps (and no padded static "
         "inputs, which a CPU runs in their place)",
     )
-    max_num_batched_tokens: int = Field(default=512, ge=1, description="token budget of one iteration")
+    # By device kind (`_budget_by_device`): on a CPU a 512-token step of cached prompts took about 50 ms
+    # beside which another tenant's one-step request waited ×3.1-3.4 of what it waited beside one such loop;
+    # at 256, ×1.9, and every flood's neighbour answered in half the time (docs/engine.md, "The step's cost").
+    max_num_batched_tokens: int = Field(
+        default=256,
+        ge=1,
+        description="token budget of one iteration (default by device kind: 256 on cpu, 512 on cuda)",
+    )
     max_num_seqs: int = Field(default=64, ge=1, description="sequences running at once (seats)")
+    # The step cost model (engine/step_cost.py, docs/engine.md "The step's cost"): a chunk costs
+    # length·(1 + context·cached positions) + sequence new-token equivalents, in the step's budget and in
+    # the fair-share charge alike. None: the default for the device kind (engine/step_cost.py DEVICE_DEFAULTS).
+    step_cost_context: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="new-token equivalents one new token costs per cached position it attends over "
+        "(default: the model's attention/linear FLOP ratio × the device kind's factor)",
+    )
+    step_cost_sequence: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="new-token equivalents every sequence in a step costs (default: by device kind)",
+    )
+    step_cost_charge: bool = Field(
+        default=True,
+        description="charge a chunk's cost beyond its new tokens (cached context, per sequence) as service",
+    )
     # LoRA adapters (engine/lora/, docs/engine.md "LoRA adapters"): none by default, and then nothing changes.
     lora: dict[str, str] = Field(
         default_factory=dict,
@@ -197,12 +235,29 @@ class EngineConfig(BaseModel):
             pairs[name] = path
         return pairs
 
+    @field_validator("lora")
+    @classmethod
+    def _lora_dirs(cls, value: dict[str, str]) -> dict[str, str]:
+        """Every adapter a PEFT directory, checked at start as `model` is and as the admin API checks a
+        registered one: a typo is exit 2 now, not an adapter listed in /v1/models that fails every request."""
+        for name, path in value.items():
+            if not (Path(path).expanduser() / "adapter_config.json").is_file():
+                raise ValueError(
+                    f"lora {name}={path}: not a PEFT adapter directory (no adapter_config.json in it)"
+                )
+        return value
+
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"redis_url {value!r}: use redis://HOST:PORT/DB, rediss://... or unix://PATH")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _budget_by_device(cls, data: Any) -> Any:
+        return budget_by_device(data)
 
     @model_validator(mode="after")
     def _shared_policy(self) -> EngineConfig:

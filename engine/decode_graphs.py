@@ -12,9 +12,11 @@ Sampling stays outside the graph. Steps with a prefill chunk run eagerly.
 
 The buffer code is one path on every device: on CPU the "capture" (`capture_eager`) keeps the forward
 over the static buffers as it is, so CPU tests run the bucketing, padding and buffer reuse and only
-the capture itself needs a GPU. The attention kernel takes its maximum sequence length from the host
-to choose a split count; a graph is captured with the engine's max_model_len, so its launches are
-fixed and correct for every shorter context (empty splits write nothing the reduce keeps).
+the capture itself needs a GPU. The Triton attention takes the batch's longest context from the host to
+choose its split count, which a graph fixes at capture; so each batch bucket is captured once per range of
+contexts with one split count (`split_context_bounds`), and a step replays the graph of its live longest
+context (the host knows it): the launches eager would make, with no empty splits and, at short context,
+no reduce.
 """
 
 from __future__ import annotations
@@ -31,13 +33,16 @@ from torch import nn
 
 from engine.attention import AttentionMetadata, KVCache
 from engine.models.protocol import CausalLM
+from engine.sampler import to_device
+from fairserve_kernels.launch_heuristics import num_sms, split_context_bounds
 
 if TYPE_CHECKING:
     from engine.host_batch import HostBatch
 
 log = logging.getLogger(__name__)
 
-# ids, positions, KV caches, metadata -> float32 logits of every row (the model's forward and LM head).
+# ids, positions, KV caches, metadata -> logits of every row (the model's forward and LM head), float32 or the
+# model dtype: a graph copies them into its float32 buffer.
 Forward = Callable[[torch.Tensor, torch.Tensor, list[KVCache], AttentionMetadata], torch.Tensor]
 Replay = Callable[[], None]
 Capture = Callable[[Replay], Replay]
@@ -114,13 +119,13 @@ class DecodeInputs:
         _put(self.slots, batch.slots, size, -1)
         _put(self.seq_lens, batch.seq_lens, size, 0)
         rows, width = batch.table.shape
-        self.table[:rows, :width].copy_(batch.table)
+        _upload(self.table[:rows, :width], batch.table)
         if self.window_slots is not None and self.window_table is not None:
             if batch.window_slots is None or batch.window_table is None:
                 raise RuntimeError("a windowed model's decode batch without its window layout")
             _put(self.window_slots, batch.window_slots, size, -1)
             rows, width = batch.window_table.shape
-            self.window_table[:rows, :width].copy_(batch.window_table)
+            _upload(self.window_table[:rows, :width], batch.window_table)
 
 
 def _put(buffer: torch.Tensor, values: torch.Tensor, size: int, pad: int) -> None:
@@ -129,7 +134,17 @@ def _put(buffer: torch.Tensor, values: torch.Tensor, size: int, pad: int) -> Non
     n = values.shape[0]
     if n < size:
         values = torch.cat((values, values.new_full((size - n,), pad)))
-    buffer[:size].copy_(values)
+    _upload(buffer[:size], values)
+
+
+def _upload(buffer: torch.Tensor, values: torch.Tensor) -> None:
+    """Copy host values into a device buffer without waiting for the device: from pageable memory a copy
+    waits for everything queued before it (the previous step's forward), from pinned memory it is queued
+    behind it. The caching host allocator keeps the pinned block until the copy has run."""
+    if buffer.is_cuda and values.device.type == "cpu":
+        buffer.copy_(values.pin_memory(), non_blocking=True)
+    else:
+        buffer.copy_(values)
 
 
 def capture_eager(run: Replay) -> Replay:
@@ -186,17 +201,26 @@ class DecodeGraphs:
         self.replayed_steps = 0
         self._forward = forward
         self._kv = list(kv_caches)  # a graph holds these tensors' addresses: new ones need a new capture
-        self._metas = {size: inputs.meta(size, max_seq_len, backend) for size in self.sizes}
-        self._replays: dict[int, Replay] = {}
+        # Per batch bucket, the context bounds each captured with its own split count (one on the twins).
+        self.contexts = {
+            size: _context_bounds(size, max_seq_len, backend, self._kv, inputs) for size in self.sizes
+        }
+        self._metas = {
+            (size, bound): inputs.meta(size, bound, backend)
+            for size in self.sizes
+            for bound in self.contexts[size]
+        }
+        self._replays: dict[tuple[int, int], Replay] = {}
 
     def capture(self, capture: Capture) -> None:
-        """Capture every bucket, largest first (the smaller ones then fit in its memory pool)."""
+        """Capture every (bucket, context bound), largest first (the smaller ones then fit in its pool)."""
         with torch.inference_mode():
-            for size in reversed(self.sizes):
-                self._replays[size] = capture(self._bucket_forward(size))
+            for key in sorted(self._metas, reverse=True):
+                self._replays[key] = capture(self._bucket_forward(key))
 
-    def _bucket_forward(self, size: int) -> Replay:
-        inputs, meta, kv, forward = self.inputs, self._metas[size], self._kv, self._forward
+    def _bucket_forward(self, key: tuple[int, int]) -> Replay:
+        size = key[0]
+        inputs, meta, kv, forward = self.inputs, self._metas[key], self._kv, self._forward
 
         def run() -> None:
             inputs.logits[:size] = forward(inputs.ids[:size], inputs.positions[:size], kv, meta)
@@ -230,24 +254,47 @@ class DecodeGraphs:
         size = self.bucket(rows)
         if size is None:
             raise ValueError(f"a decode batch of {rows} rows exceeds the largest graph ({self.sizes[-1]})")
+        bounds = self.contexts[size]
+        live = int(batch.seq_lens.max())  # a host tensor: no device sync
+        bound = bounds[min(bisect.bisect_left(bounds, live), len(bounds) - 1)]
         self.inputs.fill(batch, ids, size)
-        self._replays[size]()
+        self._replays[(size, bound)]()
         self.replayed_steps += 1
         logits = self.inputs.logits
         sample_rows = batch.sample_rows
-        if len(sample_rows) == rows:  # ascending and distinct: every row
+        # Every row in order is the common case, and a view. As many sample rows as rows is not enough to
+        # know it: a forked choice repeats its leader's row while a row still in its prefill samples none.
+        if sample_rows == list(range(rows)):
             return logits[:rows]
-        return logits[torch.tensor(sample_rows, dtype=torch.long, device=logits.device)]
+        return logits[to_device(sample_rows, torch.long, logits.device)]
+
+
+def _context_bounds(
+    size: int, max_seq_len: int, backend: str, kv_caches: Sequence[KVCache], inputs: DecodeInputs
+) -> list[int]:
+    """The context bounds a bucket of `size` rows is captured at: one per split count the Triton attention
+    picks over contexts up to max_seq_len (fairserve_kernels/launch_heuristics.py), from its kv heads and
+    the device's SMs as the kernel's wrapper sees them; the torch twins do not split, so one."""
+    caches = [k for k, _ in kv_caches if k.dim() == 4]
+    if backend != "triton" or not caches:
+        return [max_seq_len]
+    num_kv_heads = caches[0].shape[2]
+    bounds = split_context_bounds(size * num_kv_heads, max_seq_len, num_sms(inputs.ids.device))
+    return [bound for bound, _ in bounds]
 
 
 def logits_forward(model: nn.Module) -> Forward:
-    """The model's forward and LM head as one call: what a graph captures (sampling stays outside)."""
+    """The model's forward and LM head as one call: what a graph captures (sampling stays outside); its
+    logits may be in the model dtype, for the float32 buffer they are copied into."""
     lm = cast(CausalLM, model)  # every registered model has compute_logits
+    # The logits before their float32 cast where a model has them: the graph's copy into its float32 buffer
+    # casts, so the cast and the copy are one kernel.
+    head: Callable[[torch.Tensor], torch.Tensor] = getattr(model, "raw_logits", lm.compute_logits)
 
     def forward(
         ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache], meta: AttentionMetadata
     ) -> torch.Tensor:
-        return lm.compute_logits(model(ids, positions, kv_caches, meta))
+        return head(model(ids, positions, kv_caches, meta))
 
     return forward
 
@@ -289,9 +336,10 @@ class GraphPlan:
             free_before - _free_bytes(device) if device.type == "cuda" else _buffer_bytes(graphs.inputs)
         )
         log.info(
-            "decode graphs: %d batch sizes up to %d, %.1f MiB",
+            "decode graphs: %d batch sizes up to %d, %d graphs with the context buckets, %.1f MiB",
             len(graphs.sizes),
             graphs.sizes[-1],
+            sum(map(len, graphs.contexts.values())),
             graphs.memory_bytes / 2**20,
         )
         return graphs

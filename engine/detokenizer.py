@@ -7,16 +7,26 @@ window decoder for a prompt that ends inside a character.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import tokenizers
-
-if TYPE_CHECKING:
-    from engine.tokenizer import Tokenizer
 
 # Prompt tokens kept as left context when detokenizing, so tokenizers that drop a leading space
 # at the start of a decode (SentencePiece "▁") still produce the right first output character.
 DETOK_CONTEXT = 5
+
+
+class Decoding(Protocol):
+    """What a detokenizer reads of engine/tokenizer.py's `Tokenizer`, typed here by its shape: tokenizer.py
+    builds the detokenizers, so this module imports nothing of it back (the import contract "detokenizer
+    below tokenizer", pyproject.toml)."""
+
+    @property
+    def _tk(self) -> tokenizers.Tokenizer:
+        """The `tokenizers` tokenizer itself: DecodeStream steps through it."""
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ids; incomplete UTF-8 sequences become U+FFFD."""
 
 
 class IncrementalDetokenizer:
@@ -34,7 +44,7 @@ class IncrementalDetokenizer:
 
     __slots__ = ("_tk", "_stream", "_tail", "_pending", "_held")
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int]) -> None:
+    def __init__(self, tokenizer: Decoding, prompt_ids: Sequence[int]) -> None:
         self._tk = tokenizer._tk
         context = list(prompt_ids[-DETOK_CONTEXT:])
         self._stream = tokenizers.decoders.DecodeStream(ids=context, skip_special_tokens=True)
@@ -88,7 +98,7 @@ class WindowDetokenizer:
     behaviour as IncrementalDetokenizer otherwise, at four times its cost per token.
     """
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int]) -> None:
+    def __init__(self, tokenizer: Decoding, prompt_ids: Sequence[int]) -> None:
         self._tokenizer = tokenizer
         self._ids = list(prompt_ids[-DETOK_CONTEXT:])
         self._prefix_offset = 0  # start of the decode window (context tokens)

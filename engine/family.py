@@ -18,26 +18,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from engine.kv_cache import BlockPool
+
+# Family, the data, is defined beside Request (each refers to the other); re-exported here with the
+# operations on it, so request.py needs nothing of this module (import contract in pyproject.toml).
+from engine.request import Family as Family
 from engine.request import FinishReason, Request, RequestMeta, RequestState, SamplingParams
-
-
-@dataclass(eq=False)
-class Family:
-    """The n choices of one request, each a Request of its own, by index."""
-
-    request_id: str  # the request's id: what outputs, aborts and the ledger name
-    members: list[Request]  # by choice index
-    fork_at: int
-    pending: list[Request] = field(default_factory=list)  # followers not yet forked
-    ended: int = 0  # members whose final output went out: the last one's ends the request
-
-    @property
-    def leader(self) -> Request:
-        """Choice 0: the member that prefills the shared prompt."""
-        return self.members[0]
 
 
 def choice_id(request_id: str, index: int) -> str:

@@ -9,7 +9,7 @@ it nothing about another tenant's prompts. The keys are cryptographic (not Pytho
 is neither collision-resistant nor meant for adversarial input: vLLM's CVE-2025-25183). Memory stays
 shared: isolation is in the keys, every block comes from one pool.
 
-Public prefixes (engine/public_prefixes.py): an operator may register a prompt prefix as public. The
+Public prefixes (gateway/public_prefixes.py): an operator may register a prompt prefix as public. The
 blocks of a request that lie wholly inside its public prefix (`public_blocks`, set by the gateway, which
 alone matches prompts against the registry) chain from `PUBLIC_ROOT` instead, so every tenant's request
 that starts with the prefix shares them; the first block after them chains from a digest of the

@@ -12,7 +12,10 @@ schedule while step N's forward runs, and `execute` returns step N.
 
 A failure that belongs to one request (its sampling, its detokenisation, its stop check) ends that
 request with finish_reason "error" and the iteration goes on (engine/isolation.py); only the batch's
-forward pass, or the scheduler itself, raising out of `step()` stops the loop.
+forward pass, or the scheduler itself, raising out of `step()` stops the loop. A fault of a request's own
+input found inside the step (RequestFault: its adapter failing its device slot or giving non-finite
+logits, its grammar's mask failing) ends it the same way, and its outputs carry the fault, which the
+gateway answers as a 400 naming the field; a faulty adapter is refused from then on (engine/lora/intake.py).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from engine.outputs import (
     request_output,
 )
 from engine.overlap import OverlapExecutor
-from engine.parts import build_grammar, build_runner, build_scheduler, capture_graphs
+from engine.parts import build_grammar, build_runner, build_scheduler, capture_graphs, charged_step_cost
 from engine.policy import build_policy
 from engine.recorder import EngineRecorder
 from engine.request import (
@@ -55,6 +58,7 @@ from engine.request import (
     FinishReason,
     InvalidRequestError,
     Request,
+    RequestFault,
     RequestMeta,
     SamplingParams,
 )
@@ -105,8 +109,8 @@ class LLMEngine:
         self.limits = RequestLimits(
             self.vocab_size, self.max_model_len, config.block_size, num_blocks, config.caps
         )
-        self.policy = build_policy(config.fairness, self.pool)
-        self.scheduler = build_scheduler(config, self.pool, self.policy, self.max_model_len)
+        self.policy = build_policy(config.fairness, self.pool, charged_step_cost(config, mc))
+        self.scheduler = build_scheduler(config, self.pool, self.policy, self.max_model_len, mc)
         peers = self.peers
         self.runner = build_runner(config, self.loaded, num_blocks, backend, self.device, peers)
         if peers is not None:
@@ -189,6 +193,7 @@ class LLMEngine:
             self.lora.forget(request_id)
             raise
         self._streams[request_id] = self._stream(request)
+        self.grammar.note_preprocessing(request_id, request.meta.preprocess_cpu_s)
         if not held:
             self.scheduler.add(request)
         return request
@@ -229,6 +234,7 @@ class LLMEngine:
             raise
         for member in family.members:
             self._streams[member.request_id] = self._stream(member)
+        self.grammar.note_preprocessing(request_id, meta.preprocess_cpu_s)  # once, to the leader
         if not held:
             self.scheduler.add(family.leader)
         self._families += 1
@@ -312,6 +318,7 @@ class LLMEngine:
         for request in self.grammar.admit():  # grammars compiled since the last step
             self.scheduler.add(request, t0)
         scheduled = self.scheduler.schedule(t0)
+        faulted = self._end_faulted(t0)  # heads whose adapter failed its device slot while admitted
         p1 = perf_counter()
         ran = self.executor.execute(scheduled, t0)  # this step; with async scheduling, the one before
         self.lora.note_in_flight(scheduled.chunks if self.executor.in_flight else [])
@@ -323,7 +330,7 @@ class LLMEngine:
         if ran.logprobs:
             land_logprobs(ran)
         p3 = perf_counter()
-        outputs = self.collect_outputs(scheduled.finished + [c.request for c in ran.out.chunks])
+        outputs = self.collect_outputs(scheduled.finished + faulted + [c.request for c in ran.out.chunks])
         self._trace_step(ran, len(finished) + len(scheduled.finished), (p0, p1, p2, p3, perf_counter()))
         return outputs
 
@@ -394,12 +401,40 @@ class LLMEngine:
         return True
 
     def fail_requests(self, errors: dict[str, Exception], now: float) -> None:
-        """End each request whose own work raised, with finish_reason "error"; the others go on."""
-        for request_id in errors:
+        """End each request whose own work raised, with finish_reason "error"; the others go on. A
+        RequestFault is kept on the request (its outputs carry it), and one naming `model` (its adapter's
+        rows were not finite) has its adapter refused from now on."""
+        for request_id, exc in errors.items():
             request = self.scheduler.requests.get(request_id)
-            if request is not None and not request.is_finished:
+            if request is None or request.is_finished:
+                continue
+            if isinstance(exc, RequestFault):
+                if exc.field_name == "model":
+                    self.lora.blame_adapter_of(request, str(exc))
+                self._fault(request, exc, now)
+            else:
                 self.scheduler.finish(request, FinishReason.ERROR, now)
+            self.failed_requests += 1
+
+    def _fault(self, request: Request, exc: RequestFault, now: float) -> list[Request]:
+        """End a request for a fault of its own input: every choice of its family (the request is refused
+        as a whole, a 400), each carrying the fault. Returns the choices ended now."""
+        ended = []
+        for member in request.family.members if request.family is not None else [request]:
+            member.fault = exc
+            if not member.is_finished:
+                self.scheduler.finish(member, FinishReason.ERROR, now)
+                ended.append(member)
+        return ended
+
+    def _end_faulted(self, now: float) -> list[Request]:
+        """End the requests whose adapter faulted while the scheduler admitted (engine/lora/intake.py)."""
+        ended = []
+        for request, exc in self.lora.take_faulted():
+            if not request.is_finished:
+                ended += self._fault(request, exc, now)
                 self.failed_requests += 1
+        return ended
 
     def _forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)

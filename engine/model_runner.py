@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import cast
@@ -24,6 +24,7 @@ from engine.lora.intake import LoraIntake
 from engine.models.config import ModelConfig
 from engine.models.protocol import CausalLM
 from engine.parallel.steps import DROP_SWAPPED, SWAP_IN, SWAP_OUT, StepPeers
+from engine.request import Request, RequestFault
 from engine.sampler import Sampler, to_device
 from engine.scheduler import SchedulerOutput
 from engine.window_cache import WindowBlocks, pool_blocks
@@ -238,6 +239,8 @@ class ModelRunner:
             timing.forward_s = time.perf_counter() - t1
             return {}
         t2 = time.perf_counter()
+        if batch.lora_groups is not None:
+            self._check_adapted_rows(logits, sampling)
         if masks is not None and grammar is not None:
             grammar.apply(masks, logits)
         tokens = self.sampler.sample(logits, sampling)
@@ -246,6 +249,23 @@ class ModelRunner:
         sampled = {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
         timing.forward_s, timing.sample_s = t2 - t1, time.perf_counter() - t2
         return sampled
+
+    def _check_adapted_rows(self, logits: torch.Tensor, sampling: Sequence[Request]) -> None:
+        """Fail alone each adapted row whose logits are not finite: an adapter's weights overflowed in the
+        forward. Its delta reaches only its own rows (engine/lora/apply.py), so the other rows are as the
+        base model or their own adapter made them. Only steps with adapted rows pay for the check."""
+        rows = [i for i, r in enumerate(sampling) if r.meta.lora is not None]
+        if not rows:
+            return
+        index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+        finite = torch.isfinite(logits.index_select(0, index)).all(dim=-1).tolist()
+        for i, ok in zip(rows, finite, strict=True):
+            if not ok:
+                request = sampling[i]
+                error = f"adapter {request.meta.lora!r} produced values that are not finite"
+                self.sampler.failures.run(
+                    request.request_id, partial(_raise, RequestFault(error, "model")), None
+                )
 
     def _logits(self, batch: HostBatch) -> torch.Tensor | None:
         """The logits of the batch's sample rows (None when no row samples): a decode step a graph holds
@@ -370,3 +390,7 @@ def _mixed_window_layers(model: nn.Module, num_layers: int) -> tuple[list[int], 
     if not 0 < len(sliding) < num_layers or config.sliding_window is None:
         return [], 0
     return sliding, config.sliding_window
+
+
+def _raise(exc: Exception) -> None:
+    raise exc

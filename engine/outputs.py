@@ -66,6 +66,8 @@ class RequestMetrics(msgspec.Struct, array_like=True, gc=False):
     first_token_time: float | None
     finished_time: float | None
     public_cached_tokens: int = 0  # the part of cached_tokens that hit public-prefix blocks (kv_cache.py)
+    # An upstream engine (upstream/) sent no usage: completion_tokens is the gateway's count of the stream.
+    counted_by_gateway: bool = False
 
     @classmethod
     def of(cls, request: Request) -> RequestMetrics:
@@ -177,6 +179,20 @@ class RequestOutput:
     # n > 1: which choice this output is of. Its token ids and text are that choice's; `finished` is the
     # request's end (its last choice's), a choice's own end shows as its `finish_reason`.
     index: int = 0
+    fault: Fault | None = None  # finish_reason "error" for a fault of its own input: the field to name
+
+
+class Fault(msgspec.Struct, array_like=True, frozen=True):
+    """A request's own fault inside a step (engine/request.py RequestFault), as its outputs carry it."""
+
+    message: str
+    field_name: str | None
+
+
+def fault_of(request: Request) -> Fault | None:
+    """The request's fault as an output carries it, or None."""
+    fault = request.fault
+    return None if fault is None else Fault(str(fault), fault.field_name)
 
 
 class OutputDelta(msgspec.Struct, array_like=True, gc=False):
@@ -197,6 +213,7 @@ class OutputDelta(msgspec.Struct, array_like=True, gc=False):
     held_text: str = ""
     logprobs: list[TokenLogprobs] | None = None  # of new_token_ids, when SamplingParams.logprobs asked
     index: int = 0  # n > 1: the choice (RequestOutput.index)
+    fault: Fault | None = None  # RequestOutput.fault
 
 
 @dataclass
@@ -235,6 +252,12 @@ class EngineStats:
     deadline_misses: int = 0
     waiting_for_blocks: int = 0
     service: dict[str, float] = field(default_factory=dict)
+    # Each fairness key's weight as the scheduler applies it now (a weight change is seen to have landed),
+    # and the seconds each tenant has had a request waiting (queued, not running) since the engine started:
+    # over a window, its backlogged share of time. A tenant served under its weight share while backlogged
+    # is treated unfairly; one that was rarely backlogged asked for less (gateway/admin/live.py).
+    weights: dict[str, float] = field(default_factory=dict)
+    backlogged_s: dict[str, float] = field(default_factory=dict)
     iterations: int = 0
     # Shared counters (engine/counter_sync.py): "off", "ok", or "stale" (Redis unreachable: this engine runs on
     # the counters it has); seconds since the last successful exchange; other engines publishing.
@@ -263,6 +286,7 @@ def request_output(
         metrics=RequestMetrics.of(request),
         new_logprobs=new_logprobs(request, new_ids),
         index=request.choice_index,
+        fault=fault_of(request),
     )
 
 
@@ -277,4 +301,5 @@ def output_delta(request: Request, new_ids: list[int], delta: str, finished: boo
         RequestMetrics.of(request),
         logprobs=new_logprobs(request, new_ids),
         index=request.choice_index,
+        fault=fault_of(request),
     )

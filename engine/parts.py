@@ -20,25 +20,45 @@ from engine.grammar.masks import GrammarMasks
 from engine.kv_cache import BlockPool
 from engine.loader import LoadedModel
 from engine.model_runner import ModelRunner
+from engine.models.config import ModelConfig
 from engine.parallel.group import head_shard
 from engine.parallel.steps import StepPeers
 from engine.request import Request
 from engine.scheduler import Scheduler, SchedulerConfig
+from engine.step_cost import StepCost
+from engine.step_cost import resolve as resolve_step_cost
 from engine.tokenizer import Tokenizer
 from fairness.base import SchedulingPolicy
 
 
+def engine_step_cost(config: EngineConfig, model: ModelConfig) -> StepCost:
+    """The step cost model for `model` on this device kind: the configured coefficients, else its defaults."""
+    return resolve_step_cost(config.device, model, config.step_cost_context, config.step_cost_sequence)
+
+
+def charged_step_cost(config: EngineConfig, model: ModelConfig) -> StepCost | None:
+    """The step cost model whose work the fair-share charge includes; None when it charges new tokens only."""
+    return engine_step_cost(config, model) if config.step_cost_charge else None
+
+
 def build_scheduler(
-    config: EngineConfig, pool: BlockPool, policy: SchedulingPolicy[Request], max_model_len: int
+    config: EngineConfig,
+    pool: BlockPool,
+    policy: SchedulingPolicy[Request],
+    max_model_len: int,
+    model: ModelConfig,
 ) -> Scheduler:
-    """The scheduler of `config`'s budgets; with async scheduling, the one that plans step N+1 while step
-    N's forward runs (engine/async_scheduler.py)."""
+    """The scheduler of `config`'s budgets and step cost model (engine/step_cost.py, for `model` on this
+    device kind); with async scheduling, the one that plans step N+1 while step N's forward runs
+    (engine/async_scheduler.py)."""
     sched_cfg = SchedulerConfig(
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs,
         max_model_len=max_model_len,
         watermark_blocks=config.watermark_blocks,
         preemption_mode=config.preemption_mode,
+        step_cost=engine_step_cost(config, model),
+        charge_step_work=config.step_cost_charge,
     )
     return (AsyncScheduler if config.overlaps() else Scheduler)(sched_cfg, pool, policy)
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from engine.kv_cache import BlockPool, block_keys
 from engine.request import Request
+from engine.step_cost import StepCost
 from fairness import FairnessConfig, make_policy
 from fairness.base import SchedulingPolicy
 
@@ -33,9 +34,21 @@ def cached_blocks_probe(pool: BlockPool) -> Callable[[Request], int]:
     return cached_blocks
 
 
-def build_policy(config: FairnessConfig, pool: BlockPool | None = None) -> SchedulingPolicy[Request]:
+def build_policy(
+    config: FairnessConfig, pool: BlockPool | None = None, step_cost: StepCost | None = None
+) -> SchedulingPolicy[Request]:
     """The configured policy (a registered base, optionally under priority classes and EDF); `pool` feeds
-    a locality-ranking policy's probe."""
+    a locality-ranking policy's probe.
+
+    `step_cost`: the step cost model whose work the scheduler charges, if it charges any. The lift
+    allowance is set in plain tokens' service ("one 512-token answer"); with the sequence's constant on
+    every sampled token an answer costs several times that, and an allowance left in plain units let a
+    closed-loop weighted tenant keep only a fraction of an answer's credit between its requests: at 4:1,
+    12 streams against 24, the split came out 1.5-1.7:1 (docs/fairness.md, "Lifting"). So it is scaled by
+    what an answer token is charged (`StepCost.answer_token_scale`)."""
+    if step_cost is not None and not step_cost.counts_tokens_only:
+        scale = step_cost.answer_token_scale(config.w_in, config.w_out)
+        config = config.model_copy(update={"lift_allowance": config.lift_allowance * scale})
     probe = cached_blocks_probe(pool) if pool is not None else None
     policy: SchedulingPolicy[Request] = make_policy(config, cached_blocks=probe)
     return policy

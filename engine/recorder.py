@@ -45,6 +45,10 @@ class EngineRecorder:
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
         )
+        # Seconds each tenant has had a request waiting, and who was waiting at the last snapshot: the time
+        # since then is theirs (wall time, so the loop's own gaps count as the queue's, as a client feels it).
+        self._backlogged_s: dict[str, float] = {}
+        self._waiting_at: tuple[float, frozenset[str]] = (time.monotonic(), frozenset())
 
     def record(self, out: SchedulerOutput, seconds: float, completions: int) -> IterationTrace:
         """The trace row of one step (kept in the ring) and its contribution to the rates."""
@@ -93,6 +97,8 @@ class EngineRecorder:
             else:
                 waiting_by[r.meta.tenant_id] = waiting_by.get(r.meta.tenant_id, 0) + 1
                 waiting_tokens += r.num_tokens - r.num_computed_tokens
+        self._count_backlog(frozenset(waiting_by))
+        weights = getattr(policy, "weights", None)  # FCFS has none
         sync: dict[str, Any] = {}
         if counter_sync is not None:
             state, age, engines = counter_sync.status()
@@ -120,9 +126,19 @@ class EngineRecorder:
             deadline_misses=sum(sched.deadline_misses.values()),
             waiting_for_blocks=sched.waiting_for_blocks,
             service=dict(policy.service()),
+            weights=dict(weights()) if weights is not None else {},
+            backlogged_s=dict(self._backlogged_s),
             iterations=s.iterations,
             **sync,
         )
+
+    def _count_backlog(self, waiting: frozenset[str]) -> None:
+        """Charge the time since the last snapshot to the tenants that were waiting then."""
+        now = time.monotonic()
+        since, was_waiting = self._waiting_at
+        for tenant in was_waiting:
+            self._backlogged_s[tenant] = self._backlogged_s.get(tenant, 0.0) + (now - since)
+        self._waiting_at = (now, waiting)
 
     def close(self) -> None:
         """Release the trace file."""

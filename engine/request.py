@@ -9,13 +9,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 from engine.kv_cache import prefix_root
 from engine.token_logprobs import TokenLogprobs
-
-if TYPE_CHECKING:
-    from engine.family import Family
 
 
 class RequestState(enum.Enum):
@@ -50,6 +46,12 @@ class InvalidRequestError(ValueError):
         self.field_name = field_name
 
 
+class RequestFault(InvalidRequestError):
+    """A fault found inside a step that belongs to one request's own input (its adapter, its grammar, its
+    sampling): that request ends alone with finish_reason "error" and this error, which the gateway answers
+    as a 400 naming `field_name` (`model` for an adapter, `response_format` or `tools` for a grammar)."""
+
+
 class DuplicateRequestError(InvalidRequestError):
     """A request id that is already live in the engine."""
 
@@ -64,6 +66,10 @@ GREEDY_TEMPERATURE = 1e-5
 # torch.Generator.manual_seed accepts exactly the 64-bit signed and unsigned ranges.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 LOGIT_BIAS_MAX = 100.0  # OpenAI's range for logit_bias values
+PENALTY_MAX = 2.0  # OpenAI's range for presence_penalty and frequency_penalty: [-2, 2]
+# vLLM and transformers take any repetition_penalty > 0; at 100 a seen token is as good as banned (as by
+# logit_bias's -100), and the bound keeps every penalised logit finite.
+REPETITION_PENALTY_MAX = 100.0
 _FLOAT_MAX = sys.float_info.max  # a float is finite exactly when it lies in [-this, this] (NaN in none)
 GRAMMAR_KINDS = ("json_schema", "json_object", "lark")
 
@@ -76,6 +82,9 @@ class Grammar:
     kind: str
     source: str = ""
     field: str = "response_format"
+    # Tokens the grammar forces after the JSON it constrains has closed (a tool call's `}` and closing tag,
+    # and the end of sequence): the closing narrowing starts that much earlier (engine/grammar/closing.py).
+    closing_reserve: int = 0
 
     @property
     def key(self) -> str:
@@ -99,6 +108,13 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    # -- penalties and min-p, as vLLM's (engine/sampling_math.py, `penalize`; docs/engine.md, "Sampling") --
+    presence_penalty: float = 0.0  # subtracted once from each token the output already holds
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    repetition_penalty: float = (
+        1.0  # divides (or multiplies, if negative) the logit of each token of prompt+output
+    )
+    min_p: float = 0.0  # drops tokens less likely than min_p times the most likely (after temperature)
     # False: only the first output (the request started) and the last are emitted, each carrying the
     # text since the previous one. A non-streaming caller needs nothing in between, and every skipped
     # output is a message the engine does not send and the caller does not wake up for.
@@ -151,6 +167,8 @@ class SamplingParams:
             raise InvalidRequestError("ignore_eos must be a boolean", "ignore_eos")
         if type(self.logit_bias) is not dict or self.logit_bias:
             self._validate_logit_bias()
+        if self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.min_p:
+            self._validate_penalties()
         if self.grammar is not None:
             self._validate_grammar(self.grammar)
         if self.logprobs is not None and (not _integer(self.logprobs) or self.logprobs < 0):
@@ -171,6 +189,25 @@ class SamplingParams:
             raise InvalidRequestError("a grammar needs its source text", grammar.field)
         if self.ignore_eos:  # the grammar ends the output with EOS; ignoring it would run past the grammar
             raise InvalidRequestError("ignore_eos cannot be combined with a grammar", "ignore_eos")
+
+    def _validate_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _finite(value) or not -PENALTY_MAX <= value <= PENALTY_MAX:
+                raise InvalidRequestError(f"{name} must be in [-2, 2], got {value!r}", name)
+        rep = self.repetition_penalty
+        if not _finite(rep) or not 0 < rep <= REPETITION_PENALTY_MAX:
+            raise InvalidRequestError(
+                f"repetition_penalty must be in (0, {REPETITION_PENALTY_MAX:g}] (1 disables), got {rep!r}",
+                "repetition_penalty",
+            )
+        if not _finite(self.min_p) or not 0 <= self.min_p <= 1:
+            raise InvalidRequestError(f"min_p must be in [0, 1] (0 disables), got {self.min_p!r}", "min_p")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the logits depend on the tokens so far (presence, frequency or repetition penalty)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
     def _validate_logit_bias(self) -> None:
         if not isinstance(self.logit_bias, dict):
@@ -209,7 +246,7 @@ class RequestMeta:
     # group (the tenant's own id unless an admin put it in a named group) and the same cache_salt.
     cache_group: str | None = None
     cache_salt: str | None = None
-    # Leading prompt tokens that equal a registered public prefix (engine/public_prefixes.py), set only by
+    # Leading prompt tokens that equal a registered public prefix (gateway/public_prefixes.py), set only by
     # the gateway, which alone holds the registry: blocks wholly inside them are keyed publicly.
     public_prefix_tokens: int = 0
     # The LoRA adapter the request runs with (engine/lora/; `model: NAME` at the gateway); None: the base model.
@@ -217,6 +254,9 @@ class RequestMeta:
     # the name is one of the engine's `--lora` entries; with it, the engine loads that directory on demand.
     lora: str | None = None
     lora_path: str | None = None  # the adapter's PEFT directory, from the gateway's adapter directory
+    # When the gateway's adapter directory registered it (ISO time; None for a `--lora` adapter): an adapter
+    # that faulted is refused until it is registered again, which changes this (engine/lora/host_cache.py).
+    lora_registered: str | None = None
     api_key_id: str | None = None
     user: str | None = None
     task_id: str | None = None
@@ -241,6 +281,9 @@ class RequestMeta:
     # The decode part's start of a stop string that its prefill part held back unreleased (engine/disagg.py):
     # its StopMatcher begins with it, so a stop spanning the first and second tokens matches as co-located.
     held_text: str = ""
+    # CPU seconds the gateway spent preparing this request (validating its body, rendering its chat,
+    # tokenising): the tenant's own cost, charged by the engine as grammar CPU is (engine/grammar/intake.py).
+    preprocess_cpu_s: float = 0.0
 
     @property
     def decode_part(self) -> bool:
@@ -279,6 +322,12 @@ class Request:
     charged_service: float = 0.0
     # Each token's service multiplier: 1 + a LoRA adapter's extra FLOPs share (engine/lora/cost.py).
     service_scale: float = 1.0
+    # Set when a fault of its own input (RequestFault) ended it inside a step: its outputs carry it.
+    fault: RequestFault | None = None
+    # The step cost model's work beyond new tokens (engine/step_cost.py) owed and not yet charged (charged
+    # in whole prefill tokens), and a provisional decode's work, charged when its step commits.
+    step_work_owed: float = 0.0
+    step_work_pending: float = 0.0
     preemptions: list[Preemption] = field(default_factory=list)
     recomputed_tokens: int = 0
     # Cancellation bookkeeping: when the signal arrived, in which state, and work done after it.
@@ -299,7 +348,8 @@ class Request:
     prompt_block_keys: list[bytes] | None = None
     # SamplingParams.logprobs: one entry per output token, in step with output_token_ids.
     output_logprobs: list[TokenLogprobs] = field(default_factory=list)
-    # n > 1: the choices this request is one of (engine/family.py), and which one; None for a lone request.
+    # n > 1: the choices this request is one of (Family, below; engine/family.py), and which one; None for a
+    # lone request.
     family: Family | None = field(default=None, repr=False, compare=False)
     choice_index: int = 0
 
@@ -366,6 +416,26 @@ class Request:
     def arrival_time(self) -> float:
         """Arrival time from the metadata (the fairness item protocol)."""
         return self.meta.arrival_time
+
+
+@dataclass(eq=False)
+class Family:
+    """The n choices of one request, each a Request of its own, by index (SamplingParams.n > 1).
+
+    Defined here, beside Request, because each names the other; what is done with a family (make, fork,
+    end) is engine/family.py's, which imports this module and is never imported by it.
+    """
+
+    request_id: str  # the request's id: what outputs, aborts and the ledger name
+    members: list[Request]  # by choice index
+    fork_at: int
+    pending: list[Request] = field(default_factory=list)  # followers not yet forked
+    ended: int = 0  # members whose final output went out: the last one's ends the request
+
+    @property
+    def leader(self) -> Request:
+        """Choice 0: the member that prefills the shared prompt."""
+        return self.members[0]
 
 
 def decodes_first(running: list[Request]) -> list[Request]:

@@ -1,17 +1,23 @@
 """Token selection for a whole batch on the logits' device, with one copy of the results to the host.
 
-Greedy, temperature, top-k, top-p, logit bias and per-request seeds run as batched tensor operations
+Greedy, temperature, top-k, top-p, min-p, logit bias, the presence, frequency and repetition penalties and
+per-request seeds run as batched tensor operations
 (engine/sampling_math.py) on the device the logits are on, so on a GPU sampling queues behind the forward
 pass and the host waits once per step: for the single device-to-host copy of the new token ids. When
 some row asks for `logprobs`, the ids, the sampled tokens' logprobs and the top alternatives are packed
 into that same copy (one float64 tensor: ids up to 2**53 are exact in it), so it stays one copy.
 Stop tokens (EOS, stop_token_ids) are checked by the host on the copied ids (Request.stop_reason).
 
+The penalties count each request's tokens so far: its prompt (kept on the device once, at its first step)
+and the tokens this sampler gave it, recorded here from the step's copy rather than read from the request,
+whose last id is a placeholder while async scheduling has its token in flight (engine/async_scheduler.py).
+
 A seeded request draws its noise from its own torch.Generator on the logits' device, one row of Exp(1)
 per sample, so its samples do not depend on what else shares the batch (or on its row); every other
 row's noise is one shared draw. Each row is one request's work: its parameters are read on the host
 row by row (`_plan_row`), and a row whose reading raises is recorded in `failures` (engine/isolation.py)
-and gets a placeholder token, so the engine ends that request alone. Should the batched computation
+and gets a placeholder token, so the engine ends that request alone (a parameter out of range, should
+validation ever let one through, is a RequestFault naming it: a 400, not a 500). Should the batched computation
 itself raise (nothing a request's validated input can cause), each row is retried alone, so a fault still
 fails only the rows it belongs to.
 """
@@ -26,7 +32,7 @@ import torch
 
 from engine import sampling_math
 from engine.isolation import RequestFailures
-from engine.request import Request
+from engine.request import Request, RequestFault
 from engine.sampling_math import Distribution, Nucleus
 from engine.token_logprobs import TokenLogprobs
 
@@ -45,6 +51,11 @@ class _Row:
     generator: torch.Generator | None  # a seeded request's own; None draws from the shared one
     bias: tuple[torch.Tensor, torch.Tensor] | None  # (token ids, values) on the logits' device
     logprobs: int | None  # how many top alternatives to report; None: no logprobs
+    min_p: float = 0.0
+    # (presence, frequency, repetition), the prompt's ids on the device and the output so far; None: none
+    penalty: tuple[float, float, float] | None = None
+    prompt: torch.Tensor | None = None
+    output: list[int] | None = None
 
     @property
     def processed(self) -> bool:
@@ -60,6 +71,9 @@ class Sampler:
         self._shared: dict[torch.device, torch.Generator] = {}  # the unseeded rows' generator, per device
         self._per_request: dict[str, torch.Generator] = {}
         self._bias: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # request -> (ids, biases), built once
+        # A penalized request's prompt ids on the device (built once) and the tokens sampled for it so far.
+        self._prompts: dict[str, torch.Tensor] = {}
+        self._outputs: dict[str, list[int]] = {}
         self.failures = RequestFailures()
         # The ids of the last `sample` where the logits were (async scheduling feeds the next forward from them).
         self.last_sampled: torch.Tensor | None = None
@@ -70,12 +84,18 @@ class Sampler:
         """Drop a finished request's generator and bias."""
         self._per_request.pop(request_id, None)
         self._bias.pop(request_id, None)
+        self._prompts.pop(request_id, None)
+        self._outputs.pop(request_id, None)
 
     def sample(self, logits: torch.Tensor, requests: Sequence[Request]) -> list[int]:
         """logits: [len(requests), vocab] on any device; returns one token id per request."""
         self.last_logprobs = {}
         if all(
-            r.sampling.greedy and not r.sampling.logit_bias and r.sampling.logprobs is None for r in requests
+            r.sampling.greedy
+            and not r.sampling.logit_bias
+            and r.sampling.logprobs is None
+            and not r.sampling.penalized
+            for r in requests
         ):
             argmax = logits.argmax(dim=-1)
             self.last_sampled = argmax
@@ -97,6 +117,11 @@ class Sampler:
         if on_device is None or len(live) != len(requests):
             on_device = torch.tensor(tokens, dtype=torch.int64).to(device)  # only after a failure
         self.last_sampled = on_device
+        if self._outputs:
+            for request, token in zip(requests, tokens, strict=True):
+                output = self._outputs.get(request.request_id)
+                if output is not None:
+                    output.append(token)
         return tokens
 
     def _plan_row(self, request: Request, vocab: int, device: torch.device) -> _Row:
@@ -106,11 +131,11 @@ class Sampler:
         if bias is None and params.logit_bias:
             ids = torch.tensor(list(params.logit_bias.keys()), dtype=torch.int64)
             if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-                raise ValueError(f"logit_bias token id outside the vocabulary [0, {vocab})")
+                raise RequestFault(f"logit_bias token id outside the vocabulary [0, {vocab})", "logit_bias")
             values = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32)
             bias = self._bias[request.request_id] = (ids.to(device), values.to(device))
         if params.logprobs is not None and not 0 <= params.logprobs <= vocab:
-            raise ValueError(f"logprobs {params.logprobs} outside [0, {vocab}]")
+            raise RequestFault(f"logprobs {params.logprobs} outside [0, {vocab}]", "logprobs")
         greedy = params.greedy
         generator = None
         if params.seed is not None and not greedy:
@@ -120,9 +145,27 @@ class Sampler:
                 self._per_request[request.request_id] = generator
         top_k = params.top_k if params.top_k < vocab else 0
         temperature = 1.0 if greedy else params.temperature
-        return _Row(
+        row = _Row(
             request.request_id, greedy, temperature, top_k, params.top_p, generator, bias, params.logprobs
         )
+        row.min_p = params.min_p
+        if params.penalized:
+            row.penalty = (params.presence_penalty, params.frequency_penalty, params.repetition_penalty)
+            row.prompt, row.output = self._history(request, vocab, device)
+        return row
+
+    def _history(self, request: Request, vocab: int, device: torch.device) -> tuple[torch.Tensor, list[int]]:
+        """A penalized request's prompt ids on the device and its output so far, built at its first step (its
+        output then is what it already holds, a handed-off or restored request's included)."""
+        rid = request.request_id
+        prompt, output = self._prompts.get(rid), self._outputs.get(rid)
+        if prompt is None or output is None:
+            ids = request.prompt_token_ids
+            if ids and (min(ids) < 0 or max(ids) >= vocab):
+                raise ValueError(f"prompt token id outside the vocabulary [0, {vocab})")
+            prompt = self._prompts[rid] = to_device(ids, torch.int64, device)
+            output = self._outputs[rid] = [t for t in request.output_token_ids if 0 <= t < vocab]
+        return prompt, output
 
     def _sample_rows(
         self, logits: torch.Tensor, plans: Sequence[_Row | None], rows: list[int], tokens: list[int]
@@ -138,6 +181,8 @@ class Sampler:
             for j, plan in enumerate(row_plans):
                 if plan.bias is not None:
                     scores[j].index_add_(0, *plan.bias)
+        if any(p.penalty is not None for p in row_plans):
+            scores = self._penalize(scores, row_plans)
         chosen = scores.argmax(dim=-1)  # the greedy rows' tokens
         processed_rows = [j for j, p in enumerate(row_plans) if p.processed]
         if not processed_rows:
@@ -159,16 +204,41 @@ class Sampler:
             tokens[i] = token
         return chosen
 
+    def _penalize(self, scores: torch.Tensor, plans: list[_Row]) -> torch.Tensor:
+        """`scores` with each penalized row's penalties applied (engine/sampling_math.py, `penalize`): the
+        rows' prompts padded on the device, their outputs padded in one copy, one batched computation."""
+        device, vocab = scores.device, scores.shape[-1]
+        rows = [j for j, p in enumerate(plans) if p.penalty is not None]
+        chosen = [plans[j] for j in rows]
+        prompts = torch.nn.utils.rnn.pad_sequence(
+            [p.prompt for p in chosen if p.prompt is not None], batch_first=True, padding_value=vocab
+        )
+        outputs = [p.output or [] for p in chosen]
+        width = max(len(o) for o in outputs)
+        padded = to_device([o + [vocab] * (width - len(o)) for o in outputs], torch.int64, device)
+        settings = to_device([list(p.penalty or (0.0, 0.0, 1.0)) for p in chosen], torch.float32, device)
+        index = None if len(rows) == len(plans) else _rows(rows, device)
+        subset = scores if index is None else scores.index_select(0, index)
+        penalized = sampling_math.penalize(
+            subset, prompts, padded.view(len(rows), width), settings[:, 0], settings[:, 1], settings[:, 2]
+        )
+        return penalized if index is None else scores.index_copy(0, index, penalized)
+
     def _process(
         self, scores: torch.Tensor, processed_rows: list[int], plans: list[_Row], rows: int
     ) -> Distribution:
-        """The distributions of `processed_rows`: temperature, top-k, top-p (engine/sampling_math.py)."""
+        """The distributions of `processed_rows`: temperature, min-p, top-k, top-p (engine/sampling_math.py)."""
         device = scores.device
         subset = (
             scores if len(processed_rows) == rows else scores.index_select(0, _rows(processed_rows, device))
         )
-        settings = to_device(  # one copy for the three; a k is exact in float32 (vocabularies < 2**24)
-            [[p.temperature for p in plans], [p.top_k for p in plans], [p.top_p for p in plans]],
+        settings = to_device(  # one copy for the four; a k is exact in float32 (vocabularies < 2**24)
+            [
+                [p.temperature for p in plans],
+                [p.top_k for p in plans],
+                [p.top_p for p in plans],
+                [p.min_p for p in plans],
+            ],
             torch.float32,
             device,
         )
@@ -177,7 +247,10 @@ class Sampler:
         nucleus = Nucleus.NONE if all(p.top_p >= 1.0 for p in plans) else Nucleus.FULL
         if all(p.top_k for p in plans) and width <= widest_k:
             nucleus = Nucleus.CANDIDATES  # every row has a top-k: work on the candidates only
-        return sampling_math.process(subset, settings[0], settings[1].long(), settings[2], widest_k, nucleus)
+        min_p = settings[3] if any(p.min_p > 0 for p in plans) else None
+        return sampling_math.process(
+            subset, settings[0], settings[1].long(), settings[2], widest_k, nucleus, min_p
+        )
 
     def _draw(self, dist: Distribution, plans: list[_Row], vocab: int) -> torch.Tensor:
         """Each row's token: a greedy row's most likely, every other row's drawn from its distribution."""

@@ -5,7 +5,8 @@ a value back to the host: on a GPU the whole of sampling is queued behind the fo
 wait is the one copy of the results that `Sampler` makes at the end (engine/sampler.py). Which work a
 batch needs (top-k at all, top-p at all, the widest k) the host decides from the parameters it read.
 
-The processing order is OpenAI's and vLLM's: logit bias, then temperature, then top-k, then top-p on
+The processing order is vLLM's: logit bias, then the penalties (`penalize`: repetition over prompt and
+output, presence and frequency over the output), then temperature, then min-p, then top-k, then top-p on
 what top-k kept. The result is the distribution a row samples from, and its log-softmax is what
 `logprobs` reports (docs/engine.md, "Sampling").
 
@@ -63,6 +64,36 @@ class Distribution:
         return self.ids.gather(1, columns)
 
 
+def penalize(
+    scores: torch.Tensor,
+    prompt_ids: torch.Tensor,
+    output_ids: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+    repetition: torch.Tensor,
+) -> torch.Tensor:
+    """Each row's scores after its penalties, as vLLM computes them (and OpenAI defines presence and frequency).
+
+    scores: [rows, vocab] float32; prompt_ids [rows, P] and output_ids [rows, O]: int64 token ids, each row
+    padded with `vocab` (a column past the vocabulary, dropped); presence, frequency: [rows] in [-2, 2];
+    repetition: [rows] > 0, 1 for none. A token seen in the prompt or the output has its score divided by
+    the repetition penalty when positive and multiplied by it otherwise (transformers'
+    RepetitionPenaltyLogitsProcessor); a token of the output then loses `frequency` per occurrence and
+    `presence` once. One scatter per id tensor builds the counts for every row: no loop over rows or tokens.
+    """
+    rows, vocab = scores.shape
+    counts = torch.zeros((rows, vocab + 1), dtype=scores.dtype, device=scores.device)
+    counts.scatter_add_(1, output_ids, torch.ones(output_ids.shape, dtype=scores.dtype, device=scores.device))
+    counts = counts[:, :vocab]
+    in_output = counts > 0
+    seen = torch.zeros((rows, vocab + 1), dtype=torch.bool, device=scores.device)
+    seen.scatter_(1, prompt_ids, True)
+    seen = seen[:, :vocab] | in_output
+    rep = repetition.unsqueeze(1)
+    scores = torch.where(seen, torch.where(scores > 0, scores / rep, scores * rep), scores)
+    return scores - frequency.unsqueeze(1) * counts - presence.unsqueeze(1) * in_output.to(scores.dtype)
+
+
 def process(
     scores: torch.Tensor,
     temperature: torch.Tensor,
@@ -70,17 +101,21 @@ def process(
     top_p: torch.Tensor,
     widest_k: int,
     nucleus: Nucleus,
+    min_p: torch.Tensor | None = None,
 ) -> Distribution:
     """Scale each row by its temperature and cut it to its top-k and top-p.
 
     scores: [rows, vocab] float32 (logit bias already added); temperature: [rows] float32 > 0;
     top_k: [rows] int64, 0 disables, at most `widest_k` (0: no row has one); top_p: [rows] float32 in
-    (0, 1], 1 disables. Nucleus.CANDIDATES asks for the rows cut to their candidates (every row then has
-    a top-k in [1, widest_k]).
+    (0, 1], 1 disables; min_p: [rows] float32 in [0, 1], 0 disables (None: no row has one).
+    Nucleus.CANDIDATES asks for the rows cut to their candidates (every row then has a top-k in
+    [1, widest_k]).
     """
     # Shift so the largest score is 0 before dividing: a tiny temperature then yields very negative
     # numbers (exp -> 0), never +inf (softmax -> nan), so every validated temperature samples.
     scores = (scores - scores.amax(dim=-1, keepdim=True)) / temperature.unsqueeze(1)
+    if min_p is not None:
+        scores = _min_p(scores, min_p)
     if 0 < widest_k < scores.shape[-1]:
         top = torch.topk(scores, widest_k, dim=-1)  # sorted: each row's candidates, most likely first
         limited = (top_k > 0) & (top_k <= widest_k)
@@ -97,6 +132,13 @@ def process(
         ordered, order = scores.sort(dim=-1, descending=True)
         scores = scores.scatter(1, order, _nucleus(ordered, top_p))
     return Distribution(scores, None)
+
+
+def _min_p(scores: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """`scores` (temperature applied, each row's largest 0) with every token less likely than min_p times
+    the row's most likely set to -inf (transformers' MinPLogitsWarper; the most likely always stays). With
+    the largest score 0, p / p_max is exp(score), so no softmax is needed."""
+    return scores.masked_fill(scores.exp() < min_p.unsqueeze(1), NEG_INF)
 
 
 def _nucleus(ordered: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

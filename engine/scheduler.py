@@ -17,6 +17,14 @@ from engine.scheduler_state import SchedulerState
 
 __all__ = ["ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "SwapFn"]
 
+# A decode's work is charged once this many new-token equivalents are owed (engine/step_cost.py): one policy
+# call every few steps per request rather than every step; at most this much goes uncharged per request.
+_WORK_QUANTUM = 8.0
+# The share of the step's cost budget the step's first prefill chunk may always spend, whatever the decodes
+# took: decodes are stall-free and may spend the whole budget on a slow device, and the least served key's
+# prompt must still enter every step (docs/fairness.md, "The step's cost").
+_PREFILL_FLOOR = 0.25
+
 
 class Scheduler(SchedulerState):
     """Decides, every iteration, which tokens of which requests run, inside token and memory budgets (the
@@ -66,6 +74,10 @@ class Scheduler(SchedulerState):
         """
         self.waiting_for_blocks = 0
         self._admitting = not (self.config.request_batching and self.running)
+        # The step's cost budget (engine/step_cost.py): the reference step's cost. Decodes stay stall-free
+        # (bounded by the token budget and the seats only) but spend it, and prefill chunks get what is left.
+        self._cost_left = self.config.step_cost.budget(self.config.max_num_batched_tokens)
+        self._prefill_granted = False
         if not self.running:
             return budget
         ordered = decodes_first(self.running)
@@ -79,6 +91,9 @@ class Scheduler(SchedulerState):
         prefilling = self._prefilling
         chunks = out.chunks
         decode_tokens = 0
+        step_cost = self.config.step_cost
+        context, sequence = step_cost.context, step_cost.sequence
+        charge_work = self._charges_work
         running_state = RequestState.RUNNING
         cls = ordered[0].meta.priority
         for request in ordered:
@@ -106,7 +121,15 @@ class Scheduler(SchedulerState):
                 if grows and not self._grow(request, computed + 1, out, now):
                     continue
                 chunks.append(ScheduledChunk(request, computed, 1))
-                (out.provisional if in_flight else decoding).append(request)
+                work = context * computed + sequence
+                self._cost_left -= 1.0 + work
+                if in_flight:
+                    out.provisional.append(request)
+                    request.step_work_pending = work  # charged with its decode when the step commits
+                else:
+                    decoding.append(request)
+                    if charge_work:
+                        self.charge_work(request, work)
                 decode_tokens += 1
                 budget -= 1
             elif remaining > 0:
@@ -114,6 +137,24 @@ class Scheduler(SchedulerState):
         self._charge_decodes()
         out.decode_tokens += decode_tokens
         return budget
+
+    @property
+    def _charges_work(self) -> bool:
+        """Whether chunks are charged their work beyond new tokens (engine/step_cost.py)."""
+        return self.config.charge_step_work and not self.config.step_cost.counts_tokens_only
+
+    def charge_work(self, request: Request, work: float, now: bool = False) -> int:
+        """Owe `request`'s fairness key `work` new-token equivalents (cached context attended, the sequence's
+        constant) and charge the whole tokens owed, as prefill at `w_in`, once they reach `_WORK_QUANTUM`
+        (or at once with `now`), so a decode does not cost a policy call every step. Returns the tokens
+        charged here (the caller may fold them into a charge of its own instead: `now` then returns them
+        uncharged)."""
+        owed = request.step_work_owed + work
+        whole = int(owed) if now or owed >= _WORK_QUANTUM else 0
+        request.step_work_owed = owed - whole
+        if whole and not now:
+            request.charged_service += self.policy.charge(request, whole, 0, 0)
+        return whole
 
     def _charge_decodes(self) -> None:
         """Charge the decodes scheduled since the last call: one policy call for the batch, not one per request."""
@@ -174,7 +215,10 @@ class Scheduler(SchedulerState):
         """
         prefilling = self._prefilling
         rank = self.policy.rank
-        while budget > 0:
+        # Both budgets: tokens (the forward's shape) and cost (its time). The step's first prefill chunk may
+        # always spend `_PREFILL_FLOOR` of the budget, whatever the decodes took, and at least one token: so
+        # the policy's first pick enters every step, and no request waits forever for a step of its own.
+        while budget > 0 and (self._cost_left > 0 or not self._prefill_granted):
             head = self._head(now) if self._admitting else None
             if head is not None and up_to is not None and head.meta.priority > up_to:
                 head = None
@@ -221,7 +265,7 @@ class Scheduler(SchedulerState):
     def _continue_prefill(self, request: Request, now: float, out: SchedulerOutput, budget: int) -> int:
         """Schedule a running prompt's next chunk; the tokens it took (0 when it was preempted)."""
         computed = request.num_computed_tokens
-        length = min(request.num_tokens - computed, budget)
+        length = self._fit(computed, min(request.num_tokens - computed, budget))
         if length <= 0 or not self._grow(request, computed + length, out, now):
             return 0
         self._charge_decodes()
@@ -241,7 +285,10 @@ class Scheduler(SchedulerState):
         chain = request.cache_chain(self.pool.block_size)  # ([], []) with prefix caching off
         hit_ids, hit_hashes = self.pool.match_prefix(request.all_token_ids, *chain)
         cached = len(hit_ids) * self.pool.block_size
-        length = min(request.num_tokens - cached, budget)
+        length = self._fit(cached, min(request.num_tokens - cached, budget))
+        if length <= 0:
+            self._admitting = False  # the step's cost budget is spent: the head goes first next step
+            return 0
         blocks_from_free = sum(1 for b in hit_ids if self.pool.blocks[b].ref_count == 0)
         # Admit only when the whole (re)prefill fits beside the watermark, not just its first chunk:
         # a prompt admitted into memory it cannot finish in is preempted again, and recompute thrashes.
@@ -279,6 +326,16 @@ class Scheduler(SchedulerState):
             self._fork(family, now, into_step=True)
         return length
 
+    def _fit(self, start: int, most: int) -> int:
+        """The tokens (at most `most`) a chunk starting after `start` cached positions may take from what is
+        left of the step's cost budget; for the step's first prefill chunk, at least `_PREFILL_FLOOR` of the
+        budget's worth and at least one token (see `_share`)."""
+        cost = self.config.step_cost
+        if self._prefill_granted:
+            return cost.fit(start, self._cost_left, most)
+        floor = _PREFILL_FLOOR * cost.budget(self.config.max_num_batched_tokens)
+        return max(cost.fit(start, max(self._cost_left, floor), most), min(most, 1))
+
     def _wait_for_blocks(self) -> None:
         self.waiting_for_blocks = len(self.policy)
         self.block_waits_total += 1
@@ -294,6 +351,16 @@ class Scheduler(SchedulerState):
         )
         is_decode_step = length == 1 and start >= prompt_end
         recomputed = max(0, min(start + length, request.recompute_until) - start)
+        step_cost = self.config.step_cost
+        self._cost_left -= step_cost.chunk(start, length)
+        self._prefill_granted = True
+        # The chunk's work beyond its new tokens, charged with them; recomputed positions are free, as their
+        # prompt charge is.
+        work = 0
+        if length > recomputed and self._charges_work:
+            fresh = start + recomputed
+            owed = step_cost.work(fresh, length - recomputed, start + length == request.num_tokens)
+            work = self.charge_work(request, owed, now=True)
         if recomputed:
             request.recomputed_tokens += recomputed
             self.recomputed_tokens_total += recomputed
@@ -303,9 +370,10 @@ class Scheduler(SchedulerState):
         decode = int(start + length == request.num_tokens)
         if decode and request.num_output_placeholders:
             out.provisional.append(request)
+            request.step_work_pending = 0.0  # this chunk's work is charged below, with its prompt
             decode = 0
-        if new_prompt or decode:
-            request.charged_service += self.policy.charge(request, new_prompt, decode, 0)
+        if new_prompt or decode or work:
+            request.charged_service += self.policy.charge(request, new_prompt + work, decode, 0)
         family = request.family
         if family is not None and family.pending and family.fork_at and start + length == family.fork_at:
             self._fork_sampled(family, out)  # the leader's prompt is complete in this step's forward

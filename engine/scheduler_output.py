@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.request import Preemption, Request
+from engine.step_cost import TOKENS_ONLY, StepCost
 
 
 @dataclass
@@ -19,6 +20,10 @@ class SchedulerConfig:
     preemption_mode: str
     # Static request-level batching (the essay's "photograph"): admit only when the batch is empty.
     request_batching: bool = False
+    # What a chunk costs in the step's budget and (with `charge_step_work`) in the fair-share charge
+    # (engine/step_cost.py). The default counts new tokens only; a served engine sets its own (engine/parts.py).
+    step_cost: StepCost = TOKENS_ONLY
+    charge_step_work: bool = False
 
 
 @dataclass(slots=True)

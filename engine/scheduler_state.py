@@ -37,6 +37,8 @@ class SchedulerState:
         self._pending_aborts: dict[str, tuple[str, float]] = {}
         self._decoding: list[Request] = []  # decodes scheduled this step and not yet charged
         self._prefilling: list[Request] = []  # running prompts waiting for this step's share_budget
+        self._cost_left = 0.0  # what is left of this step's cost budget (engine/step_cost.py)
+        self._prefill_granted = False  # whether this step holds a prefill chunk yet
         self._admitting = True  # False once admission stopped in this step (blocks, static batching)
         self._reserved_seats = 0  # seats held for the unforked choices of running leaders (`Family`)
         self.families: dict[str, Family] = {}  # requests of n > 1 choices with a choice still live, by id

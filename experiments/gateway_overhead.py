@@ -47,6 +47,7 @@ from typing import Any
 import httpx
 import uvloop
 
+from bench.banner import banner_entry
 from engine import AsyncEngine, EngineClient, EngineConfig, ProcessEngine, RequestMeta, SamplingParams
 from experiments.http1 import Http1Pool
 
@@ -153,8 +154,8 @@ class Served:
         self.banner: dict[str, str] = {}
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            key, sep, value = line.strip().partition(": ")
-            if sep and key in ("url", "api_key", "admin_token"):
+            key, value = banner_entry(line) or ("", "")  # a secret's file read into the secret
+            if key in ("url", "api_key", "admin_token"):
                 self.banner[key] = value
             if key == "admin_token":
                 break

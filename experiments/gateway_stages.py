@@ -59,12 +59,12 @@ def cut_pipeline(stage: str) -> None:
     if stage == "full":
         return
 
-    async def cut(request: Any, state: Any, chat: bool, trace: Any) -> Any:
+    async def cut(request: Any, state: Any, chat: bool, trace: Any, caller: Any = None) -> Any:
         canned = Response(_BODY, media_type="application/json")
         if stage == "edge":
             return canned
         headers = request_headers(request.scope)
-        caller = await generation.door(request, state, headers)
+        caller = caller or await generation.door(request, state, headers)
         if stage == "door":
             return canned
         ctx = await generation.parse(request, state, caller, chat, headers)

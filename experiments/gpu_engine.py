@@ -5,7 +5,12 @@ plus the engine's byte-level tokenizer) at batch 1, 64 and 256, in the same run;
 graphs and with `enforce_eager`. Decode throughput is batch * (N - 1) / (t(N new tokens) - t(1 new
 token)), so prefill and start-up cancel out. At batch 64, torch.profiler gives the decode step's
 GPU-busy fraction (summed kernel time over wall time of a steady decode run) and kernel launches
-per step. Prints a Markdown table; writes JSON to --out (default $OUT/gpu_engine.json, else ./artifacts/).
+per step. Prints a Markdown table; writes JSON to --out (default $OUT/gpu_engine.json, else ./artifacts/)
+after every row, so a run cut by its time limit keeps the rows before the cut (`"complete": false`).
+
+A graphs row whose engine captured no decode graph (a failed capture falls back to eager with one warning
+line) or replayed none in its timed runs would report eager figures as graph figures: it is an error row,
+and the run exits 1 naming it.
 """
 
 from __future__ import annotations
@@ -104,14 +109,21 @@ def profile_decode(run: Callable[[int], Any]) -> dict[str, float]:
     }
 
 
-def engine_run(model_dir: Path, prompts: list[list[int]], backend: str, eager: bool) -> Callable[[int], Any]:
-    """A function generating `n` tokens for every prompt with `engine.LLM` on `backend`."""
+class GraphsNotCaptured(RuntimeError):
+    """Graphs were asked for and the engine has none, or replayed none: its figures would be eager ones."""
+
+
+def engine_run(
+    model_dir: Path, prompts: list[list[int]], backend: str, eager: bool, device: str = "cuda"
+) -> Callable[[int], Any]:
+    """A function generating `n` tokens for every prompt with `engine.LLM` on `backend`; with graphs
+    (`eager` false), one that raises `GraphsNotCaptured` unless every call replayed a decode graph."""
     from engine import LLM, SamplingParams
 
     batch = len(prompts)
     llm = LLM(
         model=str(model_dir),
-        device="cuda",
+        device=device,
         dtype="bfloat16",
         attention_backend=backend,
         max_num_seqs=batch,
@@ -121,9 +133,16 @@ def engine_run(model_dir: Path, prompts: list[list[int]], backend: str, eager: b
         enforce_eager=eager,
     )
 
+    graphs = llm.engine.runner.graphs
+    if not eager and graphs is None:
+        raise GraphsNotCaptured("CUDA graphs were asked for and not captured (see the capture warning)")
+
     def run(n: int) -> Any:
+        replayed = graphs.replayed_steps if graphs is not None else 0
         outs = llm.generate(prompts, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
         assert all(len(o.token_ids) == n for o in outs), "engine stopped early"
+        if graphs is not None and n > 1 and graphs.replayed_steps == replayed:
+            raise GraphsNotCaptured(f"{n} tokens a request and no decode step replayed a graph")
         return outs
 
     return run
@@ -150,7 +169,7 @@ def hf_run(model: Any, prompts: list[list[int]]) -> Callable[[int], Any]:
 
 def _engine_rows(model_dir: Path, prompts: list[list[int]], backend: str, batch: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    for eager in (False, True):
+    for eager in (False, True) if backend == "triton" else (True,):
         system = f"engine.LLM ({backend}{', eager' if eager else ', graphs'})"
         try:
             run = engine_run(model_dir, prompts, backend, eager)
@@ -159,6 +178,10 @@ def _engine_rows(model_dir: Path, prompts: list[list[int]], backend: str, batch:
                 row.update(profile_decode(run))
             rows.append(row)
             del run
+        except GraphsNotCaptured as exc:  # an error row, and the run fails (main)
+            rows.append(
+                {"system": system, "batch": batch, "error": f"{type(exc).__name__}: {exc}", "fatal": True}
+            )
         except Exception as exc:  # report and keep the other measurements
             rows.append({"system": system, "batch": batch, "error": f"{type(exc).__name__}: {exc}"})
         torch.cuda.empty_cache()
@@ -175,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("gpu_engine: no CUDA device; nothing measured", file=sys.stderr)
         return 2
+    out = args.out or Path(os.environ.get("OUT") or "artifacts") / "gpu_engine.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(1)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -190,13 +215,18 @@ def main(argv: list[str] | None = None) -> int:
                     **decode_tps(hf_run(model, prompts), batch),
                 }
             )
+            write(out, payload(rows, params, complete=False))
         del model
         torch.cuda.empty_cache()
         for batch in args.batches:
             prompts = torch.randint(0, 256, (batch, PROMPT_LEN), generator=gen).tolist()
             rows += _engine_rows(model_dir, prompts, "triton", batch)
+            write(out, payload(rows, params, complete=False))
             if not args.skip_torch_backend and batch == PROFILED_BATCH:
-                rows += _engine_rows(model_dir, prompts, "torch", batch)[:1]
+                rows += _engine_rows(
+                    model_dir, prompts, "torch", batch
+                )  # eager: the twins cannot be captured
+                write(out, payload(rows, params, complete=False))
     peers = {r["batch"]: r["decode_tokens_per_s"] for r in rows if r["system"].startswith("transformers")}
     for row in rows:
         if "decode_tokens_per_s" in row and peers.get(row["batch"]):
@@ -217,22 +247,29 @@ def main(argv: list[str] | None = None) -> int:
             f"| {row.get('ratio_vs_transformers', 0):.2f} | {row.get('step_ms', 0):.2f} | {busy} | {launches} "
             f"| {row.get('error', '')} |"
         )
-    out = args.out or Path(os.environ.get("OUT") or "artifacts") / "gpu_engine.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "device": torch.cuda.get_device_name(),
-                "params": params,
-                "prompt_len": PROMPT_LEN,
-                "new_tokens": NEW_TOKENS,
-                "rows": rows,
-            },
-            indent=2,
-        )
-    )
+    write(out, payload(rows, params, complete=True))
     print(f"\nwrote {out}")
-    return 0
+    fatal = [f"{r['system']} at batch {r['batch']}: {r['error']}" for r in rows if r.get("fatal")]
+    for line in fatal:
+        print(f"FAILED: {line}", file=sys.stderr)
+    return 1 if fatal else 0
+
+
+def payload(rows: list[dict[str, Any]], params: int, complete: bool) -> dict[str, Any]:
+    """The JSON document of the rows measured so far."""
+    return {
+        "device": torch.cuda.get_device_name(),
+        "params": params,
+        "prompt_len": PROMPT_LEN,
+        "new_tokens": NEW_TOKENS,
+        "complete": complete,
+        "rows": rows,
+    }
+
+
+def write(out: Path, document: dict[str, Any]) -> None:
+    """Replace `out` with `document` (after every row: a cut run keeps what it measured)."""
+    out.write_text(json.dumps(document, indent=2))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ from typing import Any
 
 import httpx
 
+from bench.banner import banner_entry
+
 _REPLACED = re.compile(
     r"engine worker replaced \(start ([\d.]+) s: spawn and imports ([\d.]+) s, engine build ([\d.]+) s\)"
 )
@@ -92,8 +94,8 @@ def run(kills: int) -> dict[str, Any]:
             assert proc.stdout is not None
             for line in proc.stdout:
                 lines.append(line)
-                key, sep, value = line.strip().partition(": ")
-                if sep and key in ("url", "api_key", "admin_token"):
+                key, value = banner_entry(line) or ("", "")  # a secret's file read into the secret
+                if key in ("url", "api_key", "admin_token"):
                     banner[key] = value
                     if key == "admin_token":
                         ready.set()

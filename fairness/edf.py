@@ -98,6 +98,11 @@ class EDFPolicy(Generic[T]):
         """Forwarded to the base policy."""
         self.base.set_weight(key, weight)
 
+    def weights(self) -> Mapping[str, float]:
+        """The base policy's current weights (none for one without weights)."""
+        found: Mapping[str, float] = getattr(self.base, "weights", dict)()
+        return found
+
     def service(self) -> Mapping[str, float]:
         """Charged service by fairness key (base policy)."""
         return self.base.service()

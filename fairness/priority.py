@@ -171,6 +171,14 @@ class PriorityPolicy(Generic[T]):
             base.set_weight(key, weight)
         self._weights[key] = weight
 
+    def weights(self) -> Mapping[str, float]:
+        """Current weight by fairness key: the classes' (each key is in one class at a time), a live change
+        over them."""
+        merged: dict[str, float] = {}
+        for base in self._classes.values():
+            merged.update(getattr(base, "weights", dict)())
+        return merged | self._weights
+
     def victim(self, running: Sequence[T], for_item: T | None = None) -> T | None:
         """The least important class present loses first; never a class more important than `for_item`'s."""
         candidates = lowest_class(preemptible(running, for_item))

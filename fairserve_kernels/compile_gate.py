@@ -17,6 +17,13 @@ Every distinct variant is compiled with `--all` (the GPU check does, on its 16 c
 project's 2-core CI that is too slow, so the default compiles a covering subset: every value each
 specialised parameter takes, and every pair of values two parameters take together, appears in at
 least one compiled variant (greedy pairwise cover). Both report how many variants exist.
+
+A cubin that compiles can still fail to launch, or crawl: each compiled variant's dynamic shared memory
+(Triton's `metadata.shared`), registers per thread and spilled words (what Triton's `n_regs` and `n_spills`
+read from the driver at load: the function's register count and local memory / 4, here read from the cubin
+with the `cuobjdump` Triton's wheel ships, as there is no driver) are held to the target's limits
+(`LIMITS`: shared memory and registers; spills are reported, not yet failed); a variant over them is a
+failure, and every variant's figures are in the report.
 """
 
 from __future__ import annotations
@@ -28,7 +35,10 @@ import itertools
 import json
 import os
 import pkgutil
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -41,6 +51,67 @@ from fairserve_kernels.launch_heuristics import DEFAULT_SM_COUNT, assume_sm_coun
 # (compute capability, the SM count the launch heuristics see): H100/H200 and A100.
 TARGETS: dict[int, int] = {90: 132, 80: 108}
 WARP_SIZE = 32
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one block may use on a target (CUDA's per-compute-capability limits), and our spill budget."""
+
+    shared_bytes: int  # dynamic shared memory per block, opted in to the maximum
+    regs_per_thread: int = 255
+    regs_per_block: int = 65536
+    # Spills slow a kernel but do not stop it launching: reported, and a failure only where a budget is set
+    # (None: not yet, until the whole gate's figures show which variants spill).
+    spilled_words: int | None = None
+
+
+# sm_90 (H100/H200): 227 KiB of shared memory per block; sm_80 (A100): 163 KiB.
+LIMITS: dict[int, Limits] = {90: Limits(shared_bytes=232_448), 80: Limits(shared_bytes=166_912)}
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one compiled variant uses: Triton's `n_regs`, `n_spills` (words) and `metadata.shared` (bytes)."""
+
+    n_regs: int
+    n_spills: int
+    shared: int
+
+    def over(self, limits: Limits, num_warps: int) -> list[str]:
+        """Each limit this variant exceeds, with both figures (empty: it fits)."""
+        found = []
+        if self.shared > limits.shared_bytes:
+            found.append(f"shared memory {self.shared} B > {limits.shared_bytes} B")
+        if self.n_regs > limits.regs_per_thread:
+            found.append(f"{self.n_regs} registers a thread > {limits.regs_per_thread}")
+        if self.n_regs * num_warps * WARP_SIZE > limits.regs_per_block:
+            found.append(
+                f"{self.n_regs} registers x {num_warps * WARP_SIZE} threads > {limits.regs_per_block} a block"
+            )
+        if limits.spilled_words is not None and self.n_spills > limits.spilled_words:
+            found.append(f"{self.n_spills} spilled words > {limits.spilled_words}")
+        return found
+
+
+_USAGE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+
+
+def cubin_resources(cubin: bytes, shared: int) -> Resources:
+    """Registers and local memory of the cubin's one function (`cuobjdump -res-usage`), and the dynamic
+    shared memory Triton sized for it (static shared, which Triton does not use, is added)."""
+    from triton import knobs
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        listing = subprocess.run(
+            [knobs.nvidia.cuobjdump.path, "-res-usage", file.name], capture_output=True, text=True, check=True
+        ).stdout
+    usage = _USAGE.search(listing)
+    if usage is None:
+        raise RuntimeError(f"no resource usage in cuobjdump's listing: {listing[:200]!r}")
+    regs, _, static_shared, local = (int(g) for g in usage.groups())
+    return Resources(n_regs=regs, n_spills=local // 4, shared=shared + static_shared)
 
 
 @dataclass(frozen=True)
@@ -203,8 +274,11 @@ def pairwise_cover(variants: list[Variant]) -> list[Variant]:
     return chosen
 
 
-def compile_variant(arch: int, variant: Variant) -> tuple[str, float, int]:
-    """Compile one variant to a cubin for sm_`arch`: (description, seconds, cubin bytes). Raises on failure."""
+def compile_variant(
+    arch: int, variant: Variant, options: dict[str, Any] | None = None
+) -> tuple[str, float, int, Resources]:
+    """Compile one variant to a cubin for sm_`arch`: (description, seconds, cubin bytes, resources).
+    Raises on failure."""
     import triton
     from triton.compiler import ASTSource
 
@@ -216,18 +290,19 @@ def compile_variant(arch: int, variant: Variant) -> tuple[str, float, int]:
     compiled = triton.compile(
         source,
         target=_gpu_target(arch),
-        options={"num_warps": variant.num_warps, "num_stages": variant.num_stages},
+        options={"num_warps": variant.num_warps, "num_stages": variant.num_stages, **(options or {})},
     )
     cubin = compiled.asm.get("cubin")
     if not cubin:
         raise RuntimeError(f"{variant.describe()}: no cubin for sm_{arch}")
-    return variant.describe(), time.perf_counter() - start, len(cubin)
+    used = cubin_resources(cubin, int(compiled.metadata.shared))
+    return variant.describe(), time.perf_counter() - start, len(cubin), used
 
 
 def _compile_job(job: tuple[int, Variant]) -> dict[str, Any]:
     arch, variant = job
     try:
-        described, seconds, size = compile_variant(arch, variant)
+        described, seconds, size, used = compile_variant(arch, variant)
     except Exception as exc:  # a compile failure is the gate's finding: report it with its variant
         return {
             "arch": arch,
@@ -235,7 +310,19 @@ def _compile_job(job: tuple[int, Variant]) -> dict[str, Any]:
             "ok": False,
             "error": f"{type(exc).__name__}: {exc}",
         }
-    return {"arch": arch, "variant": described, "ok": True, "seconds": round(seconds, 3), "cubin_bytes": size}
+    over = used.over(LIMITS[arch], variant.num_warps) if arch in LIMITS else []
+    return {
+        "arch": arch,
+        "variant": described,
+        "ok": not over,
+        "seconds": round(seconds, 3),
+        "cubin_bytes": size,
+        "n_regs": used.n_regs,
+        "n_spills": used.n_spills,
+        "shared": used.shared,
+        "num_warps": variant.num_warps,
+        **({"error": f"over the sm_{arch} limits: " + "; ".join(over)} if over else {}),
+    }
 
 
 def _values(variants: list[Variant]) -> dict[str, list[str]]:
@@ -280,6 +367,12 @@ def run_gate(archs: list[int], modules: list[str], every_variant: bool, jobs: in
     report["seconds"] = round(time.perf_counter() - start, 1)
     report["compiled"] = sum(r["ok"] for r in results)
     report["failures"] = [r for r in results if not r["ok"]]
+    report["limits"] = {f"sm_{arch}": vars(LIMITS[arch]) for arch in archs if arch in LIMITS}
+    report["resources"] = [
+        {k: r[k] for k in ("arch", "variant", "n_regs", "n_spills", "shared", "num_warps")}
+        for r in results
+        if "n_regs" in r
+    ]
     return report
 
 
@@ -297,6 +390,14 @@ def main(argv: list[str] | None = None) -> int:
     for arch, kernels in report["archs"].items():
         for name, counts in kernels.items():
             print(f"{arch} {name}: {counts['compiled']} of {counts['variants']} variants compiled")
+    worst: dict[tuple[int, str], list[int]] = {}
+    for used in report["resources"]:
+        top = worst.setdefault((used["arch"], used["variant"].split("[")[0]), [0, 0, 0])
+        top[:] = [
+            max(a, b) for a, b in zip(top, (used["shared"], used["n_regs"], used["n_spills"]), strict=True)
+        ]
+    for (arch, name), (shared, regs, spills) in sorted(worst.items()):
+        print(f"sm_{arch} {name}: at most {shared} B shared, {regs} registers, {spills} spilled words")
     for failure in report["failures"]:
         print(f"FAILED sm_{failure['arch']} {failure['variant']}: {failure['error']}", file=sys.stderr)
     print(f"{report['compiled']} cubins in {report['seconds']} s, {len(report['failures'])} failures")

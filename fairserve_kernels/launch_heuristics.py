@@ -43,6 +43,28 @@ def choose_num_splits(num_programs: int, max_seq_len: int | None, sm_count: int)
     return 1 << (splits.bit_length() - 1)  # round down: one compiled variant per power of two
 
 
+def split_context_bounds(num_programs: int, max_context: int, sm_count: int) -> list[tuple[int, int]]:
+    """(bound, split count) pairs, ascending, the last bound `max_context`: every context above the previous
+    bound and up to this one gets this split count from `choose_num_splits`. A CUDA graph fixes its launch
+    at capture, so the engine captures one per pair (engine/decode_graphs.py) and replays the one of the
+    step's live context: a short context runs no empty splits and no reduce.
+
+    The count changes only where `context // MIN_TOKENS_PER_SPLIT` crosses a power of two (then it is
+    rounded down to one, and capped by MAX_SPLITS and by the programs the batch already has), so the
+    candidates are the last context before each crossing; neighbours with the same count merge.
+    """
+    crossings = (MIN_TOKENS_PER_SPLIT * (1 << j) - 1 for j in range(1, MAX_SPLITS.bit_length()))
+    candidates = sorted({c for c in crossings if c < max_context} | {max_context})
+    bounds: list[tuple[int, int]] = []
+    for bound in candidates:
+        splits = choose_num_splits(num_programs, bound, sm_count)
+        if bounds and bounds[-1][1] == splits:
+            bounds[-1] = (bound, splits)
+        else:
+            bounds.append((bound, splits))
+    return bounds
+
+
 # Set only by `assume_sm_count` (the compile gate binds launches for a GPU it does not have).
 _assumed_sm_count: int | None = None
 

@@ -44,8 +44,8 @@ class ModelSettings(BaseModel):
 
     local_models: list[str] = Field(
         default_factory=list,
-        description="a model directory to serve from a local engine; repeat it for one engine per model "
-        "(once: the same as the engine's model)",
+        description="the Hugging Face model directory to serve (default: the embedded model); repeat it "
+        "to serve several, one local engine each",
         json_schema_extra={"flags": ["--model"]},
     )
     fallback_models: list[str] = Field(

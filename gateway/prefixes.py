@@ -1,5 +1,5 @@
 """The gateway's public-prefix registry: the SQL store (billing/prefixes.py) and the in-memory index
-every request is matched against (engine/public_prefixes.py).
+every request is matched against (gateway/public_prefixes.py).
 
 The index is reloaded from SQL after each change made here and every `REFRESH_S` seconds by
 `keep_prefixes_fresh`, so a change made through one gateway reaches the others (and so every engine:
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from billing import Database
 from billing.prefixes import PrefixInfo, PrefixStore
-from engine.public_prefixes import PublicPrefix, PublicPrefixIndex
+from gateway.public_prefixes import PublicPrefix, PublicPrefixIndex
 
 log = logging.getLogger(__name__)
 REFRESH_S = 10.0

@@ -1,17 +1,19 @@
 """GatewaySettings: the one typed settings tree of a gateway process (pydantic-settings).
 
 Every knob is one field with its default and description, here or in a node of the tree
-(`engine.EngineConfig`, `fairness.FairnessConfig`, `routing.RoutingSettings`, `billing.LedgerConfig`;
+(`engine.EngineConfig`, `fairness.FairnessConfig`, `routing.RoutingSettings`, `billing.LedgerConfig`,
+`upstream.UpstreamSettings`;
 `fairserve ray`'s `ClusterConfig` in gateway/cluster_settings.py), and nowhere else: the layers below
 take it as a required argument (tests/gateway/test_one_default.py). From that field alone it gets its
 flag (gateway/settings_flags.py), its `FAIRSERVE_*` environment variable (nested with `__`, e.g.
 `FAIRSERVE_ENGINE__MAX_NUM_SEQS`) and its key in an optional TOML file (`--config`; tables `[engine]`,
-`[engine.fairness]`, `[ledger]` and `[routing]`). Precedence: flag, then environment, then file, then
+`[engine.fairness]`, `[ledger]`, `[routing]` and `[upstream]`). Precedence: flag, then environment, then file, then
 the default.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -21,6 +23,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from admission.backoff import RETRY_AFTER_CAP_S
 from admission.controller import AdmissionSettings
 from admission.feasibility import RatePriors
 from admission.queues import QueueBounds
@@ -33,6 +36,9 @@ from fairness import policy_entry
 from gateway.model_settings import ModelSettings, one_local_model
 from gateway.settings_base import DataDirSettings, StorageSettings
 from routing.config import RoutingSettings
+from upstream.config import UpstreamSettings
+
+MAX_JSON_DEPTH = 64  # the default of GatewaySettings.max_json_depth (parse_body's too)
 
 
 class ProcessSettings(DataDirSettings):
@@ -56,6 +62,13 @@ class ProcessSettings(DataDirSettings):
     # thread and other helpers run Python for milliseconds at a time; at CPython's 5 ms the event loop or the
     # engine loop can wait that long for every turn (docs/gateway.md, loop lag).
     switch_interval_ms: float = Field(default=0.5, gt=0, le=100, description="CPython's GIL switch interval")
+    # Logs to operate by (gateway/ops/logs.py): to stderr, one line per record, as text or JSON.
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="the least severe log records written (to stderr)"
+    )
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="text lines, or one JSON object a line for a log collector"
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig)
 
     @model_validator(mode="after")
@@ -142,6 +155,16 @@ class GatewaySettings(StorageSettings, ProcessSettings):
         json_schema_extra={"flags": ["--idempotent-orphan-grace"]},
     )
     key_cache_ttl_s: float = Field(default=5.0, gt=0, description="seconds a verified API key is cached")
+    # gateway/tenant_watch.py: the one path by which a tenant changed anywhere (admin API, CLI, SQL) reaches
+    # this gateway's key cache and its engines' weights.
+    tenant_poll_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="seconds between re-reads of the tenants table: a weight or quota changed by "
+        "`fairserve tenants set`, another gateway or SQL reaches this gateway and its engines within it",
+        json_schema_extra={"flags": ["--tenant-poll-interval"]},
+    )
     # Authentication failures allowed per client address (gateway/edge/auth_guard.py): a burst, then a rate.
     auth_failure_burst: int = Field(
         default=20, ge=1, description="failed authentications a client address may make at once before 429"
@@ -166,17 +189,80 @@ class GatewaySettings(StorageSettings, ProcessSettings):
     report_rate_per_s: float = Field(
         default=2.0, gt=0, description="task and workflow-run reports per second a tenant may sustain"
     )
+    # A tenant that keeps polling while told to wait (gateway/edge/auth_guard.py `refused`): more than
+    # `report_hold_after` refusals within one Retry-After window hold its reports for `report_hold_s`.
+    report_hold_after: int = Field(
+        default=32,
+        ge=0,
+        description="report refusals a tenant may ignore within one Retry-After before it is held (0: never)",
+    )
+    # At most the longest Retry-After clients honour (admission/backoff.py): a longer one would be a 503.
+    report_hold_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=RETRY_AFTER_CAP_S,
+        description="seconds a tenant that ignores report refusals is held",
+    )
     tokenize_concurrency_per_tenant: int = Field(
         default=2, ge=1, description="large prompts of one tenant tokenised off the event loop at once"
     )
-    # The executor those run on (gateway/openai/refusal_budget.py): no tenant may hold all of it.
+    # Preprocessing off the event loop (gateway/openai/preprocess.py): large bodies validated, chats rendered,
+    # prompts tokenised, on these threads, in fair order of each tenant's preprocessing CPU.
     tokenize_workers: int = Field(
-        default=4, ge=2, le=64, description="threads that tokenise large prompts and chats off the event loop"
+        default=0,
+        ge=0,
+        le=64,
+        description="preprocessing slots (threads validating, rendering and tokenising large requests off "
+        "the event loop); 0: the cores less one, at least one",
+    )
+    # Every preprocessing thread shares the interpreter lock with the event loop that serves all tenants:
+    # together they may hold it this fraction of the time (docs/gateway.md, "Preprocessing CPU").
+    preprocess_cpu_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="fraction of one core that preprocessing off the event loop may spend, all tenants together",
+    )
+    preprocess_burst_s: float = Field(
+        default=0.25,
+        gt=0,
+        le=10,
+        allow_inf_nan=False,
+        description="CPU seconds of preprocessing that may run at once above the share",
+    )
+    preprocess_max_wait_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=120,
+        allow_inf_nan=False,
+        description="a request whose preprocessing would wait longer is refused 429 preprocessing_busy",
     )
     # OpenAI's own limit, so a client that works there is never refused here; validating costs the event
     # loop per message (docs/gateway.md, "The event loop's budget").
     max_chat_messages: int = Field(
         default=2048, ge=1, description="messages (and text parts) a chat completion may carry"
+    )
+    # Stored Responses (`previous_response_id`), in this process, per tenant: one tenant's traffic never
+    # evicts another's, and the memory is at most tenants x the bound (gateway/openai/responses_api/store.py).
+    responses_store_entries: int = Field(
+        default=256, ge=0, le=100_000, description="stored Responses kept per tenant (0: none are kept)"
+    )
+    responses_store_chars: int = Field(
+        default=8 * 2**20,
+        ge=0,
+        le=2**31,
+        description="characters of stored Responses (their turns and bodies as JSON) kept per tenant",
+    )
+    # Measured before any parser sees the body (gateway/openai/body_depth.py): every JSON parser on the
+    # request path recurses per level (pydantic's stops at 200, msgspec and json at about 1,000), and so do
+    # the schema copies and compiles after it. A chat's content parts are 5 levels; a schema nested 28
+    # levels deep fits.
+    max_json_depth: int = Field(
+        default=MAX_JSON_DEPTH,
+        ge=8,
+        le=150,
+        description="nesting levels (arrays and objects) a request body may have",
     )
     # Debugging what holds the event loop (docs/gateway.md, "The event loop's budget"): off by default,
     # since the loop's debug mode slows every request.
@@ -217,6 +303,11 @@ class GatewaySettings(StorageSettings, ProcessSettings):
         "(default none: the TCP peer is the client)",
     )
     demo_tenant: str = Field(default="demo", description="tenant given a key on a deployment's first start")
+    access_log: bool = Field(
+        default=False,
+        description="log one line per request (logger fairserve.access): tenant, status, tokens, "
+        "queue and total time, request id; never a key",
+    )
     metrics_tenants: int = Field(default=50, ge=0, description="tenants given their own metric labels")
     # /metrics on the main port needs the metrics (or admin) token. A metrics port, if set, serves the same
     # registry without a credential, so it listens on loopback unless told otherwise.
@@ -235,6 +326,9 @@ class GatewaySettings(StorageSettings, ProcessSettings):
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     # Several models, fallbacks, cost factors, the default X-On-Infeasible (gateway/model_settings.py).
     models: ModelSettings = Field(default_factory=ModelSettings)
+    # Engines fairserve does not own (vLLM, SGLang, TGI, `transformers serve`), fronted with fair share
+    # (upstream/, docs/upstream.md): `--upstream MODEL=URL`, `--upstream-kind`, the dispatch window.
+    upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     # The engine loop in its own process (ProcessEngine) rather than a thread sharing the gateway's GIL:
     # on by measurement (docs/gateway.md, "Benchmark: gateway overhead").
     engine_process: bool = Field(default=True, description="run the engine loop in its own process")
@@ -281,9 +375,16 @@ class GatewaySettings(StorageSettings, ProcessSettings):
             self.ledger.data_dir = str(self.data_dir)
         return self
 
+    @property
+    def preprocess_slots(self) -> int:
+        """`tokenize_workers`, or for 0 the cores less one (at least one)."""
+        return self.tokenize_workers or max(1, (os.cpu_count() or 1) - 1)
+
     @model_validator(mode="after")
     def _no_tenant_fills_the_tokenizers(self) -> GatewaySettings:
-        if self.tokenize_concurrency_per_tenant >= self.tokenize_workers:
+        # An explicit count of several slots must leave another tenant one; with the default (as many as
+        # the cores allow) or a single slot, the fair order keeps one tenant from the others' turns.
+        if self.tokenize_workers > 1 and self.tokenize_concurrency_per_tenant >= self.tokenize_workers:
             raise ValueError(
                 f"--tokenize-concurrency-per-tenant ({self.tokenize_concurrency_per_tenant}) must be below "
                 f"--tokenize-workers ({self.tokenize_workers}): one tenant must not hold every worker"

@@ -26,6 +26,7 @@ from gateway.cluster_settings import ClusterConfig
 from gateway.engine_server_settings import EngineServerSettings
 from gateway.settings import GatewaySettings, raw_sources
 from gateway.settings_base import ENV_NESTED_DELIMITER, ENV_PREFIX, LayeredSettings
+from gateway.settings_help import ORDER, START, TITLES, help_order, metavar, section_of
 
 S = TypeVar("S", bound=LayeredSettings)
 # Leaf names that would read ambiguously as a bare flag get a qualified one.
@@ -38,8 +39,12 @@ _QUALIFIED: dict[tuple[str, ...], str] = {
     # `serve --model` repeats (models.local_models: one local engine per model); `fairserve engine` keeps it.
     ("engine", "model"): "--engine-model",
 }
+# Knobs whose flag `serve` accepts but does not show: another flag says the same to a reader. `--model DIR`
+# given once is the engine's model (gateway/model_settings.py), so `--engine-model` would be a second name
+# for one thing; it stays accepted for the scripts that use it.
+_SUPERSEDED = {("engine", "model")}
 # Subtrees whose flags carry the subtree's name (`--ledger-batch-size`): their leaf names say too little alone.
-_PREFIXED = {"ledger"}
+_PREFIXED = {"ledger", "upstream"}
 # Choices that come from a registry rather than a Literal type.
 _REGISTRY_CHOICES = {("engine", "fairness", "policy"): lambda: list(POLICIES)}
 
@@ -104,18 +109,21 @@ def add_knob_flags(
     model: type[BaseModel] = GatewaySettings,
     aliases: dict[str, str] | None = None,
 ) -> None:
-    """One flag per knob of `model`; unset flags stay out of the namespace so lower sources can fill them.
+    """One flag per knob of `model`, in the help sections of gateway/settings_help.py; unset flags stay out
+    of the namespace so lower sources can fill them.
 
+    A knob's first flag is the one its help shows; its other spellings (`--local-models`, `--grace-period-s`,
+    `serve --engine-model`) are accepted and hidden, so scripts written against them keep working.
     `aliases` maps a leaf name to one more flag for it in this command only (`fairserve engine` gives
     an engine's `redis_url` the `--redis` that `serve` spends on the gateway's own Redis).
     """
-    group = parser.add_argument_group(
-        "settings (each also FAIRSERVE_<PATH> in the environment and a key in the --config TOML file)"
+    groups = {name: parser.add_argument_group(TITLES[name]) for name in ORDER}
+    groups[START].add_argument(
+        "--config", type=Path, default=None, metavar="FILE", help="TOML file of settings"
     )
-    group.add_argument("--config", type=Path, default=None, help="TOML file of settings")
     seen: set[str] = set()
-    for knob in knobs(model):
-        flags = knob.flags
+    for knob in sorted(knobs(model), key=lambda k: help_order(k.path)):  # stable: the tree order otherwise
+        flags = list(dict.fromkeys(knob.flags))  # `--redis` is both redis_url's own name and its derived one
         alias = (aliases or {}).get(knob.path[-1])
         if alias is not None and alias not in flags and alias not in seen:
             flags = [alias, *flags]
@@ -123,30 +131,35 @@ def add_knob_flags(
         if clash:
             raise RuntimeError(f"settings flag {clash} defined twice: qualify it in _QUALIFIED")
         seen.update(flags)
+        superseded = knob.path in _SUPERSEDED and alias is None
         help_ = f"{knob.field.description or knob.toml_key} [{knob.env}; default {_default_text(knob)}]"
+        group = groups[section_of(knob.path)]
         if knob.field.annotation is bool:
             group.add_argument(
                 *flags[-1:],
                 dest=knob.dest,
                 action=argparse.BooleanOptionalAction,
                 default=argparse.SUPPRESS,
-                help=help_,
+                help=argparse.SUPPRESS if superseded else help_,
             )
             continue
         kind, choices = _scalar(knob.field.annotation)
         choices = _REGISTRY_CHOICES[knob.path]() if knob.path in _REGISTRY_CHOICES else choices
         # e.g. --engine A --engine B; a dict knob is repeated NAME=VALUE (--lora a=/p --lora b=/q)
         repeated = typing.get_origin(knob.field.annotation) in (list, dict)
-        group.add_argument(
-            *flags,
-            dest=knob.dest,
-            type=kind,
-            choices=choices,
-            default=argparse.SUPPRESS,
-            action="append" if repeated else "store",
-            metavar=None if choices else knob.path[-1].upper(),
-            help=help_,
-        )
+        spec: dict[str, Any] = {
+            "dest": knob.dest,
+            "type": kind,
+            "choices": choices,
+            "default": argparse.SUPPRESS,
+            "action": "append" if repeated else "store",
+            "metavar": None if choices else metavar(knob.path[-1], kind),
+        }
+        shown, hidden = ([], flags) if superseded else (flags[:1], flags[1:])
+        if shown:
+            group.add_argument(*shown, help=help_, **spec)
+        if hidden:
+            group.add_argument(*hidden, help=argparse.SUPPRESS, **spec)
 
 
 def _default_text(knob: Knob) -> str:

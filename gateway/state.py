@@ -29,12 +29,16 @@ from gateway.edge.key_events import KeyEvents
 from gateway.engine_health import EngineHealth
 from gateway.idempotency.records import IdempotencyStore, make_idempotency_store
 from gateway.model_engines import local_models
+from gateway.openai.preprocess import PreprocessGate
 from gateway.openai.refusal_budget import RefusalBudget
+from gateway.openai.responses_api.store import ResponseStore
 from gateway.openai.runs import RunRegistry
 from gateway.ops.metrics import GatewayMetrics, TenantLabels
 from gateway.ops.tracing import GatewayTracing, make_gateway_tracing
 from gateway.prefixes import PrefixRegistry
 from gateway.settings import GatewaySettings
+from gateway.tenant_watch import TenantWatch
+from gateway.upstreams import upstream_engines
 from routing import ModelRouter, engine_loads
 from routing.roles import role_router
 
@@ -78,19 +82,36 @@ class GatewayState:
     _tenants_at: float = 0.0
     edge: EdgeAdmission = field(init=False)  # admission and quota behind one call (admission/edge.py)
     refusals: RefusalBudget = field(init=False)  # refused work charged to its tenant
+    preprocess: PreprocessGate = field(init=False)  # preprocessing CPU, bounded and in fair order
     reports: FailureBudget = field(init=False)  # task and workflow-run reports a tenant may read
     model_rates: ModelRates = field(init=False)  # each model's learned rates (admission/model_feasibility.py)
     prefixes: PrefixRegistry = field(init=False)  # public prompt prefixes (gateway/prefixes.py)
     adapters: AdapterRegistry = field(init=False)  # LoRA adapters, public or a tenant's (gateway/adapters.py)
+    responses: ResponseStore = field(
+        init=False
+    )  # stored Responses, per tenant (gateway/openai/responses_api/)
+    tenant_watch: TenantWatch = field(init=False)  # tenant changes from SQL to keys and engines
 
     def __post_init__(self) -> None:
         self.edge = EdgeAdmission(self.admission, self.quota)
         self.model_rates = ModelRates(self.admission.settings.priors)
         s = self.settings
-        self.refusals = RefusalBudget(
-            s.refusal_burst, s.refusal_rate_per_s, s.tokenize_concurrency_per_tenant, s.tokenize_workers
+        self.refusals = RefusalBudget(s.refusal_burst, s.refusal_rate_per_s)
+        slots = s.preprocess_slots
+        self.preprocess = PreprocessGate(
+            slots,
+            min(s.tokenize_concurrency_per_tenant, max(1, slots - 1)),
+            min(s.preprocess_cpu_share, float(slots)),
+            s.preprocess_burst_s,
+            s.preprocess_max_wait_s,
         )
-        self.reports = FailureBudget(s.report_burst, s.report_rate_per_s)
+        self.reports = FailureBudget(
+            s.report_burst, s.report_rate_per_s, hold_after=s.report_hold_after, hold_s=s.report_hold_s
+        )
+        self.responses = ResponseStore(s.responses_store_entries, s.responses_store_chars)
+        self.tenant_watch = TenantWatch(
+            self.store, self.engine, self.keys, on_change=lambda _: self.refresh_tenant_labels(force=True)
+        )
         self.prefixes = PrefixRegistry(self.db)
         try:
             self.prefixes.reload()
@@ -146,6 +167,29 @@ class GatewayState:
 
 
 def gateway_engine(settings: GatewaySettings) -> EngineClient:
+    """The engine a gateway serves from: `owned_engine`, beside each `--upstream` model's (gateway/upstreams.py).
+
+    With `--upstream` and neither `--model` nor `--engine`, the gateway serves the upstream models alone.
+    """
+    upstreams = upstream_engines(settings)
+    if not upstreams:
+        return owned_engine(settings)
+    only_upstreams = (
+        settings.engine.model is None and not settings.models.local_models and not settings.engines
+    )
+    if only_upstreams:
+        return ModelRouter(upstreams)
+    own = owned_engine(settings)
+    if not own.model_name:  # one attached --engine names its model when reached (started twice: no-op)
+        own.start()
+    groups = dict(own.groups) if isinstance(own, ModelRouter) else {own.model_name: own}
+    clash = sorted(set(groups) & set(upstreams))
+    if clash:
+        raise EngineStartError(f"model {clash[0]!r} is both an --upstream and one of fairserve's own engines")
+    return ModelRouter({**groups, **upstreams})
+
+
+def owned_engine(settings: GatewaySettings) -> EngineClient:
     """The engine a gateway serves from: its own (thread or worker process) unless `--engine` names one.
 
     Several `--engine` go behind an EngineRouter. An attached engine is reached over TCP (engine/remote/client.py); the gateway neither starts nor stops
@@ -257,6 +301,7 @@ def _state_around(
         tracing=make_gateway_tracing(settings.engine),
     )
     state.refresh_tenant_labels(force=True)
+    state.tenant_watch.apply()  # the first read: later ones apply what changed since
     if settings.redis_url is not None:
         state.key_events = KeyEvents(settings.redis_url, state.keys)
         state.key_events.start()
@@ -279,7 +324,7 @@ async def close_state(state: GatewayState) -> None:
         state.engine.shutdown(timeout_s=state.settings.grace_period_s)
     if state.tracing is not None:
         state.tracing.shutdown()
-    state.refusals.close()
+    state.preprocess.close()
     state.ledger.close(timeout_s=10.0)
     await state.idempotency.close()
     await state.quota.close()

@@ -24,7 +24,7 @@ def prefix_digests(
     `block_size` caches them.
 
     Like `BlockPool.match_prefix`, a prompt's last token is never part of a cached block, so a prompt of
-    exactly n blocks contributes n - 1. Blocks of a public prefix (engine/public_prefixes.py) are left
+    exactly n blocks contributes n - 1. Blocks of a public prefix (gateway/public_prefixes.py) are left
     out: every tenant's requests share them, so they would pin a registered prompt's whole traffic to
     the engine that first computed it; any engine computes them once and keeps them hot. A registered
     prompt is thus spread by load, and affinity follows only what comes after it.

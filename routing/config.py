@@ -55,6 +55,13 @@ class RoutingSettings(BaseModel):
         allow_inf_nan=False,
         description="load of an engine's running requests, per batch of them (running / max_num_seqs)",
     )
+    tenant_spread_weight: float = Field(
+        default=0.5,
+        ge=0,
+        allow_inf_nan=False,
+        description="pull of a tenant's requests away from an engine already running its others, per batch "
+        "of them (keeps each tenant on every engine, so per-engine fair share is the global one)",
+    )
     kv_weight: float = Field(
         default=0.5, ge=0, allow_inf_nan=False, description="load of an engine's KV cache when it is full"
     )

@@ -18,15 +18,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 
 from engine.boundary.client import EngineClient
-from engine.boundary.front import OutputStream, Sink
+from engine.boundary.front import GenerateOverSubmit, OutputStream, Sink
 from engine.boundary.messages import EngineDeadError
 from engine.limits import RequestCaps
-from engine.outputs import EngineStats, RequestInfo, RequestOutput
+from engine.outputs import EngineStats, RequestInfo
 from engine.request import DuplicateRequestError, RequestMeta, SamplingParams
 from engine.tokenizer import Tokenizer
 from engine.trace import IterationTrace
@@ -46,6 +47,7 @@ class _Member:
     memory: DigestMemory
     was_alive: bool
     in_flight: int = 0  # this router's requests live there
+    tenant_in_flight: Counter[str] = field(default_factory=Counter)  # the same, per tenant
     routed: int = 0  # requests routed there since it joined
     pending_requests: int = 0  # routed since its last stats snapshot
     pending_tokens: int = 0
@@ -65,8 +67,9 @@ def tightest_caps(caps: Sequence[RequestCaps]) -> RequestCaps:
     return RequestCaps(**{name: min(getattr(c, name) for c in caps) for name in RequestCaps.model_fields})
 
 
-class EngineRouter:
-    """An EngineClient over named engines that all serve one model."""
+class EngineRouter(GenerateOverSubmit):
+    """An EngineClient over named engines that all serve one model (`generate` is the fronts' own, over
+    this `submit`, which routes)."""
 
     model_name: str
     max_model_len: int
@@ -184,7 +187,7 @@ class EngineRouter:
                 self._replay_weights(m.client)
         return alive
 
-    def _candidate(self, m: _Member, alive: bool, affinity: float) -> Candidate:
+    def _candidate(self, m: _Member, alive: bool, affinity: float, tenant_id: str = "") -> Candidate:
         s = m.client.stats()
         if s.iterations != m.seen_iteration:  # a new snapshot counts what was routed before it
             m.seen_iteration = s.iterations
@@ -201,6 +204,7 @@ class EngineRouter:
             kv_capacity_tokens=s.kv_blocks_total * (m.block_size or 1),
             affinity=affinity,
             in_flight=m.in_flight,
+            tenant_in_flight=m.tenant_in_flight[tenant_id],
         )
 
     def _ranked(
@@ -230,16 +234,17 @@ class EngineRouter:
                 if size not in digests:
                     digests[size] = prefix_digests(prompt_token_ids, meta, size, w.affinity_blocks)
                 affinity = m.memory.matched(digests[size]) / w.affinity_blocks
-            candidates.append(self._candidate(m, alive, affinity))
-        fallback = rank([self._candidate(m, True, 0.0) for m in suspects], w)
+            candidates.append(self._candidate(m, alive, affinity, meta.tenant_id))
+        fallback = rank([self._candidate(m, True, 0.0, meta.tenant_id) for m in suspects], w)
         return [members[i] for i in rank(candidates, w)] + [suspects[i] for i in fallback], digests
 
     def _routed(
-        self, m: _Member, request_id: str, prompt_tokens: int, digests: dict[int, list[bytes]]
+        self, m: _Member, request_id: str, tenant_id: str, prompt_tokens: int, digests: dict[int, list[bytes]]
     ) -> None:
         with self._lock:
             self._routes[request_id] = m
             m.in_flight += 1
+            m.tenant_in_flight[tenant_id] += 1
             m.routed += 1
             m.pending_requests += 1
             m.pending_tokens += prompt_tokens
@@ -247,11 +252,14 @@ class EngineRouter:
             if size is not None and size in digests:
                 m.memory.remember(digests[size])
 
-    def _ended(self, request_id: str, m: _Member) -> None:
+    def _ended(self, request_id: str, tenant_id: str, m: _Member) -> None:
         with self._lock:
             if self._routes.get(request_id) is m:
                 del self._routes[request_id]
             m.in_flight -= 1
+            m.tenant_in_flight[tenant_id] -= 1
+            if m.tenant_in_flight[tenant_id] <= 0:
+                del m.tenant_in_flight[tenant_id]
             if m.leaving and m.in_flight <= 0 and m in self._leaving:
                 self._leaving.remove(m)
 
@@ -277,17 +285,6 @@ class EngineRouter:
         for m in self._everyone():
             m.client.shutdown(timeout_s)
 
-    async def generate(
-        self, prompt_token_ids: Sequence[int], params: SamplingParams, meta: RequestMeta, request_id: str
-    ) -> AsyncIterator[RequestOutput]:
-        """Route and queue a request, and yield its outputs."""
-        stream = self.submit(prompt_token_ids, params, meta, request_id)
-        try:
-            async for item in stream:
-                yield item
-        finally:
-            stream.close()
-
     def submit(
         self,
         prompt_token_ids: Sequence[int],
@@ -312,8 +309,8 @@ class EngineRouter:
             except EngineDeadError as exc:
                 failure = exc
                 continue
-            self._routed(m, request_id, len(prompt_token_ids), digests)
-            stream.when_ended(partial(self._ended, request_id, m))
+            self._routed(m, request_id, meta.tenant_id, len(prompt_token_ids), digests)
+            stream.when_ended(partial(self._ended, request_id, meta.tenant_id, m))
             return stream
         raise EngineDeadError(f"no engine is alive ({failure})" if failure else "no engine is alive")
 

@@ -5,6 +5,7 @@
              + running_weight       * running / max_num_seqs
              + kv_weight            * kv_blocks_used / kv_blocks_total
     score(e) = affinity_weight * affinity - load(e)        affinity: share of the prompt's first blocks e holds
+             - tenant_spread_weight * tenant_in_flight / max_num_seqs
 
 The engine with the highest score among the healthy ones gets the request; an unhealthy engine is never
 chosen. Each load term is about 1 when that resource is full, so the weights compare like for like, and
@@ -12,6 +13,13 @@ affinity is bounded by `affinity_weight` while load is not: however strongly a p
 one engine, a queue there grows until the load difference outweighs it and the tenant's requests spill
 to the others. That is what keeps affinity from pinning a tenant below its fair share (issue 15: the
 share is enforced per engine, so a tenant confined to one engine can get at most that engine).
+
+The spread term is the converse: each router counts its own requests per tenant per engine, so a tenant
+sent through one gateway spreads over every engine even when load alone would sort tenants apart. Two
+gateways routing by load alone can settle with tenant A on engine 1 and B on engine 2 (each router sees
+the other's tenant as load); then each engine serves one tenant and weights 4:1 read 1:1, the failure
+shared counters cannot cure (an engine with no competitor gives its tenant all of it). CI read 3.59 for
+4:1 across two gateways (tests/gateway/test_scale_out.py) before this term.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ class Candidate:
     kv_capacity_tokens: int = 0
     affinity: float = 0.0  # in [0, 1]: matched leading blocks / affinity_blocks
     in_flight: int = 0  # this router's live requests there: breaks ties, so equal engines share a burst
+    tenant_in_flight: int = 0  # this router's live requests there of the tenant being routed
 
 
 def load(c: Candidate, w: RoutingSettings) -> float:
@@ -50,8 +59,9 @@ def load(c: Candidate, w: RoutingSettings) -> float:
 
 
 def score(c: Candidate, w: RoutingSettings) -> float:
-    """Higher is better: affinity's pull minus load."""
-    return w.affinity_weight * min(max(c.affinity, 0.0), 1.0) - load(c, w)
+    """Higher is better: affinity's pull minus load and minus the tenant's own presence there."""
+    spread = w.tenant_spread_weight * c.tenant_in_flight / max(c.max_num_seqs, 1)
+    return w.affinity_weight * min(max(c.affinity, 0.0), 1.0) - load(c, w) - spread
 
 
 def rank(candidates: Sequence[Candidate], w: RoutingSettings) -> list[int]:

@@ -15,6 +15,9 @@ from engine.outputs import EngineStats
 from engine.trace import IterationTrace
 
 _SLOWEST = {"iteration_seconds", "counter_sync_age_s", "counter_sync_engines"}  # the largest of them
+# Per-tenant maps whose merge is the largest value, not the sum: a weight is the same on every engine, and
+# a tenant backlogged on two engines at once was backlogged for that time once.
+_LARGEST_MAPS = {"weights", "backlogged_s"}
 _SYNC_ORDER = ("off", "ok", "stale")  # the counter sync the cluster reports is its worst engine's
 # Each field's merge, worked out once from the dataclass: admission reads the stats twice per request.
 _MAPS = tuple(f.name for f in fields(EngineStats) if f.default_factory is dict)
@@ -25,11 +28,11 @@ _SUMS = tuple(
 )
 
 
-def _merge(maps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _merge(maps: Sequence[Mapping[str, Any]], largest: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for m in maps:
         for key, value in m.items():
-            out[key] = out.get(key, 0) + value
+            out[key] = max(out[key], value) if largest and key in out else out.get(key, 0) + value
     return out
 
 
@@ -43,7 +46,7 @@ def aggregate_stats(snapshots: Sequence[EngineStats]) -> EngineStats:
         return copy
     values: dict[str, Any] = {name: sum(getattr(s, name) for s in snapshots) for name in _SUMS}
     for name in _MAPS:
-        values[name] = _merge([getattr(s, name) for s in snapshots])
+        values[name] = _merge([getattr(s, name) for s in snapshots], largest=name in _LARGEST_MAPS)
     for name in _SLOWEST:
         values[name] = max(getattr(s, name) for s in snapshots)
     values["counter_sync"] = max((s.counter_sync for s in snapshots), key=_SYNC_ORDER.index)

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -57,7 +57,40 @@ _REPORTS = (
 log = logging.getLogger("fairserve.engine")
 
 
-class EngineFront:
+class GenerateOverSubmit:
+    """`generate` as the iteration of `submit`'s stream, written once for every client that submits.
+
+    The engine's fronts and the router over many engines (routing/router.py) each implement `submit`
+    their own way; the generator around it (and its `close`, which aborts a request whose consumer
+    went away) must not drift between them, so they inherit it from here.
+    """
+
+    def submit(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        meta: RequestMeta,
+        request_id: str,
+        sink: Sink | None = None,
+    ) -> OutputStream:
+        """Validate and queue a request now; outputs go to the returned stream (or to `sink`)."""
+        raise NotImplementedError
+
+    async def generate(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, meta: RequestMeta, request_id: str
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Queue a request and yield its outputs; validation errors raise before anything is queued.
+
+        Closing the generator early (`aclose`) closes the stream, which aborts the request."""
+        stream = self.submit(prompt_token_ids, params, meta, request_id)
+        try:
+            async for item in stream:
+                yield item
+        finally:
+            stream.close()
+
+
+class EngineFront(GenerateOverSubmit):
     """Streams, live-request table and cached stats; the loop lives behind `_send`."""
 
     tokenizer: Tokenizer  # set by each subclass: the front detokenizes what the loop leaves to it
@@ -97,18 +130,7 @@ class EngineFront:
         """True while the loop runs."""
         return self._alive
 
-    # -- the boundary -----------------------------------------------------------------------
-    async def generate(
-        self, prompt_token_ids: Sequence[int], params: SamplingParams, meta: RequestMeta, request_id: str
-    ) -> AsyncIterator[RequestOutput]:
-        """Queue a request and yield its outputs; validation errors raise before anything is queued."""
-        stream = self.submit(prompt_token_ids, params, meta, request_id)
-        try:
-            async for item in stream:
-                yield item
-        finally:
-            stream.close()
-
+    # -- the boundary (`generate` is GenerateOverSubmit's, over this `submit`) ----------------
     def submit(
         self,
         prompt_token_ids: Sequence[int],

@@ -76,4 +76,5 @@ class OutputRoute:
             delta.held_text,
             delta.logprobs,
             delta.index,
+            delta.fault,
         )

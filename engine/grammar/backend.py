@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.grammar.config import GrammarConfig
+from engine.grammar.productive import Unproductive, check_productive
 from engine.request import Grammar
 
 if TYPE_CHECKING:
@@ -71,6 +72,10 @@ class Backend:
 
         text = grammar_text(grammar)
         matcher = llguidance.LLMatcher(self.tokenizer(), text, log_level=0, limits=self.limits())
+        if not matcher.is_error():
+            # The first mask, here on the compile thread: a grammar that cannot start is a compile error,
+            # not a mask failure in the step (its cost is the compile's, charged as such).
+            matcher.compute_bitmask()
         if matcher.is_error():
             raise GrammarError(_short(matcher.get_error()))
         warnings = matcher.get_grammar_warnings()
@@ -84,6 +89,8 @@ def grammar_text(grammar: Grammar) -> str:
     import llguidance
 
     if grammar.kind == "lark":
+        for schema in embedded_schemas(grammar.source):
+            _check(schema)
         return llguidance.LLMatcher.grammar_from_lark(grammar.source)
     source = '{"type": "object"}' if grammar.kind == "json_object" else grammar.source
     try:
@@ -94,12 +101,40 @@ def grammar_text(grammar: Grammar) -> str:
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
         raise GrammarError("a JSON schema must be an object or a boolean")
+    _check(schema)
     try:
         # Compact JSON: no free whitespace between tokens, so a model cannot pad its output with blanks
         # forever; `lenient` stays off (its default), so an unimplemented keyword fails the compile.
         return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
     except ValueError as exc:
         raise GrammarError(_short(str(exc))) from None
+
+
+def embedded_schemas(lark: str) -> list[Any]:
+    """The JSON schemas a Lark grammar embeds (`%json {...}`, as the tool grammar writes each tool's
+    arguments: gateway/openai/tools.py); text that does not decode is left to llguidance to refuse."""
+    decoder = json.JSONDecoder()
+    schemas, at = [], lark.find("%json")
+    while at >= 0:
+        start = at + len("%json")
+        while start < len(lark) and lark[start] in " \t":
+            start += 1
+        try:
+            schema, end = decoder.raw_decode(lark, start)
+        except (ValueError, RecursionError):
+            end = start
+        else:
+            schemas.append(schema)
+        at = lark.find("%json", max(end, start))
+    return schemas
+
+
+def _check(schema: Any) -> None:
+    """GrammarError for a schema with a part no finite value completes (engine/grammar/productive.py)."""
+    try:
+        check_productive(schema)
+    except Unproductive as exc:
+        raise GrammarError(str(exc)) from None
 
 
 def _short(message: str, limit: int = 500) -> str:

@@ -13,7 +13,12 @@ end of sequence, then a token of only `}` and `]`, then a comma (the grammar the
 next member). So a string closes, a number ends at the next allowed `}` or `,`, an object or array closes
 once its required members are there. What is left of a structure needs about a token per nesting level
 and per remaining required key, so the stretch covers any schema of sane depth; what it cannot cover still
-ends `length`, as before. Tool calls are JSON inside tags the grammar forces, so they close the same way.
+ends `length`, as before. Tool calls are JSON inside tags the grammar forces, so they close the same way;
+what the grammar forces after the JSON (a call's `}` and closing tag, then end of sequence) is the grammar's
+`closing_reserve`, counted by the gateway in the model's own tokens, and the stretch starts that much earlier
+so that the tail fits too (a byte-level tokenizer spends 14 tokens on `}\n</tool_call>`). A call whose
+shortest form cannot fit in max_tokens at all still ends `length`; the gateway returns it as a call with the
+arguments written so far (gateway/openai/tools.py).
 
 This is engine policy, not llguidance's: llguidance computes what is allowed, never how far the end is.
 vLLM and SGLang return the cut output; here a quarter of the budget is the price of the promise.
@@ -42,7 +47,8 @@ def is_closing(request: Request, max_model_len: int) -> bool:
     """True when `request` is within its closing budget (its max_tokens, or the context's end)."""
     params = request.sampling
     left = min(params.max_tokens - len(request.output_token_ids), max_model_len - request.num_tokens)
-    return left <= closing_budget(params.max_tokens)
+    reserve = params.grammar.closing_reserve if params.grammar is not None else 0
+    return left <= closing_budget(params.max_tokens) + reserve
 
 
 def _lex(state: int, text: bytes) -> int:

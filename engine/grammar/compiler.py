@@ -59,13 +59,13 @@ Ready = tuple[Request, "llguidance.LLMatcher", float]  # request, its own matche
 
 
 class GrammarCompiler:
-    """Compiles on `compile_threads` threads; the engine loop calls `request`, `poll` and `drop`."""
+    """Compiles on `compile_slots` threads; the engine loop calls `request`, `poll` and `drop`."""
 
     def __init__(self, backend: Backend, config: GrammarConfig, clock: Callable[[], float] = time.monotonic):
         self.backend = backend
         self.config = config
         self._clock = clock
-        self._pool = ThreadPoolExecutor(config.compile_threads, "fairserve-grammar")
+        self._pool = ThreadPoolExecutor(config.compile_slots, "fairserve-grammar")
         self._cache: OrderedDict[CacheKey, Compiled] = OrderedDict()
         self._queued: dict[str, deque[_Waiter]] = {}  # per tenant, compiles not started
         self._running: dict[str, int] = {}  # per tenant, compiles on a thread (timed out or not)
@@ -164,7 +164,7 @@ class GrammarCompiler:
     def _start_compiles(self) -> None:
         """Start compiles while a thread is free, one per tenant in turn, each tenant under its bound."""
         bound = self.config.max_compiles_per_tenant
-        while sum(self._running.values()) < self.config.compile_threads:
+        while sum(self._running.values()) < self.config.compile_slots:
             started = False
             for tenant in list(self._queued):
                 queue = self._queued[tenant]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -17,7 +19,16 @@ class GrammarConfig(BaseModel):
         allow_inf_nan=False,
         description="a grammar not compiled within this many seconds fails its request with a 400",
     )
-    compile_threads: int = Field(default=2, ge=1, le=64, description="threads compiling grammars")
+    # Compiles run beside the engine loop, which every tenant's steps wait on: by default they leave it a core.
+    compile_threads: int = Field(
+        default=0, ge=0, le=64, description="threads compiling grammars; 0: the cores less one, at least one"
+    )
+
+    @property
+    def compile_slots(self) -> int:
+        """`compile_threads`, or for 0 the cores less one (at least one)."""
+        return self.compile_threads or max(1, (os.cpu_count() or 1) - 1)
+
     max_compiles_per_tenant: int = Field(
         default=1,
         ge=1,

@@ -8,11 +8,14 @@ compile refuses that request alone; the engine loop sends the refusal (a 400) to
 
 Service: grammar CPU time (the compile, once per compiled grammar, and every mask) is charged to the
 request's fairness key as prefill tokens, one per `mask_us_per_token` microseconds, the fraction carried
-to the next charge. A tenant whose schemas cost more mask time is served correspondingly less.
+to the next charge. A tenant whose schemas cost more mask time is served correspondingly less. The
+gateway's preprocessing CPU (`RequestMeta.preprocess_cpu_s`: the body's validation, the chat's rendering,
+the tokenising) goes the same way, once the request is live in the scheduler (`note_preprocessing`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from engine.grammar.backend import Backend
@@ -34,6 +37,7 @@ class GrammarIntake:
         self._members: dict[str, list[Request]] = {}  # a waiting request's choices (n > 1), itself first
         self._refused: list[tuple[Request, InvalidRequestError]] = []
         self._carry: dict[str, float] = {}  # request -> service tokens owed below one whole token
+        self._preprocess: dict[str, float] = {}  # request -> gateway CPU seconds, charged once it is live
 
     def hold(self, request: Request, members: Sequence[Request] = ()) -> bool:
         """True when `request` must wait for its grammar; a cached grammar is attached at once (False), a
@@ -95,9 +99,17 @@ class GrammarIntake:
         refused, self._refused = self._refused, []
         return refused
 
+    def note_preprocessing(self, request_id: str, cpu_s: float) -> None:
+        """The gateway's CPU seconds for preparing `request_id`, charged with its grammar CPU once it is
+        live (a request still waiting for its grammar or adapter is charged when it is queued)."""
+        if cpu_s > 0 and math.isfinite(cpu_s):
+            self._preprocess[request_id] = self._preprocess.get(request_id, 0.0) + cpu_s
+
     def charge(self, policy: SchedulingPolicy[Request], live: dict[str, Request]) -> None:
         """Charge each live request's grammar CPU since the last call to its fairness key (see the module)."""
         cpu = self.masks.take_cpu()
+        for request_id in [r for r in self._preprocess if r in live]:
+            cpu[request_id] = cpu.get(request_id, 0.0) + self._preprocess.pop(request_id)
         if not cpu:
             return
         rate = self.config.mask_us_per_token
@@ -116,6 +128,7 @@ class GrammarIntake:
         """A request ended: its matcher and carried fraction go."""
         self.masks.forget(request_id)
         self._carry.pop(request_id, None)
+        self._preprocess.pop(request_id, None)
 
     def close(self) -> None:
         """Stop the compile threads and the mask thread."""

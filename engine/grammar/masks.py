@@ -29,14 +29,15 @@ import torch
 
 from engine.grammar.closing import Closers, is_closing
 from engine.isolation import RequestFailures
-from engine.request import Request
+from engine.request import Request, RequestFault
 
 if TYPE_CHECKING:
     import llguidance
 
 
-class GrammarFailed(RuntimeError):
-    """A request's grammar matcher reached an error state (its mask or its token)."""
+class GrammarFailed(RequestFault):
+    """A request's grammar matcher reached an error state (its mask or its token): the request's own fault,
+    a 400 naming the field its grammar came from (`response_format` or `tools`)."""
 
 
 @dataclass
@@ -44,12 +45,12 @@ class PendingMasks:
     """Masks being computed for one step: the grammar rows and the packed bitmask they fill."""
 
     rows: list[int]
-    future: Future[tuple[np.ndarray, dict[str, str]]]
+    future: Future[tuple[np.ndarray, dict[str, tuple[str, str]]]]
 
 
 _Row = tuple[
-    int, str, "llguidance.LLMatcher", int | None
-]  # batch row, request, matcher, lexer state if closing
+    int, str, "llguidance.LLMatcher", int | None, str
+]  # batch row, request, matcher, lexer state if closing, the grammar's request field
 
 
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
@@ -102,14 +103,16 @@ class GrammarMasks:
         with self._lock:
             found = [(row, r.request_id, self._matchers.get(r.request_id)) for row, r in enumerate(requests)]
         rows: list[_Row] = [
-            (row, rid, m, self._closing(requests[row])) for row, rid, m in found if m is not None
+            (row, rid, m, self._closing(requests[row]), _field(requests[row]))
+            for row, rid, m in found
+            if m is not None
         ]
         if not rows:
             return None
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, "fairserve-masks")
         future = self._thread.submit(self._compute, rows)
-        return PendingMasks([row for row, _, _, _ in rows], future)
+        return PendingMasks([row[0] for row in rows], future)
 
     def _closing(self, request: Request) -> int | None:
         """The lexer state of a request in its closing stretch (closing.py); None before it."""
@@ -119,7 +122,7 @@ class GrammarMasks:
             self._closers = self._make_closers()
         return self._closers.state(request)
 
-    def _compute(self, rows: list[_Row]) -> tuple[np.ndarray, dict[str, str]]:
+    def _compute(self, rows: list[_Row]) -> tuple[np.ndarray, dict[str, tuple[str, str]]]:
         """On the mask thread: one packed mask per grammar row (32 tokens a word), timed per request, and
         the rows whose matcher erred (their mask allows everything: their request is failed anyway).
 
@@ -128,17 +131,17 @@ class GrammarMasks:
         bitmask = np.full((len(rows), (self.vocab_size + 31) // 32), -1, dtype=np.int32)
         base, stride = bitmask.ctypes.data, bitmask.strides[0]
         spent: list[tuple[str, float]] = []
-        errors: dict[str, str] = {}
+        errors: dict[str, tuple[str, str]] = {}
         clock = time.thread_time
         closers = self._closers
-        for i, (_, request_id, matcher, closing) in enumerate(rows):
+        for i, (_, request_id, matcher, closing, field) in enumerate(rows):
             t0 = clock()
             matcher.unsafe_compute_mask_ptr(base + i * stride, stride)
             if closing is not None and closers is not None:
                 closers.narrow(bitmask[i], closing)
             spent.append((request_id, clock() - t0))
             if matcher.is_error():
-                errors[request_id] = matcher.get_error()[:200]
+                errors[request_id] = (matcher.get_error()[:200], field)
                 bitmask[i] = -1
         with self._lock:
             for request_id, seconds in spent:
@@ -149,8 +152,8 @@ class GrammarMasks:
     def apply(self, pending: PendingMasks, logits: torch.Tensor) -> None:
         """Wait for the step's masks and set every disallowed token's logit to -inf, in place."""
         bitmask, errors = pending.future.result()
-        for request_id, error in errors.items():
-            self.failures.run(request_id, partial(_fail, error), None)
+        for request_id, (error, field) in errors.items():
+            self.failures.run(request_id, partial(_fail, error, field), None)
         width = logits.shape[-1]
         allowed = _allowed(bitmask, width, logits.device)
         if pending.rows == list(range(len(logits))):  # every row has a grammar: in place, no gather
@@ -165,12 +168,12 @@ class GrammarMasks:
             return
         with self._lock:
             found = [
-                (r.request_id, self._matchers.get(r.request_id), t)
+                (r.request_id, self._matchers.get(r.request_id), t, _field(r))
                 for r, t in zip(requests, tokens, strict=True)
             ]
-        for request_id, matcher, token in found:
+        for request_id, matcher, token, field in found:
             if matcher is not None:
-                self.failures.run(request_id, partial(_consume, matcher, token), None)
+                self.failures.run(request_id, partial(_consume, matcher, token, field), None)
 
     def take_cpu(self) -> dict[str, float]:
         """Grammar CPU seconds per request since the last call (the loop charges them as service)."""
@@ -204,12 +207,18 @@ def _allowed(bitmask: np.ndarray, width: int, device: torch.device) -> torch.Ten
     return allowed
 
 
-def _fail(error: str) -> None:
-    raise GrammarFailed(f"grammar mask failed: {error}")
+def _field(request: Request) -> str:
+    """The request field its grammar came from (what a mask failure's 400 names)."""
+    grammar = request.sampling.grammar
+    return "response_format" if grammar is None else grammar.field
 
 
-def _consume(matcher: llguidance.LLMatcher, token: int) -> None:
+def _fail(error: str, field: str) -> None:
+    raise GrammarFailed(f"the {field} grammar cannot be enforced: {error}", field)
+
+
+def _consume(matcher: llguidance.LLMatcher, token: int, field: str) -> None:
     if matcher.is_stopped():  # ended (EOS taken): a sample after it is discarded by the scheduler anyway
         return
     if not matcher.consume_token(token):
-        raise GrammarFailed(f"grammar refused token {token}: {matcher.get_error()[:200]}")
+        raise GrammarFailed(f"the {field} grammar refused token {token}: {matcher.get_error()[:200]}", field)

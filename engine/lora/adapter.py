@@ -1,9 +1,11 @@
 """One LoRA adapter read from a PEFT directory: adapter_config.json and adapter_model.safetensors.
 
 Read with json and safetensors directly, so the engine does not depend on peft. Every way a directory
-can be wrong (missing files, an unsupported option, a module the model lacks, a rank over the limit, a
-mis-shaped tensor) is an `AdapterError` naming the adapter: the host cache remembers it (engine/lora/host_cache.py), and
-only requests that name that adapter fail with it.
+can be wrong (missing files, an unsupported option, a module the model lacks or this engine does not adapt,
+`embed_tokens` and `lm_head` named as such, a rank over the limit, a scale or a weight that is not finite in
+the model's dtype, a mis-shaped tensor) is an `AdapterError` naming the adapter: the host cache remembers it
+(engine/lora/host_cache.py), and only requests that name that adapter fail with it. `check_directory` runs
+the checks that need no model (the admin API's, at registration); `load_adapter` runs them all again.
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ TARGETS = ATTENTION_MODULES + MLP_MODULES
 _KEY = re.compile(
     r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$"
 )
+
+
+# Modules PEFT may target that this engine does not adapt, refused by name (an adapter of them would be
+# served as if they were not there, i.e. wrongly).
+UNSERVED_MODULES = ("embed_tokens", "lm_head")
+# The largest |alpha / r| served: the scale multiplies every adapted row's delta in float32 on the device,
+# and no trained adapter scales its delta this far; a larger one only overflows (issue 54: 1e308).
+MAX_SCALE = 1e4
 
 
 class AdapterError(ValueError):
@@ -89,8 +99,78 @@ def read_config(name: str, path: Path) -> tuple[int, float]:
     for option in ("rank_pattern", "alpha_pattern"):
         if config.get(option):
             raise AdapterError(f"adapter {name!r}: per-module `{option}` is not served")
+    _check_targets(name, config.get("target_modules"))
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    if not math.isfinite(scale) or abs(scale) > MAX_SCALE:
+        raise AdapterError(f"adapter {name!r}: its scale lora_alpha / r is {scale:g}, beyond ±{MAX_SCALE:g}")
     return rank, float(scale)
+
+
+def _check_targets(name: str, targets: object) -> None:
+    """`target_modules` names only projections this engine adapts (absent: the tensors say, checked later)."""
+    if targets is None:
+        return
+    if isinstance(targets, str):  # PEFT reads a string as a regex: its tensors say what it matched
+        unserved = next((m for m in UNSERVED_MODULES if m in targets), None)
+        if unserved is not None:
+            raise AdapterError(f"adapter {name!r}: target module {unserved!r} is not served")
+        return
+    listed = targets
+    if not isinstance(listed, list) or not all(isinstance(t, str) for t in listed):
+        raise AdapterError(f"adapter {name!r}: adapter_config.json `target_modules` must be a list of names")
+    for target in listed:
+        module = target.rsplit(".", 1)[-1]
+        if module in UNSERVED_MODULES:
+            raise AdapterError(f"adapter {name!r}: target module {module!r} is not served")
+        if module not in TARGETS and target != "all-linear":
+            raise AdapterError(
+                f"adapter {name!r}: target module {target!r} is not served (only {', '.join(TARGETS)})"
+            )
+
+
+def _module_of(name: str, key: str) -> tuple[int, str, str]:
+    """(layer, HF module, half) of a tensor name; AdapterError naming an unserved module by name."""
+    match = _KEY.match(key)
+    if match is None or match.group(3) not in TARGETS:
+        unserved = next((m for m in UNSERVED_MODULES if m in key), None)
+        if unserved is not None:
+            raise AdapterError(f"adapter {name!r}: tensor {key!r} targets {unserved!r}, which is not served")
+        raise AdapterError(f"adapter {name!r}: tensor {key!r} targets no projection this engine adapts")
+    return int(match.group(1)), match.group(3), match.group(4)
+
+
+def _read_tensors(name: str, path: Path) -> tuple[dict[str, torch.Tensor], int]:
+    """The tensors of adapter_model.safetensors and the file's size; AdapterError if it cannot be read."""
+    file = path / "adapter_model.safetensors"
+    try:
+        return load_file(str(file)), file.stat().st_size
+    except Exception as exc:  # a missing or corrupt file: safetensors raises several types
+        raise AdapterError(f"adapter {name!r}: cannot read adapter_model.safetensors: {exc}") from exc
+
+
+def _check_finite(name: str, key: str, tensor: torch.Tensor) -> None:
+    """A weight with an inf or a NaN (as stored, or once cast to the dtype it is served in) is refused."""
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        raise AdapterError(f"adapter {name!r}: tensor {key!r} holds a value that is not finite")
+
+
+def check_directory(name: str, path: str | Path, max_rank: int) -> int:
+    """The checks of an adapter directory that need no model: its config (rank within `max_rank`, a finite
+    scale, served options and target modules) and its tensors (named for served modules, finite). Returns
+    its rank; AdapterError naming `name` otherwise. Reads the whole file: call it off any event loop."""
+    path = Path(path)
+    if not path.is_dir():
+        raise AdapterError(f"adapter {name!r}: {path} is not a directory")
+    rank, _ = read_config(name, path)
+    if rank > max_rank:
+        raise AdapterError(f"adapter {name!r}: rank {rank} exceeds max_lora_rank {max_rank}")
+    tensors, _ = _read_tensors(name, path)
+    for key, tensor in tensors.items():
+        _module_of(name, key)
+        _check_finite(name, key, tensor)
+    if not tensors:
+        raise AdapterError(f"adapter {name!r}: adapter_model.safetensors holds no LoRA tensors")
+    return rank
 
 
 def load_adapter(
@@ -103,17 +183,10 @@ def load_adapter(
     rank, scale = read_config(name, path)
     if rank > max_rank:
         raise AdapterError(f"adapter {name!r}: rank {rank} exceeds max_lora_rank {max_rank}")
-    file = path / "adapter_model.safetensors"
-    try:
-        tensors, size = load_file(str(file)), file.stat().st_size
-    except Exception as exc:  # a missing or corrupt file: safetensors raises several types
-        raise AdapterError(f"adapter {name!r}: cannot read adapter_model.safetensors: {exc}") from exc
+    tensors, size = _read_tensors(name, path)
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
-        match = _KEY.match(key)
-        if match is None or match.group(3) not in TARGETS:
-            raise AdapterError(f"adapter {name!r}: tensor {key!r} targets no projection this engine adapts")
-        layer, module, half = int(match.group(1)), match.group(3), match.group(4)
+        layer, module, half = _module_of(name, key)
         if not 0 <= layer < cfg.num_layers:
             raise AdapterError(f"adapter {name!r}: tensor {key!r} names layer {layer} of {cfg.num_layers}")
         halves.setdefault((layer, module), {})[half] = tensor
@@ -147,4 +220,7 @@ def _checked(
             f"adapter {name!r}: layer {layer} {module} has A {tuple(a.shape)} and B {tuple(b.shape)}, "
             f"expected ({rank}, {d_in}) and ({d_out}, {rank})"
         )
-    return a.to(device=device, dtype=dtype).contiguous(), b.to(device=device, dtype=dtype).contiguous()
+    a, b = a.to(device=device, dtype=dtype).contiguous(), b.to(device=device, dtype=dtype).contiguous()
+    _check_finite(name, f"layer {layer} {module} lora_A", a)
+    _check_finite(name, f"layer {layer} {module} lora_B", b)
+    return a, b

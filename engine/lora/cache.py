@@ -56,10 +56,15 @@ class DeviceSlots:
             self.evictions += 1
             if self.on_drop is not None:
                 self.on_drop(slot)
+        if self.on_put is not None:
+            try:
+                self.on_put(slot, adapter)
+            except Exception:  # the copy failed (engine/lora/intake.py faults the adapter): the slot is free
+                if self.on_drop is not None:
+                    self.on_drop(slot)
+                raise
         self.adapters[slot] = adapter
         self._slots[key] = slot
-        if self.on_put is not None:
-            self.on_put(slot, adapter)
         return slot
 
     @property

@@ -9,6 +9,10 @@ flood of distinct adapters cannot grow host memory past the bound.
 
 A failed load is remembered for `FAILURE_MEMORY_S`: a flood of requests for a broken directory is refused
 from memory instead of reading it again each time, and a directory fixed in place is read again after.
+An adapter that faulted inside a step (`fail(..., lasting=True)`: engine/lora/intake.py `fault`), and any
+failure of an adapter the gateway registered, is remembered until the adapter is registered again: each
+failure keeps the registration it happened under (RequestMeta.lora_registered), and a request naming a
+newer registration clears it, so the directory is read again.
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ class HostCache:
         self._clock = clock
         self._entries: OrderedDict[Key, LoraAdapter] = OrderedDict()  # least recently used first
         self._loading: set[Key] = set()
-        self._failed: dict[Key, tuple[str, float]] = {}  # key -> (error, when)
+        self._failed: dict[
+            Key, tuple[str, float, str | None, bool]
+        ] = {}  # key -> (error, when, registered, lasting)
         self._done: queue.SimpleQueue[tuple[Key, LoraAdapter | None, str]] = queue.SimpleQueue()
         self._pool: ThreadPoolExecutor | None = None  # started by the first load
 
@@ -48,15 +54,21 @@ class HostCache:
             self._entries.move_to_end(key)
         return adapter
 
-    def failure(self, key: Key) -> str | None:
-        """The error of a load of `key` that failed within FAILURE_MEMORY_S, else None."""
+    def failure(self, key: Key, registered: str | None = None) -> str | None:
+        """The error `key` failed with, if that failure still holds for an adapter of registration
+        `registered`: a load that failed within FAILURE_MEMORY_S, or a lasting one (a fault, or a registered
+        adapter's failure) under the same registration. Else None (and the failure is forgotten)."""
         failed = self._failed.get(key)
         if failed is None:
             return None
-        if self._clock() - failed[1] >= FAILURE_MEMORY_S:
+        error, when, failed_under, lasting = failed
+        if registered != failed_under:
+            del self._failed[key]  # registered again: a new adapter
+            return None
+        if not lasting and self._clock() - when >= FAILURE_MEMORY_S:
             del self._failed[key]
             return None
-        return failed[0]
+        return error
 
     def loading(self, key: Key) -> bool:
         """Whether a load of `key` is under way."""
@@ -67,9 +79,14 @@ class HostCache:
         self._entries[key] = adapter
         self._entries.move_to_end(key)
 
-    def fail(self, key: Key, error: str) -> None:
-        """Remember a failed load of `key`."""
-        self._failed[key] = (error, self._clock())
+    def fail(self, key: Key, error: str, registered: str | None = None, lasting: bool = False) -> None:
+        """Remember a failure of `key` under registration `registered` (lasting: until registered again;
+        a registered adapter's failures always last)."""
+        self._failed[key] = (error, self._clock(), registered, lasting or registered is not None)
+
+    def drop(self, key: Key) -> None:
+        """Forget `key`'s loaded adapter (it faulted): a later registration reads the directory again."""
+        self._entries.pop(key, None)
 
     def start(self, key: Key, in_use: Callable[[], Collection[Key]]) -> bool:
         """Begin loading `key` on a worker thread, evicting the least recently used entry outside `in_use()`

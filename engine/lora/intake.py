@@ -44,7 +44,7 @@ from engine.lora.cost import service_scale
 from engine.lora.host_cache import HostCache, Key, Loader
 from engine.lora.resident import ResidentStack
 from engine.models.config import ModelConfig
-from engine.request import InvalidRequestError, Request, RequestMeta
+from engine.request import InvalidRequestError, Request, RequestFault, RequestMeta
 from engine.scheduler_output import ScheduledChunk
 from fairness.base import SchedulingPolicy
 
@@ -79,6 +79,7 @@ class LoraIntake:
         self._loads: Counter[str] = Counter()  # tenant -> its loads under way
         self._holders: dict[str, Key] = {}  # live request (or choice) id -> the adapter it runs under
         self._refused: list[tuple[Request, InvalidRequestError]] = []
+        self._faulted: list[tuple[Request, RequestFault]] = []  # queued or running: ended by the engine
         self._in_flight: set[Key] = set()  # adapters of the step whose forward still runs (async scheduling)
 
     def preload(self, load: Loader) -> None:
@@ -117,13 +118,13 @@ class LoraIntake:
         if request.meta.lora is None:
             return False
         key = self.key(request.meta)
+        error = self.host.failure(key, request.meta.lora_registered)
+        if error is not None:
+            raise InvalidRequestError(error, "model")
         adapter = self.host.get(key)
         if adapter is not None:
             self._attach(members, key, adapter)
             return False
-        error = self.host.failure(key)
-        if error is not None:
-            raise InvalidRequestError(error, "model")
         self._parked[request.request_id] = (request, list(members), key)
         self._by_key.setdefault(key, []).append(request.request_id)
         self._start(key, request)
@@ -159,6 +160,10 @@ class LoraIntake:
                 self._loads[payer.meta.tenant_id] -= 1
             if adapter is None:
                 log.error("LoRA %s", error)
+                waiting = self._by_key.get(key)
+                first = payer or (self._parked[waiting[0]][0] if waiting else None)
+                if first is not None:  # remembered under the registration it failed with
+                    self.host.fail(key, error, first.meta.lora_registered)
                 self._refuse(key, error)
                 continue
             self.loaded_any = True
@@ -205,11 +210,44 @@ class LoraIntake:
         key = self._holders.get(request.request_id)
         if key is None:
             return True
+        error = self.host.failure(key, request.meta.lora_registered)
+        if error is not None:  # it faulted since this request was queued
+            self._faulted.append((request, RequestFault(error, "model")))
+            return False
         pinned: set[Key] = set()
         if self.slots.slot(key) is None:
             pinned = {held for r in running if (held := self._holders.get(r.request_id)) is not None}
             pinned |= self._in_flight
-        return self.slots.acquire(key, self._weights(key), pinned) is not None
+        try:
+            return self.slots.acquire(key, self._weights(key), pinned) is not None
+        except Exception as exc:  # its copy into the device slot failed (engine/lora/cache.py undid it)
+            self.fault(key, request, f"adapter {key[0]!r} failed in its device slot: {exc}")
+            return False
+
+    def fault(self, key: Key, request: Request, error: str) -> None:
+        """`key`'s adapter faulted on `request` inside a step: the request fails alone (a 400 naming
+        `model`, taken by `take_faulted`), and the adapter is refused at once from now on until it is
+        registered again (engine/lora/host_cache.py)."""
+        self.blame(key, request, error)
+        self._faulted.append((request, RequestFault(error, "model")))
+
+    def blame(self, key: Key, request: Request, error: str) -> None:
+        """Refuse `key`'s adapter from now on until it is registered again; `request` found it faulty."""
+        log.error("LoRA %s", error)
+        self.host.fail(key, error, request.meta.lora_registered, lasting=True)
+        self.host.drop(key)
+
+    def blame_adapter_of(self, request: Request, error: str) -> None:
+        """`blame` the adapter of a request whose own rows went wrong in the forward (engine/model_runner.py,
+        which fails the request): its adapter is the only part of those rows that is its own."""
+        key = self._holders.get(request.request_id)
+        if key is not None:
+            self.blame(key, request, error)
+
+    def take_faulted(self) -> list[tuple[Request, RequestFault]]:
+        """Requests whose adapter faulted since the last call: the engine ends each alone."""
+        faulted, self._faulted = self._faulted, []
+        return faulted
 
     def note_in_flight(self, chunks: Sequence[ScheduledChunk]) -> None:
         """The step whose forward is still running after `execute` returned (none without async scheduling):

@@ -33,14 +33,19 @@ class ResidentStack:
 
     def put(self, slot: int, adapter: LoraAdapter) -> None:
         """Copy `adapter` into `slot`, growing the stacks first if its rank exceeds theirs."""
-        self._resident[slot] = adapter
         if self.stack is not None and adapter.rank <= self.stack.max_rank:
             self.stack.put(slot, adapter)
+            self._resident[slot] = adapter
             return
+        self._resident[slot] = adapter
         rank = max(adapter.rank, self.stack.max_rank if self.stack is not None else 0)
         stack = LoraStack(self.cfg, self.slots, rank, self.dtype, self.device)
-        for resident_slot, resident in self._resident.items():
-            stack.put(resident_slot, resident)
+        try:
+            for resident_slot, resident in self._resident.items():
+                stack.put(resident_slot, resident)
+        except Exception:  # the new adapter's copy failed: the old stack (without it) stays
+            del self._resident[slot]
+            raise
         self.stack = stack
         self.rebuilds += 1
 

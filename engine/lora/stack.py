@@ -66,16 +66,16 @@ class LoraStack:
                 f"adapter {adapter.name!r}: rank {adapter.rank} exceeds the stack's {self.max_rank}"
             )
         self.drop(slot)
+        self.resident[slot] = adapter.name  # (before the copies: a copy that raises is undone by `drop`)
+        self.targets[slot] = frozenset(adapter.weights)
+        for key in self.targets[slot]:
+            self.users[key] = self.users.get(key, 0) + 1
         rank = adapter.rank
         for key, (a, b) in adapter.weights.items():
             stack = self.modules[key]
             stack.a[slot, :rank].copy_(a)
             stack.b[slot, :, :rank].copy_(b)
         self.scales[slot] = adapter.scale
-        self.resident[slot] = adapter.name
-        self.targets[slot] = frozenset(adapter.weights)
-        for key in self.targets[slot]:
-            self.users[key] = self.users.get(key, 0) + 1
 
     def drop(self, slot: int) -> None:
         """Empty `slot`: zero weights and scale, so a stale row indexing it adds nothing."""

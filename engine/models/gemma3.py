@@ -76,7 +76,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     ) -> None:
         super().__init__(cfg, dtype, device, tp)
         local = rope_inv_freq(cfg.head_dim, cfg.local_rope_theta or cfg.rope_theta, None)
-        cos, sin = rope_tables(local, cfg.max_position_embeddings, device)
+        cos, sin = rope_tables(local, cfg.max_position_embeddings, device, dtype)
         self.register_buffer("local_cos", cos, persistent=False)
         self.register_buffer("local_sin", sin, persistent=False)
 
@@ -102,6 +102,10 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             assert isinstance(layer, Gemma3DecoderLayer)
             h, residual = layer(h, residual, ropes[layer.sliding], kv_cache, attn_meta)
         return self.final_norm(h, residual, attn_meta)
+
+    def raw_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The float32 logits: the soft cap is applied in float32, after the cast (as HF does)."""
+        return self.compute_logits(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits in float32, soft-capped when final_logit_softcapping is set."""

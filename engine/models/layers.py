@@ -84,16 +84,18 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, object] | None
 
 
 def rope_tables(
-    inv_freq: torch.Tensor, max_positions: int, device: torch.device
+    inv_freq: torch.Tensor, max_positions: int, device: torch.device, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sign-folded sin for every position, float32 (cast to the model dtype per forward, as HF does).
+    """cos and sign-folded sin for every position, computed in float32 and kept in `dtype`, the model's
+    compute dtype: HF casts the float32 values to it per forward, and a cast before the row gather equals
+    one after it, so a forward gathers them without a cast kernel per table.
 
     The sign fold (fairserve_kernels.layer_reference.signed_sin) makes rotate-half one `roll` in the
     torch twin and a sign-free multiply-add in the Triton kernel.
     """
     freqs = torch.outer(torch.arange(max_positions).float(), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(device), signed_sin(emb.sin()).to(device)
+    return emb.cos().to(device, dtype), signed_sin(emb.sin()).to(device, dtype)
 
 
 def gated_activation(hidden_act: str) -> str:

@@ -310,7 +310,7 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        cos, sin = rope_tables(inv_freq, cfg.max_position_embeddings, device)
+        cos, sin = rope_tables(inv_freq, cfg.max_position_embeddings, device, dtype)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
@@ -344,8 +344,13 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project selected hidden rows [M, hidden] to vocabulary logits [M, vocab] in float32."""
+        return self.raw_logits(hidden).float()
+
+    def raw_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`compute_logits` before the float32 cast (the model dtype): a decode graph copies them into its
+        float32 buffer, the cast and the copy one kernel (engine/decode_graphs.py)."""
         logits: torch.Tensor = self.lm_head(hidden)
-        return logits.float()
+        return logits
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

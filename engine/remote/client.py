@@ -304,8 +304,8 @@ class RemoteEngine(EngineFront):
             elif isinstance(msg, Announce):
                 self._adopt(msg)
             elif isinstance(msg, WorkerExiting):
-                if self._alive:
-                    self._lost(f"the engine at {self._address} shut down")
+                if self._alive:  # a graceful stop, said by the engine: INFO, not an error
+                    self._lost(f"the engine at {self._address} shut down", graceful=True)
             elif self._alive:
                 self._dispatch(msg)
 
@@ -349,9 +349,17 @@ class RemoteEngine(EngineFront):
                 self._say(Billed(*recent))
         self._alive = True
 
-    def _lost(self, reason: str) -> None:
-        """Fail every request in flight: the engine is gone (or not the one that had them)."""
-        log.error("%s: failing the requests in flight", reason)
+    def _lost(self, reason: str, graceful: bool = False) -> None:
+        """Fail every request in flight: the engine is gone (or not the one that had them). An engine that
+        said it is stopping (`graceful`) is logged at INFO: an operator's stop is not an error."""
+        with self._lock:
+            in_flight = len(self._streams)
+        log.log(
+            logging.INFO if graceful else logging.ERROR,
+            "%s: failing the %d requests in flight",
+            reason,
+            in_flight,
+        )
         self._error = reason
         with self._lock:
             self._lost_ids = list(self._streams)

@@ -350,4 +350,6 @@ class GatewayInbox:
 def _without_tenants(stats: EngineStats) -> EngineStats:
     """The stats a Hello is answered with: nothing about tenants (who they are, what they run), which a
     peer gets only with the iteration reports of the requests it submits, once it has joined."""
-    return dataclasses.replace(stats, waiting_by_tenant={}, running_by_tenant={}, service={})
+    return dataclasses.replace(
+        stats, waiting_by_tenant={}, running_by_tenant={}, service={}, weights={}, backlogged_s={}
+    )

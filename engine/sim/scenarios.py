@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.sim.simulator import CostModel, SimConfig, SimRequest, SimResult, Simulator
+from engine.step_cost import TOKENS_ONLY, StepCost
 from fairness import FairnessConfig
 
 # The essay's trace: two slots, prefills complete, (name, arrival step, output steps).
@@ -68,6 +69,7 @@ class TwoTenantSetup:
     num_blocks: int = 2048
     block_size: int = 16
     sample_every_s: float = 5.0
+    step_cost: StepCost = TOKENS_ONLY  # the budget's and the charge's model (engine/step_cost.py)
 
     def config(self, policy: str) -> SimConfig:
         """The simulated engine for `policy` (w_in=1, w_out=2, one class)."""
@@ -77,6 +79,7 @@ class TwoTenantSetup:
             num_blocks=self.num_blocks,
             block_size=self.block_size,
             fairness=FairnessConfig(policy=policy),
+            step_cost=self.step_cost,
         )
 
     def workload(self, x_weight: float = 1.0, y_weight: float = 1.0) -> list[SimRequest]:
@@ -98,8 +101,13 @@ class TwoTenantSetup:
         return self.num_blocks * self.block_size
 
     def vtc_bound(self, w_in: float = 1.0, w_out: float = 2.0) -> float:
-        """Sheng et al.'s bound on the service difference of two backlogged clients: 2·max(w_in·L_in, w_out·M)."""
-        return 2 * max(w_in * self.y_prompt, w_out * self.capacity_tokens())
+        """Sheng et al.'s bound on the service difference of two backlogged clients, for the step cost
+        model (docs/fairness.md, "The step's cost"): 2·max(w_in·Ĉ_in, M·(w_out + w_in·(σ + κ))), Ĉ_in the
+        model's cost of the longest prompt, σ and κ its coefficients; 2·max(w_in·L_in, w_out·M) for
+        new tokens only."""
+        cost, capacity = self.step_cost, self.capacity_tokens()
+        prompt = cost.chunk(0, self.y_prompt) if not cost.counts_tokens_only else self.y_prompt
+        return 2 * max(w_in * prompt, capacity * (w_out + w_in * (cost.sequence + cost.context)))
 
 
 def two_tenants_scenario(setup: TwoTenantSetup | None = None) -> dict[str, Any]:

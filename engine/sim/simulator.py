@@ -54,7 +54,10 @@ class Simulator:
         self.config = config = config or SimConfig()
         config.validate()
         self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.policy = policy if policy is not None else build_policy(config.fairness, self.pool)
+        # The engine's own rule: the lift allowance scaled by what the charged step cost makes an answer.
+        self.policy = (
+            policy if policy is not None else build_policy(config.fairness, self.pool, config.step_cost)
+        )
         self.scheduler = (AsyncScheduler if config.async_scheduling else Scheduler)(
             SchedulerConfig(
                 max_num_batched_tokens=config.max_num_batched_tokens,
@@ -63,6 +66,8 @@ class Simulator:
                 watermark_blocks=config.watermark_blocks,
                 preemption_mode=config.preemption_mode,
                 request_batching=config.request_batching,
+                step_cost=config.step_cost,
+                charge_step_work=True,
             ),
             self.pool,
             self.policy,

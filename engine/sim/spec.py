@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.request import FinishReason
+from engine.step_cost import TOKENS_ONLY, StepCost
 from fairness import FairnessConfig
 
 
@@ -45,6 +46,8 @@ class SimConfig:
     cost: CostModel = field(default_factory=CostModel)
     max_idle_iterations: int = 10_000  # consecutive empty iterations before the run is declared stalled
     async_scheduling: bool = False  # schedule step N+1 while step N "runs" (engine/async_scheduler.py)
+    # The step cost model of the budget and the charge (engine/step_cost.py); new tokens only by default.
+    step_cost: StepCost = TOKENS_ONLY
 
     def validate(self) -> None:
         """Raise SimulationError naming the first bad setting."""

@@ -1,15 +1,16 @@
 """Admin API for LoRA adapters: POST/GET /admin/api/adapters, DELETE /admin/api/adapters/{name}.
 
 Only the admin token reaches these (gateway/admin/http.py), so a tenant can neither register adapters nor
-enumerate other tenants' private ones. The path is checked here, where it is cheap (a PEFT directory with
-an adapter_config.json whose rank the engines load), so a typo is a 400 now rather than a failure on
-the first request; the engines load the weights themselves on first use. After a change the directory
+enumerate other tenants' private ones. The path is checked here (engine/lora/adapter.py
+`check_directory`: a PEFT directory whose rank is within `--max-lora-rank`, whose scale is finite and
+bounded, whose target modules the engines adapt, `embed_tokens` and `lm_head` refused by name, and whose
+weights are finite), so a broken adapter is a 400 naming `path` now rather than a failure on its first
+request; the engines load the weights themselves on first use and check them again against the model. After a change the directory
 is reloaded, so the next request resolves against it.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from starlette.responses import Response
 
 from billing.adapters import AdapterExists, AdapterInfo, AdapterNotFound, TooManyAdapters
 from billing.fields import MODEL_MAX
+from engine.lora.adapter import AdapterError, check_directory
 from gateway.admin.http import actor, in_store, json_object, reply
 from gateway.edge.errors import APIError
 from gateway.state import GatewayState
@@ -64,21 +66,9 @@ def _check_name(body: dict[str, Any], state: GatewayState) -> str:
     return name
 
 
-def _adapter_rank(config: dict[str, Any]) -> int:
-    """The largest rank an adapter_config.json declares (`r`, and any per-module `rank_pattern`)."""
-    declared: list[object] = [config.get("r", 0)]
-    pattern = config.get("rank_pattern")
-    if isinstance(pattern, dict):
-        declared += list(pattern.values())
-    ranks = [r for r in declared if isinstance(r, int) and not isinstance(r, bool) and r >= 0]
-    if len(ranks) != len(declared):
-        raise ValueError("its rank (r, rank_pattern) is not a non-negative integer")
-    return max(ranks)
-
-
-def check_path(raw: object, max_rank: int) -> str:
-    """The adapter's directory: absolute, holding a readable adapter_config.json of a rank the engines
-    load (blocking: reads the file). 400 naming `path` otherwise."""
+def check_path(raw: object, name: str, max_rank: int) -> str:
+    """The adapter's directory: absolute, and an adapter the engines can serve (blocking: reads the whole
+    adapter, so the caller runs it on a thread). 400 naming `path` otherwise."""
     if not isinstance(raw, str) or not raw or len(raw) > MAX_PATH_CHARS or not raw.isprintable():
         raise _invalid(
             f"path is required: an absolute directory path of at most {MAX_PATH_CHARS} characters", "path"
@@ -88,18 +78,12 @@ def check_path(raw: object, max_rank: int) -> str:
         raise _invalid(
             f"path {raw!r} must be absolute (the engines read it, not this request's client)", "path"
         )
-    config_file = path / "adapter_config.json"
-    if not path.is_dir() or not config_file.is_file():
+    if not path.is_dir() or not (path / "adapter_config.json").is_file():
         raise _invalid(f"path {raw!r} is not a PEFT adapter directory (no adapter_config.json in it)", "path")
     try:
-        config = json.loads(config_file.read_text())
-        if not isinstance(config, dict):
-            raise ValueError("it is not a JSON object")
-        rank = _adapter_rank(config)
-    except (OSError, ValueError) as exc:
-        raise _invalid(f"path {raw!r}: adapter_config.json cannot be read: {exc}", "path") from None
-    if rank > max_rank:
-        raise _invalid(f"path {raw!r}: the adapter's rank {rank} exceeds max_lora_rank {max_rank}", "path")
+        check_directory(name, path, max_rank)
+    except AdapterError as exc:
+        raise _invalid(f"path {raw!r}: {exc}", "path") from None
     return str(path)
 
 
@@ -135,7 +119,7 @@ async def add_adapter(request: Request, state: GatewayState) -> Response:
         if key not in FIELDS:
             raise _invalid(f"unknown field {key!r}; allowed: {', '.join(FIELDS)}", key)
     name = _check_name(body, state)
-    path = await run_in_threadpool(check_path, body.get("path"), state.settings.engine.max_lora_rank)
+    path = await run_in_threadpool(check_path, body.get("path"), name, state.settings.engine.max_lora_rank)
     owner = await _owner(body, state)
     registry = state.adapters
     info = await _in_adapter_store(registry.store.add, name, path, owner, actor=actor(request))

@@ -111,6 +111,7 @@ async def create_tenant(request: Request, state: GatewayState) -> Response:
     if "name" not in body:
         raise APIError(400, "name is required", "invalid_value", "name")
     tenant = await in_store(state.store.create_tenant, actor=actor(request), **body)
+    await asyncio.to_thread(state.tenant_watch.apply)  # known here at once, as a change would be
     await _changed(request, state, tenant.id)
     state.metrics.labels.learn(tenant.id, tenant.name)
     return reply(_tenant_json(tenant, 0), 201)
@@ -126,9 +127,10 @@ async def _update(request: Request, state: GatewayState, fields: dict[str, Any])
     before = await _tenant(state, ref)
     after = await in_store(state.store.update_tenant, before.id, actor=actor(request), **fields)
     pushed = (after.weight, after.priority_class) != (before.weight, before.priority_class)
-    if pushed:
-        # Reaches the scheduler's policy for requests not yet admitted and for service charged from now on.
-        state.engine.set_tenant_weight(after.id, after.weight, after.priority_class)
+    # The one path of every tenant change (gateway/tenant_watch.py), run now rather than at the next poll:
+    # a changed weight reaches the scheduler's policy for requests not yet admitted and for service
+    # charged from now on; other gateways apply it at their next read of the table.
+    await asyncio.to_thread(state.tenant_watch.apply)
     await _changed(request, state, after.id)
     if after.name != before.name:
         state.refresh_tenant_labels(force=True)

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -38,15 +38,20 @@ SHARE_WINDOW_S = 30.0  # each share point is the split of service charged over t
 TENANTS_MAX_AGE_S = 1.0
 RECENT_ITERATIONS = 20
 OTHER_KEYS_SHOWN = 50  # fairness keys that are not tenants (users, API keys) listed by service
+# A tenant that had work queued for less than this share of a window asked for less than a fair share
+# would give it: its share under its weight share is its demand, not the scheduler ("demand-limited").
+DEMAND_LIMITED_BELOW = 0.5
 
 
 @dataclass(frozen=True)
 class ServiceSample:
-    """Cumulative charged service and configured weights by fairness key at one instant."""
+    """Cumulative charged service, configured weights and cumulative seconds with queued work (the engine's
+    `backlogged_s`) by fairness key at one instant."""
 
     t: float
     service: dict[str, float]
     weights: dict[str, float]
+    backlogged: dict[str, float] = field(default_factory=dict)
 
 
 class ServiceHistory:
@@ -59,12 +64,27 @@ class ServiceHistory:
         self._min_interval_s = min_interval_s
         self._lock = threading.Lock()
 
-    def observe(self, t: float, service: Mapping[str, float], weights: Mapping[str, float]) -> None:
+    def observe(
+        self,
+        t: float,
+        service: Mapping[str, float],
+        weights: Mapping[str, float],
+        backlogged: Mapping[str, float] | None = None,
+    ) -> None:
         """Record a sample unless the previous one is younger than the minimum interval."""
         with self._lock:
             if self._samples and t - self._samples[-1].t < self._min_interval_s:
                 return
-            self._samples.append(ServiceSample(t, dict(service), dict(weights)))
+            self._samples.append(ServiceSample(t, dict(service), dict(weights), dict(backlogged or {})))
+
+    def backlog_share(self, window_s: float = SHARE_WINDOW_S) -> dict[str, float]:
+        """Each key's share of the trailing window with work queued (empty before two samples)."""
+        with self._lock:
+            if len(self._samples) < 2:
+                return {}
+            now = self._samples[-1]
+            before = next((s for s in reversed(self._samples) if s.t <= now.t - window_s), self._samples[0])
+        return backlog_shares(before, now)
 
     def share_points(self, window_s: float = SHARE_WINDOW_S, last: int | None = None) -> list[dict[str, Any]]:
         """Per sample: each key's share of the service charged over the trailing window, and its weight share.
@@ -84,6 +104,9 @@ class ServiceHistory:
                 base += 1
             point = share_point(samples[base], now)
             if point is not None:
+                changed = weight_changes(samples[i - 1], now)
+                if changed:
+                    point["weight_changes"] = changed
                 points.append(point)
         return points
 
@@ -114,6 +137,28 @@ def share_point(before: ServiceSample, now: ServiceSample) -> dict[str, Any] | N
         "window_s": round(now.t - before.t, 3),
         "share": {k: v / total for k, v in delta.items()},
         "weight_share": {k: w / weight_total for k, w in weights.items()},
+        "backlogged": backlog_shares(before, now),
+    }
+
+
+def backlog_shares(before: ServiceSample, now: ServiceSample) -> dict[str, float]:
+    """Each key's share of the time between two samples that it had work queued (0 to 1)."""
+    span = now.t - before.t
+    if span <= 0:
+        return {}
+    keys = set(now.backlogged) | set(now.service)
+    # Cumulative per engine worker: a restart starts again at zero, which must not read as negative.
+    return {
+        k: min(max(now.backlogged.get(k, 0.0) - before.backlogged.get(k, 0.0), 0.0) / span, 1.0) for k in keys
+    }
+
+
+def weight_changes(before: ServiceSample, now: ServiceSample) -> dict[str, list[float]]:
+    """Keys whose configured weight changed between two consecutive samples: [old, new]."""
+    return {
+        k: [before.weights[k], w]
+        for k, w in now.weights.items()
+        if k in before.weights and before.weights[k] != w
     }
 
 
@@ -163,7 +208,8 @@ def sample_service(state: GatewayState, live: LiveRuntime) -> None:
     tenants = live.tenants(state, SAMPLER_TENANTS_MAX_AGE_S)
     by_id = {t.id: t for t in tenants}
     service = {k: v for k, v in stats.service.items() if k in by_id} | _other_service(stats.service, by_id)
-    live.history.observe(time.time(), service, {t.id: t.weight for t in tenants})
+    backlogged = {k: v for k, v in stats.backlogged_s.items() if k in by_id or k in service}
+    live.history.observe(time.time(), service, {t.id: t.weight for t in tenants}, backlogged)
 
 
 async def keep_share_history(app_state: Any, state: GatewayState) -> None:
@@ -214,6 +260,7 @@ def live_snapshot(state: GatewayState, live: LiveRuntime, history_points: int) -
     by_id = {t.id: t for t in tenants}
     other = _other_service(stats.service, by_id)
     enabled_weight = sum(t.weight for t in tenants if not t.disabled) or 1.0
+    backlog = live.history.backlog_share()
     rows = [
         {
             "id": t.id,
@@ -225,6 +272,9 @@ def live_snapshot(state: GatewayState, live: LiveRuntime, history_points: int) -
             "waiting": stats.waiting_by_tenant.get(t.id, 0),
             "running": stats.running_by_tenant.get(t.id, 0),
             "service": stats.service.get(t.id, 0.0),
+            # Its share of the last SHARE_WINDOW_S with work queued; None before the history has two samples.
+            "backlogged": backlog.get(t.id, 0.0) if backlog else None,
+            "demand_limited": bool(backlog) and backlog.get(t.id, 0.0) < DEMAND_LIMITED_BELOW,
         }
         for t in tenants
     ]
@@ -261,6 +311,7 @@ def live_snapshot(state: GatewayState, live: LiveRuntime, history_points: int) -
         "iterations": [asdict(tr) for tr in reversed(state.engine.recent_traces(RECENT_ITERATIONS))],
         "share": {
             "window_s": SHARE_WINDOW_S,
+            "demand_limited_below": DEMAND_LIMITED_BELOW,
             "interval_s": SAMPLE_INTERVAL_S,
             **live.history.coverage(),
             "points": live.history.share_points(SHARE_WINDOW_S, history_points),

@@ -138,7 +138,15 @@ def register(subparsers: Any) -> None:
     db = subparsers.add_parser("db", help="database schema migrations")
     db_sub = db.add_subparsers(dest="db_action", required=True)
     for action, default in (("upgrade", "head"), ("downgrade", "base"), ("current", "head")):
-        p = db_sub.add_parser(action, parents=[common], help=f"{action} the schema")
+        p = db_sub.add_parser(
+            action,
+            parents=[common],
+            help={
+                "upgrade": "upgrade the schema",
+                "downgrade": "downgrade the schema",
+                "current": "print the schema's revision",
+            }[action],
+        )
         if action != "current":
             p.add_argument("revision", nargs="?", default=default)
         else:
@@ -158,7 +166,10 @@ def register(subparsers: Any) -> None:
     set_.add_argument("--disable", dest="disabled", action="store_const", const=True, default=None)
     set_.add_argument("--enable", dest="disabled", action="store_const", const=False)
     set_.add_argument(
-        "--redis", default=None, help="redis:// URL of the gateways: they apply the change at once"
+        "--redis",
+        default=None,
+        help="redis:// URL of the gateways: their cached keys go at once (every gateway re-reads the "
+        "tenants within --tenant-poll-interval, 1 s by default, and pushes a new weight to its engines)",
     )
     tenants.set_defaults(func=guarded(cmd_tenants))
 

@@ -19,6 +19,7 @@ def register(subparsers: Any) -> None:
     config_sub = config.add_subparsers(dest="config_command", required=True)
     show = config_sub.add_parser(
         "show",
+        usage="%(prog)s [--json] [any flag of `fairserve serve` ...]",
         help="print each setting's effective value and its source "
         "(flag, FAIRSERVE_* environment, --config file or default)",
     )

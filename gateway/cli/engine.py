@@ -16,15 +16,17 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from pydantic import ValidationError
 
 from engine.remote.curve import ClusterKey, ClusterKeyError, create_key_file
-from engine.remote.roles import RoleServer
-from engine.remote.server import EngineServer
+
+if TYPE_CHECKING:
+    from engine.remote.server import EngineServer
 from gateway.engine_server_settings import EngineServerSettings
+from gateway.ops.logs import configure
 from gateway.settings_base import settings_error_text
 from gateway.settings_flags import add_knob_flags, load_from_args
 
@@ -37,6 +39,9 @@ _ALIASES = {"redis_url": "--redis", "model": "--model"}
 
 def _server(settings: EngineServerSettings, key: ClusterKey | None) -> EngineServer:
     """The engine server of this role: today's for `both`, a RoleServer for prefill or decode."""
+    from engine.remote.roles import RoleServer  # the engine and torch: only when one is run
+    from engine.remote.server import EngineServer
+
     produced = settings.data_dir / "produced.log"  # the engine's own billing record (accounting.py)
     if settings.role == "both":
         return EngineServer(
@@ -64,6 +69,7 @@ def register(subparsers: Any) -> None:
     """Add the `engine` subcommand: one flag per EngineConfig knob, plus where to listen."""
     p = subparsers.add_parser(
         "engine",
+        usage="%(prog)s [--model DIR] [--listen tcp://HOST:PORT] [--device DEVICE] [OPTION ...]",
         help="run one engine server that gateways attach to (serve --engine)",
         description="Every setting below can also come from its FAIRSERVE_* environment "
         "variable or the --config TOML file ([engine] table), as for `serve`.",
@@ -74,12 +80,13 @@ def register(subparsers: Any) -> None:
 
 def run_engine(args: argparse.Namespace) -> int:
     """Build the engine, bind, print the banner, and serve until a signal."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure("info", "text")  # until the settings say otherwise
     try:
         settings = load_from_args(args, EngineServerSettings)
     except (ValidationError, ValueError) as exc:
         print(f"fairserve engine: invalid settings:\n{settings_error_text(exc)}", file=sys.stderr)
         return 2
+    configure(settings.log_level, settings.log_format)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     if settings.cluster_key_file is None:
         log.warning(

@@ -7,8 +7,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from engine.loader import write_default_model
-
 
 def register(subparsers: Any) -> None:
     """Add the `model` command family (`model init`)."""
@@ -24,6 +22,8 @@ def register(subparsers: Any) -> None:
 
 def init_model(args: argparse.Namespace) -> int:
     """Write the default model into args.dir and list the files written; 1 if DIR is in the way."""
+    from engine.loader import write_default_model  # torch: only when a model is written
+
     target = Path(args.dir)
     if target.exists() and not target.is_dir():
         print(f"error: {target} exists and is not a directory", file=sys.stderr)

@@ -12,9 +12,11 @@ from engine.sim.cluster import ClusterConfig
 from engine.sim.cluster_report import cluster_scenario
 from engine.sim.scenarios import TwoTenantSetup, essay_scenario, scale_scenario, two_tenants_scenario
 from engine.sim.simulator import SimulationError
+from engine.sim.upstream import upstream_scenario
+from engine.step_cost import StepCost
 from fairness import DEFAULT_POLICY, POLICIES
 
-SCENARIOS = ("essay", "two-tenants", "scale", "cluster")
+SCENARIOS = ("essay", "two-tenants", "scale", "cluster", "upstream")
 
 
 def register(subparsers: Any) -> None:
@@ -27,6 +29,18 @@ def register(subparsers: Any) -> None:
         type=float,
         default=None,
         help="simulated seconds (two-tenants: default 60; cluster: default 15)",
+    )
+    sim.add_argument(
+        "--step-cost-context",
+        type=float,
+        default=0.0,
+        help="two-tenants: the step cost model's per-position attention coefficient (engine/step_cost.py)",
+    )
+    sim.add_argument(
+        "--step-cost-sequence",
+        type=float,
+        default=0.0,
+        help="two-tenants: the step cost model's per-sequence constant, in new tokens",
     )
     sim.add_argument("--requests", type=int, default=100_000, help="scale: number of requests")
     sim.add_argument("--tenants", type=int, default=1000, help="scale, cluster: number of tenants")
@@ -46,6 +60,11 @@ def register(subparsers: Any) -> None:
         "--warmup", type=float, default=5.0, help="cluster: seconds before the measurement window"
     )
     sim.add_argument("--load", type=float, default=3.0, help="cluster: offered work / estimated capacity")
+    sim.add_argument(
+        "--windows",
+        default="1,4,16,64",
+        help="upstream: dispatch windows to compare (requests in flight to a request-serving engine)",
+    )
     sim.set_defaults(func=run_sim)
 
 
@@ -59,11 +78,18 @@ def run_sim(args: argparse.Namespace) -> int:
             duration = 60.0 if args.duration is None else args.duration
             if not duration > 0:
                 raise SimulationError("--duration must be > 0")
-            report = two_tenants_scenario(TwoTenantSetup(duration_s=duration))
+            try:
+                step_cost = StepCost(args.step_cost_context, args.step_cost_sequence)
+            except ValueError as exc:
+                raise SimulationError(str(exc)) from exc
+            report = two_tenants_scenario(TwoTenantSetup(duration_s=duration, step_cost=step_cost))
             text = _two_tenants_text(report)
         elif args.scenario == "cluster":
             report = cluster_scenario(_cluster_config(args))
             text = cluster_text([report])
+        elif args.scenario == "upstream":
+            report = upstream_scenario(_windows(args.windows))
+            text = upstream_text(report)
         else:
             if args.requests < 1 or args.tenants < 1 or args.max_num_seqs < 1:
                 raise SimulationError("--requests, --tenants and --max-num-seqs must be >= 1")
@@ -99,6 +125,31 @@ def _cluster_config(args: argparse.Namespace) -> ClusterConfig:
     except ValueError as exc:
         raise SimulationError(f"--{str(exc).replace('_s ', ' ').replace('_', '-')}") from None
     return config
+
+
+def _windows(text: str) -> tuple[int, ...]:
+    try:
+        windows = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise SimulationError("--windows must be comma-separated integers") from None
+    if not windows or min(windows) < 1:
+        raise SimulationError("--windows must be integers >= 1")
+    return windows
+
+
+def upstream_text(report: dict[str, Any]) -> str:
+    """One table row per (window, policy): A's token share (weights 3:1), the largest weighted-service
+    difference while both tenants waited at the gateway, and the bound max(2, W)·U / w_min."""
+    lines = [
+        "| window | policy | A's token share (goal 0.75) | max weighted difference | bound | engine queue |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in report["windows"]:
+        lines.append(
+            f"| {r['window']} | {r['policy']} | {r['share_A']:.3f} | {r['max_difference']:,.0f} | "
+            f"{r['bound']:,.0f} | {r['max_engine_queue']} |"
+        )
+    return "\n".join(lines)
 
 
 def cluster_text(reports: list[dict[str, Any]]) -> str:

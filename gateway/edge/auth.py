@@ -16,6 +16,7 @@ from billing import ApiKeyInfo, BillingStore, KeyCache, StoreUnavailable, Tenant
 from gateway.edge.auth_guard import FailureBudget
 from gateway.edge.connections import prove_connection
 from gateway.edge.errors import APIError
+from gateway.edge.middleware import TENANT_KEY
 
 ADMIN_TOKEN_FILE = "admin_token"
 METRICS_TOKEN_FILE = "metrics_token"
@@ -64,7 +65,9 @@ async def authenticate(
     entry is refreshed: a paying tenant sharing an address with a flood keeps working). Every failure is
     charged to the address and counted in `failures` (by outcome: missing, invalid, limited).
     """
-    return await authenticate_bearer(request, bearer(request), keys, budget, failures)
+    caller = await authenticate_bearer(request, bearer(request), keys, budget, failures)
+    request.scope.setdefault("state", {})[TENANT_KEY] = caller.tenant.name  # the access log's (never a key)
+    return caller
 
 
 async def authenticate_bearer(

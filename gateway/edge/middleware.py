@@ -14,10 +14,13 @@ from billing.fields import REQUEST_ID_MAX
 from gateway.edge.errors import APIError, error_body
 
 EARLY_REFUSAL_HOLD_S = 1.0
-_VALID_ID = re.compile(rf"^[A-Za-z0-9._:\-]{{1,{REQUEST_ID_MAX}}}$")
+_VALID_ID = re.compile(rf"^(?!\.{{1,2}}$)[A-Za-z0-9._:\-]{{1,{REQUEST_ID_MAX}}}$")
 # Where the middleware leaves the request's whole body for the generation routes (gateway/openai/context.py),
 # which then read it without Starlette's body stream; every other route reads it through `receive` as usual.
 BODY_KEY = "fairserve.body"
+# What the access log (gateway/ops/logs.py) reads from the scope's `state` once a response has ended: the
+# caller's tenant name (set once authenticated) and the run's usage (set as the run ends).
+TENANT_KEY, USAGE_KEY = "access_tenant", "access_usage"
 
 
 def new_request_id() -> str:
@@ -45,8 +48,8 @@ class EdgeMiddleware:
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
-        # A refusal decided from the headers alone (a tenant whose refusal budget is spent): answered with
-        # `Connection: close` before any of the body is read.
+        # A refusal decided from the headers alone (a tenant whose refusal or report budget is spent):
+        # answered with `Connection: close` before any of the body is read or any route runs.
         self.early = early
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -65,6 +68,9 @@ class EdgeMiddleware:
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         state["request_id_chosen"] = chosen  # the client's own id, not one made here
+        # A client's id outside the alphabet: the generation routes refuse it with a 400 naming the header
+        # (gateway/openai/parsing.py `identity`), so the client never holds an id it cannot cancel by.
+        state["request_id_refused"] = given if given and not chosen else None
         id_header = (b"x-request-id", request_id.encode())
 
         async def send_with_id(message: Message) -> None:
@@ -75,10 +81,13 @@ class EdgeMiddleware:
                     message = {**message, "headers": [*raw, id_header]}
             await send(message)
 
-        if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
-            await self.app(scope, receive, send_with_id)
-            return
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+        bodiless = scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE")
+        if (
+            not bodiless
+            and declared is not None
+            and declared.isdigit()
+            and int(declared) > self.max_body_bytes
+        ):
             await self._too_large(send_with_id)
             return
         refusal = self.early(scope) if self.early is not None else None
@@ -87,6 +96,9 @@ class EdgeMiddleware:
             # once costs a sleeping coroutine per second, not a request's CPU each time.
             await asyncio.sleep(min(float(refusal.headers.get("Retry-After", "1")), EARLY_REFUSAL_HOLD_S))
             await self._refuse(send_with_id, refusal)
+            return
+        if bodiless:
+            await self.app(scope, receive, send_with_id)
             return
         chunks: list[bytes] = []
         size = 0

@@ -18,8 +18,8 @@ import msgspec
 # Bodies up to this size are validated at once and counted afterwards: at about 30 bytes a message they
 # hold at most about a thousand messages, which pydantic validates in about a millisecond.
 SHAPE_SCAN_BYTES = 32 * 1024
-# Counted on their own: messages (and their parts), and a prompt of token ids (up to the context).
-_UNCOUNTED = frozenset(("prompt", "messages"))
+# Counted on their own: a prompt of token ids (up to the context), and messages and their parts.
+_PROMPT = "prompt"
 
 
 @dataclass(frozen=True)
@@ -45,20 +45,22 @@ _members = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _message = msgspec.json.Decoder(_Message)
 
 
-def count_body(raw: bytes, limit: int) -> BodyCount | None:
+def count_body(raw: bytes, limit: int, messages_field: str = "messages") -> BodyCount | None:
     """What a body carries, or None when it is not a JSON object; counting stops once a count is over
-    `limit` (the count is then a lower bound, still over it)."""
+    `limit` (the count is then a lower bound, still over it). `messages_field` names the list of messages
+    (the Responses API's is `input`, whose items' `content` parts are counted alike)."""
     try:
         fields = _top.decode(raw)
     except msgspec.DecodeError:  # ValidationError is one too
         return None
     widest: tuple[str, int] | None = None
     for name, value in fields.items():
-        if name not in _UNCOUNTED and (n := _entries(bytes(value))) > (widest[1] if widest else 0):
+        uncounted = name in (_PROMPT, messages_field)
+        if not uncounted and (n := _entries(bytes(value))) > (widest[1] if widest else 0):
             widest = (name, n)
     prompt = fields.get("prompt")
     prompt_ids = _entries(bytes(prompt)) if prompt is not None else 0
-    messages = fields.get("messages")
+    messages = fields.get(messages_field)
     items = _items.decode(messages) if messages is not None and bytes(messages).startswith(b"[") else []
     parts = 0
     if len(items) > limit:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import operator
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,6 +29,7 @@ from gateway.openai import parsing as rp
 from gateway.openai.body_shape import SHAPE_SCAN_BYTES
 from gateway.openai.format import Shape
 from gateway.openai.logprobs import logprobs_view
+from gateway.openai.preprocess import billable_cpu
 from gateway.openai.runs import Outcome, RunSpec
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.openai.served import ServedAs, model_engine, requested_policy
@@ -40,6 +41,7 @@ from routing import served_models
 # request ended without metrics (refused by the engine, or a gateway bug).
 _METRIC_COLUMNS: dict[str, Any] = {
     "cancel_state": None,
+    "counted_by_gateway": False,
     "prompt_tokens": 0,
     "cached_tokens": 0,
     "completion_tokens": 0,
@@ -72,6 +74,11 @@ class RequestContext:
     fingerprint: str | None  # of the endpoint and body, only with an Idempotency-Key
     inputs: rp.EngineInput
     served: ServedAs  # the model that serves it and how (gateway/openai/degrade.py decides at admission)
+    # The request's ASGI scope state (EdgeMiddleware's dict): the run's usage goes there for the access log.
+    edge_state: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # CPU seconds the gateway spent validating, rendering and tokenising it: charged as the tenant's service
+    # by the engine (RequestMeta.preprocess_cpu_s; gateway/openai/preprocess.py).
+    preprocess_cpu_s: float = 0.0
 
     def admission_ask(self) -> AdmissionAsk:
         """The one admission call's question: deadline, queue bounds and quota of this request."""
@@ -107,6 +114,8 @@ class RequestContext:
             partial_at_deadline=self.served.partial_at_deadline,
             lora=self.served.lora,
             lora_path=self.served.lora_path,
+            lora_registered=self.served.lora_registered,
+            preprocess_cpu_s=billable_cpu(self.preprocess_cpu_s),
         )
 
     def run_spec(self) -> RunSpec:
@@ -184,25 +193,26 @@ async def read_request(
     """Read and validate headers and body, then tokenise: 400 naming the field, 503 without an engine."""
     now = time.time()
     edge = request.scope["state"]  # EdgeMiddleware's: the request id, and whether the client chose it
-    ident = rp.identity(headers, edge["request_id"])
+    ident = rp.identity(headers, edge["request_id"], edge.get("request_id_refused"))
     deadline = rp.deadline(headers, now)
     raw = request.scope.get(BODY_KEY)  # left by EdgeMiddleware: no body stream to run through again
     if raw is None:
         raw = await request.body()
-    # Only a large body is counted before validation (gateway/openai/body_shape.py): only it needs this.
-    longest = (
-        max(c.max_model_len for c in served_models(state.engine)) if len(raw) > SHAPE_SCAN_BYTES else None
-    )
-    body = rp.parse_body(raw, chat, state.settings.max_chat_messages, longest)
+    tenant_id, weight = caller.tenant.id, caller.tenant.weight
+    body, parse_cpu = await _parsed(state, raw, chat, tenant_id, weight, deadline)
     policy = requested_policy(headers.on_infeasible)  # 400 for a bad X-On-Infeasible
-    tenant_id = caller.tenant.id
     # 404 for a model not served (or an adapter this tenant may not use). An adapter's request runs on
     # its base model's engines, with the adapter's name and path in its meta.
     engine, adapter = model_engine(state, body.model, tenant_id)
     if not state.engine_health.serves(engine):  # this model's engines; another model's may be down
         raise APIError(503, "the engine is not running", "engine_unavailable", headers={"Retry-After": "1"})
     as_base = body if adapter is None else body.model_copy(update={"model": engine.model_name})
-    inputs = await rp.engine_input_async(as_base, engine, lambda work: state.refusals.run(tenant_id, work))
+    inputs, input_cpu = await rp.engine_input_async(
+        as_base,
+        engine,
+        lambda work: state.preprocess.run(tenant_id, weight, work, deadline),
+        lambda cpu: state.preprocess.charge(tenant_id, weight, cpu),
+    )
     fp = fingerprint(request.url.path, json.loads(raw)) if ident.idempotency_key is not None else None
     return RequestContext(
         caller=caller,
@@ -228,5 +238,35 @@ async def read_request(
             cost_factor=state.settings.models.cost_factor(body.model),
             lora=None if adapter is None else adapter.name,
             lora_path=None if adapter is None else adapter.path,
+            lora_registered=None
+            if adapter is None or adapter.created_at is None
+            else adapter.created_at.isoformat(),
         ),
+        edge_state=edge,
+        preprocess_cpu_s=parse_cpu + input_cpu,
     )
+
+
+async def _parsed(
+    state: GatewayState, raw: bytes, chat: bool, tenant_id: str, weight: float, deadline: float | None
+) -> tuple[CompletionRequest | ChatCompletionRequest, float]:
+    """The validated body and the CPU seconds validating it took: a small body on the loop (its CPU charged
+    to the tenant's preprocessing order), a large one, counted first (gateway/openai/body_shape.py), through
+    the preprocessing gate (gateway/openai/preprocess.py)."""
+    settings = state.settings
+    if len(raw) <= SHAPE_SCAN_BYTES:
+        t0 = time.thread_time()
+        try:
+            body = rp.parse_body(raw, chat, settings.max_chat_messages, None, settings.max_json_depth)
+        finally:
+            cpu = time.thread_time() - t0
+            state.preprocess.charge(tenant_id, weight, cpu)
+        return body, cpu
+    longest = max(c.max_model_len for c in served_models(state.engine))  # a prompt of ids over it: 400
+    timed = await state.preprocess.run(
+        tenant_id,
+        weight,
+        lambda: rp.parse_body(raw, chat, settings.max_chat_messages, longest, settings.max_json_depth),
+        deadline,
+    )
+    return timed.value, timed.cpu_s

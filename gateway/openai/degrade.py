@@ -9,7 +9,8 @@ tenant's `on_infeasible`, else the server's `--on-infeasible`, `reject` by defau
   tokens so far, finish_reason `length`;
 - `truncate`: the oldest prompt tokens are dropped so that the prefill fits (chat: the system messages
   and the latest turns are kept, whole turns dropped oldest first);
-- nothing fits: `reject`'s 503 `deadline_infeasible` with Retry-After.
+- nothing fits: `reject`'s 503 `deadline_infeasible` with Retry-After, or 400 `deadline_unmeetable`
+  without one when the request's own run exceeds its deadline on an idle engine (waiting cannot help).
 
 Admission proper (queue bounds, quota) then runs on the serving model's engines with the deadline
 already decided. The policy is the caller's alone: a tenant's default reaches only its own requests.
@@ -118,6 +119,7 @@ def _fallback(state: GatewayState, ctx: RequestContext, left: float) -> RequestC
                 cost_factor=factor,
                 lora=None,
                 lora_path=None,
+                lora_registered=None,
             )
             return replace(ctx, inputs=inputs, served=served)
     return None
@@ -125,18 +127,21 @@ def _fallback(state: GatewayState, ctx: RequestContext, left: float) -> RequestC
 
 async def _truncated(state: GatewayState, ctx: RequestContext, budget: int) -> RequestContext | None:
     """The request with its oldest prompt tokens dropped to at most `budget`, None when that leaves nothing
-    (a chat re-encoded on the tokenising executor, under the tenant's bound: docs/gateway.md, "The event
-    loop's budget")."""
+    (a chat re-encoded through the preprocessing gate, its CPU the tenant's: gateway/openai/preprocess.py)."""
     ids = ctx.inputs.prompt_token_ids
     if budget < 1:
         return None
     engine = ctx.served.engine
     if isinstance(ctx.body, ChatCompletionRequest):
         body = ctx.body
-        kept = await state.refusals.run(ctx.tenant_id, lambda: _chat_kept(body, engine, budget))
-        if kept is None:
+        weight = ctx.caller.tenant.weight
+        timed = await state.preprocess.run(
+            ctx.tenant_id, weight, lambda: _chat_kept(body, engine, budget), ctx.deadline
+        )
+        ctx = replace(ctx, preprocess_cpu_s=ctx.preprocess_cpu_s + timed.cpu_s)
+        if timed.value is None:
             return None
-        new_ids = kept
+        new_ids = timed.value
     else:
         bos = engine.tokenizer.bos_token_id
         lead = [ids[0]] if bos is not None and ids and ids[0] == bos else []
@@ -172,18 +177,9 @@ def _chat_kept(body: ChatCompletionRequest, engine: EngineClient, budget: int) -
 
 
 def _infeasible(state: GatewayState, est: Estimate, left: float) -> Rejection:
-    """`reject`: 503 `deadline_infeasible`, retry once the queue ahead has drained by the overshoot."""
-    overshoot = est.finish_s - left
-    wait = min(overshoot, est.start_s) if est.start_s > 0 else overshoot
-    start_ms = int(round(est.start_s * 1000))
-    return Rejection(
-        503,
-        "deadline_infeasible",
-        f"cannot finish by the deadline: estimated start in {start_ms} ms, "
-        f"finish in {est.finish_s * 1000:.0f} ms, deadline in {left * 1000:.0f} ms",
-        retry_after_s=state.admission.retry_after(wait),
-        estimated_start_ms=start_ms,
-    )
+    """`reject`: 400 `deadline_unmeetable` when even an idle engine could not meet it, else 503
+    `deadline_infeasible`, retry once the queue ahead has drained by the overshoot (AdmissionController)."""
+    return state.admission.infeasible(est, left)
 
 
 def headers(ctx: RequestContext) -> dict[str, str]:

@@ -88,7 +88,7 @@ class Shape:
         """One entry of a body's `choices` (with tools offered, its text parsed on its own)."""
         finish = openai_finish_reason(reason)
         if self.tools is not None:
-            content, calls = parse(text, self.tools.parallel)
+            content, calls = parse(text, self.tools.parallel, self.tools.names)
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
                 message["tool_calls"] = calls
@@ -172,7 +172,7 @@ class Shape:
         tools = self.tools
         assert tools is not None
         if index:
-            tools = self._choice_tools.setdefault(index, ToolStream(tools.parallel))
+            tools = self._choice_tools.setdefault(index, ToolStream(tools.parallel, tools.names))
         content, calls = tools.feed(delta_text, final=reason is not None)
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
         if content or not calls:

@@ -28,6 +28,7 @@ from admission.controller import Rejection
 from admission.edge import Admission
 from gateway.edge.auth import PEEKED_KEY, Caller, authenticate_bearer
 from gateway.edge.errors import APIError
+from gateway.edge.middleware import TENANT_KEY
 from gateway.idempotency.claim import KeyClaim
 from gateway.openai import degrade
 from gateway.openai.context import RequestContext, quota_limits, read_request
@@ -46,15 +47,16 @@ log = logging.getLogger(__name__)
 QUOTA_STATUS_HEADER = "X-Quota-Status"  # on requests admitted while quotas could not be enforced
 
 
-async def generation(request: Request, chat: bool) -> ASGIApp:
-    """Handle one completions or chat completions request; returns the ASGI response to send."""
+async def generation(request: Request, chat: bool, caller: Caller | None = None) -> ASGIApp:
+    """Handle one completions or chat completions request; returns the ASGI response to send. `caller`:
+    the door already passed (the Responses API's route reads its own body after it, then comes here)."""
     state: GatewayState = request.app.state.gateway
     tracing = getattr(state, "tracing", None)
     if tracing is None:  # off: nothing below traces
-        return await _pipeline(request, state, chat, None)
+        return await _pipeline(request, state, chat, None, caller)
     trace = tracing.begin(request)  # ended by the run's end, or here when the request is refused
     try:
-        return await _pipeline(request, state, chat, trace)
+        return await _pipeline(request, state, chat, trace, caller)
     except APIError as exc:
         trace.refused(exc)
         raise
@@ -63,9 +65,12 @@ async def generation(request: Request, chat: bool) -> ASGIApp:
         raise
 
 
-async def _pipeline(request: Request, state: GatewayState, chat: bool, trace: RequestTrace | None) -> ASGIApp:
+async def _pipeline(
+    request: Request, state: GatewayState, chat: bool, trace: RequestTrace | None, caller: Caller | None
+) -> ASGIApp:
     headers = request_headers(request.scope)  # read at the edge already, unless its check did not run
-    caller = await door(request, state, headers)
+    if caller is None:
+        caller = await door(request, state, headers)
     ctx = await parse(request, state, caller, chat, headers)
     if trace is not None:
         trace.identify(ctx)
@@ -92,6 +97,7 @@ async def door(request: Request, state: GatewayState, headers: RequestHeaders) -
         request, headers.bearer, state.keys, state.auth_budget, state.metrics.auth_failures
     )
     tenant = caller.tenant
+    request.scope["state"][TENANT_KEY] = tenant.name  # for the access log (gateway/ops/logs.py): never a key
     shed = await state.edge.shed(state.engine.stats(), tenant.id, quota_limits(caller), tenant.weight)
     if shed is not None:  # before the body is read: an overloaded server spends nothing more on it
         raise rejected(state, tenant.id, shed)
@@ -134,7 +140,7 @@ def respond(ctx: RequestContext, admission: Admission, run: Run) -> RunResponse:
     return RunResponse(run, headers)
 
 
-GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
 
 
 def _spent(state: GatewayState, tenant_id: str) -> APIError | None:

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import json
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -13,15 +14,18 @@ from pydantic import ValidationError
 from starlette.types import Scope
 
 from admission.deadline import DeadlineError, parse_deadline
-from billing.fields import TASK_ID_MAX, WORKFLOW_RUN_ID_MAX
+from billing.fields import REQUEST_ID_MAX, TASK_ID_MAX, WORKFLOW_RUN_ID_MAX
 from engine import EngineClient, InvalidRequestError, SamplingParams
 from engine.limits import RequestCaps
 from gateway.edge.auth import bearer_token
 from gateway.edge.errors import APIError
 from gateway.openai import tools
+from gateway.openai.body_depth import too_deep
 from gateway.openai.body_shape import SHAPE_SCAN_BYTES, BodyCount, count_body
-from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, first_error
+from gateway.openai.preprocess import Timed
+from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, first_error, unserved_part
 from gateway.openai.structured import response_grammar
+from gateway.settings import MAX_JSON_DEPTH
 
 # X-Task-Id and X-Workflow-Run-Id are stored in the ledger's columns of those names: capped at their width
 # (TASK_ID_MAX, WORKFLOW_RUN_ID_MAX). Each must be readable back through its route (GET /v1/tasks/{id},
@@ -137,8 +141,12 @@ def _checked_id(value: str, header: str, cap: int) -> str:
     return value
 
 
-def identity(headers: RequestHeaders, request_id: str) -> Identity:
-    """Read X-Task-Id, X-Workflow-Run-Id, X-Attempt and Idempotency-Key; 400 naming a bad one."""
+def identity(headers: RequestHeaders, request_id: str, refused_id: str | None = None) -> Identity:
+    """Read X-Task-Id, X-Workflow-Run-Id, X-Attempt and Idempotency-Key; 400 naming a bad one, and naming
+    X-Request-Id when the client sent `refused_id`, one outside the ids' alphabet (the edge then made up
+    another: the client could not cancel or read back by the id it sent)."""
+    if refused_id is not None:
+        _checked_id(refused_id, "x-request-id", REQUEST_ID_MAX)
     attempt = 0
     if headers.attempt is not None:
         attempt_raw = headers.attempt.strip()
@@ -170,9 +178,10 @@ def deadline(headers: RequestHeaders, now: float) -> float | None:
 
 
 def parse_body(
-    raw: bytes, chat: bool, max_messages: int, max_context: int | None = None
+    raw: bytes, chat: bool, max_messages: int, max_context: int | None = None, max_depth: int = MAX_JSON_DEPTH
 ) -> CompletionRequest | ChatCompletionRequest:
-    """Validate the JSON body; 400 naming the field for malformed JSON, wrong types or unknown fields, and
+    """Validate the JSON body; 400 naming the field for malformed JSON, wrong types or unknown fields, for
+    nesting deeper than `max_depth` (measured before any parser, which would recurse: body_depth.py), and
     for more than `max_messages` messages, text parts or entries of any other field but a token-id prompt,
     which must be shorter than `max_context` (the longest context served): counted before validation in a
     large body (gateway/openai/body_shape.py), as validating costs the event loop per entry; a small one
@@ -180,6 +189,11 @@ def parse_body(
     model = ChatCompletionRequest if chat else CompletionRequest
     if not raw.strip():
         raise APIError(400, "request body is empty; send a JSON object", "invalid_json")
+    deep = too_deep(raw, max_depth)
+    if deep is not None:
+        where = f" in {deep.field}" if deep.field is not None else ""
+        message = f"the body nests {deep.depth} levels deep{where}; at most {max_depth} are allowed (max_json_depth)"
+        raise APIError(400, message, "invalid_value", deep.field)
     if len(raw) > SHAPE_SCAN_BYTES:
         count = count_body(raw, max_messages)
         _check_count(count, max_messages)
@@ -196,7 +210,7 @@ def parse_body(
             raise APIError(400, f"malformed JSON body: {err['msg']}", "invalid_json") from None
         if err["type"] in ("model_type", "model_attributes_type") and not err["loc"]:
             raise APIError(400, "request body must be a JSON object", "invalid_json") from None
-        param, message = first_error(exc)
+        param, message = (unserved_part(raw, exc) if chat else None) or first_error(exc)
         raise APIError(400, message, "invalid_value", param) from None
     if isinstance(body, ChatCompletionRequest) and len(raw) <= SHAPE_SCAN_BYTES:  # the same cap, counted now
         parts = sum(len(m.content) for m in body.messages if isinstance(m.content, list))
@@ -228,17 +242,29 @@ class EngineInput:
 async def engine_input_async(
     body: CompletionRequest | ChatCompletionRequest,
     engine: EngineClient,
-    offload: Callable[[Callable[[], EngineInput]], Awaitable[EngineInput]] | None = None,
-) -> EngineInput:
-    """`engine_input`, inline for a small prompt; for a large one, a text prompt proved too long by its size
-    alone (no tokenising), else tokenised (a chat: rendered, proved, encoded) by `offload` (the tenant's
-    bounded share of the tokenising executor; a worker thread without one)."""
+    offload: Callable[[Callable[[], EngineInput]], Awaitable[Timed[EngineInput]]] | None = None,
+    on_loop: Callable[[float], None] | None = None,
+) -> tuple[EngineInput, float]:
+    """`engine_input` and the CPU seconds it took: inline for a small prompt (its CPU, refused or not, told
+    to `on_loop`); for a large one, a text prompt proved too long by its size alone (no tokenising), else
+    tokenised (a chat: rendered, proved, encoded) by `offload` (the gateway's preprocessing gate,
+    gateway/openai/preprocess.py, which charges it; a worker thread without one)."""
     if prompt_chars(body) <= TOKENIZE_INLINE_CHARS:
-        return engine_input(body, engine)
+        t0 = time.thread_time()
+        try:
+            inputs = engine_input(body, engine)
+        finally:
+            cpu = time.thread_time() - t0
+            if on_loop is not None:
+                on_loop(cpu)
+        return inputs, cpu
     if isinstance(body, CompletionRequest) and isinstance(body.prompt, str):
         size_proof(body.prompt, engine, "prompt")
     work = functools.partial(engine_input, body, engine)
-    return await (asyncio.to_thread(work) if offload is None else offload(work))
+    if offload is None:
+        return await asyncio.to_thread(work), 0.0
+    timed = await offload(work)
+    return timed.value, timed.cpu_s
 
 
 def size_proof(text: str, engine: EngineClient, field_name: str) -> None:
@@ -271,8 +297,13 @@ def prompt_chars(body: CompletionRequest | ChatCompletionRequest) -> int:
 def template_chars(body: ChatCompletionRequest) -> int:
     """An estimate of the characters the chat template renders, from every piece it is given: each
     message's content, role and name and its markup (`MESSAGE_MARKUP_CHARS`), and the tool definitions'
-    JSON when the body carries any. 30,000 empty messages are 30,000 pieces of markup, not 0 characters."""
-    chars = sum(len(m.text()) + len(m.role) + len(m.name or "") + MESSAGE_MARKUP_CHARS for m in body.messages)
+    JSON when the body carries any. 30,000 empty messages are 30,000 pieces of markup, not 0 characters.
+    Counting stops once the markup alone passes `TOKENIZE_INLINE_CHARS` (512 messages): then the chat goes
+    off the loop whatever its text, and the loop does not walk every message to learn it."""
+    messages = body.messages
+    if len(messages) * MESSAGE_MARKUP_CHARS > TOKENIZE_INLINE_CHARS:
+        return len(messages) * MESSAGE_MARKUP_CHARS
+    chars = sum(len(m.text()) + len(m.role) + len(m.name or "") + MESSAGE_MARKUP_CHARS for m in messages)
     return chars + (len(json.dumps(body.tools, default=str)) if body.tools else 0)
 
 
@@ -291,7 +322,7 @@ def engine_input(body: CompletionRequest | ChatCompletionRequest, engine: Engine
     params.grammar = response_grammar(body.response_format)
     if isinstance(body, ChatCompletionRequest) and (body.tools is not None or body.tool_choice is not None):
         tools.check(body)
-        params.grammar = params.grammar or tools.tool_grammar(body)
+        params.grammar = params.grammar or tools.tool_grammar(body, engine.tokenizer)
     try:
         params.validate()
         caps.check(params)
@@ -333,8 +364,9 @@ def _tokens(
     tok = engine.tokenizer
     if isinstance(body, ChatCompletionRequest):
         try:
-            caps.check_prompt_text("".join(m.text() for m in body.messages), "messages")
-            messages = [tools.template_message(m) for m in body.messages]
+            texts = [m.text() for m in body.messages]  # once per message: the cap's check and the template
+            caps.check_prompt_text("".join(texts), "messages")
+            messages = [tools.template_message(m, t) for m, t in zip(body.messages, texts, strict=True)]
             rendered = tok.apply_chat_template(messages, tools=tools.template_tools(body))
             size_proof(rendered, engine, "messages")  # what the template rendered, before encoding it
             ids = tok.encode_rendered_chat(rendered)

@@ -28,8 +28,10 @@ def refused(state: GatewayState, tenant_id: str | None, err: APIError) -> APIErr
 def rejected(state: GatewayState, tenant_id: str, r: Rejection) -> APIError:
     """An admission refusal as a counted APIError: RateLimit, Retry-After and X-Estimated-Start-Ms headers."""
     headers = quota_headers(r.quota)
-    if r.retry_after_s is not None:
+    if not r.retryable:  # waiting cannot help: told so in the form openai-python and others obey
+        headers["x-should-retry"] = "false"
+    elif r.retry_after_s is not None:
         headers["Retry-After"] = str(r.retry_after_s)
     if r.estimated_start_ms is not None:
         headers["X-Estimated-Start-Ms"] = str(r.estimated_start_ms)
-    return refused(state, tenant_id, APIError(r.status, r.message, r.code, headers=headers))
+    return refused(state, tenant_id, APIError(r.status, r.message, r.code, r.param, headers=headers))

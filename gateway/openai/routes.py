@@ -10,6 +10,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.edge.auth import authenticate
 from gateway.edge.errors import APIError, error_response
 from gateway.openai.generation import generation
+from gateway.openai.responses_api.routes import routes as responses_routes
 from gateway.openai.tasks import routes as task_routes
 from gateway.state import GatewayState
 from routing import served_models
@@ -89,5 +90,6 @@ routes = [
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
+    *responses_routes,
     *task_routes,
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,11 +26,13 @@ from engine import (
     RequestMetrics,
     RequestOutput,
 )
+from engine.outputs import Fault
 from gateway.edge.errors import APIError, error_body
 from gateway.idempotency.records import StoredResponse
 from gateway.openai.choices import Choices
 from gateway.openai.format import DONE, Shape
 from gateway.openai.logprobs import LogprobsView
+from upstream.errors import QueuedPastDeadline
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +243,9 @@ class RunFeed:
         view = spec.logprobs
         if view is not None and out.new_logprobs:
             view.add(out.new_token_ids, out.new_logprobs)  # a chunk without text carries them to the next
+        if out.finished and out.fault is not None and (not spec.stream or not run.chunks):
+            self._faulted(out, out.fault)  # its own input failed in the step before any event went out
+            return
         if spec.stream and (out.delta_text or out.finished or not run.chunks):
             reason = out.finish_reason if out.finished else None
             so_far = out.metrics if spec.continuous_usage else None
@@ -260,9 +266,21 @@ class RunFeed:
         reason = out.finish_reason or FinishReason.ERROR
         self._end(Outcome(_STATUS[reason], out.finish_reason, out.metrics, run.cancelled_by))
 
+    def _faulted(self, out: RequestOutput, fault: Fault) -> None:
+        """A request the engine ended for a fault of its own input (engine/request.py RequestFault: its
+        adapter, its grammar) before anything was sent: a 400 naming the field, billed for what it was
+        served (its metrics go to the ledger with the `error` row)."""
+        run = self.run
+        run.error = APIError(400, fault.message, "invalid_value", fault.field_name)
+        self.last = out
+        self._end(Outcome("error", FinishReason.ERROR, out.metrics, run.cancelled_by))
+
     def _take_choice(self, out: RequestOutput, choices: Choices) -> None:
         """`_take` for a run of n > 1 choices: each output is its choice's, its events name their index."""
         run, spec = self.run, self.run.spec
+        if out.fault is not None and (not spec.stream or not run.chunks):
+            self._faulted(out, out.fault)  # (a fault fails every choice of the request)
+            return
         first, reason = choices.add(out)
         if spec.stream and (out.delta_text or reason is not None or first):
             so_far = out.metrics if spec.continuous_usage else None
@@ -289,6 +307,14 @@ class RunFeed:
             run.error = APIError(400, str(exc), "context_length_exceeded", exc.field_name)
         elif isinstance(exc, InvalidRequestError):
             run.error = APIError(400, str(exc), "invalid_value", exc.field_name)
+        elif isinstance(exc, QueuedPastDeadline):  # an upstream model's queue (upstream/engine.py)
+            run.error = APIError(
+                503,
+                str(exc),
+                "deadline_exceeded",
+                headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))},
+            )
+            return Outcome("deadline", FinishReason.DEADLINE, None, run.cancelled_by)
         elif isinstance(exc, EngineDeadError):
             run.error = APIError(
                 503,
@@ -328,6 +354,14 @@ async def publish_chunks(run: Run, publish: Publish) -> None:
         await change
 
 
+def _error_of(last: RequestOutput) -> dict[str, object]:
+    """The error event of a stream that failed alone: a 400 naming the field for a fault of its own input
+    found mid-stream (engine/request.py RequestFault), else the engine's 500."""
+    if last.fault is not None:
+        return error_body(400, last.fault.message, "invalid_value", last.fault.field_name)
+    return error_body(500, "the engine failed while generating this request", "engine_error")
+
+
 def _final(run: Run, last: RequestOutput, choices: Choices | None = None) -> StoredResponse:
     spec = run.spec
     headers = {"X-Request-Id": spec.request_id}
@@ -335,9 +369,7 @@ def _final(run: Run, last: RequestOutput, choices: Choices | None = None) -> Sto
     if spec.stream:
         tail = [spec.shape.usage_chunk(last.metrics)] if spec.include_usage else []
         if reason is FinishReason.ERROR:  # it failed alone (engine/isolation.py): say so on the stream
-            tail.append(
-                json.dumps(error_body(500, "the engine failed while generating this request", "engine_error"))
-            )
+            tail.append(json.dumps(_error_of(last)))
         return StoredResponse(200, "sse", [*run.chunks, *tail, DONE], headers)
     if reason is FinishReason.DEADLINE:
         body = error_body(504, "the deadline passed before the request finished", "deadline_exceeded")

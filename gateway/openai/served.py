@@ -35,6 +35,7 @@ class ServedAs:
     cost_factor: float = 1.0  # the served model's `--model-cost`
     lora: str | None = None  # the LoRA adapter `model` named (served over the default model's engines)
     lora_path: str | None = None  # that adapter's PEFT directory, from the gateway's adapter directory
+    lora_registered: str | None = None  # when it was registered (None: `--lora`): RequestMeta.lora_registered
 
     def header(self) -> str | None:
         """The X-Degraded value, None when served as asked."""

@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING
 
 from admission.edge import Admission
 from engine import OutputStream
+from gateway.edge.middleware import USAGE_KEY
 from gateway.idempotency.claim import KeyClaim
 from gateway.openai.context import RequestContext
 from gateway.openai.refusals import rejected
 from gateway.openai.runs import Outcome, Run, RunFeed
+from gateway.ops.logs import access_usage
 from gateway.ops.produced import confirm
 from gateway.state import GatewayState
 
@@ -152,6 +154,8 @@ def _record(state: GatewayState, ctx: RequestContext, outcome: Outcome, run: Run
     if outcome.status == "rejected" and outcome.metrics is None:
         return  # refused by the engine before any work: nothing to bill, and the reply is an error
     completion = outcome.metrics.completion_tokens if outcome.metrics is not None else 0
+    if state.settings.access_log and outcome.metrics is not None:  # before the reply ends: its line reads it
+        ctx.edge_state[USAGE_KEY] = access_usage(outcome.metrics)
     row = ctx.usage_record(outcome, time.time(), run.delivered_tokens(completion))
     try:
         state.ledger.record(row)

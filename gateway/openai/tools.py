@@ -22,11 +22,13 @@ from copy import deepcopy
 from typing import Any
 
 from engine.request import Grammar
+from engine.tokenizer import Tokenizer
 from gateway.edge.errors import APIError
 from gateway.openai.schemas import ChatCompletionRequest, ChatMessage
 from gateway.openai.tool_schemas import NamedToolChoice, ToolDefinition
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+TAIL = "}\n" + CLOSE  # what the grammar writes after a call's arguments
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 # The head of a call as the grammar writes it and models emit it: the arguments follow.
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"\s*,\s*"arguments"\s*:\s*(?=\S)')
@@ -68,9 +70,10 @@ def template_tools(body: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     return [t.model_dump(exclude_none=True) for t in tools] or None
 
 
-def template_message(message: ChatMessage) -> dict[str, Any]:
-    """One message as chat templates take it: role and text, an assistant's tool calls, a tool's call id."""
-    out: dict[str, Any] = {"role": message.role, "content": message.text()}
+def template_message(message: ChatMessage, text: str | None = None) -> dict[str, Any]:
+    """One message as chat templates take it: role and text (`text`, when the caller has it already), an
+    assistant's tool calls, a tool's call id."""
+    out: dict[str, Any] = {"role": message.role, "content": message.text() if text is None else text}
     if message.tool_calls:
         out["tool_calls"] = [c.model_dump() for c in message.tool_calls]
     if message.tool_call_id is not None:
@@ -80,9 +83,13 @@ def template_message(message: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def tool_grammar(body: ChatCompletionRequest) -> Grammar | None:
+def tool_grammar(body: ChatCompletionRequest, tokenizer: Tokenizer) -> Grammar | None:
     """For `required` or a named function, a Lark grammar that admits only calls of the offered tools with
-    arguments valid against their parameters (several, newline-separated, when parallel calls are allowed)."""
+    arguments valid against their parameters (several, newline-separated, when parallel calls are allowed).
+
+    Its `closing_reserve` is the call's tail after the arguments (`}`, the closing tag, end of sequence) in
+    the served model's own tokens: the closing narrowing (engine/grammar/closing.py) starts that much
+    earlier, so a call that fits at all closes within max_tokens rather than being cut inside its tag."""
     if not forced(body):
         return None
     tools = offered(body)
@@ -95,7 +102,8 @@ def tool_grammar(body: ChatCompletionRequest) -> Grammar | None:
     calls = " | ".join(f"call_{i}" for i in range(len(tools)))
     many = body.parallel_tool_calls is not False and not isinstance(body.tool_choice, NamedToolChoice)
     start = 'start: call ("\\n" call)*' if many else "start: call"
-    return Grammar("lark", "\n".join([start, f"call: {calls}", *lines]), "tools")
+    reserve = len(tokenizer.encode(TAIL, add_special_tokens=False)) + 1  # + the end of sequence
+    return Grammar("lark", "\n".join([start, f"call: {calls}", *lines]), "tools", closing_reserve=reserve)
 
 
 def _arguments_schema(tool: ToolDefinition) -> dict[str, Any]:
@@ -110,8 +118,11 @@ def _call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def parse(text: str, parallel: bool) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content, tool_calls) of a whole reply; no calls leaves the text as the content."""
+def parse(
+    text: str, parallel: bool, names: tuple[str, ...] | None = None
+) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, tool_calls) of a whole reply; no calls leaves the text as the content. A last call cut
+    short (max_tokens) is a call with the arguments it wrote (`_cut_call`; `names`: a forced reply's tools)."""
     calls: list[dict[str, Any]] = []
     first = -1
     for match in _BLOCK.finditer(text):
@@ -126,17 +137,65 @@ def parse(text: str, parallel: bool) -> tuple[str | None, list[dict[str, Any]]]:
             first = match.start()
         function = {"name": call["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}
         calls.append({"id": _call_id(), "type": "function", "function": function})
+    end = max((m.end() for m in _BLOCK.finditer(text)), default=0)
+    cut = _cut_call(text[end:], names)  # a last call cut short by max_tokens is still a call
+    if cut is not None:
+        if first < 0:
+            first = end + max(text[end:].find(OPEN), 0)
+        calls.append({"id": _call_id(), "type": "function", "function": cut})
+    if names is not None:  # forced: the grammar admits nothing but calls, so no text is content
+        return None, calls if parallel else calls[:1]
     if not calls:
         return text, []
     content = text[:first].strip()
     return content or None, calls if parallel else calls[:1]
 
 
+def _cut_call(rest: str, names: tuple[str, ...] | None) -> dict[str, str] | None:
+    """The call a reply cut short inside its last `<tool_call>` was writing: its name and what it wrote of
+    the arguments (JSON cut where it was cut); None when `rest` holds no such call.
+
+    `names` (a forced reply: required or a named function) are the offered tools: the whole reply is
+    calls, so text that is only the start of the tag or of the head still names the one tool it can be."""
+    at = rest.find(OPEN)
+    if at >= 0:
+        body = rest[at + len(OPEN) :]
+    elif names is not None and rest.strip() and OPEN.startswith(rest.strip()):
+        body = ""  # cut inside the tag itself
+    else:
+        return None
+    head = _HEAD.match(body)
+    if head is not None:
+        return {"name": head.group(1), "arguments": _cut_arguments(body[head.end() :])}
+    if names is None:
+        return None
+    heads = {n for n in names if _head_text(n).startswith(body) or body.startswith(_head_text(n))}
+    if len(heads) != 1:  # the name was cut before it told the tools apart: nothing to call
+        return None
+    return {"name": heads.pop(), "arguments": ""}
+
+
+def _head_text(name: str) -> str:
+    """The head the tool grammar writes after the tag for `name` (tool_grammar)."""
+    return f'\n{{"name": "{name}", "arguments": '
+
+
+def _cut_arguments(text: str) -> str:
+    """The arguments of a call without its closing tag: the JSON value, whole if it was finished (the call's
+    own `}` and a part of the tag may follow it), else as far as it was written."""
+    try:
+        _, end = json.JSONDecoder().raw_decode(text)
+    except json.JSONDecodeError:
+        return text
+    return text[:end]
+
+
 class ToolStream:
     """A streamed reply's text split into content deltas and OpenAI `delta.tool_calls` entries."""
 
-    def __init__(self, parallel: bool) -> None:
+    def __init__(self, parallel: bool, names: tuple[str, ...] | None = None) -> None:
         self.parallel = parallel
+        self.names = names  # a forced reply's tools (required or named): every text is a call (`_cut_call`)
         self.called = False  # a call has begun: the reply ends with finish_reason "tool_calls"
         self._buf = ""
         self._in_call = False
@@ -163,7 +222,7 @@ class ToolStream:
                 break
         if self._closed:
             self._buf = ""
-        if self.called and not content.strip():
+        if (self.called and not content.strip()) or self.names is not None:  # forced: only calls (`parse`)
             content = ""
         return content, _merged(deltas)
 
@@ -173,6 +232,10 @@ class ToolStream:
             released, self._buf = self._buf[:at], self._buf[at + len(OPEN) :]
             self._in_call, self._head_sent, self._sent = True, False, 0
             return released, True
+        cut_in_tag = self.names is not None and self._buf.strip() and OPEN.startswith(self._buf.strip())
+        if final and cut_in_tag and self._index < 0:  # a forced reply cut inside its first tag
+            self._buf, self._in_call, self._head_sent, self._sent = "", True, False, 0
+            return "", True
         keep = 0 if final else _partial_suffix(self._buf, OPEN)
         released, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep :]
         return released, False
@@ -186,6 +249,12 @@ class ToolStream:
             if head is None:
                 if end < 0 and not final:
                     return "", [], False  # the head may still come
+                cut = _cut_call(OPEN + buf, self.names) if end < 0 else None
+                if cut is not None:  # a forced reply cut inside its head: the one tool it can be
+                    self._index += 1
+                    self.called, self._buf, self._in_call = True, "", False
+                    entry = {"index": self._index, "id": _call_id(), "type": "function", "function": cut}
+                    return "", [entry], True
                 raw = buf if end < 0 else buf[: end + len(CLOSE)]
                 self._buf, self._in_call = buf[len(raw) :], False
                 return OPEN + raw, [], True  # not a call: its text stays content
@@ -196,9 +265,12 @@ class ToolStream:
             buf = self._buf = buf[head.end() :]
             end = buf.find(CLOSE)
         if end >= 0 or final:
-            body = buf[:end] if end >= 0 else buf
-            brace = body.rfind("}")
-            arguments = body[:brace] if brace >= 0 else body
+            if end >= 0:
+                body = buf[:end]
+                brace = body.rfind("}")
+                arguments = body[:brace] if brace >= 0 else body
+            else:  # cut short: the arguments as far as they were written, no part of the tag
+                arguments = _cut_arguments(buf)
             if len(arguments) > self._sent:
                 deltas.append({"index": self._index, "function": {"arguments": arguments[self._sent :]}})
             self._buf = buf[end + len(CLOSE) :] if end >= 0 else ""
@@ -236,4 +308,5 @@ def reply_stream(body: object) -> ToolStream | None:
     """The parser a chat reply's text goes through when the model was offered tools; None otherwise."""
     if not isinstance(body, ChatCompletionRequest) or not offered(body):
         return None
-    return ToolStream(parallel=body.parallel_tool_calls is not False)
+    names = tuple(t.function.name for t in offered(body)) if forced(body) else None
+    return ToolStream(parallel=body.parallel_tool_calls is not False, names=names)

@@ -31,6 +31,22 @@ def test_infeasible_deadline_is_503_with_estimate_and_retry() -> None:
     assert c.queues.queued() == 0
 
 
+def test_a_deadline_its_own_run_cannot_meet_is_400_without_retry() -> None:
+    # An empty queue: 10 prompt tokens and 100 decode steps of the priors' iteration time take longer than
+    # the 0.05 s left, so waiting cannot help.
+    c = controller()
+    out = c.admit("a", 10, 100, NOW + 0.05, NOW, Stats())
+    assert isinstance(out, Rejection)
+    assert (out.status, out.code, out.retryable, out.retry_after_s) == (
+        400,
+        "deadline_unmeetable",
+        False,
+        None,
+    )
+    assert out.param == "max_tokens" and "idle engine" in out.message
+    assert c.queues.queued() == 0
+
+
 def test_feasible_deadline_admits_and_takes_slot() -> None:
     c = controller()
     out = c.admit("a", 10, 4, NOW + 5.0, NOW, Stats())

@@ -94,6 +94,21 @@ def test_quota_refusal_releases_the_queue_slot_and_names_the_window() -> None:
             refused.quota is not None and refused.quota.remaining == 20 and refused.retry_after_s is not None
         )
         assert edge.controller.queues.queued() == 1  # only the first request's slot
+        assert "reserves 40 tokens" in refused.message and "100 tokens per minute" in refused.message
+
+    asyncio.run(scenario())
+
+
+def test_a_request_larger_than_the_whole_quota_is_not_retryable() -> None:
+    edge = _edge(MemoryQuota())
+
+    async def scenario() -> None:
+        refused = await edge.admit(_ask(140), Stats())
+        assert isinstance(refused, Rejection)
+        assert (refused.status, refused.code, refused.retryable) == (400, "quota_exceeds_limit", False)
+        assert refused.retry_after_s is None and refused.param == "max_tokens"
+        assert "reserves 140 tokens" in refused.message and "100 tokens per minute" in refused.message
+        assert edge.controller.queues.queued() == 0
 
     asyncio.run(scenario())
 

@@ -65,3 +65,13 @@ def test_the_prefill_budget_leaves_headroom_and_room_for_the_decode() -> None:
     # 1 s left, 0.1 s of it decode: 0.9 s of prefill at 1000 tokens/s, less the headroom.
     assert prefill_budget(est, rate, 10, 1.0) == int(0.9 * TRUNCATE_HEADROOM * 1000)
     assert prefill_budget(est, rate, 10, 0.05) < 0  # the decode alone does not fit
+
+
+def test_whether_waiting_helps_is_judged_at_the_fastest_rates_the_model_has_shown() -> None:
+    rates = ModelRates(PRIORS)
+    rates.observe("m", Stats(prefill_tokens_per_s=1000.0, iteration_seconds=0.01))  # alone, once
+    busy = Stats(prefill_tokens_per_s=1000.0, iteration_seconds=0.05)  # five times slower under load now
+    est = rates.estimate("m", busy, "t", prompt_tokens=0, max_tokens=100, fair=True)
+    assert est.finish_s >= 5.0 and est.run_s == pytest.approx(1.0)
+    assert est.waiting_helps(2.0)  # 2 s cannot hold the run now, but it could once the load is gone
+    assert not est.waiting_helps(0.5)

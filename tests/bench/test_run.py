@@ -91,6 +91,8 @@ def test_self_started_bench_runs_the_comparisons(tmp_path: Path) -> None:
     for path in ("in_process", "fairserve_gateway"):
         assert gw[path]["ttft_p50_ms"] <= gw[path]["ttft_p99_ms"] <= gw[path]["e2e_p99_ms"]
     assert "added_ttft_p50_ms" in gw["fairserve_gateway"]
+    # Each comparison keeps its rounds and gives a number only when they agree within the effect.
+    assert len(gw["fairserve_gateway"]["added_ttft_p50_verdict"]["rounds"]) == gw["rounds"] == 3
     policy = cmp["policy"]["rows"]
     assert [r["changed"] for r in policy] == ["-", "policy", "chunked prefill"]
     for row in policy:
@@ -98,3 +100,12 @@ def test_self_started_bench_runs_the_comparisons(tmp_path: Path) -> None:
     engine_rows = {r["system"]: r for r in cmp["engine"]["rows"]}
     assert engine_rows["fairserve"]["tokens_per_s"] > 0
     assert all("tokens_per_s" in r or r["note"].startswith("not measured") for r in engine_rows.values())
+    markdown = (out / "report.md").read_text()
+    peers = [name for name in engine_rows if name != "fairserve"]
+    assert len(peers) == 2
+    for peer in peers:
+        verdict = engine_rows[peer]["verdict"]
+        assert len(verdict["rounds"]) == len(engine_rows[peer]["rounds_tokens_per_s"]) == 3
+        assert ("fairserve_speedup" in engine_rows[peer]) == verdict["conclusive"]
+        assert verdict["text"].startswith("inconclusive (rounds") != verdict["conclusive"]
+        assert verdict["text"] in markdown

@@ -15,8 +15,9 @@ from sqlalchemy.exc import IntegrityError
 from billing import Database, Ledger, LedgerConfig
 from billing.ledger_sql import write_batch
 from billing.models import Base, UsageRow
-from billing.records import TOKEN_COUNTS, UsageRecord
+from billing.records import TOKEN_COUNTS, UsageRecord, check_counts
 from billing.spill import decode_row, encode_row
+from tests.billing.old_schema import insert_as_stored
 from tests.billing.test_ledger import make_row
 
 USAGE = Base.metadata.tables[UsageRow.__tablename__]
@@ -82,10 +83,48 @@ def test_the_upgrade_stops_on_stored_negative_counts(any_db: Database) -> None:
     any_db.downgrade("0009_usage_scopes")
     row = dataclasses.asdict(dataclasses.replace(make_row(0), completion_tokens=-7))
     with any_db.engine.begin() as conn:
-        conn.execute(insert(USAGE), [row])
+        insert_as_stored(conn, [row])
     with pytest.raises(RuntimeError, match="1 usage rows hold a negative token count"):
         any_db.upgrade()
     with any_db.engine.begin() as conn:
         conn.execute(text("UPDATE usage SET completion_tokens = 7"))
     any_db.upgrade()
     assert any_db.current_revision() == any_db.head_revision()
+
+
+def test_the_database_refuses_a_negative_charge_and_the_ledger_never_journals_one(
+    any_db: Database, tmp_path: Path
+) -> None:
+    """Issue 54: SQL accepted charged_service = -100. The CHECK constraint of migration 0012 refuses it on
+    SQLite and PostgreSQL; the ledger quarantines such a row (or a NaN one) before its journal."""
+    row = dataclasses.asdict(dataclasses.replace(make_row(0), charged_service=-100.0))
+    refused = pytest.raises(
+        IntegrityError, match="ck_usage_charged_service_nonnegative|CHECK constraint failed"
+    )
+    with refused, any_db.engine.begin() as conn:
+        conn.execute(insert(USAGE), [row])
+    assert write_batch(any_db.engine, [dataclasses.replace(make_row(1), charged_service=0.0)]) == 1
+    for bad in (-1e-9, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="charged_service"):
+            check_counts(dataclasses.replace(make_row(2), charged_service=bad))
+    assert _count(any_db) == 1
+
+
+def test_the_charge_upgrade_stops_on_stored_negative_charges(any_db: Database) -> None:
+    any_db.downgrade("0012_counted_by_gateway")
+    row = dataclasses.asdict(dataclasses.replace(make_row(0), charged_service=-100.0))
+    with any_db.engine.begin() as conn:
+        insert_as_stored(conn, [row])  # accepted before 0013, as the issue found
+    with pytest.raises(RuntimeError, match="1 usage rows hold a negative charged_service"):
+        any_db.upgrade()
+    with any_db.engine.begin() as conn:
+        conn.execute(text("UPDATE usage SET charged_service = 100"))
+    any_db.upgrade()
+    assert any_db.current_revision() == any_db.head_revision()
+    with pytest.raises(IntegrityError), any_db.engine.begin() as conn:
+        conn.execute(text("UPDATE usage SET charged_service = -1"))
+    any_db.downgrade("0012_counted_by_gateway")  # and back: the constraint goes with the downgrade
+    with any_db.engine.begin() as conn:
+        conn.execute(text("UPDATE usage SET charged_service = -1"))
+        conn.execute(text("UPDATE usage SET charged_service = 1"))
+    any_db.upgrade()

@@ -115,15 +115,68 @@ def test_chunked_prefill_and_max_tokens_match(loaded: LoadedModel) -> None:
 
 
 def test_preemption_under_a_small_kv_pool_matches(loaded: LoadedModel) -> None:
-    plain = run(loaded, False, GREEDY, num_kv_blocks=16, block_size=8)
-    overlapped = run(loaded, True, GREEDY, num_kv_blocks=16, block_size=8)
+    # The step's budget in new tokens only (engine/step_cost.py), here and in the swap test: 6 seats must
+    # fill 16 blocks for preemptions to happen, and the device's step cost admits fewer prompts at once.
+    plain = run(
+        loaded, False, GREEDY, num_kv_blocks=16, block_size=8, step_cost_context=0.0, step_cost_sequence=0.0
+    )
+    overlapped = run(
+        loaded, True, GREEDY, num_kv_blocks=16, block_size=8, step_cost_context=0.0, step_cost_sequence=0.0
+    )
     assert plain.preemptions > 0 and overlapped.preemptions > 0
     assert_same(plain, overlapped)
 
 
+PENALIZED = [
+    SamplingParams(
+        max_tokens=12 + 3 * i,
+        temperature=0.0,
+        ignore_eos=True,
+        repetition_penalty=1.5,
+        frequency_penalty=0.5 * (i % 3),
+        presence_penalty=0.3,
+    )
+    for i in range(6)
+]
+
+
+def test_penalties_count_the_same_tokens_with_a_token_in_flight(loaded: LoadedModel) -> None:
+    """The sampler counts each request's own sampled tokens, not its list (whose last id is a placeholder
+    while its token is in flight): the same tokens as the plain loop, under preemption too, and not the
+    unpenalised ones."""
+    plain = run(loaded, False, PENALIZED, num_kv_blocks=16, block_size=8)
+    overlapped = run(loaded, True, PENALIZED, num_kv_blocks=16, block_size=8)
+    assert plain.preemptions > 0 and overlapped.overlapped > 0
+    assert_same(plain, overlapped)
+    unpenalized = run(
+        loaded,
+        False,
+        [SamplingParams(max_tokens=p.max_tokens, temperature=0.0, ignore_eos=True) for p in PENALIZED],
+    )
+    assert unpenalized.tokens != plain.tokens
+
+
 def test_swap_preemption_matches(loaded: LoadedModel) -> None:
-    plain = run(loaded, False, GREEDY, num_kv_blocks=16, block_size=8, preemption_mode="swap")
-    overlapped = run(loaded, True, GREEDY, num_kv_blocks=16, block_size=8, preemption_mode="swap")
+    plain = run(
+        loaded,
+        False,
+        GREEDY,
+        num_kv_blocks=16,
+        block_size=8,
+        preemption_mode="swap",
+        step_cost_context=0.0,
+        step_cost_sequence=0.0,
+    )
+    overlapped = run(
+        loaded,
+        True,
+        GREEDY,
+        num_kv_blocks=16,
+        block_size=8,
+        preemption_mode="swap",
+        step_cost_context=0.0,
+        step_cost_sequence=0.0,
+    )
     assert plain.preemptions > 0 and overlapped.preemptions > 0
     assert_same(plain, overlapped)
 

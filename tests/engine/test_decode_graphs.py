@@ -19,7 +19,8 @@ import engine.decode_graphs as decode_graphs
 import engine.model_runner as model_runner
 from engine import LLM, SamplingParams
 from engine.byte_tokenizer import write_byte_tokenizer
-from engine.decode_graphs import Replay, graph_batch_sizes
+from engine.decode_graphs import DecodeGraphs, DecodeInputs, Replay, graph_batch_sizes
+from engine.host_batch import HostBatch
 from engine.llm import CompletionOutput
 from engine.loader import load_model
 from engine.model_runner import kv_block_bytes
@@ -122,10 +123,15 @@ def test_prefix_cache_hits_give_the_eager_tokens(model_dir: Path) -> None:
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_async_scheduling_gives_the_eager_tokens_text_and_charges(mode: str) -> None:
     loaded = load_model(None, dtype="auto", device="cpu")
-    graphed = run_async(loaded, True, GREEDY, num_kv_blocks=16, block_size=8, preemption_mode=mode)
-    eager = run_async(
-        loaded, True, GREEDY, num_kv_blocks=16, block_size=8, preemption_mode=mode, enforce_eager=True
-    )
+    # The step's budget in new tokens only (engine/step_cost.py), so 16 blocks fill and preempt.
+    tight: dict[str, object] = {
+        "num_kv_blocks": 16,
+        "block_size": 8,
+        "step_cost_context": 0.0,
+        "step_cost_sequence": 0.0,
+    }
+    graphed = run_async(loaded, True, GREEDY, None, preemption_mode=mode, **tight)
+    eager = run_async(loaded, True, GREEDY, None, preemption_mode=mode, enforce_eager=True, **tight)
     assert graphed.overlapped > 0 and graphed.preemptions > 0
     assert_same(eager, graphed)
 
@@ -202,3 +208,39 @@ def test_graph_memory_comes_out_of_the_kv_budget() -> None:
     assert graphs is not None and graphs.memory_bytes > per_block
     taken = eager.pool.num_blocks - graphed.pool.num_blocks
     assert abs(taken - graphs.memory_bytes / per_block) <= 1
+
+
+def _row_batch(ids: list[int], sample_rows: list[int]) -> HostBatch:
+    """A decode-shaped batch (one token a row) whose rows sample `sample_rows` (a forked choice repeats its
+    leader's row; a row still in its prefill samples nothing)."""
+    rows = len(ids)
+    return HostBatch(
+        ids=torch.tensor(ids),
+        positions=torch.zeros(rows, dtype=torch.int64),
+        slots=torch.full((rows,), -1, dtype=torch.int64),
+        table=torch.zeros((rows, 1), dtype=torch.int32),
+        starts=torch.arange(rows + 1, dtype=torch.int32),
+        seq_lens=torch.ones(rows, dtype=torch.int32),
+        max_query_len=1,
+        sample_rows=sample_rows,
+        sampling=[],
+        placeholders=False,
+    )
+
+
+@pytest.mark.parametrize("sample_rows", [[1, 1], [0, 2, 2], [2, 0, 1], [1, 1, 2]])
+def test_forked_rows_read_their_leaders_logits(sample_rows: list[int]) -> None:
+    """As many sample rows as rows is not every row in order: a row still in its prefill samples nothing
+    while a forked choice (model_runner.py, `out.forked`) repeats its leader's row."""
+
+    def forward(ids: torch.Tensor, positions: torch.Tensor, kv: Any, meta: Any) -> torch.Tensor:
+        return ids.float().unsqueeze(1).repeat(1, 3)  # a row's logits name its token
+
+    rows = max(len(sample_rows), max(sample_rows) + 1)
+    ids = [10 * (r + 1) for r in range(rows)]
+    inputs = DecodeInputs(4, 1, 3, windowed=False, device=torch.device("cpu"))
+    graphs = DecodeGraphs(forward, [], inputs, [1, 2, 4], max_seq_len=64, backend="torch")
+    graphs.capture(decode_graphs.capture_eager)
+    batch = _row_batch(ids, sample_rows)
+    logits = graphs.run(batch, batch.ids)
+    assert logits[:, 0].tolist() == [float(ids[r]) for r in sample_rows]

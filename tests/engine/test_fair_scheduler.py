@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +18,7 @@ from engine.request import FinishReason, Request, RequestMeta, RequestState, Sam
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sim.scenarios import TwoTenantSetup
 from engine.sim.simulator import SimConfig, SimRequest, Simulator
+from engine.step_cost import StepCost
 from fairness import FairnessConfig
 from tests.defaults import scheduler_config
 
@@ -275,10 +277,29 @@ def test_a_running_prompt_goes_before_its_own_tenants_queue_so_a_flood_does_not_
         meta = RequestMeta(tenant_id="B", arrival_time=0.0)
         scheduler.add(Request(f"b{i}", [1] * 2047, SamplingParams(max_tokens=1, ignore_eos=True), meta))
     most = 0
-    for step in range(40):
+    for step in range(80):  # 8 × 2,047 tokens at the default 256-token budget: 64 steps
         out = scheduler.schedule(float(step))
         prompts = [c for c in out.chunks if not c.samples or c.start < c.request.num_prompt_tokens]
         most = max(most, len(prompts))
         scheduler.update(out, {c.request.request_id: 5 for c in out.chunks}, set(), now=float(step))
     assert most == 2  # one prompt's last chunk and the next one's first, never more
     assert not scheduler.has_unfinished()
+
+
+def test_the_lift_allowance_keeps_its_meaning_when_the_step_cost_charges_a_sequence_constant() -> None:
+    """The allowance is "one 512-token answer" in plain tokens' service; with the sequence's constant on
+    every sampled token (12 new tokens on CPU) an answer token costs (w_out + 12·w_in) / w_out = 7 times
+    as much, so a returning key may trail the backlogged minimum by 7 × 1024 / its weight, not 1024."""
+
+    def item(tenant: str, weight: float) -> Request:
+        meta = RequestMeta(tenant_id=tenant, weight=weight, arrival_time=0.0)
+        return Request(f"{tenant}-1", [1] * 4, SamplingParams(max_tokens=4, ignore_eos=True), meta)
+
+    for step_cost, trail in ((StepCost(sequence=12.0), 7 * 1024 / 4), (None, 1024 / 4)):
+        policy = build_policy(FairnessConfig(lift_allowance=1024.0), step_cost=step_cost)
+        busy, back = item("busy", 1.0), item("back", 4.0)
+        policy.add(busy, 0.0)
+        policy.charge(busy, 20_000, 0, 0)  # the backlogged key is far ahead
+        policy.add(back, 0.0)  # the returning key is lifted to the minimum less the allowance
+        counters = policy.counters()
+        assert counters["busy"] - counters["back"] == pytest.approx(trail)

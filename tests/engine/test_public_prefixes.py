@@ -1,10 +1,10 @@
 """Public prefixes at the scheduler: blocks wholly inside a registered prefix are shared by every tenant,
-every block after it stays keyed by tenant, cache group and salt; and the gateway-side match."""
+every block after it stays keyed by tenant, cache group and salt (the gateway's match:
+tests/gateway/test_public_prefixes.py)."""
 
 from __future__ import annotations
 
 from engine.kv_cache import BlockPool
-from engine.public_prefixes import PublicPrefix, PublicPrefixIndex
 from engine.request import Request, RequestMeta, SamplingParams
 from engine.scheduler import Scheduler
 from tests.defaults import fcfs, scheduler_config
@@ -59,13 +59,3 @@ def test_a_private_suffix_is_not_reachable_through_the_public_chain() -> None:
     _serve(s, "a", "alice", secret, len(SYSTEM))
     bob = _serve(s, "b", "bob", secret, len(SYSTEM))
     assert bob.num_cached_tokens == bob.num_public_cached_tokens == 12
-
-
-def test_index_matches_the_whole_prefix_less_a_boundary_token() -> None:
-    index = PublicPrefixIndex([PublicPrefix("m", "sys", tuple(SYSTEM)), PublicPrefix("m", "x", (1, 2, 3))])
-    assert index.match("m", SYSTEM + [1, 2]) == len(SYSTEM)
-    assert index.match("m", SYSTEM[:-1] + [999, 5]) == len(SYSTEM) - 1  # the last token merged away
-    assert index.match("m", SYSTEM[:8] + [999] * 10) == 0  # a partial prefix is no match: no probing
-    assert index.match("other-model", SYSTEM + [1]) == 0
-    assert index.match("m", [1, 2, 3, 4]) == 3
-    assert index.match("m", []) == 0

@@ -253,8 +253,13 @@ def test_rows_without_logprobs_report_none() -> None:
 def test_on_cuda_one_step_synchronises_once() -> None:
     """Every kind of row on the GPU: the host waits for the device once, at the copy of the results."""
     device = torch.device("cuda")
-    logits = torch.randn(6, 1000, device=device)
+    logits = torch.randn(8, 1000, device=device)
+    penalties = SamplingParams(
+        temperature=0.7, presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2
+    )
     requests = [
+        Request("penalized", [1, 2, 2, 7], penalties, RequestMeta()),
+        Request("min_p", [1], SamplingParams(temperature=0.9, min_p=0.1), RequestMeta()),
         _request("greedy", temperature=0.0),
         _request("sampled", temperature=0.8, top_k=50, top_p=0.9),
         _mixed_request("seeded", 3),
@@ -272,4 +277,4 @@ def test_on_cuda_one_step_synchronises_once() -> None:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert len([w for w in caught if "synchroniz" in str(w.message)]) == 1
-    assert len(tokens) == 6 and sampler.last_sampled is not None and sampler.last_sampled.is_cuda
+    assert len(tokens) == 8 and sampler.last_sampled is not None and sampler.last_sampled.is_cuda

@@ -123,6 +123,10 @@ def test_window_pool_matches_hf_under_chunks_and_preemption(gemma: Reference, mo
         max_num_seqs=12,
         max_num_batched_tokens=24,
         preemption_mode=mode,
+        # The step's budget in new tokens only (engine/step_cost.py): the device's step cost admits fewer
+        # prompts at once, and 10 blocks must fill for preemptions to happen.
+        step_cost_context=0.0,
+        step_cost_sequence=0.0,
     )
     assert llm.engine.runner.windows is not None
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in items]

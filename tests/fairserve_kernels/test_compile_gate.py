@@ -104,6 +104,54 @@ def test_a_kernel_the_compiler_refuses_fails_the_gate(tmp_path: Path) -> None:
     assert "SCALE" in report["failures"][0]["error"]
 
 
+def test_a_variant_over_the_targets_limits_fails_the_gate_with_its_figures(tmp_path: Path) -> None:
+    """A cubin that compiles but could not launch: a 64 x 512 by 512 x 256 fp16 dot stages over 320 KB of
+    shared memory, past sm_90's 227 KiB and sm_80's 163 KiB a block. A small kernel beside it passes, and
+    both kernels' registers, spills and shared memory are in the report."""
+    package = tmp_path / "gate_limits"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "triton_wide.py").write_text(
+        textwrap.dedent(
+            """
+            import torch, triton, triton.language as tl
+
+            @triton.jit
+            def _scale_kernel(x_ptr, N: tl.constexpr):
+                offs = tl.arange(0, N)
+                tl.store(x_ptr + offs, tl.load(x_ptr + offs) * 2.0)
+
+            @triton.jit
+            def _wide_dot_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr):
+                rm, rk, rn = tl.arange(0, M), tl.arange(0, K), tl.arange(0, N)
+                a = tl.load(a_ptr + rm[:, None] * K + rk[None, :])
+                b = tl.load(b_ptr + rk[:, None] * N + rn[None, :])
+                tl.store(c_ptr + rm[:, None] * N + rn[None, :], tl.dot(a, b))
+
+            def compile_gate_cases():
+                yield lambda: _scale_kernel[(1,)](torch.empty(64, device="meta"), N=64)
+                a = torch.empty(64, 512, dtype=torch.float16, device="meta")
+                b = torch.empty(512, 256, dtype=torch.float16, device="meta")
+                c = torch.empty(64, 256, device="meta")
+                yield lambda: _wide_dot_kernel[(1,)](a, b, c, M=64, K=512, N=256)
+            """
+        )
+    )
+    rc, output, report = _run_gate(tmp_path, "--module", "gate_limits.triton_wide", pythonpath=str(tmp_path))
+    assert rc == 1, output
+    failures = {f["arch"]: f for f in report["failures"]}
+    assert set(failures) == {80, 90}
+    for arch, limit in ((90, 232_448), (80, 166_912)):
+        failure = failures[arch]
+        assert "_wide_dot_kernel" in failure["variant"] and failure["shared"] > limit
+        assert f"shared memory {failure['shared']} B > {limit} B" in failure["error"]
+        assert report["limits"][f"sm_{arch}"]["shared_bytes"] == limit
+    figures = {(r["arch"], r["variant"].split("[")[0]): r for r in report["resources"]}
+    assert len(figures) == 4
+    small = figures[(90, "triton_wide._scale_kernel")]
+    assert small["shared"] == 0 and small["n_spills"] == 0 and 0 < small["n_regs"] <= 255
+
+
 def _variant(**features: str) -> Variant:
     items = tuple(features.items())
     return Variant("m.triton_x", "k", (), (), (), 4, 2, items)

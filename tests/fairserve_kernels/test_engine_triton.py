@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -12,7 +13,8 @@ import engine.decode_graphs as decode_graphs
 import engine.kernels
 import fairserve_kernels.triton_attention as triton_attention
 from engine.decode_graphs import graph_batch_sizes
-from fairserve_kernels.launch_heuristics import DEFAULT_SM_COUNT, choose_num_splits
+from engine.model_runner import ModelRunner
+from fairserve_kernels.launch_heuristics import DEFAULT_SM_COUNT, choose_num_splits, launch_config
 
 # Lengths straddle the 16-token cache block, and a batched-token budget of 24 forces chunked
 # prefill, so iterations mix decodes with prefill chunks that attend to earlier chunks.
@@ -64,30 +66,74 @@ def test_triton_backend_matches_reference_greedy_tokens(
     assert got == expected
 
 
-def test_decode_graphs_on_triton_give_the_eager_tokens(
+# A max_model_len at which batch 1 of the default model's four kv heads splits four ways (1040 // 256 = 4).
+MAX_MODEL_LEN = 1040
+CONTEXTS = [1, 129, 1000, MAX_MODEL_LEN]
+
+
+def test_decode_graphs_on_triton_split_for_the_live_context(
     device: torch.device, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A graph's attention launch is sized for max_model_len (a fixed split count), over padded rows; the
-    eager launch for the batch's own longest context: the same tokens (engine/decode_graphs.py)."""
-    graph_launches: list[tuple[int, int]] = []
-    kernel = triton_attention.paged_attention
+    """Each decode launch, replayed from a graph or eager, splits as its live longest context asks (a graph
+    per context bucket, engine/decode_graphs.py): no empty splits and no reduce at short context, up to
+    four splits at max_model_len; the graph path's tokens are the eager path's at every context."""
+    launches: list[tuple[int, int, int]] = []  # (rows, live longest context, split count) of decode launches
+    live: list[int] = []
+    kernel, choose = triton_attention.paged_attention, launch_config
 
     def recording(query: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if kwargs.get("max_seq_len") == 2048:  # the default model's max_model_len: a graph's bound
-            graph_launches.append((query.shape[0], args[4].shape[0]))
+        # seq_lens, read on CPU; on CUDA a read would sync inside the capture, and a replay runs no Python.
+        live.append(int(args[4].max()) if args[4].device.type == "cpu" else -1)
         return kernel(query, *args, **kwargs)
 
+    def config(**kwargs: Any) -> Any:
+        cfg = choose(**kwargs)
+        if kwargs["max_query_len"] == 1:
+            launches.append((kwargs["num_seqs"], live[-1], cfg.num_splits))
+        return cfg
+
+    to_device = ModelRunner._to_device
+
+    def twins_for_prefills(runner: ModelRunner, batch: Any) -> Any:
+        # Prompts of a thousand tokens take the interpreter minutes: prefills run the torch twins (whose
+        # KV layout is the same), every decode step the Triton kernels.
+        ids, positions, meta = to_device(runner, batch)
+        return ids, positions, replace(meta, backend="torch") if batch.max_query_len > 1 else meta
+
+    monkeypatch.setattr(ModelRunner, "_to_device", twins_for_prefills)
     monkeypatch.setattr(triton_attention, "paged_attention", recording)
-    # The CUDA buckets (a CPU engine runs every size unpadded): three decodes pad to the bucket of four.
+    monkeypatch.setattr(triton_attention, "launch_config", config)
     monkeypatch.setattr(decode_graphs, "batch_sizes", lambda seats, device: graph_batch_sizes(seats))
-    # Four rows of four KV heads over 2048 positions split eight ways; the contexts here span < 64.
-    assert choose_num_splits(4 * 4, 2048, DEFAULT_SM_COUNT) == 8
-    params = engine.SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-    config: dict[str, Any] = dict(
-        attention_backend="triton", device=device.type, dtype="float32", max_num_seqs=4, seed=0
+    engine.kernels.clear_cache()
+    settings: dict[str, Any] = dict(
+        attention_backend="triton",
+        device=device.type,
+        dtype="float32",
+        max_num_seqs=2,
+        max_model_len=MAX_MODEL_LEN,
+        max_num_batched_tokens=MAX_MODEL_LEN,
+        enable_prefix_caching=False,
+        seed=0,
     )
-    eager = engine.LLM(None, enforce_eager=True, **config).generate(PROMPTS[:3], params)
-    assert not graph_launches
-    graphed = engine.LLM(None, **config).generate(PROMPTS[:3], params)
-    assert (4, 4) in graph_launches  # three decodes in the graph of four rows, most splits empty
-    assert [o.token_ids for o in graphed] == [o.token_ids for o in eager]
+    graphed, eager = engine.LLM(None, **settings), engine.LLM(None, enforce_eager=True, **settings)
+    graphs = graphed.engine.runner.graphs
+    assert graphs is not None and graphs.contexts[1] == [511, 1023, MAX_MODEL_LEN]
+    params = engine.SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    for context in CONTEXTS:
+        prompt = [[(7 * i + context) % 250 for i in range(max(context - 3, 1))]]
+        launches.clear()
+        before = graphs.replayed_steps
+        got = graphed.generate(prompt, params)[0].token_ids
+        assert graphs.replayed_steps >= before + 2, "both decode steps replay a graph"
+        assert got == eager.generate(prompt, params)[0].token_ids, f"context {context}"
+        if device.type != "cpu":
+            continue  # the launches below are the replays' own only where a replay runs the forward (CPU)
+        assert launches and all(
+            splits == choose_num_splits(rows * 4, context_now, DEFAULT_SM_COUNT)
+            for rows, context_now, splits in launches
+        ), launches
+        if context <= 511:
+            assert {splits for *_, splits in launches} == {1}, "a short context runs one split, no reduce"
+    if device.type == "cpu":
+        assert max(splits for *_, splits in launches) == 4  # max_model_len's own bucket
+    engine.kernels.clear_cache()

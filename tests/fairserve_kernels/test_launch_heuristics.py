@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,6 +16,7 @@ from fairserve_kernels.launch_heuristics import (
     choose_num_splits,
     launch_config,
     next_power_of_2,
+    split_context_bounds,
 )
 
 
@@ -107,3 +110,40 @@ def test_tuning_overrides_are_checked() -> None:
 def test_next_power_of_2(n: int) -> None:
     p = next_power_of_2(n)
     assert p >= n and p & (p - 1) == 0 and p // 2 < n
+
+
+@given(
+    programs=st.integers(1, 2048),
+    max_context=st.integers(1, 40_000),
+    sm_count=st.sampled_from([1, 108, 132]),
+    context=st.integers(1, 40_000),
+)
+def test_split_bounds_give_each_context_its_own_split_count(
+    programs: int, max_context: int, sm_count: int, context: int
+) -> None:
+    """The decode graphs' context buckets: the bucket of a context has the split count that context picks."""
+    bounds = split_context_bounds(programs, max_context, sm_count)
+    assert bounds[-1][0] == max_context
+    assert [b for b, _ in bounds] == sorted({b for b, _ in bounds})
+    assert all(a[1] != b[1] for a, b in itertools.pairwise(bounds)), "neighbours with one count merge"
+    context = min(context, max_context)
+    bound, splits = next(pair for pair in bounds if pair[0] >= context)
+    assert (
+        splits
+        == choose_num_splits(programs, context, sm_count)
+        == choose_num_splits(programs, bound, sm_count)
+    )
+
+
+def test_short_contexts_share_one_unsplit_bucket() -> None:
+    # Batch 1 of 8 kv heads on 132 SMs: up to 511 tokens 1 split, then 2, 4, 8, 16, 32.
+    assert split_context_bounds(8, 32768, 132) == [
+        (511, 1),
+        (1023, 2),
+        (2047, 4),
+        (4095, 8),
+        (8191, 16),
+        (32768, 32),
+    ]
+    assert split_context_bounds(64 * 8, 2048, 132) == [(511, 1), (2048, 2)]
+    assert split_context_bounds(256 * 8, 32768, 132) == [(32768, 1)]  # the batch fills the GPU

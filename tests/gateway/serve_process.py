@@ -10,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench.banner import SECRETS, banner_entry
+
 
 class ServeProcess:
     """A `fairserve serve --port 0` subprocess; `banner` holds the printed key: value lines."""
@@ -31,6 +33,7 @@ class ServeProcess:
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
         self.banner: dict[str, str] = {}
+        self.files: dict[str, str] = {}  # secret -> the file the banner named for it
         self.output: list[str] = []
         ready = threading.Event()
 
@@ -39,7 +42,10 @@ class ServeProcess:
             for line in self.proc.stdout:
                 self.output.append(line)
                 key, sep, value = line.strip().partition(": ")
-                if sep and key in ("url", "admin", "api_key", "metrics_token", "admin_token"):
+                if sep and key.removesuffix("_file") in SECRETS and key.endswith("_file"):
+                    self.files[key.removesuffix("_file")] = value  # stdout is a pipe: files, not secrets
+                key, value = banner_entry(line) or ("", "")
+                if key in ("url", "admin", *SECRETS):
                     self.banner[key] = value
                     if key == "admin_token":
                         ready.set()

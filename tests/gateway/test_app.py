@@ -51,7 +51,12 @@ def test_missing_and_wrong_key_are_401(server: Server, client: httpx.Client) -> 
         ({"model": "M", "prompt": "hi", "temperature": -1}, "temperature", "invalid_value"),
         ({"model": "M", "prompt": "hi", "top_p": 0}, "top_p", "invalid_value"),
         ({"model": "M", "prompt": "hi", "n": 9}, "n", "invalid_value"),  # over RequestCaps.max_n
-        ({"model": "M", "prompt": "hi", "presence_penalty": 0.5}, "presence_penalty", "invalid_value"),
+        ({"model": "M", "prompt": "hi", "presence_penalty": 2.5}, "presence_penalty", "invalid_value"),
+        ({"model": "M", "prompt": "hi", "frequency_penalty": -3}, "frequency_penalty", "invalid_value"),
+        ({"model": "M", "prompt": "hi", "repetition_penalty": 0}, "repetition_penalty", "invalid_value"),
+        ({"model": "M", "prompt": "hi", "repetition_penalty": 101}, "repetition_penalty", "invalid_value"),
+        ({"model": "M", "prompt": "hi", "min_p": 1.5}, "min_p", "invalid_value"),
+        ({"model": "M", "prompt": "hi", "min_p": "0.1"}, "min_p", "invalid_value"),
         ({"model": "M", "prompt": "hi", "logprobs": 6}, "logprobs", "invalid_value"),
         ({"model": "M", "prompt": "hi", "frobnicate": True}, "frobnicate", "invalid_value"),
         ({"model": "M", "prompt": 7}, "prompt", "invalid_value"),

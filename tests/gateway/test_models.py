@@ -29,7 +29,17 @@ from tests.gateway.two_models import build_model
 # Deadlines sized from the rates the engines showed just before: run alone (scripts/test.sh).
 pytestmark = pytest.mark.serial
 
-ENGINE_ARGS = ("--num-kv-blocks", "512", "--max-num-batched-tokens", "256", "--max-num-seqs", "8")
+# Charged in new tokens only: the step cost model's work (engine/step_cost.py) scales with each model's own
+# attention-to-linear ratio, and the ledger test compares one prompt's charge on two models by --model-cost.
+ENGINE_ARGS = (
+    "--num-kv-blocks",
+    "512",
+    "--max-num-batched-tokens",
+    "256",
+    "--max-num-seqs",
+    "8",
+    "--no-step-cost-charge",
+)
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +133,9 @@ def test_fallback_serves_on_the_smaller_model_and_reject_refuses(two: Server) ->
     prompt, max_tokens = "x" * 200, 48  # 201 tokens
     timeout = _between(_needs(rates["fast"], 201, max_tokens), _needs(rates["slow"], 201, max_tokens))
     refused = _post(two, "alice", "slow", prompt, max_tokens, **{"X-Timeout-Ms": timeout})
-    assert refused.status_code == 503 and refused.json()["error"]["code"] == "deadline_infeasible"
-    assert int(refused.headers["retry-after"]) >= 1
+    # The idle slow model itself cannot meet it: waiting cannot help, so no Retry-After (docs/gateway.md).
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "deadline_unmeetable"
+    assert "retry-after" not in refused.headers and refused.headers["x-should-retry"] == "false"
     served = _post(
         two, "alice", "slow", prompt, max_tokens, **{"X-Timeout-Ms": timeout, "X-On-Infeasible": "fallback"}
     )
@@ -222,12 +233,13 @@ def test_a_truncated_chat_keeps_its_system_message_and_latest_turns(two: Server)
     assert lengths[0] - dropped == lengths[keep], context
 
 
-def test_nothing_feasible_is_rejects_503_whatever_the_policy(two: Server) -> None:
+def test_nothing_feasible_is_refused_without_retry_whatever_the_policy(two: Server) -> None:
     for policy in ("fallback", "partial", "truncate"):
-        # 1 ms cannot hold even the first token of anything.
+        # 1 ms cannot hold even the first token of anything, even on an idle engine: no Retry-After.
         resp = _post(two, "alice", "slow", "v" * 50, 8, **{"X-Timeout-Ms": "1", "X-On-Infeasible": policy})
-        assert resp.status_code in (503, 408), resp.text
-        assert resp.json()["error"]["code"] in ("deadline_infeasible", "deadline_passed")
+        assert resp.status_code in (400, 408), resp.text
+        assert resp.json()["error"]["code"] in ("deadline_unmeetable", "deadline_passed")
+        assert "retry-after" not in resp.headers
 
 
 def test_a_bad_policy_header_is_400_naming_it(two: Server) -> None:
@@ -246,12 +258,13 @@ def test_a_tenants_default_policy_reaches_only_its_own_requests(two: Server) -> 
     bob = _post(two, "bob", "slow", "u" * 200, 48, **{"X-Timeout-Ms": timeout})
     alice = _post(two, "alice", "slow", "u" * 200, 48, **{"X-Timeout-Ms": timeout})
     assert bob.status_code == 200 and bob.headers["x-degraded"] == "fallback; model=fast"
-    assert alice.status_code == 503  # the server's default, reject: bob's default is bob's alone
+    # The server's default, reject (400: the idle slow model cannot meet it): bob's default is bob's alone.
+    assert alice.status_code == 400 and alice.json()["error"]["code"] == "deadline_unmeetable"
     # bob's own header still wins over bob's default.
     strict = _post(
         two, "bob", "slow", "u" * 200, 48, **{"X-Timeout-Ms": timeout, "X-On-Infeasible": "reject"}
     )
-    assert strict.status_code == 503
+    assert strict.status_code == 400
 
 
 def test_the_ledger_charges_by_model_and_the_usage_api_and_metrics_show_degradations(two: Server) -> None:

@@ -30,6 +30,7 @@ PACKAGES = (
     "billing",
     "engine",
     "routing",
+    "upstream",
     "gateway",
     "cluster",
 )
@@ -60,6 +61,11 @@ NAMESAKES: dict[tuple[str, str], str] = {
     ("engine.sim.scenarios.scale_workload", "*"): "a simulated scenario's own values (docs/sim.md)",
     ("engine.sim.spec.SimConfig", "*"): "a simulated engine (`fairserve sim` flags), not a served one",
     ("engine.sim.cluster.ClusterConfig", "*"): "a simulated cluster (`fairserve sim --engines`)",
+    (
+        "engine.sim.upstream.UpstreamSimConfig",
+        "*",
+    ): "a simulated upstream (`fairserve sim --scenario upstream`)",
+    ("engine.disagg.HandoffLoop", "kind"): "the exception name a failed handoff reports, not --upstream-kind",
     ("gateway.settings_flags.knobs", "model"): "the tree class walked, not the model knob",
     ("gateway.settings_flags.add_knob_flags", "model"): "the tree class walked, not the model knob",
 }

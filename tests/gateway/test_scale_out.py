@@ -10,8 +10,9 @@ seats, so (with the routers spreading each gateway's requests by load) both tena
 on both engines; the test checks that at the end of the window (every engine has waiting requests and
 both gateways have requests live on both engines). The window opens once both tenants have WARM_UP
 answers (the counters of both engines have met through Redis) and closes when the lighter tenant has
-WINDOW more. A:B is the ratio of the ledger's `charged_service` (the unweighted cost the VTC charged,
-w_in·prompt computed + w_out·output, cached prompt tokens free) summed over the requests each client saw
+WINDOW more. A:B is the ratio of the ledger's `charged_service` (the unweighted cost the VTC charged:
+w_in·prompt computed + w_out·output, cached prompt tokens free, plus the step cost's attention and
+per-sequence terms, engine/step_cost.py) summed over the requests each client saw
 finish inside the window: that is the quantity VTC divides by the weight and equalises, so weights 4:1
 must give 4:1 of it. The requests are short (MAX_TOKENS) so the whole-request granularity at the window's
 edges is a few percent at most.
@@ -314,7 +315,12 @@ LONG_PREFIX = (
 def test_weights_4_to_1_hold_across_two_gateways_with_skewed_ingress(cluster: Cluster) -> None:
     """Dynamo's failure (fairness state per router: 4:1 came out 1:1) cannot happen here: the fairness state is
     in the engines, and both routers spread their tenant over both engines. This also holds without the shared
-    counters (measured 3.98 with engines lacking `--redis`); test 2 is the one that needs them."""
+    counters (measured 3.98 with engines lacking `--redis`); test 2 is the one that needs them.
+
+    CI once read 3.59 here: routing by load alone, the two gateways could settle with A's requests mostly on
+    one engine and B's on the other (the window's end check saw A with 1 in flight on one engine, 14 on the
+    other), and an engine without a competitor serves its tenant whole. The router's tenant spread term
+    (routing/score.py) keeps each tenant on both engines."""
     (key_a, _), (key_b, _) = cluster.tenant(4.0), cluster.tenant(1.0)
     g1, g2 = cluster.gateways
     a = ClosedLoop(g1.url, key_a, cluster.model, short_prompt)

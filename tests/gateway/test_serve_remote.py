@@ -156,3 +156,23 @@ def test_serve_reaches_a_keyed_engine_only_with_its_cluster_key(tmp_path: Path) 
         if serve is not None:
             serve.stop()
         engine.stop()
+
+
+def test_a_graceful_engine_stop_is_logged_at_info_by_its_gateway(tmp_path: Path) -> None:
+    """An engine stopped by SIGTERM says so (WorkerExiting): an operator's stop, not an error (issue 56)."""
+    engine = EngineProcess(tmp_path / "engine", *ENGINE_ARGS)
+    serve: ServeProcess | None = None
+    try:
+        serve = ServeProcess(tmp_path / "gateway", "--engine", engine.address, "--engine-lost-timeout", "600")
+        engine.terminate()
+        assert engine.wait(60) == 0
+        said = f"the engine at {engine.address} shut down: failing the 0 requests in flight"
+        line = wait_for(
+            lambda: next((x for x in list(serve.output) if said in x), None), 30, "the stop logged"
+        )
+        assert " INFO " in line, line
+        assert not [x for x in serve.output if " ERROR " in x], serve.output
+    finally:
+        if serve is not None:
+            serve.stop()
+        engine.stop()

@@ -11,6 +11,7 @@ import torch
 from pydantic import ValidationError
 
 from engine import EngineConfig
+from engine.config import CUDA_MAX_NUM_BATCHED_TOKENS, budget_by_device
 from fairness import POLICIES, FCFSPolicy, PolicyEntry
 from gateway.cli import build_parser, main
 from gateway.cli.engine import _ALIASES
@@ -36,6 +37,9 @@ def test_serve_help_lists_every_knob_of_the_tree() -> None:
     leaves = list(knobs())
     assert len(leaves) >= 40  # gateway, admission, engine and fairness knobs
     for knob in leaves:
+        if knob.path == ("engine", "model"):  # `--model DIR` once is the engine's model: one name shown
+            assert "--engine-model" not in text and "--model DIR" in text
+            continue
         assert knob.flags[0] in text, knob.path
         assert knob.env in text, knob.path
     for flag in (
@@ -73,7 +77,7 @@ def test_flag_over_env_over_file_over_default(
     assert rows["engine.block_size"] == ("32", f"file {config}")
     assert rows["engine.fairness.policy"] == ("fcfs", f"file {config}")
     assert rows["max_queued_requests"] == ("7", f"file {config}")
-    assert rows["engine.max_num_batched_tokens"] == ("512", "default")
+    assert rows["engine.max_num_batched_tokens"] == ("256", "default")
     settings = GatewaySettings.load({"port": 9300}, config)
     assert (settings.port, settings.engine.max_num_seqs, settings.engine.block_size) == (9300, 5, 32)
     assert settings.admission_settings().fair_policy is False  # fcfs, from the registry entry
@@ -149,3 +153,13 @@ def test_a_registered_policy_reaches_the_cli_and_admission(monkeypatch: pytest.M
     assert settings.admission_settings().fair_policy is True
     monkeypatch.setitem(POLICIES, "lottery", PolicyEntry("lottery", FCFSPolicy, False, "test"))
     assert settings.admission_settings().fair_policy is False
+
+
+def test_the_step_budget_defaults_by_device_kind_and_a_given_one_stands() -> None:
+    assert EngineConfig().max_num_batched_tokens == 256  # cpu
+    assert EngineConfig(max_num_batched_tokens=1000).max_num_batched_tokens == 1000
+    # CUDA cannot be validated on a machine without it: the device rule itself, on the raw input.
+    cuda = budget_by_device({"device": "cuda:1"})
+    assert cuda["max_num_batched_tokens"] == CUDA_MAX_NUM_BATCHED_TOKENS == 512
+    given = {"device": "cuda", "max_num_batched_tokens": 2048}
+    assert budget_by_device(given)["max_num_batched_tokens"] == 2048

@@ -30,7 +30,8 @@ from tests.gateway.serve_process import ServeProcess
 from tests.gateway.test_scale_out import ClosedLoop, ledger_service, short_prompt
 
 REDIS_URL = "redis://127.0.0.1:6379/13"  # a db of its own: the idempotency and quota keys of this module
-WINDOW = 150  # answers of the lighter tenant inside the fairness window
+MAX_SEQS = 8  # issue 54 point 7: the engine's seats when 3:1 read 2.16 over 20 s
+WINDOW_S = 45.0  # the fairness window, opened as the tenants' first requests go out
 SEEN_PIDS: set[int] = set()  # every worker pid /healthz named: none may outlive the supervisor
 CONNECT_TRIES = 64  # new connections tried before giving up on reaching the other worker
 
@@ -99,7 +100,7 @@ def auth(key: str, **extra: str) -> dict[str, str]:
 def workers(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> Iterator[Workers]:  # noqa: F811
     require("127.0.0.1", 6379, "Redis")
     tmp = tmp_path_factory.mktemp("workers")
-    engine = EngineProcess(tmp / "engine", "--num-kv-blocks", "512", "--max-num-seqs", "4")
+    engine = EngineProcess(tmp / "engine", "--num-kv-blocks", "512", "--max-num-seqs", str(MAX_SEQS))
     try:
         serve = ServeProcess(
             tmp / "gateway",
@@ -129,14 +130,17 @@ def workers(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> Iterator[W
 
 
 def test_weights_3_to_1_hold_through_two_workers(workers: Workers) -> None:
-    """Charged service from the ledger over a window in which both tenants were queued (test_scale_out.py)."""
+    """Charged service from the ledger (test_scale_out.py) over the first WINDOW_S seconds, the start-up
+    transient included: issue 54 point 7 read 2.16 over 20 s and 2.63 over 45 s at 8 seats. Both tenants
+    keep 16 requests live (test_scale_out.CLIENTS), 2x the engine's seats, so each is backlogged throughout (a tenant with
+    fewer requests live than its share of seats is demand-limited, and then VTC rightly gives its idle
+    seats away: docs/fairness.md)."""
     (key_a, _, _), (key_b, _, _) = workers.tenant(3.0), workers.tenant(1.0)
+    t0 = time.monotonic()
     a = ClosedLoop(workers.serve.url, key_a, workers.model, short_prompt)
     b = ClosedLoop(workers.serve.url, key_b, workers.model, short_prompt)
     try:
-        wait_for(lambda: a.count() >= 20 and b.count() >= 20, 120, "both tenants warmed up")
-        t0 = time.monotonic()
-        wait_for(lambda: min(a.count(t0), b.count(t0)) >= WINDOW, 240, "the window's answers")
+        wait_for(lambda: time.monotonic() - t0 >= WINDOW_S, WINDOW_S + 60, "the window's end")
         t1 = time.monotonic()
     finally:
         a.finish()
@@ -144,7 +148,8 @@ def test_weights_3_to_1_hold_through_two_workers(workers: Workers) -> None:
     service_a = ledger_service(workers.db_url, a.between(t0, t1))
     service_b = ledger_service(workers.db_url, b.between(t0, t1))
     ratio = service_a / service_b
-    print(f"\n  two workers, weights 3:1: A:B = {ratio:.3f}")
+    print(f"\n  two workers, {MAX_SEQS} seats, weights 3:1 over the first {t1 - t0:.0f} s: A:B = {ratio:.3f}")
+    assert len(b.between(t0, t1)) >= 50, "too few answers for a ratio"
     assert abs(ratio / 3.0 - 1) <= 0.10, f"A:B = {ratio:.3f}, want 3 within 10%"
 
 

@@ -224,6 +224,31 @@ def test_abort_live_request_and_task_cancel_reach_the_serving_engine(engines: di
     asyncio.run(asyncio.wait_for(scenario(), 60))
 
 
+def test_generate_yields_to_the_end_and_closing_it_early_cancels_on_the_serving_engine(
+    engines: dict[str, AsyncEngine],
+) -> None:
+    """The router's `generate` is the fronts' own over the router's `submit`: routed, read to the finished
+    output, and a consumer that leaves early cancels the request where it runs (not after its last token)."""
+    router = EngineRouter(engines)
+
+    async def scenario() -> None:
+        outs = [out async for out in router.generate([1, 2, 3], greedy(3), RequestMeta(tenant_id="g"), "g1")]
+        assert outs[-1].finished and len(outs[-1].token_ids) == 3
+        assert router.engine_of("g1") is None
+        long = greedy(router.max_model_len - 3)  # far more steps than the engine runs before the abort lands
+        gen = router.generate([1, 2, 3], long, RequestMeta(tenant_id="g"), "g2")
+        assert not (await anext(gen)).finished
+        key = router.engine_of("g2")
+        assert key is not None
+        before = engines[key].stats().iterations
+        await gen.aclose()
+        assert router.engine_of("g2") is None and router.live_request("g2") is None
+        await until(lambda: engines[key].stats().running == 0, what="the engine to drop g2")
+        assert engines[key].stats().iterations - before < long.max_tokens
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
 def test_removing_an_engine_lets_its_requests_finish_and_shutting_it_fails_them_cleanly(
     engines: dict[str, AsyncEngine],
 ) -> None:

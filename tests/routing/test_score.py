@@ -20,6 +20,7 @@ def engine(
     healthy: bool = True,
     waiting_tokens: int = 0,
     in_flight: int = 0,
+    tenant_in_flight: int = 0,
 ) -> Candidate:
     return Candidate(
         healthy=healthy,
@@ -32,6 +33,7 @@ def engine(
         kv_capacity_tokens=KV * 16,
         affinity=affinity,
         in_flight=in_flight,
+        tenant_in_flight=tenant_in_flight,
     )
 
 
@@ -84,6 +86,16 @@ def test_ties_go_to_the_engine_with_fewer_of_our_requests() -> None:
         2,
         0,
     ]
+
+
+def test_a_tenant_spreads_to_the_engine_the_other_gateways_tenant_fills() -> None:
+    """Two gateways, one tenant each: B's requests on engine 0 are load to A's router, A's own on engine 1
+    are too. By load alone A's next request goes where B is lightest; the spread term sends it where A is
+    scarce, so each tenant stays on both engines and per-engine fairness is global fairness."""
+    by_b = engine(waiting=6, running=SEATS, tenant_in_flight=0)  # engine 0: B's requests (other gateway)
+    by_a = engine(waiting=5, running=SEATS, tenant_in_flight=13)  # engine 1: A's own requests
+    assert choose([by_b, by_a], RoutingSettings(tenant_spread_weight=0)) == 1
+    assert choose([by_b, by_a], RoutingSettings()) == 0
 
 
 candidates = st.builds(

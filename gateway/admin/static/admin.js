@@ -76,7 +76,8 @@ function tenantRow(t) {
   const status = el("td", { class: "c-status" }, t.disabled ? "disabled" : "active");
   const row = el("tr", { dataset: { id: t.id, name: t.name }, class: t.disabled ? "disabled" : "" },
     el("td", { class: "c-name", title: `tenant id ${t.id}` }, el("strong", {}, t.name),
-      el("div", { class: "muted small" }, t.id.slice(0, 8))),
+      el("div", { class: "muted small" }, t.id.slice(0, 8)),
+      el("div", { class: "muted small c-backlog" })), // filled by live.js: its backlogged share of the window
     el("td", {}, el("input", { name: "weight", type: "number", step: "any", min: "0", value: String(t.weight) })),
     el("td", {}, classSelect),
     ...COUNT_FIELDS.map((f) => el("td", {}, countInput(f, t[f]))),

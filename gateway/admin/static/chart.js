@@ -1,5 +1,8 @@
 // The fairness picture: each tenant's share of charged service (solid) next to its weight share (dashed),
-// drawn as inline SVG. The container's data-* attributes expose what is drawn, for tests and scripts.
+// drawn as inline SVG. A share under the weight share is unfair only while the tenant had work queued: each
+// series says how much of the window it did ("backlogged"), and one under the server's threshold is marked
+// "demand-limited" (its line dotted). Weight changes are vertical marks. Every series drawn is in the legend.
+// The container's data-* attributes expose what is drawn, for tests and scripts.
 
 import { PALETTE, clock, el, identities, pct } from "./util.js";
 
@@ -25,11 +28,24 @@ export class ShareChart {
     this.span = 300;
     this.updates = 0;
     this.coverage = null; // the server's samples: { samples, sampled_since, sampled_until }
+    this.limitedBelow = 0.5; // the server's demand-limited threshold (share.demand_limited_below)
+  }
+
+  // A key's share of the window with work queued, as of the newest point that has one; undefined if none.
+  backlog(view, key) {
+    const p = [...view].reverse().find((q) => q.backlogged && q.backlogged[key] !== undefined);
+    return p ? p.backlogged[key] : undefined;
+  }
+
+  limited(view, key) {
+    const b = this.backlog(view, key);
+    return b !== undefined && b < this.limitedBelow;
   }
 
   // What the server's history holds (each snapshot says): the chart says "no service" only over samples.
   cover(share) {
     this.coverage = { samples: share.samples, since: share.sampled_since, until: share.sampled_until };
+    if (share.demand_limited_below !== undefined) this.limitedBelow = share.demand_limited_below;
   }
 
   // Why nothing is drawn: the samples covering [start, end] show no service, or there are none (yet).
@@ -101,7 +117,8 @@ export class ShareChart {
     const latest = view[view.length - 1];
     for (const key of keys) {
       const color = this.color(key);
-      const series = svg("g", { "data-tenant": key });
+      const limited = this.limited(view, key);
+      const series = svg("g", { "data-tenant": key, "data-demand-limited": String(limited) });
       series.append(svg("title"));
       series.firstChild.textContent = this.tooltip(key, latest);
       for (const [field, cls] of [["weight_share", "weight-line"], ["share", "share-line"]]) {
@@ -113,12 +130,32 @@ export class ShareChart {
           d += `${prev === null || p.t - prev > GAP_S ? "M" : "L"}${x(p.t).toFixed(1)},${y(v).toFixed(1)}`;
           prev = p.t;
         }
-        if (d) series.append(svg("path", { d, stroke: color, class: cls }));
+        if (d) series.append(svg("path", { d, stroke: color, class: limited && field === "share" ? `${cls} limited` : cls }));
       }
       // Mark the newest share so a series that has only just started is visible too.
       const last = [...view].reverse().find((p) => p.share[key] !== undefined);
       if (last) series.append(svg("circle", { cx: x(last.t), cy: y(last.share[key]), r: 4, fill: color }));
+      if (last && limited) {
+        const note = svg("text", { x: Math.min(x(last.t), W - M.right) - 8, y: y(last.share[key]) - 8, "text-anchor": "end", class: "limited-note", fill: color });
+        note.textContent = `${this.label(key)}: demand-limited`;
+        series.append(note);
+      }
       root.append(series);
+    }
+    let changes = 0;
+    for (const p of view) {
+      for (const [key, [before, after]] of Object.entries(p.weight_changes || {})) {
+        const mark = svg("g", { "data-weight-change": key, class: "weight-change" });
+        mark.append(svg("line", { x1: x(p.t), x2: x(p.t), y1: M.top, y2: H - M.bottom, stroke: this.color(key) }));
+        const right = x(p.t) > W * 0.6; // a mark near "now" labels to its left, so the label stays in view
+        const t = svg("text", { x: x(p.t) + (right ? -4 : 4), y: M.top + 12 + 14 * (changes % 3), "text-anchor": right ? "end" : "start", class: "axis" });
+        t.textContent = `${this.label(key)} weight ${before} → ${after}`;
+        const hover = svg("title");
+        hover.textContent = `${this.label(key)}: weight ${before} → ${after} at ${clock(p.t)}`;
+        mark.append(hover, t);
+        root.append(mark);
+        changes += 1;
+      }
     }
     if (!view.length) {
       const t = svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "empty" });
@@ -126,7 +163,19 @@ export class ShareChart {
       root.append(t);
     }
     this.container.replaceChildren(root);
+    this.container.dataset.weightChanges = String(changes);
     this.describe(view, keys);
+  }
+
+  // One legend entry per series drawn (not only those served in the newest window): share, weight share,
+  // and how much of the window it had work queued, "demand-limited" below the threshold.
+  legendText(view, key) {
+    const p = [...view].reverse().find((q) => q.share[key] !== undefined);
+    const b = this.backlog(view, key);
+    const parts = [p ? `${pct(p.share[key])} of service · weight share ${pct(p.weight_share[key])}` : "no service in the last window"];
+    if (b !== undefined) parts.push(`backlogged ${pct(b)} of the time`);
+    if (this.limited(view, key)) parts.push("demand-limited");
+    return `${this.label(key)}: ${parts.join(" · ")}`;
   }
 
   describe(view, keys) {
@@ -144,11 +193,13 @@ export class ShareChart {
     ds.latest = JSON.stringify(shares);
     ds.latestWeight = JSON.stringify(weights);
     ds.latestT = latest ? String(latest.t) : "";
+    ds.backlogged = JSON.stringify(Object.fromEntries(keys.filter((k) => this.backlog(view, k) !== undefined)
+      .map((k) => [this.label(k), Number(this.backlog(view, k).toFixed(4))])));
+    ds.demandLimited = JSON.stringify(keys.filter((k) => this.limited(view, k)).map((k) => this.label(k)));
     ds.empty = view.length ? "" : this.emptyText(Date.now() / 1000 - this.span);
-    const items = latest
-      ? Object.keys(latest.share).map((k) => el("span", { class: "legend-item", title: identities.describe(k).id },
-        el("span", { class: "swatch", dataset: { color: this.color(k) } }),
-        `${this.label(k)}: ${pct(latest.share[k])} of service · weight share ${pct(latest.weight_share[k])}`))
+    const items = keys.length
+      ? keys.map((k) => el("span", { class: this.limited(view, k) ? "legend-item demand-limited" : "legend-item", title: identities.describe(k).id, dataset: { key: k } },
+        el("span", { class: "swatch", dataset: { color: this.color(k) } }), this.legendText(view, k)))
       : [el("span", { class: "muted" }, "idle")];
     if (latest) items.push(el("span", { class: "muted" }, `as of ${clock(latest.t)}`));
     this.legend.replaceChildren(...items);

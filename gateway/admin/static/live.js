@@ -116,6 +116,16 @@ export class LiveView {
       row.querySelector(".c-waiting").textContent = num(t.waiting);
       row.querySelector(".c-running").textContent = num(t.running);
       row.querySelector(".c-service").textContent = num(t.service);
+      // Whether its share can be read as the scheduler's: the share of the window it had work queued.
+      // One short line for every row (at 800 px the table has no pixel to spare, and below it rows wrap as a
+      // whole, each field in the same place); demand-limited shows as its style and its hover.
+      const backlog = row.querySelector(".c-backlog");
+      const known = t.backlogged !== null && t.backlogged !== undefined;
+      backlog.textContent = known ? `backlog ${Math.round(100 * t.backlogged)}%` : "";
+      backlog.title = known ? `work queued ${Math.round(100 * t.backlogged)}% of the last 30 s${t.demand_limited
+        ? ": demand-limited, its share is what it asked for" : ": backlogged, its share is the scheduler's"}` : "";
+      backlog.classList.toggle("demand-limited", Boolean(t.demand_limited));
+      row.dataset.demandLimited = String(Boolean(t.demand_limited));
     }
   }
 

@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from engine import LLM, FinishReason, RequestMeta, SamplingParams
-from engine.grammar.closing import IN_STRING, OUTSIDE, Closers, closing_budget
+from engine.grammar.closing import IN_STRING, OUTSIDE, Closers, closing_budget, is_closing
 from engine.request import Grammar, Request
 from engine.tokenizer import Tokenizer
 
@@ -85,6 +85,20 @@ def test_the_closing_stretch_is_a_quarter_of_the_budget_or_enough_for_a_small_on
     assert closing_budget(2000) == 500
     assert closing_budget(120) == 64
     assert closing_budget(40) == 30
+
+
+@pytest.mark.parametrize("reserve", [0, 14])
+def test_the_stretch_starts_earlier_by_what_the_grammar_forces_after_the_json(reserve: int) -> None:
+    # A tool call's `}\n</tool_call>` and end of sequence (gateway/openai/tools.py) must fit after the JSON.
+    grammar = Grammar("lark", "start: x", "tools", closing_reserve=reserve)
+    request = Request(
+        "r", [1, 2], SamplingParams(max_tokens=400, grammar=grammar), RequestMeta(tenant_id="t")
+    )
+    start = 400 - closing_budget(400) - reserve  # output tokens before the stretch
+    request.output_token_ids.extend([3] * (start - 1))
+    assert not is_closing(request, 4096)
+    request.output_token_ids.append(3)
+    assert is_closing(request, 4096)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -28,9 +28,12 @@ class GatedBackend(Backend):
         super().__init__(inner._tokenizer_json, inner.vocab_size, inner.eos_token_ids, inner.config)
         self.gate = threading.Event()
         self.started: list[str] = []
+        self.two_started = threading.Event()
 
     def compile(self, grammar: Grammar):  # type: ignore[no-untyped-def]
         self.started.append(grammar.source)
+        if len(self.started) >= 2:
+            self.two_started.set()
         self.gate.wait(60)
         return super().compile(grammar)
 
@@ -92,6 +95,7 @@ def test_compiles_are_bounded_per_tenant_and_taken_in_turn(loaded: LoadedModel) 
         engine.add_request(f"a{n}", "hi", _params(_schema(n)), RequestMeta(tenant_id="a"))
     engine.add_request("b0", "hi", _params(_schema(10)), RequestMeta(tenant_id="b"))
     # Tenant a has one compile running; b's starts beside it although a queued two more before it.
+    assert gated.two_started.wait(60)  # (the compile threads append as they begin)
     assert sorted(json.loads(s)["required"][0] for s in gated.started) == ["k0", "k10"]
     gated.gate.set()
     done = _finish(engine)

@@ -60,6 +60,7 @@ def test_n_choices_under_an_adapter_each_equal_the_single_request_and_are_charge
         lora={"a": str(adapted.adapters["a"])},
         block_size=4,
         enable_prefix_caching=False,
+        step_cost_charge=False,  # the token formula alone: the step's work is tests/engine/test_step_cost.py's
     )
     engine, meta = llm.engine, RequestMeta(lora="a")
     prompt = list(range(50, 71))  # 21 tokens: the choices fork after 5 full blocks and own the partial one

@@ -6,6 +6,8 @@ not see it in /v1/models), a public one serves everyone, removing one makes it u
 from __future__ import annotations
 
 import json
+import shutil
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,11 +16,14 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from safetensors.torch import load_file, save_file
+from sqlalchemy import text
 
 from billing import Database
 from engine import LLM, SamplingParams
 from gateway.adapters import AdapterRegistry
 from tests.engine.lora.adapters import Adapted, build
+from tests.gateway.conftest import wait_for
 from tests.gateway.serve_process import ServeProcess
 
 PROMPT = [5, 17, 99, 3, 200, 42, 7, 8]
@@ -169,3 +174,97 @@ def test_tenants_cannot_touch_the_directory(serve: ServeProcess, admin: httpx.Cl
     with httpx.Client(base_url=serve.url, timeout=30) as c:
         assert c.get("/admin/api/adapters", headers=tenant_key).status_code == 403
         assert c.post("/admin/api/adapters", json={}, headers=tenant_key).status_code == 403
+
+
+def _hot_adapter(adapted: Adapted, root: Path) -> Path:
+    """A copy of `other` whose weights are finite (registration takes it) but overflow in the forward."""
+    hot = root / "hot"
+    shutil.copytree(adapted.adapters["other"], hot)
+    tensors = load_file(str(hot / "adapter_model.safetensors"))
+    save_file({k: v * 1e30 for k, v in tensors.items()}, str(hot / "adapter_model.safetensors"))
+    return hot
+
+
+def test_a_faulting_adapter_fails_its_tenant_alone_and_is_billed(
+    serve: ServeProcess, admin: httpx.Client, adapted: Adapted, data_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 54: B's private adapter faults in the forward on each of B's requests while C streams. Every
+    one of C's streams completes; B's first request is a 400 naming `model`, in the ledger (status `error`)
+    billed for the prefill it was served; its later ones are refused at once (400 naming `model`) before any
+    work, so, as every refusal before work, they bill nothing."""
+    bob, bob_oa = _tenant(admin, serve)
+    carol, carol_oa = _tenant(admin, serve)
+    name = f"hot-{uuid.uuid4().hex[:6]}"
+    alpha = tmp_path / "alpha"  # `lora_alpha: 1e308` (the engine-stopping adapter) is refused at registration
+    shutil.copytree(adapted.adapters["other"], alpha)
+    config = json.loads((alpha / "adapter_config.json").read_text())
+    (alpha / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": 1e308}))
+    refused = admin.post("/admin/api/adapters", json={"name": name, "path": str(alpha), "tenant": bob})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "path", refused.text
+    hot = str(_hot_adapter(adapted, tmp_path))
+    created = admin.post("/admin/api/adapters", json={"name": name, "path": hot, "tenant": bob})
+    assert created.status_code == 201, created.text
+
+    streamed: dict[int, tuple[int, str | None]] = {}
+
+    def carol_streams(i: int) -> None:
+        stream = carol_oa.completions.create(
+            model="base",
+            prompt=PROMPT,
+            max_tokens=60,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        chunks = list(stream)
+        streamed[i] = (
+            len([c for c in chunks if c.choices and c.choices[0].text]),
+            chunks[-1].choices[0].finish_reason,
+        )
+
+    threads = [threading.Thread(target=carol_streams, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    bob_ids = [f"bob-{uuid.uuid4().hex[:8]}" for _ in range(4)]
+    for request_id in bob_ids:
+        with pytest.raises(openai.BadRequestError) as info:
+            bob_oa.completions.create(model=name, **ASK, extra_headers={"X-Request-Id": request_id})
+        assert info.value.code == "invalid_value" and info.value.param == "model", info.value
+        assert name in str(info.value.message)
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(streamed) == list(range(6))
+    assert all(reason == "length" for _, reason in streamed.values()), streamed
+    # B's first request ran: it is in the ledger with its service; the others were refused before any work.
+    db = Database(f"sqlite:///{data_dir / 'fairserve.db'}")
+
+    def rows() -> dict[str, tuple[str, float]]:
+        with db.engine.connect() as conn:  # a connection per read: each sees the ledger's latest commit
+            found = conn.execute(
+                text("SELECT request_id, status, charged_service FROM usage WHERE tenant_id = :t"), {"t": bob}
+            ).all()
+        return {r[0]: (r[1], float(r[2])) for r in found}
+
+    try:
+
+        def complete() -> dict[str, tuple[str, float]] | None:
+            now = rows()
+            return now if bob_ids[0] in now else None
+
+        billed = wait_for(complete, 30, "B's ledger rows")
+        assert billed[bob_ids[0]][0] == "error" and billed[bob_ids[0]][1] > 0, billed
+        assert not set(bob_ids[1:]) & set(billed), billed  # refused before any work: nothing to bill
+    except AssertionError:
+        raise AssertionError(f"B's rows: {rows()}") from None
+    finally:
+        db.dispose()
+    # Registered again, it is read again (and faults again, alone): streamed, the fault came before any
+    # event, so it is still the status (the headers wait for the first event).
+    assert admin.delete(f"/admin/api/adapters/{name}").status_code == 200
+    assert (
+        admin.post("/admin/api/adapters", json={"name": name, "path": hot, "tenant": bob}).status_code == 201
+    )
+    with pytest.raises(openai.BadRequestError) as again:
+        list(bob_oa.completions.create(model=name, stream=True, **ASK))
+    assert again.value.param == "model" and "not finite" in again.value.message, again.value
+    assert carol_oa.completions.create(model="base", **ASK).choices[0].finish_reason == "length"

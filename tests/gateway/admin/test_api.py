@@ -247,13 +247,13 @@ def test_quota_change_and_disable_apply_to_the_next_request(server: Server, admi
     secret, _ = _new_key(admin, t["id"])
     assert _complete(server, secret).status_code == 200  # the key is now in the gateway's key cache
     admin.patch(f"/admin/api/tenants/{t['id']}", json={"tokens_per_minute": 3}).raise_for_status()
-    resp = _complete(server, secret)
-    assert resp.status_code == 429 and resp.json()["error"]["code"] == "quota_exceeded"
+    resp = _complete(server, secret)  # larger than the whole quota: never admissible, no Retry-After
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "quota_exceeds_limit"
     snap = admin.get("/admin/api/live").json()
     recent = [r for r in snap["rejections"]["recent"] if r["tenant_id"] == t["id"]]
-    assert recent and recent[0]["reason"] == "quota_exceeded" and recent[0]["status"] == 429
-    assert recent[0]["retry_after_s"] == int(resp.headers["retry-after"])
-    assert snap["rejections"]["by_reason"]["quota_exceeded"] >= 1
+    assert recent and recent[0]["reason"] == "quota_exceeds_limit" and recent[0]["status"] == 400
+    assert recent[0]["retry_after_s"] is None and "retry-after" not in resp.headers
+    assert snap["rejections"]["by_reason"]["quota_exceeds_limit"] >= 1
     admin.patch(f"/admin/api/tenants/{t['id']}", json={"tokens_per_minute": None}).raise_for_status()
     assert _complete(server, secret).status_code == 200
     resp = admin.post(f"/admin/api/tenants/{t['id']}/disable")
@@ -401,3 +401,19 @@ def test_share_point_and_history() -> None:
     assert len(points) == 7 and all(p["window_s"] <= 20.0 for p in points)
     assert points[-1]["share"] == pytest.approx({"a": 1 / 3, "b": 2 / 3})
     assert len(history.share_points(window_s=20.0, last=2)) == 2
+
+
+def test_backlogged_share_and_weight_changes_of_the_history() -> None:
+    # a had work queued 27 of 30 s, b 3 of 30 s; b's weight went from 3 to 5 at the last sample.
+    history = ServiceHistory(capacity=10, min_interval_s=1.0)
+    history.observe(0.0, {"a": 0.0, "b": 0.0}, {"a": 1.0, "b": 3.0}, {"a": 0.0, "b": 0.0})
+    history.observe(15.0, {"a": 50.0, "b": 10.0}, {"a": 1.0, "b": 3.0}, {"a": 13.0, "b": 1.0})
+    history.observe(30.0, {"a": 90.0, "b": 30.0}, {"a": 1.0, "b": 5.0}, {"a": 27.0, "b": 3.0})
+    points = history.share_points(window_s=30.0)
+    assert points[-1]["backlogged"] == pytest.approx({"a": 0.9, "b": 0.1})
+    assert points[-1]["weight_changes"] == {"b": [3.0, 5.0]}
+    assert "weight_changes" not in points[0]
+    assert history.backlog_share(30.0) == pytest.approx({"a": 0.9, "b": 0.1})
+    # An engine restart starts its counters again: never a negative share.
+    history.observe(45.0, {"a": 95.0, "b": 31.0}, {"a": 1.0, "b": 5.0}, {"a": 2.0, "b": 0.0})
+    assert history.share_points(window_s=15.0)[-1]["backlogged"] == {"a": 0.0, "b": 0.0}

@@ -10,6 +10,8 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from tests.gateway.admin.test_layout import OVERFLOW_JS
 from tests.gateway.conftest import Server
@@ -20,10 +22,14 @@ pytestmark = pytest.mark.serial
 
 
 def _adapter_dir(root: Path) -> Path:
-    """A directory the admin API accepts (the gateway reads only adapter_config.json; no request runs)."""
+    """A directory the admin API accepts: a PEFT config and finite rank-4 q_proj tensors (registration
+    checks both, engine/lora/adapter.py `check_directory`; no request runs, so no model's shapes)."""
     path = root / ("a-rather-long-directory-name-" * 4) / "adapter"
     path.mkdir(parents=True)
     (path / "adapter_config.json").write_text(json.dumps({"r": 4, "target_modules": ["q_proj"]}))
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    tensors = {f"{prefix}.lora_A.weight": torch.zeros(4, 8), f"{prefix}.lora_B.weight": torch.zeros(8, 4)}
+    save_file(tensors, str(path / "adapter_model.safetensors"))
     return path
 
 

@@ -92,3 +92,32 @@ def test_budget_refills_and_is_per_address() -> None:
     slow.charge("b")
     slow.charge("c")  # the LRU bound drops "a"
     assert slow.retry_after("a") is None
+
+
+def test_a_key_that_ignores_its_retry_after_is_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`refused`: more than `hold_after` refusals inside one Retry-After window hold the key for `hold_s`;
+    loops that each wait their Retry-After send one a window and are never held. A clock of the test's
+    own, so the windows are exact."""
+    now = [1000.0]
+    monkeypatch.setattr("gateway.edge.auth_guard.time.monotonic", lambda: now[0])
+    budget = FailureBudget(burst=1, rate_per_s=0.5, hold_after=3, hold_s=50.0)
+    budget.charge("patient")
+    for _ in range(10):  # three loops of "patient", each waiting what it was told: three refusals a window
+        waits = []
+        for _ in range(3):
+            wait = budget.retry_after("patient")
+            assert wait is not None
+            waits.append(budget.refused("patient", wait))
+        assert waits == [2, 2, 2] and not budget.held("patient")
+        now[0] += 2.0
+        budget.charge("patient")  # served once the window is over, and spent again
+    budget.charge("ignorer")
+    told = [budget.refused("ignorer", budget.retry_after("ignorer") or 0) for _ in range(5)]
+    assert told[:4] == [2, 2, 2, 2] and told[4] == 50  # the fourth ignored refusal starts the hold
+    assert budget.held("ignorer") and not budget.held("patient")
+    now[0] += 10.0  # the bucket has refilled; the hold has not ended
+    assert budget.retry_after("ignorer") == 40
+    now[0] += 41.0
+    assert budget.retry_after("ignorer") is None and not budget.held("ignorer")
+    with pytest.raises(ValueError):
+        FailureBudget(hold_after=2, hold_s=0.0)

@@ -160,7 +160,7 @@ def test_rejected_request_frees_its_key(server: Server) -> None:
     key = uuid.uuid4().hex
     body = {"model": server.model, "prompt": "x", "max_tokens": 40}
     late = _post(server, "alice", key, body, **{"X-Timeout-Ms": "1"})
-    assert late.status_code == 503 and late.json()["error"]["code"] == "deadline_infeasible"
+    assert late.status_code == 400 and late.json()["error"]["code"] == "deadline_unmeetable"
     # The rejection stored nothing: the same key and body now run for real.
     fresh = _post(server, "alice", key, body, **{"X-Request-Id": "after-reject"})
     assert fresh.status_code == 200 and "idempotent-replayed" not in fresh.headers

@@ -93,9 +93,9 @@ def test_empty_messages_count_as_what_the_template_renders(
     message = _refused(_chat(srv, [EMPTY] * 30_000), "context_length_exceeded")
     assert "300014 bytes" in message, message
     assert encoded == []  # proved too long by the rendered size: never encoded
-    assert len(rendered_on) == 1 and rendered_on[0].startswith("fairserve-tokenize")
+    assert len(rendered_on) == 1 and rendered_on[0].startswith("fairserve-preprocess")
     assert _chat(srv, [EMPTY] * 3).status_code == 200  # a small chat is still rendered (inline) and served
-    assert not rendered_on[1].startswith("fairserve-tokenize")
+    assert not rendered_on[1].startswith("fairserve-preprocess")
 
 
 def test_a_token_prompt_longer_than_any_context_is_refused_unvalidated(server: Server) -> None:

@@ -256,10 +256,10 @@ def test_n4_is_charged_one_prefill_and_four_decodes_in_one_ledger_row(server: Se
 def test_the_quota_counts_n_times_max_tokens(server: Server, client: httpx.Client) -> None:
     server.add_tenant("choices-quota", tokens_per_minute=100)
     body = {"model": server.model, "prompt": "hello", "max_tokens": 40, "ignore_eos": True}
-    # prompt + 3 x 40 is over the 100 tokens a minute; prompt + 40 alone is not.
+    # prompt + 3 x 40 is over the whole 100 tokens a minute (never admissible); prompt + 40 alone is not.
     three = client.post("/v1/completions", json={**body, "n": 3}, headers=server.headers("choices-quota"))
-    assert three.status_code == 429, three.text
-    assert three.json()["error"]["code"] == "quota_exceeded"
+    assert three.status_code == 400, three.text
+    assert three.json()["error"]["code"] == "quota_exceeds_limit"
     one = client.post("/v1/completions", json=body, headers=server.headers("choices-quota"))
     assert one.status_code == 200, one.text
 

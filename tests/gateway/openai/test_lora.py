@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,16 +68,18 @@ def test_an_unknown_adapter_is_the_unknown_model_404(oa: openai.OpenAI) -> None:
     assert "'base', 'tuned'" in str(info.value.message)
 
 
-def test_a_broken_adapter_names_itself_at_start(tmp_path: Path, adapted: Adapted) -> None:
-    (tmp_path / "broken").mkdir()
-    serve = ServeProcess(
-        tmp_path / "data", "--model", str(adapted.base), "--lora", f"bad={tmp_path / 'broken'}"
-    )
-    try:
-        oa = openai.OpenAI(base_url=serve.url + "/v1", api_key=serve.banner["api_key"], max_retries=0)
-        with pytest.raises(openai.BadRequestError) as info:
-            oa.completions.create(model="bad", prompt="hi", max_tokens=2)
-        assert "adapter 'bad'" in str(info.value.message) and "adapter_config.json" in str(info.value.message)
-    finally:
-        serve.stop()
-    assert any("adapter 'bad'" in line for line in serve.output)
+@pytest.mark.parametrize("where", ["nonexistent", "broken"])
+def test_a_bad_adapter_path_exits_2_at_start_in_one_line(
+    tmp_path: Path, adapted: Adapted, where: str
+) -> None:
+    # Like `--model /nonexistent`: refused before anything starts, not listed and failing every request.
+    bad = tmp_path / where
+    if where == "broken":
+        bad.mkdir()  # a directory, but no adapter_config.json in it
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data-dir", str(tmp_path / "data")]
+    cmd += ["--model", str(adapted.base), "--lora", f"bad={bad}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if f"lora bad={bad}" in line]
+    assert len(errors) == 1 and "not a PEFT adapter directory" in errors[0]
+    assert "Traceback" not in done.stderr and "url:" not in done.stdout

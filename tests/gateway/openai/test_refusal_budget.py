@@ -50,7 +50,7 @@ def test_a_prompt_too_long_by_its_size_is_refused_without_tokenising(
 def test_large_prompts_of_one_tenant_are_tokenised_under_its_bound(
     gateway: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    srv = gateway(tokenize_concurrency_per_tenant=2)
+    srv = gateway(tokenize_concurrency_per_tenant=2, tokenize_workers=4)
     tok = srv.state.engine.tokenizer
     release = threading.Event()
     inside: list[int] = []
@@ -71,7 +71,7 @@ def test_large_prompts_of_one_tenant_are_tokenised_under_its_bound(
     for t in threads:
         t.start()
     try:
-        wait_for(lambda: srv.state.refusals.tokenizing_now(tenant) == 4, 20, "four large prompts in")
+        wait_for(lambda: srv.state.preprocess.tokenizing_now(tenant) == 4, 20, "four large prompts in")
         wait_for(lambda: len(inside) == 2, 20, "two tokenising")
         assert len(inside) == 2  # the other two wait for the tenant's slots
     finally:
@@ -79,7 +79,7 @@ def test_large_prompts_of_one_tenant_are_tokenised_under_its_bound(
     for t in threads:
         t.join(60)
     assert len(inside) == 4 and sorted(answers) == [400] * 4  # 9,000 tokens: over the context
-    assert srv.state.refusals.tokenizing_now(tenant) == 0
+    assert srv.state.preprocess.tokenizing_now(tenant) == 0
 
 
 def test_refused_requests_spend_a_per_tenant_budget(gateway: Callable[..., Server]) -> None:

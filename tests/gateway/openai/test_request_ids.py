@@ -7,6 +7,8 @@ import uuid
 from typing import Any
 
 import httpx
+import openai
+import pytest
 
 from tests.gateway.conftest import Server, wait_for
 
@@ -69,3 +71,35 @@ def test_b_cannot_probe_or_cancel_a_live_id(server: Server, client: httpx.Client
         t.join(60)
     assert done == [200]
     wait_for(lambda: len(server.usage_rows("request_id = :r", r=rid)) == 2, 10, "both rows")
+
+
+def test_an_id_outside_the_alphabet_is_a_400_naming_it(server: Server) -> None:
+    """Issue 54: an X-Request-Id the client cannot cancel or read back by (a `/`, a space, `.` or `..`, over
+    128 characters) was silently replaced by a generated one; now it is refused as task ids are, on both
+    endpoints, streamed or not, through the official client."""
+    oa = openai.OpenAI(base_url=server.url + "/v1", api_key=server.keys["alice"], max_retries=0)
+    for bad in ("a/b", "has space", ".", "..", "r" * 129):
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as info:
+                oa.completions.create(
+                    model=server.model,
+                    prompt="hi",
+                    max_tokens=2,
+                    stream=stream,
+                    extra_headers={"X-Request-Id": bad},
+                )
+            assert info.value.param == "x-request-id" and info.value.code == "invalid_header", bad
+            with pytest.raises(openai.BadRequestError) as chat:
+                oa.chat.completions.create(
+                    model=server.model,
+                    messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=2,
+                    stream=stream,
+                    extra_headers={"X-Request-Id": bad},
+                )
+            assert chat.value.param == "x-request-id", bad
+    good = f"a.b:c-{uuid.uuid4().hex[:8]}"
+    answer = oa.completions.with_raw_response.create(
+        model=server.model, prompt="hi", max_tokens=2, extra_headers={"X-Request-Id": good}
+    )
+    assert answer.headers["x-request-id"] == good

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from gateway.openai.responses_api.schemas import ResponsesRequest
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, first_error
 from tests.gateway.conftest import Server
 
@@ -75,7 +76,11 @@ _json = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=10,
 )
-_fields = sorted(set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields))
+_fields = sorted(
+    set(CompletionRequest.model_fields)
+    | set(ChatCompletionRequest.model_fields)
+    | set(ResponsesRequest.model_fields)
+)
 _plausible = {
     "max_tokens": st.integers(-3, 12) | st.just(10**7),
     "temperature": st.floats(-1, 3, allow_nan=False),
@@ -91,6 +96,23 @@ _plausible = {
     "stream": st.booleans(),
     "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=2),
     "seed": st.integers(-2, 2**31),
+    "input": st.text(max_size=20)
+    | st.lists(
+        st.fixed_dictionaries(
+            {"role": st.sampled_from(["user", "assistant", "x"]), "content": st.text(max_size=20)}
+        )
+        | st.fixed_dictionaries(
+            {
+                "type": st.just("function_call_output"),
+                "call_id": st.text(max_size=6),
+                "output": st.text(max_size=9),
+            }
+        )
+        | st.fixed_dictionaries({"type": st.sampled_from(["input_image", "function_call", "reasoning"])}),
+        max_size=3,
+    ),
+    "max_output_tokens": st.integers(-3, 12),
+    "previous_response_id": st.text(max_size=10),
 }
 
 
@@ -107,7 +129,7 @@ def bodies(draw: st.DrawFn, model: str) -> Any:
     return body
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/responses"])
 def test_fuzzed_bodies_never_produce_a_500(server: Server, path: str) -> None:
     seen: set[int] = set()
     with httpx.Client(base_url=server.url, timeout=60) as client:

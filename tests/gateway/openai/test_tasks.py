@@ -62,7 +62,7 @@ def test_a_task_reports_attempts_outcomes_and_waste(server: Server, client: http
     assert first.status_code == 200 and retry.status_code == 200
     _cancelled_branch(server, client, ident)
     late = _post(server, client, ident, 300, **{"X-Attempt": "3", "X-Timeout-Ms": "1"})
-    assert late.status_code == 503 and late.json()["error"]["code"] == "deadline_infeasible"
+    assert late.status_code == 400 and late.json()["error"]["code"] == "deadline_unmeetable"
 
     rows = {r["request_id"]: r for r in server.usage_rows("task_id = :t", t=task)}
     assert len(rows) == 4  # the refusal has a row of its own id, so its X-Request-Id stays free

@@ -45,7 +45,7 @@ def test_large_prompts_are_tokenised_off_the_loop(
     async def parse_all() -> int:
         for body in bodies:
             try:
-                inputs = await rp.engine_input_async(body, engine)
+                inputs, _ = await rp.engine_input_async(body, engine)
                 assert len(inputs.prompt_token_ids) >= chars
             except APIError as exc:  # over this model's 2,048-token context: known only once tokenised
                 assert exc.code == "context_length_exceeded" and chars > engine.max_model_len, exc

@@ -1,4 +1,5 @@
-"""`python -m cluster.measure`: the figures of docs/deploy.md, from real processes on this machine.
+"""`python -m experiments.ray_measure`: the figures of docs/deploy.md ("Measured"), from real processes on
+this machine (needs the `ray` extra; a study, not part of the `cluster` package it measures).
 
 1. `fairserve ray up --engines 2` (as a user types it: a local cluster sized by Ray, 2 engines, 1 gateway)
    to its first answered request;
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--requests", type=int, default=40)
     args = parser.parse_args(argv)
-    data = Path(tempfile.mkdtemp(prefix="fairserve-measure-"))
+    data = Path(tempfile.mkdtemp(prefix="fairserve-ray-measure-"))
     common = ["--port", "0", "--max-num-seqs", "8", "--num-kv-blocks", "256"]
     started = time.monotonic()
     up = Banner("ray", "up", "--engines", "2", "--data-dir", str(data / "ray"), *common)

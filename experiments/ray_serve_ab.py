@@ -1,6 +1,7 @@
-"""`python -m cluster.serve_ab`: the gateway as a Ray Serve deployment against the gateway actor (cluster/
-gateway_actor.py), both in front of the same engine actor, as a ratio of median latencies of one-token
-completions in alternating rounds. Measures Serve's proxy hop for docs/deploy.md; not used in production.
+"""`python -m experiments.ray_serve_ab`: the gateway as a Ray Serve deployment against the gateway actor
+(cluster/gateway_actor.py), both in front of the same engine actor, as a ratio of median latencies of
+one-token completions in alternating rounds. Measures Serve's proxy hop for docs/deploy.md; not used in
+production, so it lives here and not in the `cluster` package (needs the `ray` extra).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from starlette.types import ASGIApp
 from billing import BillingStore, Database
 from cluster import deploy
 from cluster.config import ClusterConfig
-from cluster.measure import _round
 from cluster.membership import join, member_key
 from cluster.registry import EngineEntry
+from experiments.ray_measure import _round
 from gateway.app import create_app
 from gateway.edge.auth import ensure_demo_key
 from gateway.settings import GatewaySettings
