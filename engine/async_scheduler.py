@@ -19,7 +19,7 @@ that step's predecessor landed and its outputs, stop strings included, went out)
 What differs from the plain loop is timing only: N+1 is scheduled before N's finished requests free
 their seats and blocks, so admissions and preemptions can come a step later, and victims and admission
 order read counters that do not yet hold the provisional decodes. Tokens and charges are the same
-(tests/engine/test_async_scheduling.py, tests/engine/sim/test_async_sim.py).
+(tests/engine/test_async_scheduling.py, tests/sim/test_async_sim.py).
 """
 
 from __future__ import annotations

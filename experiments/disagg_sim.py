@@ -4,7 +4,7 @@
 
 For each workload of bench/workloads.py (its prompt and output lengths, tenants, arrival shapes and
 fan-out; every fan-out attempt runs to its end) and each offered rate of a grid, one run per pool
-layout: 4 co-located engines, and 1/2/3 prefill engines with the rest decoding (engine/sim/disagg.py,
+layout: 4 co-located engines, and 1/2/3 prefill engines with the rest decoding (sim/disagg.py,
 KV over a 10 GB/s link). SLO attainment is read under two targets from the same runs: a tight TPOT
 (TTFT 0.5 s, TPOT 20 ms, five iteration floors of the cost model) and a loose one (TTFT 0.5 s, TPOT
 100 ms). Goodput is DistServe's: the highest rate of the grid at which >= 90% of requests meet both.
@@ -25,8 +25,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 
 from bench.workloads import WORKLOADS, plan  # noqa: E402
-from engine.sim.disagg import Link, Pool, PoolResult  # noqa: E402
-from engine.sim.simulator import SimConfig, SimRequest  # noqa: E402
+from sim.disagg import Link, Pool, PoolResult  # noqa: E402
+from sim.simulator import SimConfig, SimRequest  # noqa: E402
 
 ENGINES = 4
 LAYOUTS = {"co-located": 0, "1P3D": 1, "2P2D": 2, "3P1D": 3}

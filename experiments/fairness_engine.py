@@ -28,9 +28,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from engine.llm import LLM  # noqa: E402
 from engine.request import RequestMeta, SamplingParams  # noqa: E402
-from engine.sim.scenarios import TwoTenantSetup, scale_scenario, two_tenants_scenario  # noqa: E402
-from engine.sim.simulator import SimConfig, SimRequest, Simulator  # noqa: E402
 from fairness import FairnessConfig  # noqa: E402
+from sim.scenarios import TwoTenantSetup, scale_scenario, two_tenants_scenario  # noqa: E402
+from sim.simulator import SimConfig, SimRequest, Simulator  # noqa: E402
 
 IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
 TENANTS = ("alpha", "beta", "gamma", "delta")

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m experiments.scale_sim [--engines 8 16 32 64] [--staleness-engines 16] [--out DIR]
 
-Runs `engine.sim.cluster` (N real schedulers behind 4 routers, 1,000 Zipf tenants, skewed ingress):
+Runs `sim.cluster` (N real schedulers behind 4 routers, 1,000 Zipf tenants, skewed ingress):
 (1) every N with per-engine counters only and with counters shared every 100 ms; (2) at one N, the
 staleness sweep. Prints the markdown tables of docs/scale.md and writes the two figures
 (docs/img/scale_engines.png, docs/img/scale_staleness.png by default). Each run reports its own wall time.
@@ -21,9 +21,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 
-from engine.sim.cluster import ClusterConfig  # noqa: E402
-from engine.sim.cluster_report import cluster_scenario  # noqa: E402
 from gateway.cli.sim import cluster_text  # noqa: E402
+from sim.cluster import ClusterConfig  # noqa: E402
+from sim.cluster_report import cluster_scenario  # noqa: E402
 
 STALENESS_MS: tuple[float | None, ...] = (None, 0.0, 10.0, 100.0, 1000.0, 3000.0, 10000.0)
 

@@ -13,7 +13,7 @@ The bound. A key is only ever served while its counter is at most Δ above the l
 (VTC serves it only at the minimum). So over any interval in which two keys are backlogged their
 weighted service differs by at most VTC's bound plus Δ: `2·max(w_in·L_in, w_out·M) + Δ` (+ the lift
 allowance for a key that just returned, as for VTC). Δ is in service units (`w_in` per prompt token),
-`FairnessConfig.locality_slack`. Checked in the simulator (tests/engine/sim/test_locality.py).
+`FairnessConfig.locality_slack`. Checked in the simulator (tests/sim/test_locality.py).
 
 Cost: `peek` looks at every backlogged key (O(K) for K backlogged keys, and one probe per key within Δ)
 instead of VTC's O(log K) heap top.

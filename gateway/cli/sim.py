@@ -8,13 +8,13 @@ import json
 import sys
 from typing import Any
 
-from engine.sim.cluster import ClusterConfig
-from engine.sim.cluster_report import cluster_scenario
-from engine.sim.scenarios import TwoTenantSetup, essay_scenario, scale_scenario, two_tenants_scenario
-from engine.sim.simulator import SimulationError
-from engine.sim.upstream import upstream_scenario
 from engine.step_cost import StepCost
 from fairness import DEFAULT_POLICY, POLICIES
+from sim.cluster import ClusterConfig
+from sim.cluster_report import cluster_scenario
+from sim.scenarios import TwoTenantSetup, essay_scenario, scale_scenario, two_tenants_scenario
+from sim.simulator import SimulationError
+from sim.upstream import upstream_scenario
 
 SCENARIOS = ("essay", "two-tenants", "scale", "cluster", "upstream")
 

@@ -10,7 +10,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.request import FinishReason, RequestMeta, SamplingParams
 from engine.scheduler import SchedulerOutput
-from engine.sim.simulator import CostModel, SimConfig, SimRequest, SimResult, Simulator
+from sim.simulator import CostModel, SimConfig, SimRequest, SimResult, Simulator
 
 STEP = CostModel(a=1.0, b=0.0, c=0.0)  # one simulated second per iteration
 

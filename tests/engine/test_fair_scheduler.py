@@ -16,10 +16,10 @@ from engine.kv_cache import BlockPool
 from engine.policy import build_policy
 from engine.request import FinishReason, Request, RequestMeta, RequestState, SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sim.scenarios import TwoTenantSetup
-from engine.sim.simulator import SimConfig, SimRequest, Simulator
 from engine.step_cost import StepCost
 from fairness import FairnessConfig
+from sim.scenarios import TwoTenantSetup
+from sim.simulator import SimConfig, SimRequest, Simulator
 from tests.defaults import scheduler_config
 
 # Small enough to run in a second or two, large enough for many Y requests to finish.

@@ -8,7 +8,7 @@ from engine.kv_cache import BlockPool
 from engine.llm import LLM
 from engine.request import Request, RequestMeta, SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sim.simulator import SimConfig, SimRequest, Simulator
+from sim.simulator import SimConfig, SimRequest, Simulator
 from tests.defaults import fcfs, scheduler_config
 
 PROMPTS = [f"prompt {i}: the batch never waits" for i in range(4)]

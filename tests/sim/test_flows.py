@@ -1,4 +1,4 @@
-"""Two-level fair share on the real Scheduler (engine/sim/flows.py): Sybil, fan-out, preemption victims."""
+"""Two-level fair share on the real Scheduler (sim/flows.py): Sybil, fan-out, preemption victims."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from engine.sim.flows import FlowsSetup, Stream, fan_out, run_streams, sybil
-from engine.sim.lift import BankedCreditSetup, banked_credit
+from sim.flows import FlowsSetup, Stream, fan_out, run_streams, sybil
+from sim.lift import BankedCreditSetup, banked_credit
 
 # 40 blocks of 16 tokens for 8 seats of up to 128 tokens: admission outruns memory and preemption is common.
 TIGHT = FlowsSetup(num_blocks=40)
@@ -58,7 +58,7 @@ def test_preemption_takes_the_most_served_flow_first() -> None:
 
 
 def test_the_lift_holds_at_the_inner_level_a_trickling_user_that_floods_leads_by_at_most_the_bound() -> None:
-    """engine/sim/lift.py scenario (a) with A, B and T as three users of one tenant under `tenant/user`."""
+    """sim/lift.py scenario (a) with A, B and T as three users of one tenant under `tenant/user`."""
     report = banked_credit(BankedCreditSetup(key="tenant/user"))
     print(f"\ninner level: lead {report['lead']:.0f}, bound {report['bound']:.0f}")
     assert 0 < report["lead"] <= report["bound"]

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from engine.request import Request, RequestMeta, SamplingParams
-from engine.sim.cluster import ClusterConfig
-from engine.sim.cluster_report import cluster_scenario, dynamo_config, jain_index
-from engine.sim.shared import EngineView, RouteWeights, SharedVTC, others_service, pick_engine
 from gateway.cli import main
+from sim.cluster import ClusterConfig
+from sim.cluster_report import cluster_scenario, dynamo_config, jain_index
+from sim.shared import EngineView, RouteWeights, SharedVTC, others_service, pick_engine
 from tests.defaults import COST, LIFT
 
 

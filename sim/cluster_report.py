@@ -1,4 +1,4 @@
-"""What a cluster run (engine/sim/cluster.py) is reduced to: service gap vs the VTC bound, Jain's index,
+"""What a cluster run (sim/cluster.py) is reduced to: service gap vs the VTC bound, Jain's index,
 throughput; plus the named two-router case that reproduces Dynamo's skewed-ingress finding.
 
 Fairness is measured over the window [warmup_s, duration_s] among the tenants that had requests
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from engine.sim.cluster import ClusterConfig, ClusterSim, Sample, TenantSpec
-from engine.sim.shared import RouteWeights
+from sim.cluster import ClusterConfig, ClusterSim, Sample, TenantSpec
+from sim.shared import RouteWeights
 
 
 def jain_index(values: Sequence[float]) -> float:

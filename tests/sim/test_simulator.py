@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from engine.sim.scenarios import ESSAY_TRACE, TwoTenantSetup, essay_scenario, scale_scenario
-from engine.sim.simulator import CostModel, SimConfig, SimRequest, SimulationError, Simulator
 from gateway.cli import main
+from sim.scenarios import ESSAY_TRACE, TwoTenantSetup, essay_scenario, scale_scenario
+from sim.simulator import CostModel, SimConfig, SimRequest, SimulationError, Simulator
 
 
 def test_essay_trace_matches_the_published_completion_steps_and_flow_times() -> None:

@@ -1,5 +1,5 @@
 """What a simulation is given and what it returns: the workload's requests, the engine's budgets and cost
-model, and the per-request completions and run totals (engine/sim/simulator.py runs them)."""
+model, and the per-request completions and run totals (sim/simulator.py runs them)."""
 
 from __future__ import annotations
 

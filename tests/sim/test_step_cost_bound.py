@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from engine.request import RequestState
 from engine.scheduler import SchedulerOutput
-from engine.sim.scenarios import TwoTenantSetup
-from engine.sim.simulator import Simulator
 from engine.step_cost import StepCost
+from sim.scenarios import TwoTenantSetup
+from sim.simulator import Simulator
 
 MODEL = StepCost(context=0.003, sequence=12.0)
 SETUP = TwoTenantSetup(duration_s=40.0, max_num_seqs=32, num_blocks=256, sample_every_s=1.0, step_cost=MODEL)

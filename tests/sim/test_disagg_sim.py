@@ -1,12 +1,12 @@
-"""Simulated pools, co-located against prefill/decode apart (engine/sim/disagg.py): every token served and
+"""Simulated pools, co-located against prefill/decode apart (sim/disagg.py): every token served and
 charged once, the KV transfer's cost, and the interference a disaggregated pool removes."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.sim.disagg import Link, Pool
-from engine.sim.simulator import SimConfig, SimRequest
+from sim.disagg import Link, Pool
+from sim.simulator import SimConfig, SimRequest
 
 CONFIG = SimConfig(max_num_batched_tokens=512, max_num_seqs=32, num_blocks=4096)
 

@@ -1,4 +1,4 @@
-"""The two seams of the cluster simulator (engine/sim/cluster.py): the counter merge and the router's score.
+"""The two seams of the cluster simulator (sim/cluster.py): the counter merge and the router's score.
 
 - `others_service` merges published per-tenant service: each engine's counter is its own cumulative
   service plus the others' last published service (docs/fairness.md, "Across engines").

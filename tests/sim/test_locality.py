@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from engine.sim.locality import LocalitySetup, locality_scenario
+from sim.locality import LocalitySetup, locality_scenario
 
 
 def test_locality_raises_throughput_within_the_stated_bound() -> None:

@@ -5,7 +5,7 @@ Run with `-s` to see the figures docs/fairness.md quotes.
 
 from __future__ import annotations
 
-from engine.sim.lift import BankedCreditSetup, ClosedLoopSetup, banked_credit, closed_loop_weights
+from sim.lift import BankedCreditSetup, ClosedLoopSetup, banked_credit, closed_loop_weights
 
 
 def test_a_trickling_key_that_floods_leads_by_at_most_the_vtc_bound() -> None:

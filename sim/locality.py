@@ -1,6 +1,6 @@
 """Simulator scenario for `vtc-locality` (fairness/locality.py): few prompt families, many tenants.
 
-    .venv/bin/python -m engine.sim.locality
+    .venv/bin/python -m sim.locality
 
 Every tenant stays backlogged with requests whose prompt is one of a few long shared prefixes (a
 family: a public prefix, or a prompt shared in one cache group) plus a short private suffix. The KV
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.request import Request
-from engine.sim.simulator import SimConfig, SimRequest, Simulator
 from fairness.config import FairnessConfig
+from sim.simulator import SimConfig, SimRequest, Simulator
 
 
 @dataclass
@@ -68,7 +68,7 @@ class LocalitySetup:
         ]
 
     def vtc_bound(self) -> float:
-        """2·max(w_in·L_in, w_out·M) with M the KV cache's tokens (as engine/sim/scenarios.py states it)."""
+        """2·max(w_in·L_in, w_out·M) with M the KV cache's tokens (as sim/scenarios.py states it)."""
         return 2 * max(
             1.0 * (self.family_tokens + self.suffix_tokens), 2.0 * self.num_blocks * self.block_size
         )

@@ -9,9 +9,9 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from engine.sim.simulator import CostModel, SimConfig, SimRequest, SimResult, Simulator
 from engine.step_cost import TOKENS_ONLY, StepCost
 from fairness import FairnessConfig
+from sim.simulator import CostModel, SimConfig, SimRequest, SimResult, Simulator
 
 # The essay's trace: two slots, prefills complete, (name, arrival step, output steps).
 ESSAY_TRACE = (("A", 0, 8), ("B", 0, 2), ("C", 1, 3), ("D", 3, 1))

@@ -1,8 +1,8 @@
-"""Issue 45 in the simulator: a short request beside another tenant's flood of long prompts (engine/sim/flood.py)."""
+"""Issue 45 in the simulator: a short request beside another tenant's flood of long prompts (sim/flood.py)."""
 
 from __future__ import annotations
 
-from engine.sim.flood import FloodSetup, main, run
+from sim.flood import FloodSetup, main, run
 
 SETUP = FloodSetup(iterations=600)
 

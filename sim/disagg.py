@@ -1,6 +1,6 @@
 """Co-located against disaggregated pools of simulated engines on one virtual clock (DistServe, on paper).
 
-A pool of N engines (each the real Scheduler under the simulator's cost model, engine/sim/simulator.py)
+A pool of N engines (each the real Scheduler under the simulator's cost model, sim/simulator.py)
 serves a workload in one of two ways:
 
 - **co-located**: every engine runs whole requests (the router sends each to the engine with the least
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.request import RequestState
-from engine.sim.simulator import Completion, SimConfig, SimRequest, SimResult, Simulator
+from sim.simulator import Completion, SimConfig, SimRequest, SimResult, Simulator
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from typing import Any
 
 from engine.request import Request
 from engine.scheduler import SchedulerOutput
-from engine.sim.simulator import SimConfig, SimRequest, Simulator
 from fairness import FairnessConfig
 from fairness.config import FairnessKey
+from sim.simulator import SimConfig, SimRequest, Simulator
 
 
 @dataclass

@@ -21,8 +21,8 @@ from engine.kv_cache import BlockPool
 from engine.policy import build_policy
 from engine.request import Request, RequestMeta, SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from engine.sim.spec import Completion, CostModel, SimConfig, SimRequest, SimResult, SimulationError
 from fairness.base import SchedulingPolicy
+from sim.spec import Completion, CostModel, SimConfig, SimRequest, SimResult, SimulationError
 
 
 class _AnyToken(dict[str, int]):
@@ -210,7 +210,7 @@ class Simulator:
         """One iteration at `self.clock`: schedule, execute (advance the clock by the cost model), update,
         record; returns the step scheduled. With async scheduling the step executed is the one before.
 
-        Public so that a cluster of simulators (engine/sim/cluster.py) can interleave engines on one clock.
+        Public so that a cluster of simulators (sim/cluster.py) can interleave engines on one clock.
         """
         sched = self.scheduler
         scheduled = sched.schedule(self.clock)

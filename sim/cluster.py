@@ -1,6 +1,6 @@
 """N simulated engines behind R routers on one virtual clock: fair share across a cluster, on paper.
 
-Each engine is a `Simulator` (the real Scheduler, block pool and VTC policy, engine/sim/simulator.py); the loop
+Each engine is a `Simulator` (the real Scheduler, block pool and VTC policy, sim/simulator.py); the loop
 always advances whichever event is earliest: an arrival (a router scores the engines and picks one),
 a counter publication tick, or the engine whose clock is smallest (one iteration of it).
 
@@ -8,7 +8,7 @@ Counters (issue #15, deliverable 4, modelled):
 - `staleness_s=None`: no sharing. Each engine's VTC sees only its own service, as llm-d and Dynamo
   keep fairness state per replica.
 - `staleness_s=S`: every S of virtual time every engine publishes its per-tenant service and reads the
-  others' (`engine.sim.shared.others_service`), which `SharedVTC` folds into its counters. `S=0`
+  others' (`sim.shared.others_service`), which `SharedVTC` folds into its counters. `S=0`
   publishes after and reads before every iteration: exact. The routers read the same published table:
   a tenant whose weighted service is below the mean of tenants with work outstanding is "behind" and is
   routed by load alone, so affinity cannot pin it where its share would break.
@@ -30,10 +30,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from engine.sim.shared import EngineView, RouteWeights, SharedVTC, others_service, pick_engine
-from engine.sim.simulator import Completion, SimConfig, SimRequest, SimResult, Simulator
 from fairness.config import FairnessConfig
 from fairness.cost import TokenCost
+from sim.shared import EngineView, RouteWeights, SharedVTC, others_service, pick_engine
+from sim.simulator import Completion, SimConfig, SimRequest, SimResult, Simulator
 
 
 @dataclass(frozen=True)

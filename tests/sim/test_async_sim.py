@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from engine.scheduler_output import SchedulerOutput
-from engine.sim.simulator import SimConfig, SimRequest, SimResult, Simulator
 from fairness import FairnessConfig
+from sim.simulator import SimConfig, SimRequest, SimResult, Simulator
 from tests.defaults import scheduler_config
 
 BUDGETS = scheduler_config()

@@ -18,9 +18,9 @@ from typing import Any
 
 from engine.request import Request
 from engine.scheduler import SchedulerOutput
-from engine.sim.simulator import SimConfig, SimRequest, Simulator
 from fairness.config import FairnessConfig, FairnessKey
 from fairness.flows import FlowVTCPolicy
+from sim.simulator import SimConfig, SimRequest, Simulator
 
 
 @dataclass

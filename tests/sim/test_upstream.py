@@ -1,4 +1,4 @@
-"""The simulator's upstream mode (engine/sim/upstream.py): fairserve's dispatch in front of an engine that
+"""The simulator's upstream mode (sim/upstream.py): fairserve's dispatch in front of an engine that
 serves requests, not tenants. Through a window, VTC keeps two backlogged tenants within the bound
 max(2, W)·U / w_min and splits tokens by weight; first come first served (what the engine alone does)
 breaks the bound; and a window so large that nothing waits at the gateway leaves the split to the engine."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.sim.upstream import UpstreamSimConfig, simulate_upstream
+from sim.upstream import UpstreamSimConfig, simulate_upstream
 
 
 @pytest.mark.parametrize("window", [1, 4, 8])

@@ -7,7 +7,7 @@ token in steps: the iterations from the one after A's request arrived to the one
 (1 = the very next step). A step's duration depends on the hardware; how many steps A waits depends only on
 the scheduler, which is what a fair step budget must bound (docs/fairness.md, "The step's budget").
 
-    .venv/bin/python -m engine.sim.flood            # A alone, beside 1 B loop, beside 62 B loops
+    .venv/bin/python -m sim.flood            # A alone, beside 1 B loop, beside 62 B loops
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.request import Request
 from engine.scheduler import SchedulerOutput
-from engine.sim.simulator import SimConfig, SimRequest, Simulator
+from sim.simulator import SimConfig, SimRequest, Simulator
 
 
 def _engine_default(name: str) -> int:
@@ -93,7 +93,7 @@ def run(b_loops: int, setup: FloodSetup | None = None) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Print A's time to first token in steps alone and beside each flood size, as JSON."""
-    p = argparse.ArgumentParser(prog="python -m engine.sim.flood", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m sim.flood", description=__doc__.split("\n")[0])
     p.add_argument("--loops", default="0,1,62", help="B loop counts, comma-separated")
     p.add_argument("--iterations", type=int, default=FloodSetup.iterations, help="steps simulated per run")
     args = p.parse_args(argv)
