@@ -39,7 +39,7 @@ from engine.kv_cache import BlockPool
 from engine.limits import RequestLimits
 from engine.loader import LoadedModel, load_ranks
 from engine.lora.intake import build_intake
-from engine.model_runner import kv_block_bytes
+from engine.model_runner import RunnerParts, kv_block_bytes
 from engine.outputs import (
     EngineStats,
     OutputDelta,
@@ -50,7 +50,7 @@ from engine.outputs import (
     request_output,
 )
 from engine.overlap import OverlapExecutor
-from engine.parts import build_grammar, build_runner, build_scheduler, capture_graphs, charged_step_cost
+from engine.parts import build_grammar, build_runner, build_scheduler, charged_step_cost, grammar_masks
 from engine.policy import build_policy
 from engine.recorder import EngineRecorder
 from engine.request import (
@@ -110,30 +110,42 @@ class LLMEngine:
             self.vocab_size, self.max_model_len, config.block_size, num_blocks, config.caps
         )
         self.policy = build_policy(config.fairness, self.pool, charged_step_cost(config, mc))
-        self.scheduler = build_scheduler(config, self.pool, self.policy, self.max_model_len, mc)
         peers = self.peers
-        self.runner = build_runner(config, self.loaded, num_blocks, backend, self.device, peers)
-        if peers is not None:
+        if peers is not None:  # ranks 1..N-1 allocate their share of the cache, then capture beside this one
             peers.allocate(num_blocks, None if graphs is None else graphs.sizes, self.max_model_len)
-            self.runner.peers = peers
         # LoRA adapters (engine/lora/): the `--lora` entries load here, the gateway's on demand, off this loop.
-        self.lora = self.runner.lora = build_intake(config, mc, self.loaded.dtype, self.device)
-        self.scheduler.admissible = partial(self.lora.admissible, self.scheduler.running)  # device slots
-        self.scheduler.scaled_charges = self.lora.loaded_any
+        self.lora = build_intake(config, mc, self.loaded.dtype, self.device)
+        masks = grammar_masks(self.tokenizer, mc.vocab_size, self.eos_token_ids, self.max_model_len)
+        # Whole when built: the KV cache, then the decode graphs captured over it (under tensor parallelism
+        # every rank captures the same buckets, and one failure sends all to eager).
+        parts = RunnerParts(peers, self.lora, masks, graphs, None if peers is None else peers.agree)
+        self.runner = build_runner(config, self.loaded, num_blocks, backend, self.device, parts)
+        assert self.runner.grammar is not None  # built from `masks`
         self.grammar = build_grammar(
-            config, self.tokenizer, mc.vocab_size, self.eos_token_ids, self.max_model_len, self.runner
+            config, self.tokenizer, mc.vocab_size, self.eos_token_ids, self.runner.grammar
         )
-        if graphs is not None:  # captured over the KV cache just allocated
-            capture_graphs(graphs, self.loaded, self.runner, peers)
+        self.executor = (OverlapExecutor if config.overlaps() else InlineExecutor)(self.runner, self.pool)
+        block_bytes = kv_block_bytes(
+            mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, self.loaded.dtype
+        )
+        swapper = Swapper(self.executor, self.pool, self.runner, block_bytes, config.swap_space_bytes)
+        self.scheduler = build_scheduler(
+            config, self.pool, self.policy, self.max_model_len, mc, slots=self.lora, swap=swapper
+        )
         self._build_step_state(config)
 
+    def detokenize_in_front(self) -> None:
+        """From now on, a request without stop strings leaves its text to the front (engine/boundary/front.py):
+        its outputs carry token ids only."""
+        self.front_detokenizes = True
+
     def _build_step_state(self, config: EngineConfig) -> None:
-        """What the steps keep beside the parts: streams, traces, failures, the executor and swapper,
-        tracing and the shared fair-share counters."""
-        mc = self.loaded.config
+        """What the steps keep beside the parts: streams, traces, failures, tracing and the shared
+        fair-share counters."""
         self._streams: dict[str, TextStream] = {}
-        # Set by the engine loop (engine/boundary/worker.py): its front detokenizes every request without stop strings,
-        # off this loop, and such a request's outputs here carry token ids and no text.
+        # True under the engine loop (engine/boundary/worker.py, `detokenize_in_front`): its front detokenizes
+        # every request without stop strings, off this loop, and such a request's outputs here carry token ids
+        # and no text.
         self.front_detokenizes = False
         self.recorder = EngineRecorder(
             self.scheduler, self.pool, config.trace_path, config.max_num_batched_tokens, config.max_num_seqs
@@ -145,12 +157,6 @@ class LLMEngine:
         self._failures = RequestFailures()  # detokenisation and stop checks; the sampler keeps its own
         self._families = 0  # requests of n > 1 choices whose last output has not gone out
         self.failed_requests = 0  # requests ended alone by an exception of their own, since start
-        self.executor = (OverlapExecutor if config.overlaps() else InlineExecutor)(self.runner, self.pool)
-        block_bytes = kv_block_bytes(
-            mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, self.loaded.dtype
-        )
-        swapper = Swapper(self.executor, self.pool, self.runner, block_bytes, config.swap_space_bytes)
-        self.scheduler.swap_out, self.scheduler.swap_in = swapper.swap_out, swapper.swap_in
         self.tracer = make_engine_tracer(config.otlp_endpoint)  # None unless traces are configured
         # One fair share across engines: other engines' service reaches the policy's counters at step starts.
         self.counter_sync: CounterSync | None = None
@@ -314,7 +320,6 @@ class LLMEngine:
         p0, t0 = perf_counter(), time.time()
         for request in self.lora.admit(self.policy):  # adapters loaded since the last step (charged here)
             self._queue_adapted(request, t0)
-        self.scheduler.scaled_charges = self.lora.loaded_any
         for request in self.grammar.admit():  # grammars compiled since the last step
             self.scheduler.add(request, t0)
         scheduled = self.scheduler.schedule(t0)

@@ -14,10 +14,11 @@ import torch
 from torch import nn
 
 from engine.attention import AttentionMetadata, KVCache
-from engine.decode_graphs import DecodeGraphs
+from engine.decode_graphs import DecodeGraphs, GraphPlan, logits_forward
 from engine.grammar.masks import GrammarMasks
 from engine.host_batch import HostBatch, chunks_batch, one_token_each_batch
 from engine.input_batch import BlockTableRows
+from engine.isolation import RequestFailures
 from engine.kv_copy import copy_blocks
 from engine.lora.batch import LoraSegments, device_batch, host_groups
 from engine.lora.intake import LoraIntake
@@ -48,6 +49,20 @@ class RunnerTiming:
     sample_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class RunnerParts:
+    """A runner's collaborators, each built before it (engine/parts.py), so that `ModelRunner.__init__`
+    says everything a runner holds, in the order the engine starts: the KV cache, then the graphs' capture."""
+
+    peers: StepPeers | None = None  # tensor parallelism: ranks 1..N-1, sent each step (rank 0 only)
+    lora: LoraIntake | None = None  # LoRA adapters' device slots (engine/lora/)
+    # Builds the grammar masks over the sampler's failures (one request's failing mask fails that request).
+    grammar: Callable[[RequestFailures], GrammarMasks] | None = None
+    graphs: GraphPlan | None = None  # the decode graphs to capture once the KV cache exists
+    agree: Callable[[bool], bool] | None = None  # every rank's capture outcome, all-reduced (tensor parallel)
+    allocated: Callable[[], object] | None = None  # told once this rank's KV cache exists (ranks 1..N-1)
+
+
 class ModelRunner:
     """Owns the model, the paged KV cache tensors and the sampler."""
 
@@ -64,7 +79,9 @@ class ModelRunner:
         backend: str,
         seed: int,
         window_seats: tuple[int, int] | None = None,
+        parts: RunnerParts | None = None,
     ) -> None:
+        parts = parts or RunnerParts()
         self.model = model
         self.block_size = block_size
         self.device = device
@@ -81,12 +98,10 @@ class ModelRunner:
                 window, block_size, len(self.window_layers), kv_shape, dtype, device, size
             )
         self.main_layers = [i for i in range(num_layers) if i not in self.window_layers]
-        # Decode steps replay these (engine/decode_graphs.py); the engine sets them once the cache exists.
-        self.graphs: DecodeGraphs | None = None
         # Tensor parallelism (engine/parallel/): the other ranks, sent each forward's inputs; None on one rank.
-        self.peers: StepPeers | None = None
-        # LoRA adapters (engine/lora/): each request's device slot, set by the engine; None: no row is adapted.
-        self.lora: LoraIntake | None = None
+        self.peers = parts.peers
+        # LoRA adapters (engine/lora/): each request's device slot; None: no row is adapted.
+        self.lora = parts.lora
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         self.kv_caches: list[KVCache] = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
@@ -96,13 +111,27 @@ class ModelRunner:
         ]
         self._sync_window_caches()
         self.sampler = Sampler(seed)
-        self.grammar: GrammarMasks | None = (
-            None  # constrained decoding's masks (engine/grammar/), set by the engine
-        )
+        # Constrained decoding's masks (engine/grammar/): a failing mask fails its row, as the sampler's do.
+        self.grammar = None if parts.grammar is None else parts.grammar(self.sampler.failures)
         self.timing = RunnerTiming()
         self.block_rows = BlockTableRows()
         self._swapped: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._swapped_windows: dict[str, tuple[list[int], list[KVCache]]] = {}
+        # Decode steps replay these (engine/decode_graphs.py), captured last, over the KV cache just allocated.
+        self.graphs = self._capture(parts)
+
+    def _capture(self, parts: RunnerParts) -> DecodeGraphs | None:
+        """The decode graphs of `parts.graphs`, or None (eager steps). Under tensor parallelism every rank
+        captures the same buckets in step (`allocated` first tells rank 0 this rank's cache exists), and one
+        rank's failure sends all of them to eager (`agree`)."""
+        if parts.allocated is not None:
+            parts.allocated()
+        if parts.graphs is None:
+            return None
+        graphs = parts.graphs.start(logits_forward(self.model), self.kv_caches, self.windows is not None)
+        if parts.agree is not None and not parts.agree(graphs is not None):
+            return None
+        return graphs
 
     def prepare(
         self, out: SchedulerOutput, block_tables: dict[str, list[int]]

@@ -6,25 +6,25 @@ mean reading how a scheduler, a model runner and the grammar machinery are sized
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import torch
 
 from engine.async_scheduler import AsyncScheduler
 from engine.config import EngineConfig
-from engine.decode_graphs import GraphPlan, logits_forward
 from engine.grammar.backend import Backend
 from engine.grammar.closing import Closers
 from engine.grammar.intake import GrammarIntake
 from engine.grammar.masks import GrammarMasks
+from engine.isolation import RequestFailures
 from engine.kv_cache import BlockPool
 from engine.loader import LoadedModel
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, RunnerParts
 from engine.models.config import ModelConfig
 from engine.parallel.group import head_shard
-from engine.parallel.steps import StepPeers
 from engine.request import Request
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.scheduler import AdapterSlots, Scheduler, SchedulerConfig, Swap
 from engine.step_cost import StepCost
 from engine.step_cost import resolve as resolve_step_cost
 from engine.tokenizer import Tokenizer
@@ -47,6 +47,8 @@ def build_scheduler(
     policy: SchedulingPolicy[Request],
     max_model_len: int,
     model: ModelConfig,
+    slots: AdapterSlots | None = None,
+    swap: Swap | None = None,
 ) -> Scheduler:
     """The scheduler of `config`'s budgets and step cost model (engine/step_cost.py, for `model` on this
     device kind); with async scheduling, the one that plans step N+1 while step N's forward runs
@@ -60,7 +62,7 @@ def build_scheduler(
         step_cost=engine_step_cost(config, model),
         charge_step_work=config.step_cost_charge,
     )
-    return (AsyncScheduler if config.overlaps() else Scheduler)(sched_cfg, pool, policy)
+    return (AsyncScheduler if config.overlaps() else Scheduler)(sched_cfg, pool, policy, slots, swap)
 
 
 def build_runner(
@@ -69,9 +71,10 @@ def build_runner(
     num_blocks: int,
     backend: str,
     device: torch.device,
-    peers: StepPeers | None,
+    parts: RunnerParts,
 ) -> ModelRunner:
-    """Rank 0's model runner over its share of the KV cache (all of it without tensor parallelism)."""
+    """Rank 0's model runner over its share of the KV cache (all of it without tensor parallelism), whole
+    when built: its collaborators in `parts`, its decode graphs captured last."""
     mc = loaded.config
     world = config.tensor_parallel_size
     return ModelRunner(
@@ -88,36 +91,24 @@ def build_runner(
         # Sliding layers free blocks behind their window only without prefix caching (engine/window_cache.py).
         # Under tensor parallelism every layer stays in the BlockPool (no window pool to mirror on each rank).
         window_seats=None
-        if config.enable_prefix_caching or peers is not None
+        if config.enable_prefix_caching or parts.peers is not None
         else (config.max_num_seqs, config.max_num_batched_tokens),
+        parts=parts,
     )
+
+
+def grammar_masks(
+    tokenizer: Tokenizer, vocab_size: int, eos_token_ids: set[int], max_model_len: int
+) -> Callable[[RequestFailures], GrammarMasks]:
+    """What builds the runner's grammar masks over its sampler's failures (engine/grammar/masks.py)."""
+    closers = partial(Closers, tokenizer.token_bytes, vocab_size, eos_token_ids)
+    return lambda failures: GrammarMasks(vocab_size, failures, closers, max_model_len)
 
 
 def build_grammar(
-    config: EngineConfig,
-    tokenizer: Tokenizer,
-    vocab_size: int,
-    eos_token_ids: set[int],
-    max_model_len: int,
-    runner: ModelRunner,
+    config: EngineConfig, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: set[int], masks: GrammarMasks
 ) -> GrammarIntake:
     """Constrained decoding (engine/grammar/): compiles off the engine loop, masks beside the forward; the
-    runner gets the masks, the engine the intake that holds requests until their grammar is ready."""
-    masks = runner.grammar = GrammarMasks(
-        vocab_size,
-        runner.sampler.failures,
-        partial(Closers, tokenizer.token_bytes, vocab_size, eos_token_ids),
-        max_model_len,
-    )
+    runner holds the masks, the engine the intake that holds requests until their grammar is ready."""
     grammars = Backend(tokenizer.to_json(), vocab_size, sorted(eos_token_ids), config.grammar)
     return GrammarIntake(grammars, config.grammar, masks)
-
-
-def capture_graphs(
-    plan: GraphPlan, loaded: LoadedModel, runner: ModelRunner, peers: StepPeers | None
-) -> None:
-    """Capture the decode graphs over the KV cache just allocated; under tensor parallelism every rank
-    captures the same buckets in step (engine/parallel/worker.py), and one failure sends all to eager."""
-    runner.graphs = plan.start(logits_forward(loaded.model), runner.kv_caches, runner.windows is not None)
-    if peers is not None and not peers.agree(runner.graphs is not None):
-        runner.graphs = None

@@ -12,10 +12,10 @@ import time
 
 from engine.kv_cache import NoFreeBlock
 from engine.request import FinishReason, Preemption, Request, RequestState, decodes_first
-from engine.scheduler_output import ScheduledChunk, SchedulerConfig, SchedulerOutput, SwapFn
+from engine.scheduler_output import AdapterSlots, ScheduledChunk, SchedulerConfig, SchedulerOutput, Swap
 from engine.scheduler_state import SchedulerState
 
-__all__ = ["ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "SwapFn"]
+__all__ = ["AdapterSlots", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "Swap"]
 
 # A decode's work is charged once this many new-token equivalents are owed (engine/step_cost.py): one policy
 # call every few steps per request rather than every step; at most this much goes uncharged per request.
@@ -248,7 +248,7 @@ class Scheduler(SchedulerState):
                 return None  # (a victim whose last token is still in flight comes back once it lands)
             if request.family is not None and len(request.family.pending) >= seats:
                 return None  # an unforked leader needs a seat for each of its choices
-            if self.admissible is None or self.admissible(request):
+            if self.slots is None or self.slots.admissible(self.running, request):
                 return request
             # Its adapter has no device slot (each holds a running request's): the next head may go instead.
             self.policy.remove(request)
@@ -385,7 +385,7 @@ class Scheduler(SchedulerState):
         self._leave_running(victim)
         _remove(self._prefilling, victim)  # re-admitted this step, it must not get a second chunk too
         record = Preemption(reason=reason, mode="recompute", iteration=self.iteration)
-        moved = self.swap_out(victim) if self.config.preemption_mode == "swap" and self.swap_out else -1
+        moved = self.swap.swap_out(victim) if self.config.preemption_mode == "swap" and self.swap else -1
         if moved >= 0:
             record.mode, record.bytes_swapped = "swap", moved
             self.swapped_bytes_total += moved
@@ -409,9 +409,9 @@ class Scheduler(SchedulerState):
         need = -(-request.num_computed_tokens // self.pool.block_size)
         if need > self.pool.num_free - self.config.watermark_blocks:
             return False
-        assert self.swap_in is not None
+        assert self.swap is not None
         self.pool.allocate(request.request_id, request.num_computed_tokens)
-        moved = self.swap_in(request)
+        moved = self.swap.swap_in(request)
         self.swapped_bytes_total += moved
         request.state = RequestState.RUNNING
         return True

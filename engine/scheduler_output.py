@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from engine.request import Preemption, Request
 from engine.step_cost import TOKENS_ONLY, StepCost
@@ -72,4 +73,23 @@ class SchedulerOutput:
 
 
 # Swap hooks: (request) -> bytes moved. Set by the engine when preemption_mode == "swap".
-SwapFn = Callable[[Request], int]
+class Swap(Protocol):
+    """Swap preemption's host side (engine/swap.py; the simulator's bounded buffer): bytes moved, or -1 when
+    the host buffer is full and the scheduler recomputes instead."""
+
+    def swap_out(self, request: Request) -> int:
+        """Copy the request's KV blocks to the host; the bytes moved, or -1."""
+
+    def swap_in(self, request: Request) -> int:
+        """Copy them back into the blocks the pool has just given it; the bytes moved."""
+
+
+class AdapterSlots(Protocol):
+    """What the scheduler asks of LoRA's device slots (engine/lora/intake.py)."""
+
+    @property
+    def loaded_any(self) -> bool:
+        """Whether some adapter has loaded, so that a request may carry a service scale."""
+
+    def admissible(self, running: Sequence[Request], request: Request) -> bool:
+        """Whether `request` may be admitted beside `running` (its adapter has or can take a device slot)."""

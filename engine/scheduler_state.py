@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from operator import attrgetter
 
 from engine.deadlines import Deadlines
 from engine.family import Family, end_unforked, share_prompt
 from engine.kv_cache import BlockPool
 from engine.request import FinishReason, Request, RequestState
-from engine.scheduler_output import ScheduledChunk, SchedulerConfig, SchedulerOutput, SwapFn
+from engine.scheduler_output import AdapterSlots, ScheduledChunk, SchedulerConfig, SchedulerOutput, Swap
 from fairness.base import SchedulingPolicy
 
 _priority = attrgetter("meta.priority")  # `running` is kept sorted by it
@@ -27,10 +27,23 @@ _priority = attrgetter("meta.priority")  # `running` is kept sorted by it
 class SchedulerState:
     """The live requests of one scheduler, and everything done to them between its steps' decisions."""
 
-    def __init__(self, config: SchedulerConfig, pool: BlockPool, policy: SchedulingPolicy[Request]) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        pool: BlockPool,
+        policy: SchedulingPolicy[Request],
+        slots: AdapterSlots | None = None,
+        swap: Swap | None = None,
+    ) -> None:
         self.config = config
         self.pool = pool
         self.policy = policy
+        # LoRA's device slots (engine/lora/intake.py): a head whose adapter can take no slot now is set aside
+        # for the step (out of the policy's queue, back at the next step's start), so the requests behind it,
+        # of other adapters or of none, are not held up by a slot they do not need. None: every head may.
+        self.slots = slots
+        # Swap preemption's host side (engine/swap.py); None: a victim is always recomputed.
+        self.swap = swap
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._deadlines = Deadlines()
@@ -43,19 +56,9 @@ class SchedulerState:
         self._reserved_seats = 0  # seats held for the unforked choices of running leaders (`Family`)
         self.families: dict[str, Family] = {}  # requests of n > 1 choices with a choice still live, by id
         self.iteration = 0
-        # True once some request may carry a service_scale (LoRA adapters loaded, engine/lora/cost.py): its
-        # decodes are then charged one by one, since `charge_decodes` charges every item one token's cost.
-        self.scaled_charges = False
-        # Whether the policy's head may be admitted now beyond seats and blocks (a LoRA adapter needs a device
-        # slot: engine/lora/intake.py `admissible`). None: every head may. A head that may not is set aside
-        # for the step (out of the policy's queue, back at the next step's start), so the requests behind
-        # it, of other adapters or of none, are not held up by a slot they do not need.
-        self.admissible: Callable[[Request], bool] | None = None
         self._set_aside: list[Request] = []
         self.waiting_for_blocks = 0
         self.block_waits_total = 0  # iterations in which admission stopped for want of free blocks
-        self.swap_out: SwapFn | None = None
-        self.swap_in: SwapFn | None = None
         # Counters for stats and metrics.
         self.preemptions_total = 0
         self.preemptions_by_kind: dict[tuple[str, str], int] = {}
@@ -63,6 +66,12 @@ class SchedulerState:
         self.swapped_bytes_total = 0
         self.deadline_misses = {"waiting": 0, "running": 0}
         self.deadline_wasted_tokens = 0
+
+    @property
+    def scaled_charges(self) -> bool:
+        """True once some request may carry a service_scale (LoRA adapters loaded, engine/lora/cost.py): its
+        decodes are then charged one by one, since `charge_decodes` charges every item one token's cost."""
+        return self.slots is not None and self.slots.loaded_any
 
     # -- intake -----------------------------------------------------------------------------
     def add(self, request: Request, now: float | None = None) -> None:

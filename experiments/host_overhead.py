@@ -87,9 +87,7 @@ def steady_engine(
         async_scheduling="on" if overlap else "off",
     )
     engine = LLMEngine(config)
-    engine.front_detokenizes = (
-        True  # as under the engine loop (engine/boundary/worker.py), which a server runs
-    )
+    engine.detokenize_in_front()  # as under the engine loop (engine/boundary/worker.py), which a server runs
     rng = random.Random(0)
     params = SamplingParams(max_tokens=steps + 32, temperature=0.0, ignore_eos=True, stop=stop)
     for i in range(batch):

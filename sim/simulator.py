@@ -71,9 +71,8 @@ class Simulator:
             ),
             self.pool,
             self.policy,
+            swap=self,
         )
-        self.scheduler.swap_out = self._swap_out
-        self.scheduler.swap_in = self._swap_in
         self._swapped: dict[str, int] = {}  # request id -> blocks held in the host buffer
         self._prompts: dict[int, list[int]] = {}
         self._specs: dict[str, SimRequest] = {}
@@ -288,12 +287,14 @@ class Simulator:
             self.on_complete(done)
 
     # -- swap preemption against a bounded host buffer ---------------------------------------
-    def _swap_out(self, request: Request) -> int:
+    def swap_out(self, request: Request) -> int:
+        """Hold the request's blocks in the host buffer; the bytes moved, or -1 when it is full."""
         blocks = -(-request.num_computed_tokens // self.config.block_size)
         if sum(self._swapped.values()) + blocks > self.config.swap_space_blocks:
             return -1  # buffer full: the scheduler falls back to recompute
         self._swapped[request.request_id] = blocks
         return blocks * self.config.bytes_per_block
 
-    def _swap_in(self, request: Request) -> int:
+    def swap_in(self, request: Request) -> int:
+        """Give the request's blocks back from the host buffer; the bytes moved."""
         return self._swapped.pop(request.request_id, 0) * self.config.bytes_per_block

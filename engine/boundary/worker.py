@@ -69,7 +69,7 @@ class EngineLoop:
     def __init__(self, engine: LLMEngine, inbox: Inbox, publish: Callable[[Any], None]) -> None:
         self.engine = engine
         # Its front (engine/boundary/front.py) turns token ids into text for every request without stop strings.
-        engine.front_detokenizes = True
+        engine.detokenize_in_front()
         self.inbox = inbox
         self.publish = publish
         self._weights: dict[str, tuple[float, int | None]] = {}

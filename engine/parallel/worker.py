@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from functools import partial
 
 import torch
 
 from engine.attention import resolve_backend
-from engine.decode_graphs import GraphPlan, logits_forward
+from engine.decode_graphs import GraphPlan
 from engine.loader import load_model
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, RunnerParts
 from engine.parallel.group import head_shard, join_group, open_store, rank_device
 from engine.parallel.steps import (
     ALLOCATE,
@@ -52,6 +53,18 @@ def serve(init: WorkerInit) -> None:
     if message is None or message[0] != ALLOCATE:
         return
     backend = resolve_backend(config.attention_backend, device)
+    graph_sizes, max_model_len = message[2], message[3]
+    # rank 0's buckets (None: none), captured in step with it, their collectives inside
+    plan = (
+        None
+        if graph_sizes is None
+        else GraphPlan(graph_sizes, max_model_len, config.block_size, mc.vocab_size, backend, device)
+    )
+    parts = RunnerParts(
+        graphs=plan,
+        agree=partial(agree_captured, group),
+        allocated=lambda: group.all_reduce(torch.zeros(1)),  # ready: rank 0's `allocate` returns
+    )
     runner = ModelRunner(
         loaded.model,
         mc.num_layers,
@@ -63,14 +76,8 @@ def serve(init: WorkerInit) -> None:
         device,
         backend,
         config.seed,
+        parts=parts,
     )
-    group.all_reduce(torch.zeros(1))  # ready: rank 0's `allocate` returns
-    graph_sizes, max_model_len = message[2], message[3]
-    if graph_sizes is not None:  # rank 0's buckets, captured in step with it (its collectives inside)
-        plan = GraphPlan(graph_sizes, max_model_len, config.block_size, mc.vocab_size, backend, device)
-        runner.graphs = plan.start(logits_forward(loaded.model), runner.kv_caches, windowed=False)
-        if not agree_captured(group, runner.graphs is not None):
-            runner.graphs = None
     while (message := read_frame(stdin)) is not None:
         if isinstance(message, StepMessage):
             runner.run_peer_step(step_batch(message))

@@ -65,7 +65,7 @@ def run_all(engine: AsyncEngine, prompts: Sequence[str], params: SamplingParams)
 
 def test_the_loop_leaves_text_to_the_front_only_without_stop_strings(loaded: LoadedModel) -> None:
     engine = LLMEngine(engine_config(), loaded=loaded)
-    engine.front_detokenizes = True
+    engine.detokenize_in_front()
     engine.add_request("plain", "Fair share", SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
     engine.add_request(
         "stops",
