@@ -98,6 +98,8 @@ class ModelRunner:
                 window, block_size, len(self.window_layers), kv_shape, dtype, device, size
             )
         self.main_layers = [i for i in range(num_layers) if i not in self.window_layers]
+        # Decode steps replay these (engine/decode_graphs.py): none until they are captured, last, below.
+        self.graphs: DecodeGraphs | None = None
         # Tensor parallelism (engine/parallel/): the other ranks, sent each forward's inputs; None on one rank.
         self.peers = parts.peers
         # LoRA adapters (engine/lora/): each request's device slot; None: no row is adapted.
@@ -117,8 +119,7 @@ class ModelRunner:
         self.block_rows = BlockTableRows()
         self._swapped: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._swapped_windows: dict[str, tuple[list[int], list[KVCache]]] = {}
-        # Decode steps replay these (engine/decode_graphs.py), captured last, over the KV cache just allocated.
-        self.graphs = self._capture(parts)
+        self.graphs = self._capture(parts)  # over the KV cache just allocated
 
     def _capture(self, parts: RunnerParts) -> DecodeGraphs | None:
         """The decode graphs of `parts.graphs`, or None (eager steps). Under tensor parallelism every rank
