@@ -12,6 +12,7 @@ Responses field it came from. At the reply's end the response is stored for its 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -44,6 +45,15 @@ def renamed(param: str | None) -> str | None:
         return None
     head = param.split(".", 1)[0]
     return tr.CHAT_TO_RESPONSES.get(head, param)
+
+
+def renamed_message(message: str, param: str | None) -> str:
+    """A refusal's message naming the chat field of `param` as the Responses field the client sent
+    ("max_completion_tokens must be >= 1" -> "max_output_tokens must be >= 1"); other words stay."""
+    head = (param or "").split(".", 1)[0]
+    if head not in tr.CHAT_TO_RESPONSES:
+        return message
+    return re.sub(rf"\b{re.escape(head)}\b", tr.CHAT_TO_RESPONSES[head], message)
 
 
 def _parse(raw: bytes, cap: int) -> ResponsesRequest:
@@ -98,6 +108,7 @@ async def create_response(request: Request) -> ASGIApp:
     try:
         chat_reply = await generation(request, chat=True, caller=caller)
     except APIError as err:
+        err.message = renamed_message(err.message, err.param)
         err.param = renamed(err.param)
         raise
     return ResponsesReply(chat_reply, body, state, tenant_id, earlier + turns)
@@ -181,7 +192,9 @@ class ResponsesReply:
             self._store(response)
             payload = response
         elif isinstance(payload.get("error"), dict):
-            payload["error"]["param"] = renamed(payload["error"].get("param"))
+            error = payload["error"]
+            error["message"] = renamed_message(str(error.get("message", "")), error.get("param"))
+            error["param"] = renamed(error.get("param"))
         body = json.dumps(payload).encode()
         headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))

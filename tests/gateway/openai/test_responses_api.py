@@ -196,6 +196,11 @@ def test_refusals_name_the_responses_field(server: Server, client: httpx.Client)
     with pytest.raises(openai.BadRequestError) as zero:
         api.responses.create(model=server.model, input="x", max_output_tokens=0)
     assert zero.value.param == "max_output_tokens"
+    # the message names the field the client sent, not the chat field it became
+    assert "max_output_tokens must be >= 1" in zero.value.message and "completion" not in zero.value.message
+    with pytest.raises(openai.BadRequestError) as long:
+        api.responses.create(model=server.model, input="x", max_output_tokens=10**6)
+    assert long.value.param == "max_output_tokens" and "max_output_tokens=1000000" in long.value.message
 
 
 def test_unknown_field_is_named(server: Server, client: httpx.Client) -> None:
