@@ -26,7 +26,7 @@ $(STAMP): $(SERVE_STAMP) pyproject.toml fairserve_client/pyproject.toml
 
 # `make serve ARGS="--host 0.0.0.0 --port 9000"`: any flag of `fairserve serve` (or FAIRSERVE_HOST, FAIRSERVE_PORT).
 serve: $(SERVE_STAMP)
-	$(BIN)/fairserve serve $(ARGS)
+	$(BIN)/fairserve serve --print-secrets $(ARGS)  # the demo key printed even through a pipe
 
 test: $(STAMP)
 	bash scripts/test.sh

@@ -303,6 +303,13 @@ class GatewaySettings(StorageSettings, ProcessSettings):
         "(default none: the TCP peer is the client)",
     )
     demo_tenant: str = Field(default="demo", description="tenant given a key on a deployment's first start")
+    # The banner prints the demo key and the tokens on a terminal and, elsewhere (systemd, a pipe), the files
+    # holding them, so a journal never stores a key. `make serve`, the quick start, asks for them always.
+    print_secrets: bool = Field(
+        default=False,
+        description="print the demo key and tokens in the start-up banner even when stdout is not a "
+        "terminal (make serve does; leave it off under systemd)",
+    )
     access_log: bool = Field(
         default=False,
         description="log one line per request (logger fairserve.access): tenant, status, tokens, "

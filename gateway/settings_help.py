@@ -77,6 +77,7 @@ SECTIONS: tuple[tuple[str, tuple[Path, ...]], ...] = (
         (
             ("log_level",),
             ("log_format",),
+            ("print_secrets",),
             ("access_log",),
             ("metrics_tenants",),
             ("metrics_host",),

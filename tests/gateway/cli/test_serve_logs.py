@@ -84,6 +84,20 @@ def test_json_logs_summary_access_lines_and_sigterm_without_a_secret(tmp_path: P
         assert secret not in text  # neither the banner nor any log line holds a key or token
 
 
+def test_print_secrets_shows_the_demo_key_through_a_pipe_as_make_serve_does(tmp_path: Path) -> None:
+    proc = ServeProcess(tmp_path, "--print-secrets")
+    try:
+        assert proc.files == {}  # no file names: the secrets themselves
+        printed = [line.split(": ", 1)[1].strip() for line in proc.output if line.startswith("api_key: ")]
+        assert printed == [(tmp_path / "api_key").read_text().strip()] and printed[0].startswith("fsk_")
+        api = openai.OpenAI(base_url=proc.url + "/v1", api_key=printed[0], max_retries=0)
+        assert api.models.list().data
+    finally:
+        proc.stop()
+    makefile = (Path(__file__).resolve().parents[3] / "Makefile").read_text()
+    assert "fairserve serve --print-secrets" in makefile  # the quick start's command asks for them
+
+
 def test_log_level_warning_leaves_out_info_and_text_is_the_default(tmp_path: Path) -> None:
     proc = ServeProcess(tmp_path, "--access-log", "--log-level", "warning")
     try:
