@@ -22,12 +22,13 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
-from engine import LLM, EngineDeadError, ProcessEngine, SamplingParams, decode_graphs
+from engine import LLM, EngineDeadError, ProcessEngine, SamplingParams
 from engine.config import EngineConfig
 from engine.core.byte_tokenizer import write_byte_tokenizer
 from engine.core.request import RequestMeta
 from engine.serving.llm import CompletionOutput
 from engine.serving.llm_engine import LLMEngine
+from engine.worker import decode_graphs
 from engine.worker.decode_graphs import graph_batch_sizes
 from engine.worker.loader import iter_tensors
 from engine.worker.models.layers import SourceSlice
