@@ -26,8 +26,8 @@ from engine.worker.grammar.intake import GrammarIntake
 from engine.worker.grammar.masks import GrammarMasks
 from engine.worker.loader import LoadedModel
 from engine.worker.lora.cost import attention_flop_ratio
+from engine.worker.model_config import ModelConfig
 from engine.worker.model_runner import ModelRunner, RunnerParts
-from engine.worker.models.config import ModelConfig
 from engine.worker.parallel.group import head_shard
 from fairness.base import SchedulingPolicy
 

@@ -5,7 +5,7 @@ fresh blocks the scheduler gave it, before the step's forward writes into them (
 One indexed copy per layer and tensor for all of a step's pairs, on the stream the forward then runs on,
 so the copy reads the shared block after the previous step's forward wrote it (async scheduling builds
 the next step meanwhile, but runs it after) and before anything writes either block. Every tensor-parallel
-rank copies its own shard, told in the step's message (engine/worker/parallel/steps.py).
+rank copies its own shard, told in the step's message (engine/worker/rank_steps.py).
 """
 
 from __future__ import annotations

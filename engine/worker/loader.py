@@ -22,12 +22,12 @@ from torch import nn
 
 from engine.core.byte_tokenizer import BYTE_SPECIAL_TOKENS, byte_tokenizer_config, write_byte_tokenizer
 from engine.core.tokenizer import Tokenizer, read_json
+from engine.worker.layers import SourceSlice
+from engine.worker.model_config import eos_ids
 from engine.worker.models import ModelConfig, build_model
-from engine.worker.models.config import eos_ids
-from engine.worker.models.layers import SourceSlice
 from engine.worker.models.protocol import CausalLM
 from engine.worker.parallel.group import TPGroup
-from engine.worker.parallel.steps import StepPeers
+from engine.worker.rank_steps import StepPeers
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig

@@ -24,9 +24,9 @@ from engine.worker.input_batch import BlockTableRows
 from engine.worker.kv_copy import copy_blocks
 from engine.worker.lora.batch import LoraSegments, device_batch, host_groups
 from engine.worker.lora.intake import LoraIntake
-from engine.worker.models.config import ModelConfig
+from engine.worker.model_config import ModelConfig
 from engine.worker.models.protocol import CausalLM
-from engine.worker.parallel.steps import DROP_SWAPPED, SWAP_IN, SWAP_OUT, StepPeers
+from engine.worker.rank_steps import DROP_SWAPPED, SWAP_IN, SWAP_OUT, StepPeers
 from engine.worker.sampler import Sampler, to_device
 from engine.worker.window_cache import WindowBlocks, pool_blocks
 
@@ -311,7 +311,7 @@ class ModelRunner:
             run = partial(self._forward, ids, positions, meta, batch.sample_rows)
         if self.peers is None:
             return run()
-        try:  # every rank replays the same bucket (or runs the same eager step): engine/worker/parallel/worker.py
+        try:  # every rank replays the same bucket (or runs the same eager step): engine/worker/rank_worker.py
             self.peers.send_step(batch, ids)
             return run()
         except RuntimeError as exc:  # a collective failed: another rank is gone
@@ -319,7 +319,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run_peer_step(self, batch: HostBatch) -> None:
-        """A tensor-parallel rank > 0's share of a step rank 0 sent (engine/worker/parallel/worker.py): the same
+        """A tensor-parallel rank > 0's share of a step rank 0 sent (engine/worker/rank_worker.py): the same
         forward and logits, whose collectives meet rank 0's; rank 0 samples. A decode step rank 0 replays
         a graph for is replayed here too, over the same bucket (the ranks captured the same ones)."""
         copy_blocks(self.kv_caches, self.main_layers, batch.block_copies, self.device)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from engine.worker.models.config import ModelConfig
+from engine.worker.model_config import ModelConfig
 
 # The projections an adapter may target, by the HF module name (q/k/v and gate/up are fused in our layers).
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")

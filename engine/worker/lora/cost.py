@@ -9,7 +9,7 @@ Attention's context-dependent FLOPs are in neither figure.
 from __future__ import annotations
 
 from engine.worker.lora.adapter import LoraAdapter, module_shape
-from engine.worker.models.config import ModelConfig
+from engine.worker.model_config import ModelConfig
 
 
 def base_linear_flops(cfg: ModelConfig) -> int:

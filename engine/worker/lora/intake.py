@@ -45,7 +45,7 @@ from engine.worker.lora.cache import DeviceSlots
 from engine.worker.lora.cost import service_scale
 from engine.worker.lora.host_cache import HostCache, Key, Loader
 from engine.worker.lora.resident import ResidentStack
-from engine.worker.models.config import ModelConfig
+from engine.worker.model_config import ModelConfig
 from fairness.base import SchedulingPolicy
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ import torch
 
 from engine.worker.lora.adapter import ATTENTION_MODULES, MLP_MODULES, LoraAdapter, module_shape
 from engine.worker.lora.stack import LoraStack
-from engine.worker.models.config import ModelConfig
+from engine.worker.model_config import ModelConfig
 
 
 class ResidentStack:

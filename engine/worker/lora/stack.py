@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.worker.lora.adapter import ATTENTION_MODULES, MLP_MODULES, LoraAdapter, module_shape
-from engine.worker.models.config import ModelConfig
+from engine.worker.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.worker.models.config import ModelConfig
-from engine.worker.models.registry import ARCHITECTURES, model_class
+from engine.worker.architectures import ARCHITECTURES, model_class
+from engine.worker.model_config import ModelConfig
 from engine.worker.parallel.group import TPGroup
 
 

@@ -13,8 +13,8 @@ import torch
 
 from engine.worker.attention import AttentionMetadata, KVCache
 from engine.worker.kernels import kernels
-from engine.worker.models.config import ModelConfig
-from engine.worker.models.layers import RMSNorm, Target, WeightTargets, norm_class, rope_inv_freq, rope_tables
+from engine.worker.layers import RMSNorm, Target, WeightTargets, norm_class, rope_inv_freq, rope_tables
+from engine.worker.model_config import ModelConfig
 from engine.worker.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from engine.worker.parallel.group import TPGroup
 

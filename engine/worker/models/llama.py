@@ -19,10 +19,7 @@ from torch import nn
 
 from engine.worker.attention import AttentionMetadata, KVCache, paged_attention
 from engine.worker.kernels import Kernels, kernels
-from engine.worker.lora.apply import Slices, add_lora
-from engine.worker.lora.batch import LoraBatch
-from engine.worker.models.config import ModelConfig
-from engine.worker.models.layers import (
+from engine.worker.layers import (
     RMSNorm,
     SourceSlice,
     Target,
@@ -34,6 +31,9 @@ from engine.worker.models.layers import (
     rope_inv_freq,
     rope_tables,
 )
+from engine.worker.lora.apply import Slices, add_lora
+from engine.worker.lora.batch import LoraBatch
+from engine.worker.model_config import ModelConfig
 from engine.worker.models.moe import SparseMoeBlock
 from engine.worker.parallel.group import HeadShard, TPGroup, even_split, head_shard
 from engine.worker.parallel.layers import ParallelLMHead, RowParallelLinear, VocabParallelEmbedding

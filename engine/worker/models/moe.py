@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.worker.kernels import Kernels
-from engine.worker.models.config import ModelConfig
-from engine.worker.models.layers import SourceSlice, Target, WeightTargets
+from engine.worker.layers import SourceSlice, Target, WeightTargets
+from engine.worker.model_config import ModelConfig
 from engine.worker.parallel.group import TPGroup, even_split
 from fairserve_kernels.moe_reference import route
 

@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from engine.worker.models.layers import WeightTargets
+from engine.worker.layers import WeightTargets
 
 
 class CausalLM(Protocol):

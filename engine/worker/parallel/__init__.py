@@ -2,5 +2,5 @@
 
 Rank 0 is the engine (scheduler, fair-share policy, sampler); ranks 1..N-1 are worker processes that hold
 their shard of the weights and the KV cache and run each step's forward from one message rank 0 sends
-(engine/worker/parallel/steps.py). With N = 1 none of it runs: the model is built from its plain layers.
+(engine/worker/rank_steps.py). With N = 1 none of it runs: the model is built from its plain layers.
 """

@@ -1,6 +1,6 @@
 """The layers that differ under tensor parallelism: row-parallel linears and the vocab-parallel embedding
 and LM head. Column-parallel linears need no class: they are plain linears with a slice of the output rows
-(the weight targets say which, engine/worker/models/layers.py `SourceSlice`).
+(the weight targets say which, engine/worker/layers.py `SourceSlice`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.worker.models.layers import linear
+from engine.worker.layers import linear
 from engine.worker.parallel.group import TPGroup, even_split, vocab_split
 
 

@@ -7,7 +7,7 @@ import torch
 
 from engine.worker.lora.adapter import LoraAdapter
 from engine.worker.lora.stack import LoraStack
-from engine.worker.models.config import ModelConfig
+from engine.worker.model_config import ModelConfig
 
 CFG = ModelConfig("LlamaForCausalLM", 50, 32, 48, 2, 4, 2, 8)  # hidden 32, q 32, kv 16, intermediate 48
 

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from engine.worker.host_batch import HostBatch
-from engine.worker.parallel.steps import StepMessage, step_batch, step_payload
+from engine.worker.rank_steps import StepMessage, step_batch, step_payload
 
 
 def test_a_step_message_round_trips_the_batch_and_its_block_copies() -> None:

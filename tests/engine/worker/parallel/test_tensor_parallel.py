@@ -30,9 +30,9 @@ from engine.serving.llm import CompletionOutput
 from engine.serving.llm_engine import LLMEngine
 from engine.worker import decode_graphs
 from engine.worker.decode_graphs import graph_batch_sizes
+from engine.worker.layers import SourceSlice
 from engine.worker.loader import iter_tensors
-from engine.worker.models.layers import SourceSlice
-from engine.worker.parallel.steps import TensorParallelLost
+from engine.worker.rank_steps import TensorParallelLost
 from tests.engine.test_engine_parity import ARCHITECTURES, COMMON  # heads, vocab and widths divide by 4
 from tests.engine.test_engine_parity import workload as parity_workload
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.worker.models.registry import architecture_key
+from engine.worker.architectures import architecture_key
 
 ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3")
 ACTIVATIONS: tuple[str, ...] = ("silu", "gelu_pytorch_tanh")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from torch import nn
+if TYPE_CHECKING:  # the table is read (config parsing, errors) without torch; the classes import it
+    from torch import nn
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from engine.worker.kernels import Kernels
-from engine.worker.models.config import ModelConfig
+from engine.worker.model_config import ModelConfig
 from fairserve_kernels.layer_reference import signed_sin
 
 

@@ -1,6 +1,6 @@
 """The main of a tensor-parallel rank > 0: load its shard, allocate its KV cache, run each step it is sent.
 
-Started by rank 0 (engine/worker/parallel/steps.py) as `python -m engine.worker.parallel.worker`, its first message on
+Started by rank 0 (engine/worker/rank_steps.py) as `python -m engine.worker.rank_worker`, its first message on
 stdin says who it is. It samples nothing and schedules nothing: it runs the forward rank 0 describes, the
 model's collectives keeping it in lockstep. It ends on STOP, at end-of-file (rank 0 is gone), or when a
 collective fails (another rank is gone), so it never outlives its engine.
@@ -20,7 +20,7 @@ from engine.worker.decode_graphs import GraphPlan
 from engine.worker.loader import load_model
 from engine.worker.model_runner import ModelRunner, RunnerParts
 from engine.worker.parallel.group import head_shard, join_group, open_store, rank_device
-from engine.worker.parallel.steps import (
+from engine.worker.rank_steps import (
     ALLOCATE,
     DROP_SWAPPED,
     STOP,
@@ -96,7 +96,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     init = read_frame(sys.stdin.buffer)
     if not isinstance(init, WorkerInit):
-        sys.exit("engine.worker.parallel.worker: expected a WorkerInit message on stdin")
+        sys.exit("engine.worker.rank_worker: expected a WorkerInit message on stdin")
     try:
         serve(init)
     except Exception as exc:  # another rank is gone (a failed collective) or this one cannot load

@@ -148,13 +148,13 @@ class StepPeers:
         store = open_store(world)
         threads = max(1, torch.get_num_threads() // world)
         env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[3])  # the directory holding the `engine` package
+        root = str(Path(__file__).resolve().parents[2])  # the directory holding the `engine` package
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         procs: list[subprocess.Popen[bytes]] = []
         try:
             for rank in range(1, world):
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "engine.worker.parallel.worker"], stdin=subprocess.PIPE, env=env
+                    [sys.executable, "-m", "engine.worker.rank_worker"], stdin=subprocess.PIPE, env=env
                 )
                 procs.append(proc)
                 assert proc.stdin is not None
