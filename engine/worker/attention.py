@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from engine.worker.kernels import kernels
-
-if TYPE_CHECKING:
-    from engine.worker.lora.batch import LoraBatch
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -30,8 +27,6 @@ class AttentionMetadata:
     # their own whose blocks are freed once they fall behind the window (engine/worker/window_cache.py); this
     # is that pool's layout of the same batch. None: every layer uses the fields above.
     window_group: AttentionMetadata | None = None
-    # LoRA adapters (engine/worker/lora/): the step's rows grouped by adapter; None when no row has one.
-    lora: LoraBatch | None = None
 
 
 def resolve_backend(name: str, device: torch.device | str) -> str:

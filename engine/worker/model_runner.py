@@ -18,11 +18,12 @@ from engine.core.request import Request, RequestFault
 from engine.core.scheduler import SchedulerOutput
 from engine.worker.attention import AttentionMetadata, KVCache
 from engine.worker.decode_graphs import DecodeGraphs, GraphPlan, logits_forward
+from engine.worker.forward_context import step_context
 from engine.worker.grammar.masks import GrammarMasks
 from engine.worker.host_batch import HostBatch, chunks_batch, one_token_each_batch
 from engine.worker.input_batch import BlockTableRows
 from engine.worker.kv_copy import copy_blocks
-from engine.worker.lora.batch import LoraSegments, device_batch, host_groups
+from engine.worker.lora.batch import LoraBatch, LoraSegments, device_batch, host_groups
 from engine.worker.lora.intake import LoraIntake
 from engine.worker.model_config import ModelConfig
 from engine.worker.models.protocol import CausalLM
@@ -225,8 +226,6 @@ class ModelRunner:
             meta.window_group = replace(
                 meta, slot_mapping=batch.window_slots.to(dev), block_tables=batch.window_table.to(dev)
             )
-        if batch.lora_groups is not None and batch.lora_stack is not None:
-            meta.lora = device_batch(batch.lora_stack, batch.lora_groups, dev)
         return ids, batch.positions.to(dev), meta
 
     def _input_ids(self, batch: HostBatch) -> torch.Tensor:
@@ -308,7 +307,7 @@ class ModelRunner:
             run = partial(graphs.run, batch, ids)
         else:
             ids, positions, meta = self._to_device(batch)
-            run = partial(self._forward, ids, positions, meta, batch.sample_rows)
+            run = partial(self._forward, ids, positions, meta, batch.sample_rows, self._lora_batch(batch))
         if self.peers is None:
             return run()
         try:  # every rank replays the same bucket (or runs the same eager step): engine/worker/rank_worker.py
@@ -327,13 +326,26 @@ class ModelRunner:
             self.graphs.run(batch, self._input_ids(batch))
             return
         ids, positions, meta = self._to_device(batch)
-        self._forward(ids, positions, meta, batch.sample_rows)
+        self._forward(ids, positions, meta, batch.sample_rows, self._lora_batch(batch))
+
+    def _lora_batch(self, batch: HostBatch) -> LoraBatch | None:
+        """The step's adapted rows on the device, for its forward context; None when no row is adapted."""
+        if batch.lora_groups is None or batch.lora_stack is None:
+            return None
+        return device_batch(batch.lora_stack, batch.lora_groups, self.device)
 
     def _forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, sample_rows: list[int]
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        sample_rows: list[int],
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor | None:
-        """The eager forward, then the logits of `sample_rows` (None when there are none)."""
-        hidden = self.model(ids, positions, self.kv_caches, meta)
+        """The eager forward in its step's context (engine/worker/forward_context.py: the LoRA batch), then
+        the logits of `sample_rows` (None when there are none)."""
+        with step_context(lora):
+            hidden = self.model(ids, positions, self.kv_caches, meta)
         if not sample_rows:
             return None
         return cast(CausalLM, self.model).compute_logits(  # every registered model has it

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from engine.worker.attention import AttentionMetadata, KVCache, paged_attention
+from engine.worker.forward_context import step_lora
 from engine.worker.kernels import Kernels, kernels
 from engine.worker.layers import (
     RMSNorm,
@@ -109,8 +110,9 @@ class LlamaAttention(nn.Module):
         """x: [N, hidden]; cos/sin: [N, head_dim] in x's dtype (sin sign-folded, see layers.rope_tables)."""
         heads = self.num_heads + self.num_kv_heads
         qkv = self.qkv_proj(x)
-        if meta.lora is not None:
-            add_lora(qkv, x, meta.lora, self.layer_idx, self.qkv_slices, ops)
+        lora = step_lora()  # the step's adapted rows (engine/worker/forward_context.py); None: none
+        if lora is not None:
+            add_lora(qkv, x, lora, self.layer_idx, self.qkv_slices, ops)
         qkv = qkv.view(-1, heads + self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             qk = torch.cat(
@@ -141,8 +143,8 @@ class LlamaAttention(nn.Module):
         )
         attended = out.reshape(-1, self.q_size)
         projected: torch.Tensor = self.o_proj(attended)
-        if meta.lora is not None:
-            add_lora(projected, attended, meta.lora, self.layer_idx, self.o_slices, ops)
+        if lora is not None:
+            add_lora(projected, attended, lora, self.layer_idx, self.o_slices, ops)
         return projected
 
     def weight_targets(self, prefix: str) -> WeightTargets:
@@ -247,14 +249,15 @@ class LlamaDecoderLayer(nn.Module):
         x, residual = self.input_norm(h, residual, ops)
         x = self.self_attn(x, *rope, kv_cache, meta, ops)
         x, residual = self.post_attention_layernorm.add(x, residual, ops)
-        return self.run_mlp(x, ops, meta), residual
+        return self.run_mlp(x, ops), residual
 
-    def run_mlp(self, x: torch.Tensor, ops: Kernels, meta: AttentionMetadata) -> torch.Tensor:
+    def run_mlp(self, x: torch.Tensor, ops: Kernels) -> torch.Tensor:
         """The MLP, with LoRA deltas when the step has adapted rows (routed experts are never adapted)."""
-        if meta.lora is None or not isinstance(self.mlp, LlamaMLP):
+        lora = step_lora()
+        if lora is None or not isinstance(self.mlp, LlamaMLP):
             mlp: torch.Tensor = self.mlp(x, ops)
             return mlp
-        return self.mlp.adapted(x, ops, meta.lora, self.self_attn.layer_idx)
+        return self.mlp.adapted(x, ops, lora, self.self_attn.layer_idx)
 
     def input_norm(
         self, h: torch.Tensor, residual: torch.Tensor | None, ops: Kernels
