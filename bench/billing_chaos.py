@@ -24,12 +24,12 @@ from sqlalchemy import text
 
 from bench.harness import parser, served_model
 from billing import BillingStore, Database
-from engine.remote.client import RemoteEngine
-from engine.remote.liveness import SilenceBounds
-from engine.remote.messages import Produced
+from engine.serving.remote.client import RemoteEngine
+from engine.serving.remote.liveness import SilenceBounds
+from engine.serving.remote.messages import Produced
 from gateway.ops.produced import engine_totals
 from tests.billing.services import fresh_pg_database
-from tests.engine.remote.engine_process import EngineProcess
+from tests.engine.serving.remote.engine_process import EngineProcess
 from tests.gateway.serve_process import ServeProcess
 from tests.redis_server import RedisServer
 

@@ -159,7 +159,7 @@ def engine_comparison(cache_dir: str, quick: bool) -> dict[str, Any]:
     takes most of the RAM (14.7 GB here, OOM-killed next to the server).
     """
     from bench import engine_throughput as et
-    from engine.loader import default_model_dir
+    from engine.worker.loader import default_model_dir
 
     n, prompts, outputs, repeats = (12, (8, 64), (4, 32), 3) if quick else (48, (8, 256), (8, 128), 3)
     header = {

@@ -22,8 +22,8 @@ import uvicorn
 
 from bench import harness
 from bench.server import serve_on_thread
-from engine.byte_tokenizer import BYTE_SPECIAL_TOKENS
-from engine.loader import default_model_config, write_seeded_llama
+from engine.core.byte_tokenizer import BYTE_SPECIAL_TOKENS
+from engine.worker.loader import default_model_config, write_seeded_llama
 
 # The two models: `fast` is smaller than the default model, `slow` larger (tests/gateway/test_models.py too).
 TWO_MODELS: dict[str, dict[str, int]] = {

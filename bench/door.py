@@ -50,7 +50,7 @@ FLOOD_MESSAGES = 30_000
 # Issue 45: B's closed loops of distinct 2,047-token prompts (the prefix cache cannot shorten them)
 LONG_PREFILL_LOOPS = {"long_prefills": 62, "long_prefill_one": 1}
 # Issue 54: B's closed loops re-sending cached 2,047-token prompts (`max_tokens` 1), so only the tail past the
-# cached blocks is new each time; the step cost model (engine/step_cost.py) must keep A's steps bounded.
+# cached blocks is new each time; the step cost model (engine/core/step_cost.py) must keep A's steps bounded.
 CACHED_PREFILL_LOOPS = {"cached_prefills": 48, "cached_prefill_one": 1}
 # Issue 54: chats under the message cap that still cost their CPU to render (`chat_empty`: 2,048 empty
 # messages; `chat_parts`: 2,048 one-part content lists), and B's 8 loops each sending a fresh 30-property

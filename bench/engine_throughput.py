@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(args.model if args.model not in ("default", "small") else tmp)
         if args.model == "default":
-            from engine.loader import default_model_dir
+            from engine.worker.loader import default_model_dir
 
             model_dir = default_model_dir()
         elif args.model == "small":

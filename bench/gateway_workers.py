@@ -114,7 +114,7 @@ async def measure(
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Start the engine and both gateways, alternate the rounds, summarise."""
-    from engine.loader import write_seeded_llama
+    from engine.worker.loader import write_seeded_llama
 
     tmp = Path(tempfile.mkdtemp(prefix="gateway-workers-"))
     write_seeded_llama(tmp / "model", one_layer_config())

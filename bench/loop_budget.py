@@ -20,8 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.harness import parser
-from engine.loader import default_model_dir
-from engine.tokenizer import Tokenizer
+from engine.core.tokenizer import Tokenizer
+from engine.worker.loader import default_model_dir
 from gateway.edge.errors import APIError
 from gateway.openai.parsing import TOKENIZE_INLINE_CHARS, parse_body
 from gateway.settings import GatewaySettings

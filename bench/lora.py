@@ -35,7 +35,7 @@ import torch
 from bench.harness import table
 from bench.small_models import write_small_model
 from engine import LLM, SamplingParams
-from engine.request import RequestMeta
+from engine.core.request import RequestMeta
 
 MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

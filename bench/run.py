@@ -27,7 +27,7 @@ from bench.report import capacity_point, consistency_problems, summarise
 from bench.server import LocalServer, start_local_server
 from bench.workloads import WORKLOADS, Workload, plan
 from engine import EngineConfig
-from engine.loader import DEFAULT_MODEL_VERSION
+from engine.worker.loader import DEFAULT_MODEL_VERSION
 from fairness import FairnessConfig
 
 

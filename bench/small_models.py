@@ -42,7 +42,7 @@ def write_small_model(path: Path, arch: str = "llama") -> None:
     """Save the SMALL_GEOMETRY random model of `arch` (float32) with transformers, plus the byte tokenizer."""
     import transformers
 
-    from engine.byte_tokenizer import write_byte_tokenizer
+    from engine.core.byte_tokenizer import write_byte_tokenizer
 
     config_cls, extra = ARCHES[arch]
     geometry = dict(SMALL_GEOMETRY)
@@ -67,8 +67,8 @@ def one_layer_config() -> dict[str, Any]:
     """A Llama of one layer, 32 wide, with the byte tokenizer's vocabulary (engine.loader `write_seeded_llama`
     writes it): the forward is a few small matmuls, so the host's work and the gateway's dominate. The
     fastest engine this machine runs (experiments/host_overhead.py, bench/gateway_workers.py)."""
-    from engine.byte_tokenizer import BYTE_SPECIAL_TOKENS
-    from engine.loader import default_model_config
+    from engine.core.byte_tokenizer import BYTE_SPECIAL_TOKENS
+    from engine.worker.loader import default_model_config
 
     config = default_model_config(256 + len(BYTE_SPECIAL_TOKENS))
     config.update(

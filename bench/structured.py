@@ -34,10 +34,10 @@ from bench.flows import tenant_service
 from bench.harness import closed_loop, parser
 from bench.server import LocalServer, start_local_server
 from engine import EngineConfig, ProcessEngine
-from engine.grammar.backend import Backend, GrammarError
-from engine.grammar.config import GrammarConfig
-from engine.loader import load_model
-from engine.request import Grammar
+from engine.core.request import Grammar
+from engine.worker.grammar.backend import Backend, GrammarError
+from engine.worker.grammar.config import GrammarConfig
+from engine.worker.loader import load_model
 
 WARMUP_S = 2.0
 MAX_TOKENS = 24  # flood outputs: constrained ones mostly run to it, as the unconstrained ones do

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from bench.server import free_port
-from engine.loader import write_default_model
+from engine.worker.loader import write_default_model
 
 # Left to size itself, the continuous-batching cache takes most of the host's memory on CPU (13.7 GB
 # resident for the 12 MB embedded model here, before it answered). 256 blocks of 32 tokens hold 8192

@@ -1,7 +1,7 @@
 """Reconciliation of the ledger with the engines' own per-tenant counters of produced tokens.
 
 Both sides count requests that finished from the start of `since`'s UTC hour on (the engines keep hourly
-totals, engine/remote/accounting.py). Every tenant and count where they differ is a difference: a row the
+totals, engine/serving/remote/accounting.py). Every tenant and count where they differ is a difference: a row the
 ledger lacks (or holds twice over what was produced), or tokens billed that no engine produced.
 """
 

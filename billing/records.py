@@ -29,7 +29,9 @@ class Tenant:
     disabled: bool
     created_at: datetime
     updated_at: datetime
-    cache_group: str | None = None  # prefix-cache sharing group (engine/kv_cache.py); None: own blocks only
+    cache_group: str | None = (
+        None  # prefix-cache sharing group (engine/core/kv_cache.py); None: own blocks only
+    )
     on_infeasible: str | None = None  # its requests' default X-On-Infeasible; None: the server's
 
 

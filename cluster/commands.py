@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from cluster import deploy
 from cluster.config import ClusterConfig
 from cluster.fit import DoesNotFit
-from engine.remote.curve import ClusterKey, create_key_file
+from engine.serving.remote.curve import ClusterKey, create_key_file
 from gateway.cli.serve_run import prepare_deployment
 from gateway.edge.auth import ADMIN_TOKEN_FILE, METRICS_TOKEN_FILE
 from gateway.settings import GatewaySettings
@@ -44,7 +44,7 @@ def _gateway_settings(args: argparse.Namespace) -> GatewaySettings:
 def _secrets(settings: GatewaySettings) -> tuple[dict[str, str], dict[str, str]]:
     """Migrate the database, mint the demo key and tokens here, once; (secrets for replicas, banner).
 
-    The secrets include the cluster key (engine/remote/curve.py): `--cluster-key FILE`, or one created in
+    The secrets include the cluster key (engine/serving/remote/curve.py): `--cluster-key FILE`, or one created in
     the data dir. Engines bind their node's address, so on a cluster their ports are reachable from the
     network; a deployment's engines admit only its own gateways, always.
     """

@@ -23,7 +23,7 @@ from cluster.gateway_actor import GatewayActor
 from cluster.placement import release_ranks, reserve_ranks
 from cluster.registry import REGISTRY_NAME, Registry
 from engine.config import EngineConfig
-from engine.remote.curve import ClusterKey
+from engine.serving.remote.curve import ClusterKey
 from gateway.settings import GatewaySettings
 
 ENGINE_PREFIX = "fairserve-engine-"
@@ -112,7 +112,7 @@ def engine_resources(config: EngineConfig, cfg: ClusterConfig) -> dict[str, floa
     and `engine_cpus` (sized by `fit`).
 
     With tensor parallelism one actor holds every rank's GPU (cuda:0..N-1 in it), in its placement group's
-    one bundle (cluster/placement.py): the ranks are the actor's child processes (engine/parallel/), so Ray's
+    one bundle (cluster/placement.py): the ranks are the actor's child processes (engine/worker/parallel/), so Ray's
     restart of the actor restarts them as a unit, into the same reserved GPUs."""
     cpus = MIN_SHARE if cfg.engine_cpus is None else cfg.engine_cpus
     if config.device.startswith("cuda"):

@@ -16,8 +16,8 @@ import ray
 
 from cluster.registry import REGISTRY_NAME, EngineEntry
 from engine.config import EngineConfig
-from engine.remote.curve import ClusterKey
-from engine.remote.server import EngineServer
+from engine.serving.remote.curve import ClusterKey
+from engine.serving.remote.server import EngineServer
 from gateway.engine_server_settings import EngineServerSettings
 
 log = logging.getLogger("fairserve.cluster.engine")

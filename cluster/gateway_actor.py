@@ -24,7 +24,7 @@ import uvicorn
 
 from cluster.membership import Membership, join, member_key
 from cluster.registry import REGISTRY_NAME, EngineEntry, GatewayEntry
-from engine.remote.client import RemoteEngine
+from engine.serving.remote.client import RemoteEngine
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from routing.router import EngineRouter

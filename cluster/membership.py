@@ -16,10 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from cluster.registry import EngineEntry
-from engine.boundary.client import EngineClient
-from engine.remote.client import RemoteEngine
-from engine.remote.curve import ClusterKey
-from engine.remote.liveness import SilenceBounds
+from engine.serving.boundary.client import EngineClient
+from engine.serving.remote.client import RemoteEngine
+from engine.serving.remote.curve import ClusterKey
+from engine.serving.remote.liveness import SilenceBounds
 from routing.router import EngineRouter
 
 log = logging.getLogger("fairserve.cluster")

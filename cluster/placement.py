@@ -1,6 +1,6 @@
 """Each engine's placement group: the resources of all its tensor-parallel ranks, reserved as one unit.
 
-An engine's ranks are one engine actor (rank 0) and its child processes (ranks 1..N-1, engine/parallel/):
+An engine's ranks are one engine actor (rank 0) and its child processes (ranks 1..N-1, engine/worker/parallel/):
 Ray sees one actor. The group holds one bundle with every rank's GPU (and the engine's CPUs) under
 STRICT_PACK, so all ranks land on one node, where the all-reduce runs over NVLink (NCCL) or shared memory
 (gloo). The actor is scheduled into that bundle, and the group is detached and outlives the actor: when a

@@ -10,15 +10,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.boundary.async_engine import AsyncEngine, EngineDeadError
-    from engine.boundary.client import EngineClient, engine_client
-    from engine.boundary.front import OutputStream
-    from engine.boundary.process_engine import EngineStartError, ProcessEngine
     from engine.config import EngineConfig
-    from engine.llm import LLM, CompletionOutput
-    from engine.llm_engine import LLMEngine
-    from engine.outputs import EngineStats, RequestInfo, RequestMetrics, RequestOutput
-    from engine.request import (
+    from engine.core.outputs import EngineStats, RequestInfo, RequestMetrics, RequestOutput
+    from engine.core.request import (
         DuplicateRequestError,
         FinishReason,
         InvalidRequestError,
@@ -28,34 +22,40 @@ if TYPE_CHECKING:
         RequestState,
         SamplingParams,
     )
-    from engine.trace import IterationTrace
+    from engine.core.trace import IterationTrace
+    from engine.serving.boundary.async_engine import AsyncEngine, EngineDeadError
+    from engine.serving.boundary.client import EngineClient, engine_client
+    from engine.serving.boundary.front import OutputStream
+    from engine.serving.boundary.process_engine import EngineStartError, ProcessEngine
+    from engine.serving.llm import LLM, CompletionOutput
+    from engine.serving.llm_engine import LLMEngine
 
 # Each public name and the module that defines it.
 _EXPORTS = {
-    "AsyncEngine": "engine.boundary.async_engine",
-    "EngineDeadError": "engine.boundary.async_engine",
-    "EngineClient": "engine.boundary.client",
-    "engine_client": "engine.boundary.client",
-    "OutputStream": "engine.boundary.front",
-    "EngineStartError": "engine.boundary.process_engine",
-    "ProcessEngine": "engine.boundary.process_engine",
+    "AsyncEngine": "engine.serving.boundary.async_engine",
+    "EngineDeadError": "engine.serving.boundary.async_engine",
+    "EngineClient": "engine.serving.boundary.client",
+    "engine_client": "engine.serving.boundary.client",
+    "OutputStream": "engine.serving.boundary.front",
+    "EngineStartError": "engine.serving.boundary.process_engine",
+    "ProcessEngine": "engine.serving.boundary.process_engine",
     "EngineConfig": "engine.config",
-    "LLM": "engine.llm",
-    "CompletionOutput": "engine.llm",
-    "LLMEngine": "engine.llm_engine",
-    "EngineStats": "engine.outputs",
-    "RequestInfo": "engine.outputs",
-    "RequestMetrics": "engine.outputs",
-    "RequestOutput": "engine.outputs",
-    "DuplicateRequestError": "engine.request",
-    "FinishReason": "engine.request",
-    "InvalidRequestError": "engine.request",
-    "PromptTooLongError": "engine.request",
-    "Request": "engine.request",
-    "RequestMeta": "engine.request",
-    "RequestState": "engine.request",
-    "SamplingParams": "engine.request",
-    "IterationTrace": "engine.trace",
+    "LLM": "engine.serving.llm",
+    "CompletionOutput": "engine.serving.llm",
+    "LLMEngine": "engine.serving.llm_engine",
+    "EngineStats": "engine.core.outputs",
+    "RequestInfo": "engine.core.outputs",
+    "RequestMetrics": "engine.core.outputs",
+    "RequestOutput": "engine.core.outputs",
+    "DuplicateRequestError": "engine.core.request",
+    "FinishReason": "engine.core.request",
+    "InvalidRequestError": "engine.core.request",
+    "PromptTooLongError": "engine.core.request",
+    "Request": "engine.core.request",
+    "RequestMeta": "engine.core.request",
+    "RequestState": "engine.core.request",
+    "SamplingParams": "engine.core.request",
+    "IterationTrace": "engine.core.trace",
 }
 
 __all__ = [

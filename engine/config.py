@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from engine.grammar.config import GrammarConfig
-from engine.limits import RequestCaps
+from engine.core.limits import RequestCaps
+from engine.worker.grammar.config import GrammarConfig
 from fairness.config import FairnessConfig
 from fairness.registry import policy_entry
 
@@ -56,8 +56,8 @@ class EngineConfig(BaseModel):
     attention_backend: Literal["auto", "torch", "triton"] = Field(
         default="auto", description="auto picks the Triton kernels on CUDA and their torch twins on CPU"
     )
-    # CUDA graphs for decode steps (engine/decode_graphs.py, docs/engine.md "CUDA graphs").
-    # Tensor parallelism (engine/parallel/, docs/engine.md "Tensor parallelism").
+    # CUDA graphs for decode steps (engine/worker/decode_graphs.py, docs/engine.md "CUDA graphs").
+    # Tensor parallelism (engine/worker/parallel/, docs/engine.md "Tensor parallelism").
     tensor_parallel_size: int = Field(
         default=1,
         ge=1,
@@ -79,9 +79,9 @@ class EngineConfig(BaseModel):
         description="token budget of one iteration (default by device kind: 256 on cpu, 512 on cuda)",
     )
     max_num_seqs: int = Field(default=64, ge=1, description="sequences running at once (seats)")
-    # The step cost model (engine/step_cost.py, docs/engine.md "The step's cost"): a chunk costs
+    # The step cost model (engine/core/step_cost.py, docs/engine.md "The step's cost"): a chunk costs
     # length·(1 + context·cached positions) + sequence new-token equivalents, in the step's budget and in
-    # the fair-share charge alike. None: the default for the device kind (engine/step_cost.py DEVICE_DEFAULTS).
+    # the fair-share charge alike. None: the default for the device kind (engine/core/step_cost.py DEVICE_DEFAULTS).
     step_cost_context: float | None = Field(
         default=None,
         ge=0,
@@ -99,14 +99,14 @@ class EngineConfig(BaseModel):
         default=True,
         description="charge a chunk's cost beyond its new tokens (cached context, per sequence) as service",
     )
-    # LoRA adapters (engine/lora/, docs/engine.md "LoRA adapters"): none by default, and then nothing changes.
+    # LoRA adapters (engine/worker/lora/, docs/engine.md "LoRA adapters"): none by default, and then nothing changes.
     lora: dict[str, str] = Field(
         default_factory=dict,
         description="LoRA adapters served over the model, NAME=PATH (a PEFT directory); a request selects "
         "one with `model: NAME`",
     )
     max_lora_rank: int = Field(default=64, ge=1, le=1024, description="the largest LoRA rank loaded")
-    # The adapter caches (engine/lora/cache.py, engine/lora/host_cache.py): LRU, adapters in use kept.
+    # The adapter caches (engine/worker/lora/cache.py, engine/worker/lora/host_cache.py): LRU, adapters in use kept.
     max_loras: int = Field(
         default=8, ge=1, le=1024, description="LoRA adapters held on the device at once (slots)"
     )
@@ -159,15 +159,17 @@ class EngineConfig(BaseModel):
         default="forkserver", description="how the process engine starts its worker"
     )
     caps: RequestCaps = Field(default_factory=RequestCaps)
-    grammar: GrammarConfig = Field(default_factory=GrammarConfig)  # constrained decoding (engine/grammar/)
-    # Async scheduling (engine/async_scheduler.py, engine/overlap.py). auto: on for CUDA, where the forward runs on the device and
+    grammar: GrammarConfig = Field(
+        default_factory=GrammarConfig
+    )  # constrained decoding (engine/worker/grammar/)
+    # Async scheduling (engine/core/async_scheduler.py, engine/worker/overlap.py). auto: on for CUDA, where the forward runs on the device and
     # the host work beside it is free; off on CPU, where the forward needs the same cores and the GIL
     # (measured: docs/engine.md, "Overlap").
     async_scheduling: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="schedule step N+1 while step N's forward runs (auto: on for CUDA, off on CPU)",
     )
-    # One fair share across engines (engine/counter_sync.py, docs/fairness.md "Across engines"). Off by default:
+    # One fair share across engines (engine/serving/counter_sync.py, docs/fairness.md "Across engines"). Off by default:
     # a lone engine has nobody to share with. `fairserve serve` does not pass the gateway's --redis along
     # either: the engine it spawns is alone unless asked (--engine-redis).
     redis_url: str | None = Field(
@@ -188,7 +190,7 @@ class EngineConfig(BaseModel):
         pattern=r"^[^\s]+$",
         description="Redis key prefix of the shared counters: engines with the same prefix share one fair share",
     )
-    # OpenTelemetry traces (engine/tracing.py, gateway/ops/tracing.py): gateway and engine export their own
+    # OpenTelemetry traces (engine/serving/tracing.py, gateway/ops/tracing.py): gateway and engine export their own
     # spans to the same collector, so both read these (`serve` and `fairserve engine` alike).
     otlp_endpoint: str | None = Field(
         default=None,

@@ -53,10 +53,10 @@ def cold(fn: Callable[[], object], runs: int, evict: bool) -> float:
 def pieces() -> dict[str, Callable[[], object]]:
     """The pieces timed, each a call with its inputs bound."""
     from engine import FinishReason
-    from engine.boundary.messages import FromEngineAsRead
-    from engine.loader import default_model_dir
-    from engine.outputs import OutputDelta, RequestMetrics
-    from engine.tokenizer import Tokenizer
+    from engine.core.outputs import OutputDelta, RequestMetrics
+    from engine.core.tokenizer import Tokenizer
+    from engine.serving.boundary.messages import FromEngineAsRead
+    from engine.worker.loader import default_model_dir
     from gateway.openai.format import Shape
 
     tokenizer = Tokenizer.from_dir(default_model_dir())  # built on first use
@@ -85,8 +85,8 @@ def pieces() -> dict[str, Callable[[], object]]:
 
 def _report(delta: Any, reason: Any, metrics: Any) -> bytes:
     """An encoded IterationReport of 8 finished outputs, as the worker sends one."""
-    from engine.boundary.messages import IterationReport
-    from engine.outputs import EngineStats
+    from engine.core.outputs import EngineStats
+    from engine.serving.boundary.messages import IterationReport
 
     outputs = [delta(f"req-{i:032d}", [65], "A", True, reason.LENGTH, metrics) for i in range(8)]
     return msgspec.msgpack.encode(IterationReport(outputs, EngineStats(), []))

@@ -8,7 +8,7 @@ retrieval plan (bench/workloads.py: 320-480-token prompts, 75% behind a shared 2
 output tokens, greedy) to each pair in turn, alternating ABBA... for `--rounds` rounds each; only the arm
 being measured is busy. Per arm: p50/p99 TPOT ((last token - first token) / (tokens - 1)), p50 TTFT,
 output tokens per second over the arm's makespan, and, for the disaggregated arm, the decode engine's
-KV pulls (ask to last frame, engine/remote/kv_transfer.py) per request. Ratios are disaggregated /
+KV pulls (ask to last frame, engine/serving/remote/kv_transfer.py) per request. Ratios are disaggregated /
 co-located over all rounds.
 """
 
@@ -24,12 +24,12 @@ from pathlib import Path
 
 from bench.workloads import WORKLOADS, plan
 from engine import RequestMeta, SamplingParams
-from engine.boundary.client import EngineClient
-from engine.remote.liveness import SilenceBounds
-from engine.remote.roles import RoleAwareEngine
+from engine.serving.boundary.client import EngineClient
+from engine.serving.remote.liveness import SilenceBounds
+from engine.serving.remote.roles import RoleAwareEngine
 from routing import EngineRouter
 from routing.roles import DisaggRouter
-from tests.engine.remote.engine_process import EngineProcess
+from tests.engine.serving.remote.engine_process import EngineProcess
 
 ENGINE_ARGS = ("--num-kv-blocks", "1024", "--max-num-batched-tokens", "512")
 

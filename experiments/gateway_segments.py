@@ -52,16 +52,16 @@ DETAIL = (
     "gateway.openai.generation:parse",
     "gateway.openai.parsing:parse_body",
     "gateway.openai.parsing:engine_input",
-    "engine.tokenizer:Tokenizer.encode",
+    "engine.core.tokenizer:Tokenizer.encode",
     "gateway.openai.generation:admit",
     "gateway.openai.generation:submit",
-    "engine.boundary.front:EngineFront.submit",
-    "engine.limits:RequestLimits.validate",
+    "engine.serving.boundary.front:EngineFront.submit",
+    "engine.core.limits:RequestLimits.validate",
     "gateway.openai.responses:RunResponse.__call__",
     "uvicorn.protocols.http.httptools_impl:RequestResponseCycle.send",
-    "engine.boundary.zmq_channel:ZmqFrontChannel.take_ready",
-    "engine.boundary.front:EngineFront._dispatch",
-    "engine.boundary.route:OutputRoute.expand",
+    "engine.serving.boundary.zmq_channel:ZmqFrontChannel.take_ready",
+    "engine.serving.boundary.front:EngineFront._dispatch",
+    "engine.serving.boundary.route:OutputRoute.expand",
     "gateway.openai.runs:RunFeed.__call__",
     "gateway.openai.runs:_final",
     "gateway.openai.submit:_record",
@@ -132,7 +132,7 @@ def instrument(out: Path) -> None:
     """Wrap the segments (and with the detail flag the stages); SIGUSR2 resets the counters, SIGUSR1 dumps them."""
     from uvicorn.protocols.http import httptools_impl
 
-    from engine.boundary import process_engine
+    from engine.serving.boundary import process_engine
     from gateway.openai import submit
 
     proto = httptools_impl.HttpToolsProtocol

@@ -46,9 +46,9 @@ def write_model(path: Path) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     try:
-        from engine.byte_tokenizer import write_byte_tokenizer
+        from engine.core.byte_tokenizer import write_byte_tokenizer
     except ImportError:
-        from engine.byte_tokenizer import write_byte_tokenizer
+        from engine.core.byte_tokenizer import write_byte_tokenizer
     config = LlamaConfig(
         **MODEL_GEOMETRY, bos_token_id=256, eos_token_id=257, pad_token_id=258, tie_word_embeddings=False
     )

@@ -9,10 +9,10 @@ around it shows. Every request is admitted, prefilled, and then the engine is st
 state (every running request decodes one token, nothing else happens); the split is read from the
 engine's own IterationTrace rows, the same figures a deployment writes with `trace_path`. The
 front's share (rebuilding each output's totals and detokenizing what the loop leaves to it) is
-timed separately, on the same outputs, with the front's own code (engine/boundary/route.py `OutputRoute`),
+timed separately, on the same outputs, with the front's own code (engine/serving/boundary/route.py `OutputRoute`),
 and so is "publish": the stats snapshot and the encoded IterationReport that the loop sends the front
-under ProcessEngine after every step (engine/boundary/worker.py): msgspec, as the default ZeroMQ transport
-encodes it (engine/boundary/zmq_channel.py).
+under ProcessEngine after every step (engine/serving/boundary/worker.py): msgspec, as the default ZeroMQ transport
+encodes it (engine/serving/boundary/zmq_channel.py).
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ import msgspec
 import torch
 
 from bench.small_models import one_layer_config
-from engine.boundary.messages import IterationReport
-from engine.boundary.route import OutputRoute
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.loader import write_seeded_llama
-from engine.outputs import text_in_loop
-from engine.request import SamplingParams
+from engine.core.outputs import text_in_loop
+from engine.core.request import SamplingParams
+from engine.serving.boundary.messages import IterationReport
+from engine.serving.boundary.route import OutputRoute
+from engine.serving.llm_engine import LLMEngine
+from engine.worker.loader import write_seeded_llama
 
 _ENCODE = msgspec.msgpack.Encoder().encode
 
@@ -87,7 +87,7 @@ def steady_engine(
         async_scheduling="on" if overlap else "off",
     )
     engine = LLMEngine(config)
-    engine.detokenize_in_front()  # as under the engine loop (engine/boundary/worker.py), which a server runs
+    engine.detokenize_in_front()  # as under the engine loop (engine/serving/boundary/worker.py), which a server runs
     rng = random.Random(0)
     params = SamplingParams(max_tokens=steps + 32, temperature=0.0, ignore_eos=True, stop=stop)
     for i in range(batch):
@@ -127,7 +127,7 @@ class Probe:
             t0 = time.perf_counter()
             outputs = self.engine.step_deltas()
             t1 = time.perf_counter()
-            # What the engine loop then does under ProcessEngine (engine/boundary/worker.py _report, engine/boundary/zmq_channel.py):
+            # What the engine loop then does under ProcessEngine (engine/serving/boundary/worker.py _report, engine/serving/boundary/zmq_channel.py):
             # the stats snapshot and the encoded report, short of the socket send itself.
             _ENCODE(IterationReport(outputs, self.engine.stats(), [self.engine.traces[-1]]))
             t2 = time.perf_counter()

@@ -8,7 +8,7 @@ conditions, in an order that rotates every round so drift of this VM's speed hit
 
 * solo:  the victim alone;
 * plain: beside a neighbour request of the same prompt and length without heavy parameters;
-* heavy: beside the same neighbour request carrying everything the caps allow (engine/limits.py):
+* heavy: beside the same neighbour request carrying everything the caps allow (engine/core/limits.py):
   16 stop strings of 256 characters, 300 logit_bias entries, 64 stop_token_ids.
 
 Reported: heavy/plain (what the neighbour's parameters cost the victim: isolation, target <= 1.3)
@@ -30,7 +30,7 @@ import httpx
 
 from bench.server import LocalServer, start_local_server
 from engine import EngineConfig, ProcessEngine
-from engine.limits import RequestCaps
+from engine.core.limits import RequestCaps
 
 CONDITIONS = ("solo", "plain", "heavy")
 

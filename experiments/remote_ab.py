@@ -4,12 +4,12 @@
 
 Each round measures one arm twice with experiments.gateway_overhead's tools: the engine called directly,
 then through `fairserve serve`. The gateway's own worker process (`local`, ipc) against a `fairserve
-engine` process reached over TCP (`remote`, engine/remote/), alternating local, remote, remote, local,
+engine` process reached over TCP (`remote`, engine/serving/remote/), alternating local, remote, remote, local,
 ...; the report is each figure's median per arm and the ratio remote / local.
 
     .venv/bin/python -m experiments.gateway_overhead --rate 100 --duration 3 --curve-ab 6
 
-compares two remote engines, one with `--cluster-key` (CurveZMQ, engine/remote/curve.py) and one without;
+compares two remote engines, one with `--cluster-key` (CurveZMQ, engine/serving/remote/curve.py) and one without;
 the ratio is curve / plain: what the encryption and the ZAP check cost a request.
 """
 
@@ -26,8 +26,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from engine.remote.client import RemoteEngine
-from engine.remote.curve import ClusterKey
+from engine.serving.remote.client import RemoteEngine
+from engine.serving.remote.curve import ClusterKey
 from experiments.gateway_overhead import Poster, Served, engine_config, in_process, pct, through_gateway
 from gateway.settings import GatewaySettings
 

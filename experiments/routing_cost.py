@@ -15,7 +15,7 @@ from collections.abc import Callable
 from functools import partial
 
 from engine import AsyncEngine, EngineConfig, LLMEngine, RequestMeta
-from engine.loader import load_model
+from engine.worker.loader import load_model
 from routing import EngineRouter
 
 

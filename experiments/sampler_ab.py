@@ -47,8 +47,8 @@ def _params(mix: str, row: int) -> dict[str, Any]:
 
 def sampler_cost(mix: str, vocab: int, calls: int) -> float:
     """CPU µs per `Sampler.sample` call."""
-    from engine.request import Request, RequestMeta, SamplingParams
-    from engine.sampler import Sampler
+    from engine.core.request import Request, RequestMeta, SamplingParams
+    from engine.worker.sampler import Sampler
 
     sampler = Sampler(0)
     requests = [Request(f"r{i}", [1], SamplingParams(**_params(mix, i)), RequestMeta()) for i in range(BATCH)]

@@ -1,4 +1,4 @@
-"""Measure the step cost model's coefficients on this machine (engine/step_cost.py, docs/engine.md).
+"""Measure the step cost model's coefficients on this machine (engine/core/step_cost.py, docs/engine.md).
 
 Times real engine steps (the embedded model unless --model) of four shapes, each the median of --repeats:
 
@@ -23,9 +23,9 @@ import time
 from collections.abc import Sequence
 
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.request import RequestMeta, SamplingParams
-from engine.step_cost import attention_flop_ratio
+from engine.core.request import RequestMeta, SamplingParams
+from engine.serving.llm_engine import LLMEngine
+from engine.worker.lora.cost import attention_flop_ratio
 
 _PREFIX = 2000
 

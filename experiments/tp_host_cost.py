@@ -24,13 +24,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.byte_tokenizer import BYTE_SPECIAL_TOKENS
 from engine.config import EngineConfig
-from engine.host_batch import HostBatch
-from engine.llm_engine import LLMEngine
-from engine.loader import default_model_config, write_seeded_llama
-from engine.parallel.steps import StepPeers, step_payload
-from engine.request import SamplingParams
+from engine.core.byte_tokenizer import BYTE_SPECIAL_TOKENS
+from engine.core.request import SamplingParams
+from engine.serving.llm_engine import LLMEngine
+from engine.worker.host_batch import HostBatch
+from engine.worker.loader import default_model_config, write_seeded_llama
+from engine.worker.rank_steps import StepPeers, step_payload
 
 GEOMETRY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
 GEOMETRY |= {"num_key_value_heads": 2, "head_dim": 16}

@@ -6,7 +6,7 @@
 process (a blocking loop; its CPU is not counted) and await a 280-byte output; the worker answers all it
 has read in one report, as an engine iteration report carries several outputs. A loop pass's frames
 leave together at its end (`call_soon`), as process_engine.py's `_send`/`_flush` does. In every round
-(order reversed every other round): `zmq`, ipc PUSH/PULL read as engine/boundary/zmq_channel.py does
+(order reversed every other round): `zmq`, ipc PUSH/PULL read as engine/serving/boundary/zmq_channel.py does
 (the PULL fd on `add_reader`, drained NOBLOCK until zmq.Again; a pass as one multipart message);
 `stream`, a Unix stream socketpair under `create_unix_connection` and an asyncio.Protocol
 (length-prefixed frames, one `transport.write` per pass); `seqpacket`, a SOCK_SEQPACKET socketpair on

@@ -10,8 +10,8 @@ from fairness.errors import InvalidChargeError, InvalidWeightError
 
 
 def item_scale(item: object) -> float:
-    """An item's service multiplier: its `service_scale` (the engine's LoRA requests, engine/lora/cost.py),
-    else 1. `charge` applies it; `charge_decodes` is only handed items without one (engine/scheduler.py)."""
+    """An item's service multiplier: its `service_scale` (the engine's LoRA requests, engine/worker/lora/cost.py),
+    else 1. `charge` applies it; `charge_decodes` is only handed items without one (engine/core/scheduler.py)."""
     scale: float = getattr(item, "service_scale", 1.0)
     return scale
 

@@ -46,7 +46,7 @@ def choose_num_splits(num_programs: int, max_seq_len: int | None, sm_count: int)
 def split_context_bounds(num_programs: int, max_context: int, sm_count: int) -> list[tuple[int, int]]:
     """(bound, split count) pairs, ascending, the last bound `max_context`: every context above the previous
     bound and up to this one gets this split count from `choose_num_splits`. A CUDA graph fixes its launch
-    at capture, so the engine captures one per pair (engine/decode_graphs.py) and replays the one of the
+    at capture, so the engine captures one per pair (engine/worker/decode_graphs.py) and replays the one of the
     step's live context: a short context runs no empty splits and no reduce.
 
     The count changes only where `context // MIN_TOKENS_PER_SPLIT` crosses a power of two (then it is

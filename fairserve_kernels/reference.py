@@ -10,7 +10,7 @@ Layouts (shared with the Triton kernels):
   block_tables       [num_seqs, max_blocks] int, physical block of each logical block (-1 = unused)
 A query at index i of a span of length q in a sequence of length L sits at position L - q + i and
 attends to positions [max(0, pos - window + 1), pos]. A one-token span with seq_len 0 is a padding row
-(a CUDA graph's batch padded to its bucket, engine/decode_graphs.py): it attends to nothing, output 0.
+(a CUDA graph's batch padded to its bucket, engine/worker/decode_graphs.py): it attends to nothing, output 0.
 """
 
 from __future__ import annotations

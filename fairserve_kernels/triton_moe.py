@@ -94,7 +94,7 @@ def align_by_expert(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sorted pair ids padded per expert to a multiple of block_m with num_pairs, expert of each tile).
 
-    Sized without reading anything back to the host, so a CUDA graph can capture it (engine/decode_graphs.py):
+    Sized without reading anything back to the host, so a CUDA graph can capture it (engine/worker/decode_graphs.py):
     for the upper bound of tiles, ceil(pairs / block_m) + num_experts (each expert's run rounds up by less
     than a tile). Tiles past the used ones hold only padding; the kernel returns at once on them.
     """

@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from billing import Tenant
 from engine import EngineClient
-from engine.remote.client import RemoteEngine
+from engine.serving.remote.client import RemoteEngine
 from gateway.adapters import keep_adapters_fresh
 from gateway.admin import routes as admin_routes
 from gateway.admin.live import keep_share_history, runtime_of

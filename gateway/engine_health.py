@@ -6,7 +6,7 @@ down until its watcher has replaced the worker and reads the new one: `is_alive`
 earlier, while the new worker is started on a thread. A request is refused (503 `engine_unavailable`)
 only when no engine of its own model is up, and the gateway stays ready while any model is
 (docs/gateway.md, "Failure and shutdown"). Attached engines (`--engine`) are never marked: they rejoin by
-themselves (engine/remote/client.py), and `is_alive` alone says whether they serve.
+themselves (engine/serving/remote/client.py), and `is_alive` alone says whether they serve.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from engine.remote.address import check_address, is_loopback
+from engine.serving.remote.address import check_address, is_loopback
 from gateway.settings import ProcessSettings
 
 
@@ -43,7 +43,7 @@ class EngineServerSettings(ProcessSettings):
         json_schema_extra={"flags": ["--gateway-timeout"]},
     )
 
-    # Prefill and decode on separate engines (engine/disagg.py, docs/scale.md "Prefill and decode apart").
+    # Prefill and decode on separate engines (engine/serving/disagg.py, docs/scale.md "Prefill and decode apart").
     role: Literal["both", "prefill", "decode"] = Field(
         default="both",
         description="both: whole requests; prefill: prompts, then the KV goes to a decode engine; decode: "

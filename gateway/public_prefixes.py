@@ -4,7 +4,7 @@ A registered prefix is a model's token ids (registered as text, the gateway toke
 request *starts with* a prefix when its prompt holds every token of it but possibly the last (a
 tokeniser may merge the prefix's last token with what follows); its `public_prefix_tokens` is then
 the length of the common run, and the blocks wholly inside that run are keyed in the public namespace
-(engine/kv_cache.py, `PUBLIC_ROOT`). Every block after stays keyed by tenant, cache group and salt.
+(engine/core/kv_cache.py, `PUBLIC_ROOT`). Every block after stays keyed by tenant, cache group and salt.
 
 Why the whole prefix must match, not any leading block of it: a tenant learns from `usage`
 (`public_cached_tokens`) whether its prompt hit public blocks. With whole-prefix matching that answer

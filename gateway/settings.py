@@ -29,9 +29,9 @@ from admission.feasibility import RatePriors
 from admission.queues import QueueBounds
 from billing import LedgerConfig
 from engine.config import EngineConfig
-from engine.remote.address import check_address
-from engine.remote.curve import ClusterKey
-from engine.remote.liveness import SilenceBounds
+from engine.serving.remote.address import check_address
+from engine.serving.remote.curve import ClusterKey
+from engine.serving.remote.liveness import SilenceBounds
 from fairness import policy_entry
 from gateway.model_settings import ModelSettings, one_local_model
 from gateway.settings_base import DataDirSettings, StorageSettings
@@ -44,7 +44,7 @@ MAX_JSON_DEPTH = 64  # the default of GatewaySettings.max_json_depth (parse_body
 class ProcessSettings(DataDirSettings):
     """What `serve` and `fairserve engine` share: the engine tree, the cluster key, shutdown and the GIL."""
 
-    # engine/remote/curve.py: CURVE encryption between gateways and engines. `serve --engine` reads the
+    # engine/serving/remote/curve.py: CURVE encryption between gateways and engines. `serve --engine` reads the
     # file (refused before anything starts when bad); `fairserve engine` creates it 0600 when missing.
     cluster_key_file: Path | None = Field(
         default=None,

@@ -19,8 +19,8 @@ from admission.quota_redis import quota_metrics
 from admission.redis_link import RedisLink, connect
 from billing import BillingStore, Database, KeyCache, Ledger, default_db_url
 from engine import EngineClient, EngineStartError, engine_client
-from engine.remote.client import RemoteEngine
-from engine.remote.roles import RoleAwareEngine
+from engine.serving.remote.client import RemoteEngine
+from engine.serving.remote.roles import RoleAwareEngine
 from gateway.adapters import AdapterRegistry
 from gateway.admin.rejections import RejectionLog
 from gateway.edge.auth import ensure_admin_token, ensure_metrics_token
@@ -192,7 +192,7 @@ def gateway_engine(settings: GatewaySettings) -> EngineClient:
 def owned_engine(settings: GatewaySettings) -> EngineClient:
     """The engine a gateway serves from: its own (thread or worker process) unless `--engine` names one.
 
-    Several `--engine` go behind an EngineRouter. An attached engine is reached over TCP (engine/remote/client.py); the gateway neither starts nor stops
+    Several `--engine` go behind an EngineRouter. An attached engine is reached over TCP (engine/serving/remote/client.py); the gateway neither starts nor stops
     it, and it rejoins by itself after the engine comes back.
     """
     if not settings.engines:

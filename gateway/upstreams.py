@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from engine import EngineClient
-from engine.counter_sync import CounterSync
-from engine.loader import default_model_dir
-from engine.tokenizer import Tokenizer
+from engine.core.tokenizer import Tokenizer
+from engine.serving.counter_sync import CounterSync
+from engine.worker.loader import default_model_dir
 from gateway.settings import GatewaySettings
 from upstream.engine import UpstreamEngine
 from upstream.probe import ProbeResult, probe

@@ -1,6 +1,6 @@
 """Prefix affinity: the tenant-scoped digests of a prompt's first blocks, and what each engine was sent.
 
-The digests are the engine's own prefix-cache keys (engine/kv_cache.py: `prefix_root` of the tenant,
+The digests are the engine's own prefix-cache keys (engine/core/kv_cache.py: `prefix_root` of the tenant,
 cache group and salt, then `chain_hash` per full block; a public prefix's blocks are skipped), so a
 digest the router remembers for an engine names blocks that engine computed, and two tenants with the same prompt never share one: tenant
 B is not pulled toward the engine that holds tenant A's blocks, and routing reveals nothing of A's
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from engine.kv_cache import block_keys, prefix_root
-from engine.request import RequestMeta
+from engine.core.kv_cache import block_keys, prefix_root
+from engine.core.request import RequestMeta
 
 
 def prefix_digests(
@@ -30,7 +30,7 @@ def prefix_digests(
     prompt is thus spread by load, and affinity follows only what comes after it.
     """
     public = max(0, min(meta.public_prefix_tokens, len(prompt_token_ids))) // block_size
-    if meta.lora is not None:  # an adapter's blocks are never keyed publicly (engine/request.py)
+    if meta.lora is not None:  # an adapter's blocks are never keyed publicly (engine/core/request.py)
         public = 0
     full = min((len(prompt_token_ids) - 1) // block_size, public + blocks)
     root = prefix_root(meta.tenant_id, meta.cache_group, meta.cache_salt, meta.lora, meta.lora_path)

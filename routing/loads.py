@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.boundary.client import EngineClient
-from engine.outputs import EngineStats
+from engine.core.outputs import EngineStats
+from engine.serving.boundary.client import EngineClient
 
 LOCAL_KEY = "local"  # the key a gateway's only engine shows under when no router names it
 
@@ -57,7 +57,7 @@ class EngineLoad:
 
 
 def is_suspect(client: Any) -> bool:
-    """True while an attached engine is silent past its heartbeat bound (engine/remote/liveness.py); an
+    """True while an attached engine is silent past its heartbeat bound (engine/serving/remote/liveness.py); an
     engine this process runs itself is never suspect (its death is seen directly)."""
     return bool(getattr(client, "is_suspect", False))
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
-from engine.boundary.client import EngineClient
-from engine.boundary.front import OutputStream, Sink
-from engine.limits import RequestCaps
-from engine.outputs import EngineStats, RequestInfo, RequestOutput
-from engine.request import RequestMeta, SamplingParams
-from engine.trace import IterationTrace
+from engine.core.limits import RequestCaps
+from engine.core.outputs import EngineStats, RequestInfo, RequestOutput
+from engine.core.request import RequestMeta, SamplingParams
+from engine.core.trace import IterationTrace
+from engine.serving.boundary.client import EngineClient
+from engine.serving.boundary.front import OutputStream, Sink
 from routing.config import RoutingSettings
 from routing.loads import EngineLoad, engine_loads
 from routing.router import EngineRouter

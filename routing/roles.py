@@ -1,7 +1,7 @@
 """DisaggRouter: prefill engines and decode engines behind one EngineClient (DistServe).
 
 A request goes to a prefill engine (the pool's own EngineRouter picks it: prefix affinity against load,
-so prefix-cache hits count as they do co-located), marked to hand off (engine/disagg.py). Its first
+so prefix-cache hits count as they do co-located), marked to hand off (engine/serving/disagg.py). Its first
 token comes back from there, with finish_reason `handoff`; the router then submits the prompt plus that
 token, `max_tokens` less one, to a decode engine (its pool's router picks one), naming the prefill
 engine's KV address and carrying the text its stop strings held back (`held_text`), and the decode
@@ -24,12 +24,12 @@ from dataclasses import replace
 from functools import partial
 from typing import cast
 
-from engine.boundary.client import EngineClient
-from engine.boundary.front import EngineFront, OutputStream, Sink
-from engine.detokenizer import Detokenizer
-from engine.disagg import HOLD
-from engine.outputs import RequestInfo, RequestMetrics, RequestOutput, TokenPrefix, text_in_loop
-from engine.request import DuplicateRequestError, FinishReason, RequestMeta, SamplingParams
+from engine.core.detokenizer import Detokenizer
+from engine.core.outputs import RequestInfo, RequestMetrics, RequestOutput, TokenPrefix, text_in_loop
+from engine.core.request import DuplicateRequestError, FinishReason, RequestMeta, SamplingParams
+from engine.serving.boundary.client import EngineClient
+from engine.serving.boundary.front import EngineFront, OutputStream, Sink
+from engine.serving.disagg import HOLD
 from routing.config import RoutingSettings
 from routing.loads import EngineLoad
 from routing.router import EngineRouter

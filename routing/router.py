@@ -1,6 +1,6 @@
 """EngineRouter: one EngineClient over many engines, each request sent to the engine the scorer picks.
 
-The gateway holds it exactly as it would hold one engine (engine/boundary/client.py). A request goes to the
+The gateway holds it exactly as it would hold one engine (engine/serving/boundary/client.py). A request goes to the
 healthy engine with the best score (routing/score.py: prefix affinity against load), and the router
 remembers which engine serves it until its stream ends, so abort, live_request and a replay's attach
 reach that engine. Membership changes at run time (`add_engine`, `remove_engine`): a removed engine
@@ -23,14 +23,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from engine.boundary.client import EngineClient
-from engine.boundary.front import GenerateOverSubmit, OutputStream, Sink
-from engine.boundary.messages import EngineDeadError
-from engine.limits import RequestCaps
-from engine.outputs import EngineStats, RequestInfo
-from engine.request import DuplicateRequestError, RequestMeta, SamplingParams
-from engine.tokenizer import Tokenizer
-from engine.trace import IterationTrace
+from engine.core.limits import RequestCaps
+from engine.core.outputs import EngineStats, RequestInfo
+from engine.core.request import DuplicateRequestError, RequestMeta, SamplingParams
+from engine.core.tokenizer import Tokenizer
+from engine.core.trace import IterationTrace
+from engine.serving.boundary.client import EngineClient
+from engine.serving.boundary.front import GenerateOverSubmit, OutputStream, Sink
+from engine.serving.boundary.messages import EngineDeadError
 from routing.affinity import DigestMemory, prefix_digests
 from routing.config import RoutingSettings
 from routing.loads import EngineLoad, is_suspect
@@ -213,7 +213,7 @@ class EngineRouter(GenerateOverSubmit):
         """Healthy members best first, then suspect ones, and the prompt's digests per block size (to
         remember at the chosen one).
 
-        A suspect engine (alive, but silent past the heartbeat bound: engine/remote/liveness.py) gets a new
+        A suspect engine (alive, but silent past the heartbeat bound: engine/serving/remote/liveness.py) gets a new
         request only when no healthy one takes it. A lone engine that is suspect still gets them: they
         wait on its connection and run when it speaks again (a starved process, the common case), or fail
         with the retryable 503 when it is lost; refusing them would turn every pause into an outage.

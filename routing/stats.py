@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
-from engine.outputs import EngineStats
-from engine.trace import IterationTrace
+from engine.core.outputs import EngineStats
+from engine.core.trace import IterationTrace
 
 _SLOWEST = {"iteration_seconds", "counter_sync_age_s", "counter_sync_engines"}  # the largest of them
 # Per-tenant maps whose merge is the largest value, not the sum: a weight is the same on every engine, and

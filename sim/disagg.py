@@ -9,7 +9,7 @@ serves a workload in one of two ways:
 - **disaggregated** (`prefill` + `decode` = N): a request runs on a prefill engine until its first token
   (max_tokens 1 there); its KV then travels to a decode engine, taking `blocks · bytes_per_block /
   link_bytes_per_s + link_latency_s` (the KV-transfer cost), and enters the decode engine's scheduler as
-  a swapped-out request whose KV is already there, as the real decode engine does (engine/disagg.py).
+  a swapped-out request whose KV is already there, as the real decode engine does (engine/serving/disagg.py).
   Each token is charged once: the prompt and the first token on the prefill engine, the rest on the
   decode engine (its prompt is marked charged). Simplification: the prefill engine frees the blocks at
   the hand-off (the real one holds them until they are pulled, a few milliseconds more).
@@ -25,7 +25,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.request import RequestState
+from engine.core.request import RequestState
 from sim.simulator import Completion, SimConfig, SimRequest, SimResult, Simulator
 
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.request import Request
-from engine.scheduler import SchedulerOutput
+from engine.core.request import Request
+from engine.core.scheduler import SchedulerOutput
 from sim.simulator import SimConfig, SimRequest, Simulator
 
 

@@ -18,8 +18,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from engine.request import Request
-from engine.scheduler import SchedulerOutput
+from engine.core.request import Request
+from engine.core.scheduler import SchedulerOutput
 from fairness import FairnessConfig
 from fairness.config import FairnessKey
 from sim.simulator import SimConfig, SimRequest, Simulator

@@ -16,8 +16,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from engine.request import Request
-from engine.scheduler import SchedulerOutput
+from engine.core.request import Request
+from engine.core.scheduler import SchedulerOutput
 from fairness.config import FairnessConfig, FairnessKey
 from fairness.flows import FlowVTCPolicy
 from sim.simulator import SimConfig, SimRequest, Simulator

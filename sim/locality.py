@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from engine.request import Request
+from engine.core.request import Request
 from fairness.config import FairnessConfig
 from sim.simulator import SimConfig, SimRequest, Simulator
 

@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from engine.step_cost import TOKENS_ONLY, StepCost
+from engine.core.step_cost import TOKENS_ONLY, StepCost
 from fairness import FairnessConfig
 from sim.simulator import CostModel, SimConfig, SimRequest, SimResult, Simulator
 
@@ -69,7 +69,7 @@ class TwoTenantSetup:
     num_blocks: int = 2048
     block_size: int = 16
     sample_every_s: float = 5.0
-    step_cost: StepCost = TOKENS_ONLY  # the budget's and the charge's model (engine/step_cost.py)
+    step_cost: StepCost = TOKENS_ONLY  # the budget's and the charge's model (engine/core/step_cost.py)
 
     def config(self, policy: str) -> SimConfig:
         """The simulated engine for `policy` (w_in=1, w_out=2, one class)."""

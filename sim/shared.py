@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from engine.request import Request
+from engine.core.request import Request
 from fairness.cost import TokenCost
 from fairness.vtc import VTCPolicy
 

@@ -16,11 +16,11 @@ import gc
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from engine.async_scheduler import AsyncScheduler
-from engine.kv_cache import BlockPool
-from engine.policy import build_policy
-from engine.request import Request, RequestMeta, SamplingParams
-from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from engine.core.async_scheduler import AsyncScheduler
+from engine.core.kv_cache import BlockPool
+from engine.core.policy import build_policy
+from engine.core.request import Request, RequestMeta, SamplingParams
+from engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from fairness.base import SchedulingPolicy
 from sim.spec import Completion, CostModel, SimConfig, SimRequest, SimResult, SimulationError
 

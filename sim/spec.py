@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.request import FinishReason
-from engine.step_cost import TOKENS_ONLY, StepCost
+from engine.core.request import FinishReason
+from engine.core.step_cost import TOKENS_ONLY, StepCost
 from fairness import FairnessConfig
 
 
@@ -45,8 +45,8 @@ class SimConfig:
     fairness: FairnessConfig = field(default_factory=FairnessConfig)
     cost: CostModel = field(default_factory=CostModel)
     max_idle_iterations: int = 10_000  # consecutive empty iterations before the run is declared stalled
-    async_scheduling: bool = False  # schedule step N+1 while step N "runs" (engine/async_scheduler.py)
-    # The step cost model of the budget and the charge (engine/step_cost.py); new tokens only by default.
+    async_scheduling: bool = False  # schedule step N+1 while step N "runs" (engine/core/async_scheduler.py)
+    # The step cost model of the budget and the charge (engine/core/step_cost.py); new tokens only by default.
     step_cost: StepCost = TOKENS_ONLY
 
     def validate(self) -> None:

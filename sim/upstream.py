@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.request import RequestMeta
+from engine.core.request import RequestMeta
 from fairness import FairnessConfig, make_policy
 
 

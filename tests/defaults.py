@@ -12,8 +12,8 @@ from typing import Any
 from admission.controller import AdmissionSettings
 from admission.feasibility import RatePriors
 from admission.queues import QueueBounds
-from engine.remote.liveness import SilenceBounds
-from engine.scheduler_output import SchedulerConfig
+from engine.core.scheduler_output import SchedulerConfig
+from engine.serving.remote.liveness import SilenceBounds
 from fairness.config import FairnessConfig
 from fairness.cost import TokenCost
 from fairness.fcfs import FCFSPolicy

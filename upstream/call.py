@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from engine.request import InvalidRequestError, SamplingParams
+from engine.core.request import InvalidRequestError, SamplingParams
 from upstream.kinds import KindTraits
 
 

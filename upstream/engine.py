@@ -1,5 +1,5 @@
 """`UpstreamEngine`: an upstream model (one or more replicas of an engine fairserve does not own) as one
-more `EngineClient` (engine/boundary/client.py), so the gateway's request pipeline is unchanged.
+more `EngineClient` (engine/serving/boundary/client.py), so the gateway's request pipeline is unchanged.
 
 The gateway's requests for the model wait here, in the fairness policy's queues (`fairness.make_policy`,
 the same policies and counters the engine's scheduler uses: peek, pop, charge, finish), and are
@@ -18,13 +18,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from engine.boundary.front import EngineFront, OutputRoute, OutputStream, Sink
-from engine.boundary.messages import Abort, EngineDeadError, SetWeight
-from engine.counter_sync import CounterSync
-from engine.limits import RequestCaps, RequestLimits
-from engine.outputs import EngineStats, OutputDelta, RequestInfo
-from engine.request import DuplicateRequestError, FinishReason, RequestMeta, SamplingParams
-from engine.tokenizer import Tokenizer
+from engine.core.limits import RequestCaps, RequestLimits
+from engine.core.outputs import EngineStats, OutputDelta, RequestInfo
+from engine.core.request import DuplicateRequestError, FinishReason, RequestMeta, SamplingParams
+from engine.core.tokenizer import Tokenizer
+from engine.serving.boundary.front import EngineFront, OutputRoute, OutputStream, Sink
+from engine.serving.boundary.messages import Abort, EngineDeadError, SetWeight
+from engine.serving.counter_sync import CounterSync
 from fairness import FairnessConfig, make_policy
 from fairness.shared import shares_counters
 from upstream.config import UpstreamSettings

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine import EngineStartError
-from engine.boundary.messages import EngineDeadError
+from engine.serving.boundary.messages import EngineDeadError
 
 
 class UpstreamStartError(EngineStartError):

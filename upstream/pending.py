@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.outputs import RequestMetrics
-from engine.request import RequestMeta, SamplingParams
+from engine.core.outputs import RequestMetrics
+from engine.core.request import RequestMeta, SamplingParams
 from upstream.call import Chunk, Usage
 
 

@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.boundary.messages import IterationReport
-from engine.boundary.route import OutputRoute
-from engine.outputs import EngineStats, OutputDelta, RequestMetrics, RequestOutput
+from engine.core.outputs import EngineStats, OutputDelta, RequestMetrics, RequestOutput
+from engine.serving.boundary.messages import IterationReport
+from engine.serving.boundary.route import OutputRoute
 
 SHAPES = [
     (64, 16, 8),

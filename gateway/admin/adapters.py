@@ -1,7 +1,7 @@
 """Admin API for LoRA adapters: POST/GET /admin/api/adapters, DELETE /admin/api/adapters/{name}.
 
 Only the admin token reaches these (gateway/admin/http.py), so a tenant can neither register adapters nor
-enumerate other tenants' private ones. The path is checked here (engine/lora/adapter.py
+enumerate other tenants' private ones. The path is checked here (engine/worker/lora/adapter.py
 `check_directory`: a PEFT directory whose rank is within `--max-lora-rank`, whose scale is finite and
 bounded, whose target modules the engines adapt, `embed_tokens` and `lm_head` refused by name, and whose
 weights are finite), so a broken adapter is a 400 naming `path` now rather than a failure on its first
@@ -21,7 +21,7 @@ from starlette.responses import Response
 
 from billing.adapters import AdapterExists, AdapterInfo, AdapterNotFound, TooManyAdapters
 from billing.fields import MODEL_MAX
-from engine.lora.adapter import AdapterError, check_directory
+from engine.worker.lora.adapter import AdapterError, check_directory
 from gateway.admin.http import actor, in_store, json_object, reply
 from gateway.edge.errors import APIError
 from gateway.state import GatewayState

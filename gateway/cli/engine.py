@@ -6,7 +6,7 @@ them with a retryable 503), live ones get `--grace-period` to finish, then the e
 signal stops at once.
 
 With `--cluster-key FILE` (created 0600 when missing) the port speaks CurveZMQ and admits only gateways
-started with the same file (engine/remote/curve.py). Without it, anyone who reaches the port can submit work
+started with the same file (engine/serving/remote/curve.py). Without it, anyone who reaches the port can submit work
 as any tenant: so it is refused on a non-loopback address unless `--insecure-no-cluster-key` is given, and
 warned about on loopback.
 """
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from pydantic import ValidationError
 
-from engine.remote.curve import ClusterKey, ClusterKeyError, create_key_file
+from engine.serving.remote.curve import ClusterKey, ClusterKeyError, create_key_file
 
 if TYPE_CHECKING:
-    from engine.remote.server import EngineServer
+    from engine.serving.remote.server import EngineServer
 from gateway.engine_server_settings import EngineServerSettings
 from gateway.ops.logs import configure
 from gateway.settings_base import settings_error_text
@@ -39,8 +39,8 @@ _ALIASES = {"redis_url": "--redis", "model": "--model"}
 
 def _server(settings: EngineServerSettings, key: ClusterKey | None) -> EngineServer:
     """The engine server of this role: today's for `both`, a RoleServer for prefill or decode."""
-    from engine.remote.roles import RoleServer  # the engine and torch: only when one is run
-    from engine.remote.server import EngineServer
+    from engine.serving.remote.roles import RoleServer  # the engine and torch: only when one is run
+    from engine.serving.remote.server import EngineServer
 
     produced = settings.data_dir / "produced.log"  # the engine's own billing record (accounting.py)
     if settings.role == "both":

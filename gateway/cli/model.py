@@ -22,7 +22,7 @@ def register(subparsers: Any) -> None:
 
 def init_model(args: argparse.Namespace) -> int:
     """Write the default model into args.dir and list the files written; 1 if DIR is in the way."""
-    from engine.loader import write_default_model  # torch: only when a model is written
+    from engine.worker.loader import write_default_model  # torch: only when a model is written
 
     target = Path(args.dir)
     if target.exists() and not target.is_dir():

@@ -64,7 +64,13 @@ def serve(args: argparse.Namespace) -> int:
         banner = prepare_deployment(settings)  # once, before the workers: they must not race to migrate
         shown = shown_banner(banner, settings, settings.print_secrets or sys.stdout.isatty())
         return supervisor.run(shown, startup_timeout_s=120.0, grace_s=settings.grace_period_s)
-    banner = {} if worker else shown_banner(prepare_deployment(settings), settings, settings.print_secrets or sys.stdout.isatty())
+    banner = (
+        {}
+        if worker
+        else shown_banner(
+            prepare_deployment(settings), settings, settings.print_secrets or sys.stdout.isatty()
+        )
+    )
     try:  # before the HTTP server: an engine that is not there is one line and exit 3, not a traceback
         engine = start_gateway_engine(settings)
     except EngineStartError as exc:

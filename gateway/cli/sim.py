@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from engine.step_cost import StepCost
+from engine.core.step_cost import StepCost
 from fairness import DEFAULT_POLICY, POLICIES
 from sim.cluster import ClusterConfig
 from sim.cluster_report import cluster_scenario
@@ -34,7 +34,7 @@ def register(subparsers: Any) -> None:
         "--step-cost-context",
         type=float,
         default=0.0,
-        help="two-tenants: the step cost model's per-position attention coefficient (engine/step_cost.py)",
+        help="two-tenants: the step cost model's per-position attention coefficient (engine/core/step_cost.py)",
     )
     sim.add_argument(
         "--step-cost-sequence",

@@ -52,7 +52,8 @@ def open_store(args: argparse.Namespace, need_tenants: bool = True) -> BillingSt
             "(--data-dir / --db, FAIRSERVE_DATA_DIR / FAIRSERVE_DB_URL)? To start a new one, "
             "run `fairserve db upgrade` or `fairserve serve` with the same options"
         )
-    db.upgrade()  # an older schema moves to head, as the server does on start; a no-op at head
+    if not db.at_head():  # an older schema moves to head, as the server does on start
+        db.upgrade()
     store = BillingStore(db)
     if need_tenants and not store.list_tenants():
         raise ValueError(

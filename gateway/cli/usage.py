@@ -18,8 +18,8 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
     Prints every (tenant, count) on which they differ; exits 1 when there is one (0: they agree).
     """
-    from engine.remote.client import RemoteEngine  # only this command talks to engines
-    from engine.remote.liveness import SilenceBounds
+    from engine.serving.remote.client import RemoteEngine  # only this command talks to engines
+    from engine.serving.remote.liveness import SilenceBounds
     from gateway.ops.produced import reconcile_report
 
     if not args.engine:

@@ -2,7 +2,7 @@
 
 The engine sends each choice's outputs under the request's id with the choice's `index`; a choice's own
 end shows as a `finish_reason` on its output, and the request's end (`finished`) comes with the last
-choice's (engine/outputs.py). A stream interleaves the choices' events as their outputs arrive, each
+choice's (engine/core/outputs.py). A stream interleaves the choices' events as their outputs arrive, each
 naming its index; a whole reply lists the choices by index (docs/gateway.md, "Several choices").
 """
 

@@ -1,4 +1,4 @@
-"""OpenAI's `logprobs` objects from the engine's per-token log probabilities (engine/outputs.py TokenLogprobs).
+"""OpenAI's `logprobs` objects from the engine's per-token log probabilities (engine/core/outputs.py TokenLogprobs).
 
 Completions (`logprobs: int`, 0-5) get the legacy four lists, `{tokens, token_logprobs, top_logprobs,
 text_offset}`, where each `top_logprobs` entry maps token text to logprob for the k most likely tokens
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.token_logprobs import TokenLogprobs
-from engine.tokenizer import Tokenizer
+from engine.core.token_logprobs import TokenLogprobs
+from engine.core.tokenizer import Tokenizer
 
 NO_PROBABILITY = -9999.0  # what OpenAI writes for log(0)
 

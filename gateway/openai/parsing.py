@@ -16,7 +16,7 @@ from starlette.types import Scope
 from admission.deadline import DeadlineError, parse_deadline
 from billing.fields import REQUEST_ID_MAX, TASK_ID_MAX, WORKFLOW_RUN_ID_MAX
 from engine import EngineClient, InvalidRequestError, SamplingParams
-from engine.limits import RequestCaps
+from engine.core.limits import RequestCaps
 from gateway.edge.auth import bearer_token
 from gateway.edge.errors import APIError
 from gateway.openai import tools

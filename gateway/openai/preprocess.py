@@ -18,7 +18,7 @@ on this gate's threads, under three bounds:
 A request that would wait longer than `max_wait_s` (or past its deadline) is refused 429
 `preprocessing_busy` with Retry-After, before any of its work runs. Every job's CPU seconds go back to the
 caller, which sends them, less `FREE_CPU_S` per request, to the engine as `RequestMeta.preprocess_cpu_s`:
-charged as service there, as grammar CPU is (engine/grammar/intake.py), so they show in the ledger's
+charged as service there, as grammar CPU is (engine/worker/grammar/intake.py), so they show in the ledger's
 `charged_service`.
 """
 

@@ -26,7 +26,7 @@ from engine import (
     RequestMetrics,
     RequestOutput,
 )
-from engine.outputs import Fault
+from engine.core.outputs import Fault
 from gateway.edge.errors import APIError, error_body
 from gateway.idempotency.records import StoredResponse
 from gateway.openai.choices import Choices
@@ -267,7 +267,7 @@ class RunFeed:
         self._end(Outcome(_STATUS[reason], out.finish_reason, out.metrics, run.cancelled_by))
 
     def _faulted(self, out: RequestOutput, fault: Fault) -> None:
-        """A request the engine ended for a fault of its own input (engine/request.py RequestFault: its
+        """A request the engine ended for a fault of its own input (engine/core/request.py RequestFault: its
         adapter, its grammar) before anything was sent: a 400 naming the field, billed for what it was
         served (its metrics go to the ledger with the `error` row)."""
         run = self.run
@@ -356,7 +356,7 @@ async def publish_chunks(run: Run, publish: Publish) -> None:
 
 def _error_of(last: RequestOutput) -> dict[str, object]:
     """The error event of a stream that failed alone: a 400 naming the field for a fault of its own input
-    found mid-stream (engine/request.py RequestFault), else the engine's 500."""
+    found mid-stream (engine/core/request.py RequestFault), else the engine's 500."""
     if last.fault is not None:
         return error_body(400, last.fault.message, "invalid_value", last.fault.field_name)
     return error_body(500, "the engine failed while generating this request", "engine_error")
@@ -368,7 +368,7 @@ def _final(run: Run, last: RequestOutput, choices: Choices | None = None) -> Sto
     reason = last.finish_reason if choices is None else choices.reason()
     if spec.stream:
         tail = [spec.shape.usage_chunk(last.metrics)] if spec.include_usage else []
-        if reason is FinishReason.ERROR:  # it failed alone (engine/isolation.py): say so on the stream
+        if reason is FinishReason.ERROR:  # it failed alone (engine/core/isolation.py): say so on the stream
             tail.append(json.dumps(_error_of(last)))
         return StoredResponse(200, "sse", [*run.chunks, *tail, DONE], headers)
     if reason is FinishReason.DEADLINE:

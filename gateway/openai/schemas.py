@@ -21,8 +21,8 @@ from pydantic import (
 )
 
 from billing.fields import MODEL_MAX
-from engine.boundary.messages import WIRE_INT_MAX, WIRE_INT_MIN
-from engine.request import SamplingParams
+from engine.core.request import SamplingParams
+from engine.serving.boundary.messages import WIRE_INT_MAX, WIRE_INT_MIN
 from gateway.openai.tool_schemas import NamedToolChoice, ToolCall, ToolDefinition
 
 # Every integer a body can carry fits the engine's wire types (a 400 naming the field, not a 500 in the
@@ -145,7 +145,7 @@ class _Sampling(_Strict):
     repetition_penalty: float | None = None
     min_p: float | None = None
     logit_bias: dict[str, float] | None = None
-    # Narrows prefix-cache sharing below the tenant's cache group (engine/kv_cache.py), as vLLM's field does.
+    # Narrows prefix-cache sharing below the tenant's cache group (engine/core/kv_cache.py), as vLLM's field does.
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
 
     @field_validator("logit_bias")

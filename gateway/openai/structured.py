@@ -1,4 +1,4 @@
-"""`response_format` as the engine's Grammar: structured outputs by constrained decoding (engine/grammar/).
+"""`response_format` as the engine's Grammar: structured outputs by constrained decoding (engine/worker/grammar/).
 
 The schema travels as its JSON text; the engine compiles it off its loop and refuses (400, naming the
 field) a schema that does not compile or uses a keyword llguidance does not enforce.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from engine.request import Grammar
+from engine.core.request import Grammar
 from gateway.openai.schemas import ResponseFormat
 
 SCHEMA_FIELD = "response_format.json_schema.schema"

@@ -57,7 +57,7 @@ def submit(
     stream: OutputStream | None = None
     meta = ctx.meta()
     meta.public_prefix_tokens = state.prefixes.match(ctx.served.model, ctx.inputs.prompt_token_ids)
-    if trace is not None:  # the engine's spans descend from this one (engine/tracing.py)
+    if trace is not None:  # the engine's spans descend from this one (engine/serving/tracing.py)
         meta.traceparent = trace.traceparent()
     try:  # submitted now: the engine sees it in this loop pass
         stream = engine.submit(

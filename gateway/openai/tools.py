@@ -21,8 +21,8 @@ import uuid
 from copy import deepcopy
 from typing import Any
 
-from engine.request import Grammar
-from engine.tokenizer import Tokenizer
+from engine.core.request import Grammar
+from engine.core.tokenizer import Tokenizer
 from gateway.edge.errors import APIError
 from gateway.openai.schemas import ChatCompletionRequest, ChatMessage
 from gateway.openai.tool_schemas import NamedToolChoice, ToolDefinition
@@ -88,7 +88,7 @@ def tool_grammar(body: ChatCompletionRequest, tokenizer: Tokenizer) -> Grammar |
     arguments valid against their parameters (several, newline-separated, when parallel calls are allowed).
 
     Its `closing_reserve` is the call's tail after the arguments (`}`, the closing tag, end of sequence) in
-    the served model's own tokens: the closing narrowing (engine/grammar/closing.py) starts that much
+    the served model's own tokens: the closing narrowing (engine/worker/grammar/closing.py) starts that much
     earlier, so a call that fits at all closes within max_tokens rather than being cut inside its tag."""
     if not forced(body):
         return None
@@ -109,7 +109,7 @@ def tool_grammar(body: ChatCompletionRequest, tokenizer: Tokenizer) -> Grammar |
 def _arguments_schema(tool: ToolDefinition) -> dict[str, Any]:
     schema = deepcopy(tool.function.parameters) if tool.function.parameters is not None else {}
     schema.setdefault("type", "object")
-    # Compact arguments, as response_format's JSON (engine/grammar/backend.py).
+    # Compact arguments, as response_format's JSON (engine/worker/grammar/backend.py).
     schema["x-guidance"] = {**schema.get("x-guidance", {}), "whitespace_flexible": False}
     return schema
 

@@ -1,4 +1,4 @@
-"""The gateway's side of the engines' produced-token records (engine/remote/accounting.py).
+"""The gateway's side of the engines' produced-token records (engine/serving/remote/accounting.py).
 
 Two duties for attached engines (`--engine`): confirm to the engines the requests whose rows this
 gateway's ledger has journaled (as each row is journaled, before its reply ends), and, on a task, bill the records of
@@ -27,9 +27,9 @@ from billing import Database, UsageRecord
 from billing.gateways import register_gateways, registered_gateways
 from billing.reconcile import COUNTS, Totals, differences, hour_start, ledger_totals
 from engine import EngineClient
-from engine.remote.accounting import ProducedRecord
-from engine.remote.client import RemoteEngine
-from engine.remote.messages import Produced
+from engine.serving.remote.accounting import ProducedRecord
+from engine.serving.remote.client import RemoteEngine
+from engine.serving.remote.messages import Produced
 from gateway.state import GatewayState
 from routing import EngineRouter, ModelRouter
 

@@ -4,7 +4,7 @@ admission decision as its child, exported over OTLP/HTTP protobuf.
 The server span continues a caller's W3C `traceparent` (it becomes that span's child) or starts a trace,
 sampled at `--trace-sample-ratio` (a caller's sampled flag is followed). A sampled span's own traceparent goes
 to the engine in the request's metadata, so the engine's queue, prefill, decode and cancel spans
-(engine/tracing.py, exported by the engine's process) are its children, across the ZeroMQ boundary. Off (no
+(engine/serving/tracing.py, exported by the engine's process) are its children, across the ZeroMQ boundary. Off (no
 endpoint: `--otlp-endpoint`, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT) the
 gateway holds None instead of a `GatewayTracing`: no import, no span, one `is None` per request.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from admission.controller import Rejection
-from engine.tracing import make_provider, traces_endpoint
+from engine.serving.tracing import make_provider, traces_endpoint
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span

@@ -30,7 +30,7 @@ STEPS_BUDGET_S = 420  # the steps' limits together, leaving the start, the wheel
 LAZY_IMPORTS = {
     "experiments.gpu_kernels": ["fairserve_kernels.triton_attention", "fairserve_kernels.launch_heuristics"],
     "experiments.gpu_moe": ["fairserve_kernels.triton_moe", "fairserve_kernels.moe_reference"],
-    "experiments.gpu_engine": ["engine", "engine.byte_tokenizer"],
+    "experiments.gpu_engine": ["engine", "engine.core.byte_tokenizer"],
 }
 STEP = re.compile(r"^\s*step (\w+) (\d+) \$PYTHON -m (\S+)(.*)$", re.MULTILINE)
 

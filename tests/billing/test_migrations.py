@@ -10,7 +10,7 @@ from sqlalchemy import inspect, select
 from sqlalchemy.orm import Session
 
 from billing import Database
-from billing.db import VERSION_TABLE
+from billing.db import VERSION_TABLE, scripted_head
 from billing.models import ApiKeyRow, AuditRow, Base, TenantRow, UsageDailyRow
 
 TABLES = {"tenants", "api_keys", "usage", "usage_daily", "audit_log"}
@@ -18,10 +18,15 @@ TABLES = {"tenants", "api_keys", "usage", "usage_daily", "audit_log"}
 
 def test_upgrade_downgrade_upgrade(any_db: Database) -> None:
     assert set(inspect(any_db.engine).get_table_names()) >= TABLES
-    assert any_db.current_revision() == any_db.head_revision()
+    assert any_db.current_revision() == any_db.head_revision() == scripted_head() is not None
+    assert any_db.at_head()
     any_db.downgrade("base")
     assert not TABLES & set(inspect(any_db.engine).get_table_names())
+    assert any_db.current_revision() is None and not any_db.at_head()
+    any_db.downgrade("base")  # the version table is gone or empty: still None
     assert any_db.current_revision() is None
+    any_db.upgrade("0013_usage_service_nonnegative")
+    assert any_db.current_revision() == "0013_usage_service_nonnegative" and not any_db.at_head()
     any_db.upgrade()
     any_db.upgrade()  # a second upgrade at head is a no-op, as on every server start
     assert set(inspect(any_db.engine).get_table_names()) >= TABLES

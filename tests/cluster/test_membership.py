@@ -11,9 +11,9 @@ from pathlib import Path
 from cluster.membership import Membership, join, member_key
 from cluster.registry import EngineEntry
 from engine import RequestMeta, SamplingParams
-from engine.remote.liveness import SilenceBounds
+from engine.serving.remote.liveness import SilenceBounds
 from routing import EngineRouter
-from tests.engine.remote.engine_process import EngineProcess
+from tests.engine.serving.remote.engine_process import EngineProcess
 
 ENGINE_ARGS = ("--num-kv-blocks", "512", "--max-num-batched-tokens", "64")
 SILENCE = SilenceBounds(

@@ -27,7 +27,7 @@ from cluster.commands import CLUSTER_KEY_FILE
 from cluster.config import ClusterConfig
 from cluster.placement import group_state, ranks_group
 from cluster.registry import EngineEntry
-from engine.remote.curve import ClusterKey
+from engine.serving.remote.curve import ClusterKey
 from gateway.settings import GatewaySettings
 from tests.cluster.conftest import Cluster, RayUp
 from tests.cluster.load import Load
@@ -252,7 +252,7 @@ def test_tensor_parallel_engine_restarts_as_one_unit_in_its_placement_group(depl
     load = Load(deployment.url, deployment.api_key, deployment.model, long_share=0.6)
     try:
         wait_for(lambda: (deployment.loads().get(key) or {}).get("in_flight", 0) > 0, 120, "requests on it")
-        (rank1,) = psutil.Process(first.pid).children()  # engine/parallel/steps.py starts one per rank > 0
+        (rank1,) = psutil.Process(first.pid).children()  # engine/worker/rank_steps.py starts one per rank > 0
         rank1.kill()
         wait_for(lambda: load.count("retryable") > 0, 60, "a retryable failure of a request on the engine")
         back = wait_for(lambda: _restarted(deployment, first), 180, "Ray to restart the engine and its ranks")

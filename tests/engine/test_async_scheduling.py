@@ -1,4 +1,4 @@
-"""Async scheduling (engine/async_scheduler.py): the same tokens, text, finish reasons and charges as the plain loop."""
+"""Async scheduling (engine/core/async_scheduler.py): the same tokens, text, finish reasons and charges as the plain loop."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from engine import (
     RequestOutput,
     SamplingParams,
 )
-from engine.loader import LoadedModel, load_model
-from engine.request import RequestState
+from engine.core.request import RequestState
+from engine.worker.loader import LoadedModel, load_model
 
 PROMPTS = [
     [(7 * i + j) % 250 + 1 for j in range(20 + 9 * i)] for i in range(6)
@@ -115,7 +115,7 @@ def test_chunked_prefill_and_max_tokens_match(loaded: LoadedModel) -> None:
 
 
 def test_preemption_under_a_small_kv_pool_matches(loaded: LoadedModel) -> None:
-    # The step's budget in new tokens only (engine/step_cost.py), here and in the swap test: 6 seats must
+    # The step's budget in new tokens only (engine/core/step_cost.py), here and in the swap test: 6 seats must
     # fill 16 blocks for preemptions to happen, and the device's step cost admits fewer prompts at once.
     plain = run(
         loaded, False, GREEDY, num_kv_blocks=16, block_size=8, step_cost_context=0.0, step_cost_sequence=0.0

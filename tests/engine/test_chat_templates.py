@@ -12,9 +12,9 @@ from typing import Any, cast
 import pytest
 import transformers
 
-from engine.byte_tokenizer import byte_tokenizer_config, write_byte_tokenizer
-from engine.limits import RequestCaps
-from engine.tokenizer import NoChatTemplateError, Tokenizer
+from engine.core.byte_tokenizer import byte_tokenizer_config, write_byte_tokenizer
+from engine.core.limits import RequestCaps
+from engine.core.tokenizer import NoChatTemplateError, Tokenizer
 from gateway.edge.errors import APIError
 from gateway.openai.parsing import engine_input, parse_body
 

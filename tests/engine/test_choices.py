@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.family import choice_seed
-from engine.llm import LLM
-from engine.llm_engine import LLMEngine
-from engine.request import FinishReason, Grammar, InvalidRequestError, RequestMeta, SamplingParams
+from engine.core.family import choice_seed
+from engine.core.request import FinishReason, Grammar, InvalidRequestError, RequestMeta, SamplingParams
+from engine.serving.llm import LLM
+from engine.serving.llm_engine import LLMEngine
 
 PROMPT = "the quick brown fox jumps over the lazy dog and a"  # not a whole number of 4-token blocks
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -197,7 +197,7 @@ def test_each_choice_stops_on_its_own() -> None:
 
 
 def test_n_choices_are_charged_one_prefill_and_n_decodes() -> None:
-    # The token formula alone: the step's work charged on top of it is tests/engine/test_step_cost.py's.
+    # The token formula alone: the step's work charged on top of it is tests/engine/core/test_step_cost.py's.
     engine = _engine(step_cost_charge=False)
     prompt = engine.encode(PROMPT)
     engine.add_request("r", prompt, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, n=4))

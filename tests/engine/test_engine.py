@@ -24,7 +24,7 @@ from engine import (
     RequestState,
     SamplingParams,
 )
-from engine.loader import LoadedModel, load_model
+from engine.worker.loader import LoadedModel, load_model
 
 
 @pytest.fixture(scope="module")

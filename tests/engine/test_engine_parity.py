@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from engine import LLM, SamplingParams
-from engine.byte_tokenizer import write_byte_tokenizer
+from engine.core.byte_tokenizer import write_byte_tokenizer
 
 COMMON: dict[str, Any] = dict(
     vocab_size=300,

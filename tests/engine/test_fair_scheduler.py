@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.kv_cache import BlockPool
-from engine.policy import build_policy
-from engine.request import FinishReason, Request, RequestMeta, RequestState, SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.step_cost import StepCost
+from engine.core.kv_cache import BlockPool
+from engine.core.policy import build_policy
+from engine.core.request import FinishReason, Request, RequestMeta, RequestState, SamplingParams
+from engine.core.scheduler import Scheduler, SchedulerOutput
+from engine.core.step_cost import StepCost
 from fairness import FairnessConfig
 from sim.scenarios import TwoTenantSetup
 from sim.simulator import SimConfig, SimRequest, Simulator

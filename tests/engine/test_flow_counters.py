@@ -1,4 +1,4 @@
-"""Two-level counters across engines: both levels travel through real Redis (engine/counter_sync.py)."""
+"""Two-level counters across engines: both levels travel through real Redis (engine/serving/counter_sync.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis
 
-from engine.counter_sync import CounterSync
+from engine.serving.counter_sync import CounterSync
 from fairness import FairnessConfig, make_policy
 from tests.billing.services import REDIS_URL, require
 from tests.fairness.stand_in import Job, Meta

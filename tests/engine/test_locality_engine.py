@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine import EngineConfig, LLMEngine, RequestMeta, SamplingParams
-from engine.loader import LoadedModel, load_model
+from engine.worker.loader import LoadedModel, load_model
 from fairness import FairnessConfig
 
 SYSTEM = list(range(40, 104))  # four blocks of 16, registered public

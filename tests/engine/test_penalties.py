@@ -15,8 +15,8 @@ from transformers import (
     TemperatureLogitsWarper,
 )
 
-from engine.request import InvalidRequestError, Request, RequestMeta, SamplingParams
-from engine.sampler import Sampler
+from engine.core.request import InvalidRequestError, Request, RequestMeta, SamplingParams
+from engine.worker.sampler import Sampler
 
 VOCAB = 64
 PROMPT = [3, 5, 5, 9, 11]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.kv_cache import BlockPool
-from engine.llm import LLM
-from engine.request import Request, RequestMeta, SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
+from engine.core.kv_cache import BlockPool
+from engine.core.request import Request, RequestMeta, SamplingParams
+from engine.core.scheduler import Scheduler, SchedulerOutput
+from engine.serving.llm import LLM
 from sim.simulator import SimConfig, SimRequest, Simulator
 from tests.defaults import fcfs, scheduler_config
 

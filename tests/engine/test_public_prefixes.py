@@ -4,11 +4,11 @@ tests/gateway/test_public_prefixes.py)."""
 
 from __future__ import annotations
 
-from engine.kv_cache import BlockPool
-from engine.request import Request, RequestMeta, SamplingParams
-from engine.scheduler import Scheduler
+from engine.core.kv_cache import BlockPool
+from engine.core.request import Request, RequestMeta, SamplingParams
+from engine.core.scheduler import Scheduler
 from tests.defaults import fcfs, scheduler_config
-from tests.engine.test_scheduler import run_step
+from tests.engine.core.test_scheduler import run_step
 
 BLOCK = 4
 SYSTEM = list(range(100, 114))  # 14 tokens: three whole blocks (12) are public, the 4th straddles

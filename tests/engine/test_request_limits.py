@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine import InvalidRequestError, SamplingParams
-from engine.limits import RequestLimits
+from engine.core.limits import RequestLimits
 
 VOCAB = 100
 LIMITS = RequestLimits(vocab_size=VOCAB, max_model_len=4096, block_size=16, num_kv_blocks=1024)

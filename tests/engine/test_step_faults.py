@@ -18,9 +18,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import LLM, FinishReason, InvalidRequestError, LLMEngine, RequestMeta, SamplingParams
-from engine.lora.intake import load_to_host
-from engine.request import Grammar
-from tests.engine.lora.adapters import Adapted, build
+from engine.core.request import Grammar
+from engine.worker.lora.intake import load_to_host
+from tests.engine.worker.lora.adapters import Adapted, build
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 PROMPTS = {"a": list(range(10, 30)), "b": list(range(40, 47)), "c": list(range(60, 75))}

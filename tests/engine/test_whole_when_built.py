@@ -1,6 +1,6 @@
 """The runner, the scheduler and the engine are whole when built (issue 55, point 4).
 
-Each gets its collaborators in its constructor (engine/model_runner.py `RunnerParts`, the scheduler's
+Each gets its collaborators in its constructor (engine/worker/model_runner.py `RunnerParts`, the scheduler's
 `slots` and `swap`), in the order the engine starts: the KV cache, then the decode graphs' capture. No code
 assigns an attribute of one of them from outside; the test reads every module of the product for such an
 assignment, so a new one fails here rather than leaving a reader of `__init__` with half the picture.
@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 
 from engine import EngineConfig, LLMEngine
-from engine.loader import load_model
+from engine.worker.loader import load_model
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ["engine", "sim", "gateway", "routing", "upstream", "cluster", "bench", "experiments"]

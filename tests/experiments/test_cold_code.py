@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from engine.boundary.messages import ReportAsRead
+from engine.serving.boundary.messages import ReportAsRead
 from experiments.cold_code import cold, hot, pieces
 
 

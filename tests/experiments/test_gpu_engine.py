@@ -9,8 +9,8 @@ import pytest
 import torch
 import transformers
 
-import engine.decode_graphs as decode_graphs
-from engine.byte_tokenizer import write_byte_tokenizer
+import engine.worker.decode_graphs as decode_graphs
+from engine.core.byte_tokenizer import write_byte_tokenizer
 from experiments.gpu_engine import GraphsNotCaptured, engine_run
 from tests.engine.test_engine_parity import COMMON
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.loader import write_seeded_llama
+from engine.worker.loader import write_seeded_llama
 from experiments.host_overhead import PHASES, Probe, main, tiny_model_config
 
 

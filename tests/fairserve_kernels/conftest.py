@@ -20,8 +20,8 @@ if not ON_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
     for name in [n for n in sys.modules if n.startswith("fairserve_kernels.triton_")]:
         importlib.reload(sys.modules[name])
-    if "engine.kernels" in sys.modules:  # its Triton table holds the kernels as first imported
-        sys.modules["engine.kernels"].clear_cache()
+    if "engine.worker.kernels" in sys.modules:  # its Triton table holds the kernels as first imported
+        sys.modules["engine.worker.kernels"].clear_cache()
 
 KERNEL_DEVICE = torch.device("cuda") if ON_CUDA else torch.device("cpu")
 

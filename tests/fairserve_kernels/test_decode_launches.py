@@ -17,10 +17,10 @@ import torch
 import transformers
 
 import engine
-import engine.decode_graphs as decode_graphs
-import engine.kernels
-from engine.byte_tokenizer import write_byte_tokenizer
-from engine.decode_graphs import Replay
+import engine.worker.decode_graphs as decode_graphs
+import engine.worker.kernels
+from engine.core.byte_tokenizer import write_byte_tokenizer
+from engine.worker.decode_graphs import Replay
 from tests.fairserve_kernels.conftest import ON_CUDA
 from tests.fairserve_kernels.launch_count import LaunchCount, counting
 
@@ -71,12 +71,12 @@ def _replay_counts(root: Path, monkeypatch: pytest.MonkeyPatch) -> list[LaunchCo
     monkeypatch.setattr(
         decode_graphs, "batch_sizes", lambda seats, device: decode_graphs.graph_batch_sizes(seats)
     )
-    engine.kernels.clear_cache()
+    engine.worker.kernels.clear_cache()
     # fp16 (the interpreter has no bf16): a cast the float32 model would skip is counted.
     llm = engine.LLM(str(root), attention_backend="triton", dtype="float16", max_num_seqs=4, seed=0)
     params = engine.SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     llm.generate(["ab", "cde", "fghi"], params)
-    engine.kernels.clear_cache()
+    engine.worker.kernels.clear_cache()
     assert counts, "no decode step replayed a graph"
     return counts
 

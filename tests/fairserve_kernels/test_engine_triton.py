@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import engine
-import engine.decode_graphs as decode_graphs
-import engine.kernels
+import engine.worker.decode_graphs as decode_graphs
+import engine.worker.kernels
 import fairserve_kernels.triton_attention as triton_attention
-from engine.decode_graphs import graph_batch_sizes
-from engine.model_runner import ModelRunner
+from engine.worker.decode_graphs import graph_batch_sizes
+from engine.worker.model_runner import ModelRunner
 from fairserve_kernels.launch_heuristics import DEFAULT_SM_COUNT, choose_num_splits, launch_config
 
 # Lengths straddle the 16-token cache block, and a batched-token budget of 24 forces chunked
@@ -53,11 +53,11 @@ def test_triton_backend_matches_reference_greedy_tokens(
         return kernel(query, *args, **kwargs)
 
     monkeypatch.setattr(triton_attention, "paged_attention", counting)
-    engine.kernels.clear_cache()  # the backend's table is rebuilt from the patched module
+    engine.worker.kernels.clear_cache()  # the backend's table is rebuilt from the patched module
     expected = _generate("torch", device)
     assert not shapes, "the torch backend must not call the Triton kernel"
     got = _generate("triton", device)
-    engine.kernels.clear_cache()
+    engine.worker.kernels.clear_cache()
     assert shapes, "the Triton backend never launched the Triton kernel"
     assert any(1 < seqs < tokens for tokens, seqs in shapes), (
         "no iteration batched several sequences with a prefill chunk"
@@ -75,7 +75,7 @@ def test_decode_graphs_on_triton_split_for_the_live_context(
     device: torch.device, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each decode launch, replayed from a graph or eager, splits as its live longest context asks (a graph
-    per context bucket, engine/decode_graphs.py): no empty splits and no reduce at short context, up to
+    per context bucket, engine/worker/decode_graphs.py): no empty splits and no reduce at short context, up to
     four splits at max_model_len; the graph path's tokens are the eager path's at every context."""
     launches: list[tuple[int, int, int]] = []  # (rows, live longest context, split count) of decode launches
     live: list[int] = []
@@ -104,7 +104,7 @@ def test_decode_graphs_on_triton_split_for_the_live_context(
     monkeypatch.setattr(triton_attention, "paged_attention", recording)
     monkeypatch.setattr(triton_attention, "launch_config", config)
     monkeypatch.setattr(decode_graphs, "batch_sizes", lambda seats, device: graph_batch_sizes(seats))
-    engine.kernels.clear_cache()
+    engine.worker.kernels.clear_cache()
     settings: dict[str, Any] = dict(
         attention_backend="triton",
         device=device.type,
@@ -136,4 +136,4 @@ def test_decode_graphs_on_triton_split_for_the_live_context(
             assert {splits for *_, splits in launches} == {1}, "a short context runs one split, no reduce"
     if device.type == "cpu":
         assert max(splits for *_, splits in launches) == 4  # max_model_len's own bucket
-    engine.kernels.clear_cache()
+    engine.worker.kernels.clear_cache()

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 import engine
-import engine.kernels
+import engine.worker.kernels
 import fairserve_kernels.triton_lora as triton_lora
-from engine.request import RequestMeta
+from engine.core.request import RequestMeta
 
 # The adapters are written with peft, which the GPU machine's bare image lacks (bench/gpu_wheels.txt).
 pytest.importorskip("peft", reason="peft writes the test adapters; not in the GPU check's wheels")
-from tests.engine.lora.adapters import ALL_MODULES, build  # noqa: E402
+from tests.engine.worker.lora.adapters import ALL_MODULES, build  # noqa: E402
 
 
 def test_a_mixed_adapter_batch_on_triton_matches_torch(
@@ -30,7 +30,7 @@ def test_a_mixed_adapter_batch_on_triton_matches_torch(
         return shrink(x, a, *args)
 
     monkeypatch.setattr(triton_lora, "sgmv_shrink", counting)
-    engine.kernels.clear_cache()
+    engine.worker.kernels.clear_cache()
     prompts = [list(range(5, 25)), list(range(40, 47)), list(range(60, 90))]
     metas = [RequestMeta(lora="a"), RequestMeta(), RequestMeta(lora="b")]
     params = engine.SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
@@ -49,6 +49,6 @@ def test_a_mixed_adapter_batch_on_triton_matches_torch(
     expected = run("torch")
     assert not launches, "the torch backend must not launch the SGMV kernel"
     got = run("triton")
-    engine.kernels.clear_cache()
+    engine.worker.kernels.clear_cache()
     assert launches and max(launches) == 2, "one launch served both adapters of a step"
     assert got == expected

@@ -1,6 +1,6 @@
 """The layer twins against transformers' own modules, in bfloat16: they round where HF rounds.
 
-The model parity tests (tests/engine/test_models.py) compare whole models in float32; here each twin
+The model parity tests (tests/engine/worker/test_models.py) compare whole models in float32; here each twin
 meets the HF piece it replaces at the dtype where rounding order shows.
 """
 

@@ -1,7 +1,7 @@
 """Every architecture of the model table on the Triton backend (interpreted on CPU) against the torch twins.
 
 Same model, same weights, same flat batch (a prefill chunk and a decode over cached context); only
-`AttentionMetadata.backend` differs, so this is the dispatch of engine/kernels.py at work: each Triton
+`AttentionMetadata.backend` differs, so this is the dispatch of engine/worker/kernels.py at work: each Triton
 layer kernel must be launched on the Triton backend and none on the torch one.
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-import engine.kernels
-from engine.attention import AttentionMetadata
-from engine.models import ModelConfig, build_model
+import engine.worker.kernels
+from engine.worker.attention import AttentionMetadata
+from engine.worker.models import ModelConfig, build_model
 from fairserve_kernels import triton_activation, triton_moe, triton_norm, triton_rotary
 
 BLOCK_SIZE = 8
@@ -75,9 +75,9 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
 
     for module, name, _ in LAYER_KERNELS:
         monkeypatch.setattr(module, name, counting(name, getattr(module, name)))
-    engine.kernels.clear_cache()
+    engine.worker.kernels.clear_cache()
     yield counts
-    engine.kernels.clear_cache()
+    engine.worker.kernels.clear_cache()
 
 
 def _model(arch: str) -> tuple[Any, ModelConfig]:

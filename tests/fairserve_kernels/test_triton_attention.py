@@ -291,7 +291,7 @@ def test_bad_tuning_args_are_refused(device: torch.device) -> None:
 
 @pytest.mark.parametrize("num_splits", [None, 8])
 def test_padding_rows_of_a_graph_bucket(device: torch.device, num_splits: int | None) -> None:
-    """Rows with a one-token span and seq_len 0 (engine/decode_graphs.py pads a batch to its bucket with
+    """Rows with a one-token span and seq_len 0 (engine/worker/decode_graphs.py pads a batch to its bucket with
     them) attend to nothing and give 0, whatever the context bound chose for splits; the others as alone."""
     spans = [(1, 60), (1, 0), (1, 17), (1, 0)]
     batch = make_batch(

@@ -13,7 +13,7 @@ Segments = tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]
 
 
 def _segments(token_slots: list[int]) -> Segments:
-    """Sorted segments from each token's slot (-1: no adapter), as engine/lora/batch.py builds them."""
+    """Sorted segments from each token's slot (-1: no adapter), as engine/worker/lora/batch.py builds them."""
     used = sorted({s for s in token_slots if s >= 0})
     rows = [t for slot in used for t, s in enumerate(token_slots) if s == slot]
     lengths = [token_slots.count(slot) for slot in used]

@@ -42,7 +42,7 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, what: str = "c
 def engine_config(cache_dir: Path) -> EngineConfig:
     """A small engine: few sequences and KV blocks so saturation is cheap to reach. Its charge is the token
     formula alone (`step_cost_charge=False`), which the ledger tests check figure for figure; the step's
-    budget keeps the device's step cost model (engine/step_cost.py, tests/engine/test_step_cost.py)."""
+    budget keeps the device's step cost model (engine/core/step_cost.py, tests/engine/core/test_step_cost.py)."""
     return EngineConfig(
         max_num_seqs=8,
         num_kv_blocks=256,

@@ -20,12 +20,12 @@ from typing import Any
 import httpx
 
 from engine import RequestMeta, SamplingParams
-from engine.remote.client import RemoteEngine
-from engine.remote.liveness import SilenceBounds
+from engine.serving.remote.client import RemoteEngine
+from engine.serving.remote.liveness import SilenceBounds
 from gateway.settings import GatewaySettings
 from routing import EngineRouter
 from tests.defaults import HEARTBEAT_TIMEOUT_S
-from tests.engine.remote.engine_process import EngineProcess
+from tests.engine.serving.remote.engine_process import EngineProcess
 from tests.gateway.conftest import Server, start_server, wait_for
 
 ENGINE_ARGS = ("--num-kv-blocks", "512", "--max-num-batched-tokens", "64")

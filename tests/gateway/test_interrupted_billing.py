@@ -20,11 +20,11 @@ import zmq
 from sqlalchemy import text
 
 from billing import BillingStore, Database, default_db_url
-from engine.boundary.messages import IterationReport, Submit
-from engine.remote.messages import FromServer
-from engine.request import RequestMeta, SamplingParams
+from engine.core.request import RequestMeta, SamplingParams
+from engine.serving.boundary.messages import IterationReport, Submit
+from engine.serving.remote.messages import FromServer
 from tests.billing.conftest import pg_url  # noqa: F401  (the fixture, for the PostgreSQL runs)
-from tests.engine.remote.engine_process import EngineProcess
+from tests.engine.serving.remote.engine_process import EngineProcess
 from tests.gateway.conftest import wait_for
 from tests.gateway.serve_process import ServeProcess
 

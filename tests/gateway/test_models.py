@@ -21,7 +21,7 @@ import pytest
 
 from admission.model_feasibility import TRUNCATE_HEADROOM
 from gateway.settings import GatewaySettings
-from tests.engine.remote.engine_process import EngineProcess
+from tests.engine.serving.remote.engine_process import EngineProcess
 from tests.gateway.conftest import Server, start_server, wait_for
 from tests.gateway.serve_process import ServeProcess
 from tests.gateway.two_models import build_model
@@ -29,7 +29,7 @@ from tests.gateway.two_models import build_model
 # Deadlines sized from the rates the engines showed just before: run alone (scripts/test.sh).
 pytestmark = pytest.mark.serial
 
-# Charged in new tokens only: the step cost model's work (engine/step_cost.py) scales with each model's own
+# Charged in new tokens only: the step cost model's work (engine/core/step_cost.py) scales with each model's own
 # attention-to-linear ratio, and the ledger test compares one prompt's charge on two models by --model-cost.
 ENGINE_ARGS = (
     "--num-kv-blocks",

@@ -36,16 +36,16 @@ PACKAGES = (
 )
 # (module.qualname, name): why that default is not a copy of the knob's.
 NAMESAKES: dict[tuple[str, str], str] = {
-    ("engine.outputs.EngineStats", "max_num_batched_tokens"): "a measured snapshot, 0 until reported",
-    ("engine.outputs.EngineStats", "max_num_seqs"): "a measured snapshot, 0 until reported",
-    ("engine.outputs.EngineStats", "batch_size"): "a measured snapshot: the last iteration's batch",
+    ("engine.core.outputs.EngineStats", "max_num_batched_tokens"): "a measured snapshot, 0 until reported",
+    ("engine.core.outputs.EngineStats", "max_num_seqs"): "a measured snapshot, 0 until reported",
+    ("engine.core.outputs.EngineStats", "batch_size"): "a measured snapshot: the last iteration's batch",
     ("admission.quota.make_quota", "namespace"): "the Redis key prefix of quotas, not the Ray namespace",
     (
         "admission.quota_redis.RedisQuota",
         "namespace",
     ): "the Redis key prefix of quotas, not the Ray namespace",
     ("routing.score.Candidate", "max_num_seqs"): "an engine's reported seats, 0 until reported",
-    ("engine.request.SamplingParams", "seed"): "a request's own sampling seed (OpenAI's `seed`)",
+    ("engine.core.request.SamplingParams", "seed"): "a request's own sampling seed (OpenAI's `seed`)",
     ("sim.lift.BankedCreditSetup", "*"): "a simulated scenario's own values (docs/sim.md)",
     ("sim.lift.ClosedLoopSetup", "*"): "a simulated scenario's own values (docs/sim.md)",
     ("sim.scenarios.TwoTenantSetup", "*"): "a simulated scenario's own values (docs/sim.md)",
@@ -65,7 +65,10 @@ NAMESAKES: dict[tuple[str, str], str] = {
         "sim.upstream.UpstreamSimConfig",
         "*",
     ): "a simulated upstream (`fairserve sim --scenario upstream`)",
-    ("engine.disagg.HandoffLoop", "kind"): "the exception name a failed handoff reports, not --upstream-kind",
+    (
+        "engine.serving.disagg.HandoffLoop",
+        "kind",
+    ): "the exception name a failed handoff reports, not --upstream-kind",
     ("gateway.settings_flags.knobs", "model"): "the tree class walked, not the model knob",
     ("gateway.settings_flags.add_knob_flags", "model"): "the tree class walked, not the model knob",
 }

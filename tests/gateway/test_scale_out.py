@@ -12,7 +12,7 @@ both gateways have requests live on both engines). The window opens once both te
 answers (the counters of both engines have met through Redis) and closes when the lighter tenant has
 WINDOW more. A:B is the ratio of the ledger's `charged_service` (the unweighted cost the VTC charged:
 w_in·prompt computed + w_out·output, cached prompt tokens free, plus the step cost's attention and
-per-sequence terms, engine/step_cost.py) summed over the requests each client saw
+per-sequence terms, engine/core/step_cost.py) summed over the requests each client saw
 finish inside the window: that is the quantity VTC divides by the weight and equalises, so weights 4:1
 must give 4:1 of it. The requests are short (MAX_TOKENS) so the whole-request granularity at the window's
 edges is a few percent at most.
@@ -38,7 +38,7 @@ from sqlalchemy import text
 from billing import BillingStore, Database
 from tests.billing.conftest import pg_url  # noqa: F401  (the fixture: one ledger database for both gateways)
 from tests.billing.services import REDIS_URL, require
-from tests.engine.remote.engine_process import EngineProcess
+from tests.engine.serving.remote.engine_process import EngineProcess
 from tests.gateway.conftest import wait_for
 from tests.gateway.serve_process import ServeProcess
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from tests.engine.remote.engine_process import EngineProcess
+from tests.engine.serving.remote.engine_process import EngineProcess
 from tests.gateway.conftest import wait_for
 from tests.gateway.serve_process import ServeProcess
 from tests.gateway.test_serve_remote import chat, ledger_status

@@ -18,7 +18,7 @@ import httpx
 from sqlalchemy import text
 
 from billing import Database, default_db_url
-from tests.engine.remote.engine_process import EngineProcess
+from tests.engine.serving.remote.engine_process import EngineProcess
 from tests.gateway.conftest import wait_for
 from tests.gateway.marked import run_marked, wait_no_leftovers
 from tests.gateway.serve_process import ServeProcess
@@ -129,7 +129,7 @@ def test_serve_attached_to_an_engine_process_survives_its_kill_and_restart(tmp_p
 
 def test_serve_reaches_a_keyed_engine_only_with_its_cluster_key(tmp_path: Path) -> None:
     """`engine --cluster-key NEW` creates the key; `serve --cluster-key` with it answers; without it, serve
-    refuses to start, saying why (engine/remote/curve.py)."""
+    refuses to start, saying why (engine/serving/remote/curve.py)."""
     key_file = tmp_path / "cluster_key"
     engine = EngineProcess(tmp_path / "engine", *ENGINE_ARGS, "--cluster-key", str(key_file))
     serve: ServeProcess | None = None

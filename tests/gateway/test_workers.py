@@ -24,7 +24,7 @@ from billing import BillingStore, Database
 from gateway.edge.key_events import publish_change
 from tests.billing.conftest import pg_url  # noqa: F401  (the fixture: the ledger both workers write)
 from tests.billing.services import require
-from tests.engine.remote.engine_process import EngineProcess
+from tests.engine.serving.remote.engine_process import EngineProcess
 from tests.gateway.conftest import wait_for
 from tests.gateway.serve_process import ServeProcess
 from tests.gateway.test_scale_out import ClosedLoop, ledger_service, short_prompt

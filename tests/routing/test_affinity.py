@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.kv_cache import BlockPool, prefix_root
-from engine.request import RequestMeta
+from engine.core.kv_cache import BlockPool, prefix_root
+from engine.core.request import RequestMeta
 from routing.affinity import DigestMemory, prefix_digests
 
 BLOCK = 4

@@ -20,10 +20,10 @@ from engine import (
     RequestMeta,
     SamplingParams,
 )
-from engine.boundary.client import EngineClient
-from engine.boundary.front import OutputStream
-from engine.loader import LoadedModel, load_model
-from engine.outputs import RequestOutput
+from engine.core.outputs import RequestOutput
+from engine.serving.boundary.client import EngineClient
+from engine.serving.boundary.front import OutputStream
+from engine.worker.loader import LoadedModel, load_model
 from routing import EngineRouter, RoutingSettings, engine_loads
 
 PREFIX = list(range(10, 74))  # 64 tokens: four full blocks of 16

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.outputs import EngineStats
+from engine.core.outputs import EngineStats
 from routing.stats import aggregate_stats
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engine.scheduler_output import SchedulerOutput
+from engine.core.scheduler_output import SchedulerOutput
 from fairness import FairnessConfig
 from sim.simulator import SimConfig, SimRequest, SimResult, Simulator
 from tests.defaults import scheduler_config

@@ -8,9 +8,9 @@ at every iteration, and the service stays split evenly.
 
 from __future__ import annotations
 
-from engine.request import RequestState
-from engine.scheduler import SchedulerOutput
-from engine.step_cost import StepCost
+from engine.core.request import RequestState
+from engine.core.scheduler import SchedulerOutput
+from engine.core.step_cost import StepCost
 from sim.scenarios import TwoTenantSetup
 from sim.simulator import Simulator
 

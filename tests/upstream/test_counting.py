@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from engine.request import RequestMeta, SamplingParams
+from engine.core.request import RequestMeta, SamplingParams
 from upstream.call import Chunk, Usage
 from upstream.pending import Pending
 

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.counter_sync import CounterSync
-from engine.loader import default_model_dir
-from engine.outputs import RequestOutput
-from engine.request import FinishReason, RequestMeta, SamplingParams
-from engine.tokenizer import Tokenizer
+from engine.core.outputs import RequestOutput
+from engine.core.request import FinishReason, RequestMeta, SamplingParams
+from engine.core.tokenizer import Tokenizer
+from engine.serving.counter_sync import CounterSync
+from engine.worker.loader import default_model_dir
 from fairness import FairnessConfig
 from tests.gateway.conftest import REDIS_URL, redis_available
 from upstream import ProbeResult, QueuedPastDeadline, UpstreamEngine, UpstreamSettings

@@ -24,8 +24,8 @@ import openai
 import pytest
 
 from bench.vllm_sim.process import SimProcess, start_sim
-from engine.loader import default_model_dir
-from engine.tokenizer import Tokenizer
+from engine.core.tokenizer import Tokenizer
+from engine.worker.loader import default_model_dir
 from gateway.settings import GatewaySettings
 from gateway.state import start_gateway_engine
 from tests.gateway.conftest import Server, start_server, wait_for

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from engine.request import InvalidRequestError, SamplingParams
+from engine.core.request import InvalidRequestError, SamplingParams
 from gateway.settings import GatewaySettings
 from upstream.call import RetryableFailure, parse_chunk, refuse_unsupported, request_body
 from upstream.config import UpstreamSettings

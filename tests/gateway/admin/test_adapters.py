@@ -22,7 +22,7 @@ from sqlalchemy import text
 from billing import Database
 from engine import LLM, SamplingParams
 from gateway.adapters import AdapterRegistry
-from tests.engine.lora.adapters import Adapted, build
+from tests.engine.worker.lora.adapters import Adapted, build
 from tests.gateway.conftest import wait_for
 from tests.gateway.serve_process import ServeProcess
 

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.serial
 
 def _adapter_dir(root: Path) -> Path:
     """A directory the admin API accepts: a PEFT config and finite rank-4 q_proj tensors (registration
-    checks both, engine/lora/adapter.py `check_directory`; no request runs, so no model's shapes)."""
+    checks both, engine/worker/lora/adapter.py `check_directory`; no request runs, so no model's shapes)."""
     path = root / ("a-rather-long-directory-name-" * 4) / "adapter"
     path.mkdir(parents=True)
     (path / "adapter_config.json").write_text(json.dumps({"r": 4, "target_modules": ["q_proj"]}))

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from engine import AsyncEngine, LLMEngine
-from engine.loader import load_model
+from engine.worker.loader import load_model
 from gateway.settings import GatewaySettings
 from routing import EngineRouter
 from tests.gateway.conftest import Server, engine_config, start_server, wait_for

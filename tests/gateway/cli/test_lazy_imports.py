@@ -20,7 +20,7 @@ try:
     code = main(sys.argv[1:])
 except SystemExit as exc:  # --help and refusals exit through argparse
     code = exc.code
-heavy = ["torch", "engine.llm_engine", "engine.executor", "uvicorn", "gateway.app"]
+heavy = ["torch", "engine.serving.llm_engine", "engine.worker.executor", "uvicorn", "gateway.app"]
 print(json.dumps({"rc": code, "loaded": [m for m in heavy if m in sys.modules]}), file=sys.stderr)
 """
 

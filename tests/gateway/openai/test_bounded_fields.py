@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from billing.models import UsageRow
-from engine.boundary.messages import WIRE_INT_MAX
+from engine.serving.boundary.messages import WIRE_INT_MAX
 from gateway.openai.schemas import USER_MAX_CHARS
 from tests.gateway.conftest import Server
 

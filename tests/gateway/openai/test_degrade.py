@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from engine.tokenizer import Tokenizer
+from engine.core.tokenizer import Tokenizer
 from gateway.openai.degrade import _chat_kept
 from gateway.openai.schemas import ChatCompletionRequest
 from tests.gateway.two_models import build_model

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from engine import LLM, SamplingParams
-from tests.engine.lora.adapters import Adapted, build
+from tests.engine.worker.lora.adapters import Adapted, build
 from tests.gateway.serve_process import ServeProcess
 
 

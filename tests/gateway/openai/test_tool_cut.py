@@ -4,7 +4,7 @@ character of the call's markup).
 
 A call whose shortest form (markup, the required keys with the emptiest values, the closing tag, end of
 sequence) fits in max_tokens closes within it, finish_reason "tool_calls" (the closing narrowing reserves the
-wrapper's tail: engine/grammar/closing.py). One that cannot fit ends finish_reason "length" with
+wrapper's tail: engine/worker/grammar/closing.py). One that cannot fit ends finish_reason "length" with
 `tool_calls` holding what was generated of the arguments, and never `<tool_call>` markup in content.
 """
 

@@ -179,7 +179,7 @@ def test_a_call_with_unbounded_arguments_closes_within_max_tokens(
     server: Server, client: httpx.Client, temperature: float
 ) -> None:
     """Nothing in these parameters ends the string or the number: the call closes in the budget's last
-    stretch (engine/grammar/closing.py) instead of being cut at max_tokens."""
+    stretch (engine/worker/grammar/closing.py) instead of being cut at max_tokens."""
     tool = {
         "type": "function",
         "function": {

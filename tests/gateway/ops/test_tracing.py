@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.tracing import traces_endpoint
-from tests.engine.remote.engine_process import EngineProcess
+from engine.serving.tracing import traces_endpoint
+from tests.engine.serving.remote.engine_process import EngineProcess
 from tests.gateway.otlp_receiver import ReceivedSpan, Receiver, otlp_receiver
 from tests.gateway.serve_process import ServeProcess
 

@@ -1,0 +1,457 @@
+"""Request, sampling parameters and tenant metadata: the unit the scheduler moves between queues."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from engine.core.kv_cache import prefix_root
+from engine.core.token_logprobs import TokenLogprobs
+
+
+class RequestState(enum.Enum):
+    """Where a request is in its life: queued, computing, preempted (recompute or swap), or done."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.StrEnum):
+    """Why a request ended; the string values are what the API and ledger show."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    DEADLINE = "deadline"
+    REJECTED = "rejected"
+    ERROR = "error"
+    HANDOFF = "handoff"  # a prefill engine's part ended: the request goes on on a decode engine (engine/serving/disagg.py)
+
+
+class InvalidRequestError(ValueError):
+    """A request the engine refuses before queueing it; the message names the field."""
+
+    def __init__(self, message: str, field_name: str | None = None) -> None:
+        super().__init__(message)
+        self.field_name = field_name
+
+
+class RequestFault(InvalidRequestError):
+    """A fault found inside a step that belongs to one request's own input (its adapter, its grammar, its
+    sampling): that request ends alone with finish_reason "error" and this error, which the gateway answers
+    as a 400 naming `field_name` (`model` for an adapter, `response_format` or `tools` for a grammar)."""
+
+
+class DuplicateRequestError(InvalidRequestError):
+    """A request id that is already live in the engine."""
+
+
+class PromptTooLongError(InvalidRequestError):
+    """Prompt plus max_tokens does not fit in the model context."""
+
+
+# Below this temperature sampling is greedy (as vLLM does): dividing logits by a smaller number
+# overflows float32, and the distribution is argmax to within rounding anyway.
+GREEDY_TEMPERATURE = 1e-5
+# torch.Generator.manual_seed accepts exactly the 64-bit signed and unsigned ranges.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+LOGIT_BIAS_MAX = 100.0  # OpenAI's range for logit_bias values
+PENALTY_MAX = 2.0  # OpenAI's range for presence_penalty and frequency_penalty: [-2, 2]
+# vLLM and transformers take any repetition_penalty > 0; at 100 a seen token is as good as banned (as by
+# logit_bias's -100), and the bound keeps every penalised logit finite.
+REPETITION_PENALTY_MAX = 100.0
+_FLOAT_MAX = sys.float_info.max  # a float is finite exactly when it lies in [-this, this] (NaN in none)
+GRAMMAR_KINDS = ("json_schema", "json_object", "lark")
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What a request's output must match (engine/worker/grammar/): a JSON schema (text), any JSON object, or a
+    Lark grammar. `field` is the request field it came from, so a compile error's 400 names it."""
+
+    kind: str
+    source: str = ""
+    field: str = "response_format"
+    # Tokens the grammar forces after the JSON it constrains has closed (a tool call's `}` and closing tag,
+    # and the end of sequence): the closing narrowing starts that much earlier (engine/worker/grammar/closing.py).
+    closing_reserve: int = 0
+
+    @property
+    def key(self) -> str:
+        """The compile cache's key: identical grammars compile once (engine/worker/grammar/compiler.py)."""
+        digest = hashlib.sha256(self.kind.encode())
+        digest.update(b"\0")
+        digest.update(self.source.encode("utf-8", "surrogatepass"))
+        return digest.hexdigest()
+
+
+@dataclass
+class SamplingParams:
+    """How to pick tokens and when to stop. temperature below GREEDY_TEMPERATURE (0 included) means greedy."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    # -- penalties and min-p, as vLLM's (engine/worker/sampling_math.py, `penalize`; docs/engine.md, "Sampling") --
+    presence_penalty: float = 0.0  # subtracted once from each token the output already holds
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    repetition_penalty: float = (
+        1.0  # divides (or multiplies, if negative) the logit of each token of prompt+output
+    )
+    min_p: float = 0.0  # drops tokens less likely than min_p times the most likely (after temperature)
+    # False: only the first output (the request started) and the last are emitted, each carrying the
+    # text since the previous one. A non-streaming caller needs nothing in between, and every skipped
+    # output is a message the engine does not send and the caller does not wake up for.
+    stream_outputs: bool = True
+    # Constrained decoding (engine/worker/grammar/): each sampled token is masked to those the grammar allows.
+    grammar: Grammar | None = None
+    # -- log probabilities and several choices (engine/worker/sampler.py; docs/gateway.md) --
+    # None: no logprobs; k >= 0: each sampled token's logprob and the k most likely tokens' (RequestCaps caps k).
+    logprobs: int | None = None
+    # Choices (completions) of one prompt: prefilled once, then forked (engine/core/scheduler.py, `Family`).
+    n: int = 1
+
+    def validate(self) -> None:
+        """Raise InvalidRequestError naming the first field the sampler could not compute with.
+
+        Size caps (how many stop strings, bias entries) are RequestCaps' (engine/core/limits.py); vocabulary
+        bounds are RequestLimits'. Together they accept exactly what the engine can serve.
+        """
+        # Each test takes the common exact type (int, float, list, dict) without a call, and asks the
+        # helpers only otherwise: both sides (the gateway and the engine's front) validate every request.
+        max_tokens, temperature, top_p, top_k = self.max_tokens, self.temperature, self.top_p, self.top_k
+        if not (type(max_tokens) is int or _integer(max_tokens)) or max_tokens < 1:
+            raise InvalidRequestError(
+                f"max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens"
+            )
+        finite = type(temperature) is float and -_FLOAT_MAX <= temperature <= _FLOAT_MAX
+        if not (finite or _finite(temperature)) or temperature < 0:
+            raise InvalidRequestError(
+                f"temperature must be finite and >= 0, got {temperature!r}", "temperature"
+            )
+        finite = type(top_p) is float and -_FLOAT_MAX <= top_p <= _FLOAT_MAX
+        if not (finite or _finite(top_p)) or not 0 < top_p <= 1:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {top_p!r}", "top_p")
+        if not (type(top_k) is int or _integer(top_k)) or top_k < 0:
+            raise InvalidRequestError(f"top_k must be an integer >= 0 (0 disables), got {top_k!r}", "top_k")
+        if self.seed is not None and (not _integer(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX):
+            raise InvalidRequestError(
+                f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed!r}", "seed"
+            )
+        stop, stop_ids = self.stop, self.stop_token_ids
+        if not (type(stop) is list or isinstance(stop, list)) or (
+            stop and any(not isinstance(s, str) or not s for s in stop)
+        ):
+            raise InvalidRequestError("stop must be a list of non-empty strings", "stop")
+        if not (type(stop_ids) is list or isinstance(stop_ids, list)) or (
+            stop_ids and any(not _integer(t) or t < 0 for t in stop_ids)
+        ):
+            raise InvalidRequestError("stop_token_ids must be non-negative integers", "stop_token_ids")
+        if type(self.ignore_eos) is not bool:  # bool has no subclasses
+            raise InvalidRequestError("ignore_eos must be a boolean", "ignore_eos")
+        if type(self.logit_bias) is not dict or self.logit_bias:
+            self._validate_logit_bias()
+        if self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.min_p:
+            self._validate_penalties()
+        if self.grammar is not None:
+            self._validate_grammar(self.grammar)
+        if self.logprobs is not None and (not _integer(self.logprobs) or self.logprobs < 0):
+            raise InvalidRequestError(
+                f"logprobs must be an integer >= 0 or absent, got {self.logprobs!r}", "logprobs"
+            )
+        if type(self.n) is not int or self.n != 1:
+            self._validate_n()
+
+    def _validate_n(self) -> None:
+        if not _integer(self.n) or self.n < 1:
+            raise InvalidRequestError(f"n must be a positive integer, got {self.n!r}", "n")
+
+    def _validate_grammar(self, grammar: object) -> None:
+        if not isinstance(grammar, Grammar) or grammar.kind not in GRAMMAR_KINDS:
+            raise InvalidRequestError(f"grammar kind must be one of {GRAMMAR_KINDS}", "grammar")
+        if not isinstance(grammar.source, str) or (grammar.kind != "json_object" and not grammar.source):
+            raise InvalidRequestError("a grammar needs its source text", grammar.field)
+        if self.ignore_eos:  # the grammar ends the output with EOS; ignoring it would run past the grammar
+            raise InvalidRequestError("ignore_eos cannot be combined with a grammar", "ignore_eos")
+
+    def _validate_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _finite(value) or not -PENALTY_MAX <= value <= PENALTY_MAX:
+                raise InvalidRequestError(f"{name} must be in [-2, 2], got {value!r}", name)
+        rep = self.repetition_penalty
+        if not _finite(rep) or not 0 < rep <= REPETITION_PENALTY_MAX:
+            raise InvalidRequestError(
+                f"repetition_penalty must be in (0, {REPETITION_PENALTY_MAX:g}] (1 disables), got {rep!r}",
+                "repetition_penalty",
+            )
+        if not _finite(self.min_p) or not 0 <= self.min_p <= 1:
+            raise InvalidRequestError(f"min_p must be in [0, 1] (0 disables), got {self.min_p!r}", "min_p")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the logits depend on the tokens so far (presence, frequency or repetition penalty)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+    def _validate_logit_bias(self) -> None:
+        if not isinstance(self.logit_bias, dict):
+            raise InvalidRequestError("logit_bias must map token ids to numbers", "logit_bias")
+        for token, bias in self.logit_bias.items():
+            if not _integer(token) or token < 0:
+                raise InvalidRequestError(f"logit_bias key {token!r} is not a token id", "logit_bias")
+            if not _finite(bias) or abs(bias) > LOGIT_BIAS_MAX:
+                raise InvalidRequestError(
+                    f"logit_bias values must be in [-100, 100], got {bias!r}", "logit_bias"
+                )
+
+    @property
+    def greedy(self) -> bool:
+        """True when sampling degenerates to argmax."""
+        return self.temperature < GREEDY_TEMPERATURE
+
+
+def _integer(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+KV_HOLD = "hold"  # RequestMeta.kv_handoff on a prefill engine: keep the KV for a decode engine
+
+
+@dataclass
+class RequestMeta:
+    """Who asked and under what contract. Lower `priority` values are more important classes."""
+
+    tenant_id: str = "default"
+    # Prefix-cache isolation (engine/core/kv_cache.py): blocks are shared only between requests of the same
+    # group (the tenant's own id unless an admin put it in a named group) and the same cache_salt.
+    cache_group: str | None = None
+    cache_salt: str | None = None
+    # Leading prompt tokens that equal a registered public prefix (gateway/public_prefixes.py), set only by
+    # the gateway, which alone holds the registry: blocks wholly inside them are keyed publicly.
+    public_prefix_tokens: int = 0
+    # The LoRA adapter the request runs with (engine/worker/lora/; `model: NAME` at the gateway); None: the base model.
+    # Its KV is keyed apart (prefix_root), since an adapter changes every layer's K and V. Without lora_path
+    # the name is one of the engine's `--lora` entries; with it, the engine loads that directory on demand.
+    lora: str | None = None
+    lora_path: str | None = None  # the adapter's PEFT directory, from the gateway's adapter directory
+    # When the gateway's adapter directory registered it (ISO time; None for a `--lora` adapter): an adapter
+    # that faulted is refused until it is registered again, which changes this (engine/worker/lora/host_cache.py).
+    lora_registered: str | None = None
+    api_key_id: str | None = None
+    user: str | None = None
+    task_id: str | None = None
+    workflow_run_id: str | None = None
+    attempt: int = 0
+    priority: int = 0
+    weight: float = 1.0
+    deadline: float | None = None
+    # At the deadline a request that has produced tokens ends as `length` with them (a controlled partial
+    # answer, X-On-Infeasible: partial) instead of `deadline`.
+    partial_at_deadline: bool = False
+    arrival_time: float = field(default_factory=time.time)
+    traceparent: str | None = (
+        None  # W3C trace context of the gateway's span: the engine's spans descend from it
+    )
+    ledger_id: str | None = (
+        None  # the caller's request id: the key of the ledger row the engine's record bills
+    )
+    # Prefill and decode on separate engines (engine/serving/disagg.py): KV_HOLD asks a prefill engine to keep the
+    # KV after the first token for a decode engine; a tcp:// address tells a decode engine where to pull it.
+    kv_handoff: str | None = None
+    # The decode part's start of a stop string that its prefill part held back unreleased (engine/serving/disagg.py):
+    # its StopMatcher begins with it, so a stop spanning the first and second tokens matches as co-located.
+    held_text: str = ""
+    # CPU seconds the gateway spent preparing this request (validating its body, rendering its chat,
+    # tokenising): the tenant's own cost, charged by the engine as grammar CPU is (engine/worker/grammar/intake.py).
+    preprocess_cpu_s: float = 0.0
+
+    @property
+    def decode_part(self) -> bool:
+        """The second part of a split request, whose prefill engine counts the request and its prompt."""
+        return self.kv_handoff is not None and self.kv_handoff != KV_HOLD
+
+
+@dataclass
+class Preemption:
+    """One preemption of a request: why, how, and what it cost."""
+
+    reason: str
+    mode: str  # "recompute" or "swap"
+    iteration: int
+    tokens_recomputed: int = 0
+    bytes_swapped: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class Request:
+    """A live request. `num_computed_tokens` catches up with `num_tokens` one scheduled chunk at a time."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    meta: RequestMeta
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_public_cached_tokens: int = 0  # the part of num_cached_tokens that hit public-prefix blocks
+    state: RequestState = RequestState.WAITING
+    finish_reason: FinishReason | None = None
+    # Tokens charged to the fairness policy: prompt positions are charged once, even if recomputed.
+    num_charged_prompt_tokens: int = 0
+    charged_service: float = 0.0
+    # Each token's service multiplier: 1 + a LoRA adapter's extra FLOPs share (engine/worker/lora/cost.py).
+    service_scale: float = 1.0
+    # Set when a fault of its own input (RequestFault) ended it inside a step: its outputs carry it.
+    fault: RequestFault | None = None
+    # The step cost model's work beyond new tokens (engine/core/step_cost.py) owed and not yet charged (charged
+    # in whole prefill tokens), and a provisional decode's work, charged when its step commits.
+    step_work_owed: float = 0.0
+    step_work_pending: float = 0.0
+    preemptions: list[Preemption] = field(default_factory=list)
+    recomputed_tokens: int = 0
+    # Cancellation bookkeeping: when the signal arrived, in which state, and work done after it.
+    cancel_time: float | None = None
+    cancel_state: str | None = None
+    tokens_after_cancel: int = 0
+    # Wall-clock timings (epoch seconds).
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    # The prefix of num_tokens that was computed before the last preemption, for recompute accounting.
+    recompute_until: int = 0
+    # 1 while a token of this request is being sampled by a forward still in flight (async scheduling,
+    # engine/core/async_scheduler.py): the last output id is then a placeholder, -(1 + its row in that step's samples).
+    num_output_placeholders: int = 0
+    # Prefix-cache keys of the prompt's full blocks, computed once when a locality policy first asks
+    # (engine/core/policy.py, `cached_blocks_probe`).
+    prompt_block_keys: list[bytes] | None = None
+    # SamplingParams.logprobs: one entry per output token, in step with output_token_ids.
+    output_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # n > 1: the choices this request is one of (Family, below; engine/core/family.py), and which one; None for a
+    # lone request.
+    family: Family | None = field(default=None, repr=False, compare=False)
+    choice_index: int = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Length of the prompt."""
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens so far."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt followed by output."""
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        """True once the request has a finish reason."""
+        return self.state is RequestState.FINISHED
+
+    @property
+    def phase(self) -> str:
+        """Where the request is: "waiting" (nothing computed yet), "prefill" or "decode"."""
+        if (
+            self.state is not RequestState.RUNNING
+            and self.num_computed_tokens == 0
+            and not self.output_token_ids
+        ):
+            return "waiting"
+        return "prefill" if self.num_computed_tokens < self.num_prompt_tokens else "decode"
+
+    def stop_reason(
+        self, token: int, eos_token_ids: set[int] | frozenset[int], max_model_len: int
+    ) -> FinishReason | None:
+        """Token-level stop conditions for `token`, just appended (stop strings are the engine's, on text)."""
+        params = self.sampling
+        if (not params.ignore_eos and token in eos_token_ids) or token in params.stop_token_ids:
+            return FinishReason.STOP
+        if len(self.output_token_ids) >= params.max_tokens or self.num_tokens >= max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    @cached_property
+    def prefix_root(self) -> bytes:
+        """Where this request's prefix-cache keys chain from: its cache group and salt (engine/core/kv_cache.py)."""
+        meta = self.meta
+        return prefix_root(meta.tenant_id, meta.cache_group, meta.cache_salt, meta.lora, meta.lora_path)
+
+    def public_blocks(self, block_size: int) -> int:
+        """Prompt blocks keyed in the public namespace: those wholly inside the public prefix (none under a
+        LoRA adapter: public blocks hold the base model's KV)."""
+        if self.meta.lora is not None:
+            return 0
+        return max(0, min(self.meta.public_prefix_tokens, len(self.prompt_token_ids))) // block_size
+
+    def cache_chain(self, block_size: int) -> tuple[bytes, int]:
+        """(root, public blocks): how this request's prefix-cache keys chain (engine/core/kv_cache.py)."""
+        return self.prefix_root, self.public_blocks(block_size)
+
+    @property
+    def arrival_time(self) -> float:
+        """Arrival time from the metadata (the fairness item protocol)."""
+        return self.meta.arrival_time
+
+
+@dataclass(eq=False)
+class Family:
+    """The n choices of one request, each a Request of its own, by index (SamplingParams.n > 1).
+
+    Defined here, beside Request, because each names the other; what is done with a family (make, fork,
+    end) is engine/core/family.py's, which imports this module and is never imported by it.
+    """
+
+    request_id: str  # the request's id: what outputs, aborts and the ledger name
+    members: list[Request]  # by choice index
+    fork_at: int
+    pending: list[Request] = field(default_factory=list)  # followers not yet forked
+    ended: int = 0  # members whose final output went out: the last one's ends the request
+
+    @property
+    def leader(self) -> Request:
+        """Choice 0: the member that prefills the shared prompt."""
+        return self.members[0]
+
+
+def decodes_first(running: list[Request]) -> list[Request]:
+    """`running` in scheduling order: decodes before partial prefills (stall-free), by class first when the
+    classes differ. `running` is kept sorted by class, so equal ends mean one class."""
+    if running[0].meta.priority != running[-1].meta.priority:
+        return sorted(running, key=_class_then_prefill)
+    decodes: list[Request] = []
+    prefills: list[Request] = []
+    for r in running:
+        (decodes if _is_decode(r) else prefills).append(r)
+    return decodes + prefills
+
+
+def _is_decode(request: Request) -> bool:
+    # A decode: output exists and only the last sampled token is uncomputed.
+    return bool(request.output_token_ids) and request.num_computed_tokens == request.num_tokens - 1
+
+
+def _class_then_prefill(request: Request) -> tuple[int, bool]:
+    return request.meta.priority, not _is_decode(request)  # sorted() is stable

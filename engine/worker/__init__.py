@@ -1,0 +1,1 @@
+"""The engine's worker: the torch side. Models, layers, attention, the model runner, decode graphs, the sampler, LoRA, grammars' masks, tensor parallelism, the loader. It imports the core's data types, never the serving shells."""
