@@ -270,7 +270,13 @@ def ledger_service(db_url: str, ids: set[str]) -> float:
     return float(wait_for(complete, 30, f"{len(ids)} ledger rows"))
 
 
-def served_ratio(c: Cluster, a: ClosedLoop, b: ClosedLoop, spread: tuple[bool, bool] = (True, True)) -> float:
+def served_ratio(
+    c: Cluster,
+    a: ClosedLoop,
+    b: ClosedLoop,
+    spread: tuple[bool, bool] = (True, True),
+    window: int = WINDOW,
+) -> float:
     """A:B of charged service over the window in which both were backlogged (module docstring).
 
     Checked as the window closes: every engine has requests waiting, and each gateway has at least SEATS of
@@ -280,7 +286,9 @@ def served_ratio(c: Cluster, a: ClosedLoop, b: ClosedLoop, spread: tuple[bool, b
     try:
         wait_for(lambda: a.count() >= WARM_UP and b.count() >= WARM_UP, 120, "both tenants warmed up")
         t0 = time.monotonic()
-        wait_for(lambda: min(a.count(t0), b.count(t0)) >= WINDOW, 240, "the window's answers")
+        wait_for(
+            lambda: min(a.count(t0), b.count(t0)) >= window, 240 * window / WINDOW, "the window's answers"
+        )
         t1 = time.monotonic()
         for g, spread_here in zip(c.gateways, spread, strict=True):  # still backlogged as the window closed
             rows = c.engine_rows(g)
@@ -343,7 +351,11 @@ def test_affinity_does_not_pin_a_tenant_below_its_share(cluster: Cluster) -> Non
     before = {k: r["routed"] for k, r in cluster.engine_rows(g1).items()}
     a = ClosedLoop(g1.url, key_a, cluster.model, lambda rng: LONG_PREFIX + short_prompt(rng))
     b = ClosedLoop(g2.url, key_b, cluster.model, short_prompt, clients=2 * CLIENTS)
-    ratio = served_ratio(cluster, a, b, spread=(False, True))
+    # Twice the window: each of A's requests attends over its 673 cached tokens, which the step cost charges
+    # (engine/core/step_cost.py), so A's charges come in coarser pieces than B's and the window's edges and
+    # the counters' exchange move a 150-answer window by up to 11% on a loaded CI host (0.892 there, 2026-12-07;
+    # run alone it passed).
+    ratio = served_ratio(cluster, a, b, spread=(False, True), window=2 * WINDOW)
     split = [r["routed"] - before[k] for k, r in cluster.engine_rows(g1).items()]
     print(f"  shared long prefix for A, weights 1:1: A:B = {ratio:.3f}; A's requests per engine {split}")
     assert abs(ratio - 1) <= 0.10, f"A:B = {ratio:.3f}, want 1 within 10%"
