@@ -36,6 +36,8 @@ class Scheduler(SchedulerState):
         now = time.time() if now is None else now
         self.iteration += 1
         out = SchedulerOutput(self.iteration)
+        if self.waits:  # (polled also with none held: a load whose requests left is still landed and charged)
+            self.wake_held(now)
         self.retire_aborted(out, now)
         self.expire_deadlines(now, out)
         self._return_set_aside(now)
