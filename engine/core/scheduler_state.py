@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from operator import attrgetter
 
 from engine.core.deadlines import Deadlines
-from engine.core.family import Family, end_unforked, share_prompt
+from engine.core.family import Family, choices_of, end_choice, share_prompt, unforked
 from engine.core.kv_cache import BlockPool
 from engine.core.request import FinishReason, InvalidRequestError, Request, RequestState
 from engine.core.scheduler_output import AdapterSlots, ScheduledChunk, SchedulerConfig, SchedulerOutput, Swap
@@ -96,7 +96,7 @@ class SchedulerState:
     def _pass_waits(self, request: Request, now: float, start: int) -> None:
         """Hold `request` in the first wait from `start` on that needs to, else queue it. A wait raising
         undoes what the waits before it attached."""
-        members = request.family.members if request.family is not None else [request]
+        members = choices_of(request)
         for i in range(start, len(self.waits)):
             wait = self.waits[i]
             try:
@@ -171,7 +171,7 @@ class SchedulerState:
     def _refuse(self, request: Request, exc: InvalidRequestError, now: float) -> None:
         """End a held request as refused: no output of its own; the engine answers it with `exc` (a 400). What
         any wait attached to its choices goes."""
-        for member in request.family.members if request.family is not None else [request]:
+        for member in choices_of(request):
             for wait in self.waits:
                 wait.forget(member.request_id)
         request.state = RequestState.FINISHED
@@ -232,8 +232,7 @@ class SchedulerState:
             running.append(request)
         else:
             bisect.insort_right(running, request, key=_priority)
-        if request.family is not None and request.choice_index == 0:
-            self._reserved_seats += len(request.family.pending)
+        self._reserved_seats += unforked(request)
 
     def _leave_running(self, request: Request) -> None:
         # By identity: Request is a dataclass, so list.remove would compare every field of every peer.
@@ -241,8 +240,7 @@ class SchedulerState:
         for i in range(len(running) - 1, -1, -1):
             if running[i] is request:
                 del running[i]
-                if request.family is not None and request.choice_index == 0:
-                    self._reserved_seats -= len(request.family.pending)
+                self._reserved_seats -= unforked(request)
                 return
 
     # -- after the forward pass -------------------------------------------------------------
@@ -363,9 +361,6 @@ class SchedulerState:
         request.finish_reason = reason
         request.finished_time = time.time() if now is None else now
         self.requests.pop(request.request_id, None)
-        family = request.family
-        if family is not None:
-            if family.pending:
-                end_unforked(family, reason, request.finished_time)
-            if all(m.is_finished for m in family.members):
-                self.families.pop(family.request_id, None)
+        if end_choice(request, request.finished_time):
+            assert request.family is not None
+            self.families.pop(request.family.request_id, None)

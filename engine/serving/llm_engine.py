@@ -29,7 +29,7 @@ from typing import cast
 import torch
 
 from engine.config import EngineConfig
-from engine.core.family import Family, make_family, with_families
+from engine.core.family import choices_of, closes_request, make_family, with_families
 from engine.core.isolation import RequestFailures
 from engine.core.kv_cache import BlockPool
 from engine.core.limits import RequestLimits
@@ -273,7 +273,7 @@ class LLMEngine:
         refused = []
         for request, exc in self.scheduler.take_refused():
             refused.append((request.request_id, exc))
-            for member in request.family.members if request.family is not None else [request]:
+            for member in choices_of(request):
                 self._streams.pop(member.request_id, None)
             if request.family is not None:
                 self._families -= 1
@@ -370,24 +370,15 @@ class LLMEngine:
             delta, stream.held_delta = stream.held_delta + text, ""
             new_ids = request.output_token_ids[stream.emitted_tokens :]
             stream.emitted_tokens = len(request.output_token_ids)
-            ends = request.is_finished if request.family is None else self._ends_family(request)
+            ends = closes_request(request)
+            if ends and request.family is not None:
+                self._families -= 1
             outputs.append((request, stream, new_ids, delta, ends))
             if request.is_finished:
                 self._forget(request.request_id)
                 if self.tracer is not None:
                     self.tracer.finished(request)
         return outputs
-
-    def _ends_family(self, request: Request) -> bool:
-        """Whether this output of a choice is its request's last: the last choice's end."""
-        family: Family | None = request.family
-        if family is None or not request.is_finished:
-            return False
-        family.ended += 1
-        if family.ended < len(family.members):
-            return False
-        self._families -= 1
-        return True
 
     def fail_requests(self, errors: dict[str, Exception], now: float) -> None:
         """End each request whose own work raised, with finish_reason "error"; the others go on. A
@@ -409,7 +400,7 @@ class LLMEngine:
         """End a request for a fault of its own input: every choice of its family (the request is refused
         as a whole, a 400), each carrying the fault. Returns the choices ended now."""
         ended = []
-        for member in request.family.members if request.family is not None else [request]:
+        for member in choices_of(request):
             member.fault = exc
             if not member.is_finished:
                 self.scheduler.finish(member, FinishReason.ERROR, now)
