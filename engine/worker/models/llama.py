@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from engine.worker.attention import AttentionMetadata, KVCache, paged_attention
+from engine.worker.attention import AttentionMetadata, KVCache, attend_stored
 from engine.worker.kernels import Kernels, kernels
 from engine.worker.layers import (
     RMSNorm,
@@ -121,22 +121,16 @@ class LlamaAttention(nn.Module):
             )
         else:
             qk = qkv[:, :heads]
-        # q and k heads are adjacent: one rotary launch (or one torch pass) rotates both.
-        qk = ops.rotary_embedding(qk, cos, sin)
-        q, k, v = qk[:, : self.num_heads], qk[:, self.num_heads :], qkv[:, heads:]
         if self.sliding_window is not None and meta.window_group is not None:
             meta = (
                 meta.window_group
             )  # this layer's KV lives in the window-sized pool (engine/worker/window_cache.py)
-        out = paged_attention(
-            q,
-            k,
-            v,
-            kv_cache,
-            meta,
-            scale=self.scale,
-            sliding_window=self.sliding_window,
-            soft_cap=self.soft_cap,
+        # q and k heads are adjacent: one launch rotates both and stores k and v in the paged cache.
+        k_cache, v_cache = kv_cache
+        v = qkv[:, heads:]
+        q = ops.rotary_store(qk, v, cos, sin, k_cache, v_cache, meta.slot_mapping, self.num_heads)
+        out = attend_stored(
+            q, kv_cache, meta, scale=self.scale, sliding_window=self.sliding_window, soft_cap=self.soft_cap
         )
         return self.o(out.reshape(-1, self.q_size), ops)
 
