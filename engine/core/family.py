@@ -15,7 +15,7 @@ With sliding-window layers outside the pool (engine/worker/window_cache.py) ther
 
 Every decision that differs for a request of n > 1 choices is made here, and the scheduler and the engine
 ask by name: the seats and blocks an unforked leader reserves (`unforked`, `unforked_blocks`), when the
-fork happens (`forks_at_admission`, `forks_after_chunk`), which choices a request stands for
+fork happens (`forks_at_admission`, `forks_after_chunk`; a decode's copy-on-write check, inlined in the scheduler's decode loop), which choices a request stands for
 (`choices_of`), what ends with a leader (`end_choice`) and when a request's last output goes out
 (`closes_request`). What stays outside is mechanism: the fork's seat and deadline bookkeeping
 (engine/core/scheduler_state.py `_fork`), the forked rows the runner repeats (engine/worker/model_runner.py),
@@ -141,12 +141,6 @@ def forks_after_chunk(request: Request, end: int) -> Family | None:
     if family is None or not family.pending or not family.fork_at:
         return None
     return family if end == family.fork_at else None
-
-
-def writes_shared_block(request: Request) -> bool:
-    """Whether a decode of `request` may write into a block its family shares (checked for copy on write
-    at every decode, not only on block boundaries)."""
-    return request.family is not None
 
 
 def end_choice(request: Request, now: float) -> bool:

@@ -15,7 +15,6 @@ from engine.core.family import (
     forks_at_admission,
     unforked,
     unforked_blocks,
-    writes_shared_block,
 )
 from engine.core.kv_cache import NoFreeBlock
 from engine.core.request import FinishReason, Preemption, Request, RequestState, decodes_first
@@ -126,7 +125,8 @@ class Scheduler(SchedulerState):
                 ):
                     continue  # its token in flight ends it by length: nothing to speculate on
                 # A choice of n > 1 may write into its family's shared partial block: `_grow` copies it first.
-                grows = computed % block_size == 0 or writes_shared_block(request)
+                # (family.py's decisions, inlined on this hot path: a choice may write a block it shares)
+                grows = computed % block_size == 0 or request.family is not None
                 if grows and not self._grow(request, computed + 1, out, now):
                     continue
                 chunks.append(ScheduledChunk(request, computed, 1))
