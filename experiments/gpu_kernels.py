@@ -10,6 +10,7 @@ every case, so a run cut short keeps the cases before the cut (`"complete": fals
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -70,7 +71,10 @@ class PagedPool:
 
 def decode_case(pool: PagedPool, batch: int, context: int) -> dict[str, Any]:
     """Time one decode step (one query token per sequence) of the Triton kernel, and SDPA where it fits."""
-    from fairserve_kernels.launch_heuristics import launch_config, num_sms
+    from fairserve_kernels.launch_heuristics import (
+        launch_config,
+        num_sms,
+    )
     from fairserve_kernels.triton_attention import paged_attention
 
     dtype = pool.k_cache.dtype
@@ -136,6 +140,12 @@ def prefill_case(pool: PagedPool, batch: int, context: int, chunk: int) -> dict[
     """Time a batch of prefill chunks (each the last `chunk` tokens of `context`) against SDPA, bottom-right causal."""
     from torch.nn.attention.bias import causal_lower_right
 
+    from fairserve_kernels.launch_heuristics import (
+        PREFILL_CANDIDATES,
+        PrefillTiles,
+        device_arch,
+        prefill_tiles,
+    )
     from fairserve_kernels.triton_attention import paged_attention
 
     dtype = pool.k_cache.dtype
@@ -145,7 +155,7 @@ def prefill_case(pool: PagedPool, batch: int, context: int, chunk: int) -> dict[
     seq_lens = torch.full((batch,), context, dtype=torch.int32, device=DEVICE)
     scale = HEAD_DIM**-0.5
 
-    def run() -> torch.Tensor:
+    def run(tiles: PrefillTiles | None = None) -> torch.Tensor:
         return paged_attention(
             query,
             pool.k_cache,
@@ -156,8 +166,15 @@ def prefill_case(pool: PagedPool, batch: int, context: int, chunk: int) -> dict[
             scale,
             max_query_len=chunk,
             max_seq_len=context,
+            prefill=tiles,
         )
 
+    # Every prefill candidate of this GPU's architecture, timed beside the heuristic's pick (issue 57).
+    arch = device_arch(query.device)
+    chosen = prefill_tiles(arch, HEAD_DIM, query.element_size())
+    candidates_ms = {
+        repr(tiles): bench_ms(functools.partial(run, tiles))[0] for tiles in PREFILL_CANDIDATES.get(arch, ())
+    }
     group = NUM_HEADS // NUM_KV_HEADS
     k, v = pool.gather(tables, context)
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # MHA-shaped peer input
@@ -188,6 +205,8 @@ def prefill_case(pool: PagedPool, batch: int, context: int, chunk: int) -> dict[
         "sdpa_tflops": flops / (sdpa_ms * 1e-3) / 1e12,
         "ratio_vs_sdpa": sdpa_ms / ms,
         "max_abs_err_vs_sdpa": err.item(),
+        "chosen_tiles": repr(chosen),
+        "candidates_ms": candidates_ms,
     }
 
 

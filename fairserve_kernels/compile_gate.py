@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from fairserve_kernels.launch_heuristics import DEFAULT_SM_COUNT, assume_sm_count
+from fairserve_kernels.launch_heuristics import DEFAULT_SM_COUNT, SHARED_BYTES, assume_gpu
 
 # (compute capability, the SM count the launch heuristics see): H100/H200 and A100.
 TARGETS: dict[int, int] = {90: 132, 80: 108}
@@ -66,7 +66,7 @@ class Limits:
 
 
 # sm_90 (H100/H200): 227 KiB of shared memory per block; sm_80 (A100): 163 KiB.
-LIMITS: dict[int, Limits] = {90: Limits(shared_bytes=232_448), 80: Limits(shared_bytes=166_912)}
+LIMITS: dict[int, Limits] = {arch: Limits(shared_bytes=shared) for arch, shared in SHARED_BYTES.items()}
 
 
 @dataclass(frozen=True)
@@ -218,17 +218,21 @@ def kernel_modules() -> list[str]:
     )
 
 
-def collect_variants(arch: int, modules: Iterable[str]) -> list[Variant]:
-    """Run every module's gate cases bound to `arch`; the distinct variants their launches asked for."""
+def collect_variants(
+    arch: int, modules: Iterable[str], cases_of: str = "compile_gate_cases"
+) -> list[Variant]:
+    """Run every module's gate cases bound to `arch`; the distinct variants their launches asked for.
+    `cases_of`: "compile_gate_required" for the cases a module wants compiled whatever the cover picks
+    (optional, unlike `compile_gate_cases`)."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("the compile gate needs Triton's compiler: unset TRITON_INTERPRET")
     captured: dict[Any, Variant] = {}
-    with _bound_to(arch, captured), assume_sm_count(TARGETS.get(arch, DEFAULT_SM_COUNT)):
+    with _bound_to(arch, captured), assume_gpu(arch, TARGETS.get(arch, DEFAULT_SM_COUNT)):
         for name in modules:
             module = importlib.import_module(name)
-            cases: Callable[[], Iterable[Callable[[], object]]] | None = getattr(
-                module, "compile_gate_cases", None
-            )
+            cases: Callable[[], Iterable[Callable[[], object]]] | None = getattr(module, cases_of, None)
+            if cases is None and cases_of != "compile_gate_cases":
+                continue
             if cases is None:
                 raise RuntimeError(f"{name} defines Triton kernels but no compile_gate_cases()")
             for case in cases():
@@ -333,6 +337,23 @@ def _values(variants: list[Variant]) -> dict[str, list[str]]:
     return {key: sorted(values) for key, values in seen.items() if len(values) > 1}
 
 
+def _collect_arch(job: tuple[int, list[str]]) -> tuple[list[Variant], list[Variant]]:
+    arch, modules = job
+    return collect_variants(arch, modules), collect_variants(arch, modules, "compile_gate_required")
+
+
+def _collect_all(
+    archs: list[int], modules: list[str], jobs: int
+) -> dict[int, tuple[list[Variant], list[Variant]]]:
+    """Every arch's variants and required variants; one process per arch with `jobs` > 1 (enumerating the
+    launches is a minute of Python per arch)."""
+    work = [(arch, modules) for arch in archs]
+    if jobs > 1 and len(archs) > 1:
+        with ProcessPoolExecutor(min(jobs, len(archs))) as pool:
+            return dict(zip(archs, pool.map(_collect_arch, work), strict=True))
+    return {arch: _collect_arch(job) for arch, job in zip(archs, work, strict=True)}
+
+
 def run_gate(archs: list[int], modules: list[str], every_variant: bool, jobs: int) -> dict[str, Any]:
     """Collect, select and compile; the report `main` prints and writes.
 
@@ -341,9 +362,12 @@ def run_gate(archs: list[int], modules: list[str], every_variant: bool, jobs: in
     """
     report: dict[str, Any] = {"archs": {}, "failures": []}
     work: list[tuple[int, Variant]] = []
+    collected = _collect_all(archs, modules, jobs)
     for arch in archs:
-        variants = collect_variants(arch, modules)
-        selected = variants if every_variant else pairwise_cover(variants)
+        variants, required = collected[arch]
+        variants = sorted(set(variants) | set(required), key=lambda v: (v.name, v.features))
+        cover = pairwise_cover(variants)
+        selected = variants if every_variant else cover + [v for v in required if v not in set(cover)]
         kernels: dict[str, Any] = {}
         for name in sorted({v.name for v in variants}):
             everything = [v for v in variants if v.name == name]

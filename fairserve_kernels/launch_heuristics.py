@@ -23,6 +23,38 @@ MIN_TOKENS_PER_SPLIT = 256
 MAX_SPLITS = 32
 # What the heuristic assumes when no GPU is present (interpreter, tests); an H100/H200 has 132.
 DEFAULT_SM_COUNT = 132
+DEFAULT_ARCH = 90  # and its compute capability (9.0)
+# Dynamic shared memory a block may use, opted in to the maximum: sm_90 227 KiB, sm_80 163 KiB.
+SHARED_BYTES: dict[int, int] = {90: 232_448, 80: 166_912}
+
+
+@dataclass(frozen=True)
+class PrefillTiles:
+    """One prefill tile configuration: query rows and keys per tile, warps, pipeline stages."""
+
+    block_m: int
+    tile_n: int
+    num_warps: int
+    num_stages: int
+    diagonal_mask: bool = True  # mask only the tiles on the diagonal (the full ones before it skip it)
+
+    def shared_bytes(self, head_dim: int, elem_bytes: int) -> int:
+        """An estimate of its shared memory: the query tile, and K and V tiles in every stage."""
+        block_d = max(next_power_of_2(head_dim), 16)
+        return (self.block_m + 2 * self.num_stages * self.tile_n) * block_d * elem_bytes
+
+
+# Prefill tiles per architecture, as Triton's fused-attention tutorial tunes them (128-row tiles, 8 warps,
+# 3-4 stages; the mask only on the diagonal tiles, in the kernel), tried in order: the first whose shared
+# memory fits is taken (`prefill_tiles`). The last is the one fixed choice before issue 57, kept for wide
+# heads in fp32. Every candidate is compiled by the gate (`compile_gate_required` in triton_attention.py) and
+# checked in the interpreter against the twin (tests/fairserve_kernels/test_triton_attention.py); the GPU
+# run times them (bench/gpu_check.sh).
+FALLBACK_PREFILL = PrefillTiles(block_m=64, tile_n=64, num_warps=4, num_stages=2, diagonal_mask=False)
+PREFILL_CANDIDATES: dict[int, tuple[PrefillTiles, ...]] = {
+    90: (PrefillTiles(128, 64, 8, 3), PrefillTiles(128, 32, 8, 4), FALLBACK_PREFILL),
+    80: (PrefillTiles(128, 64, 8, 3), PrefillTiles(128, 32, 8, 3), FALLBACK_PREFILL),
+}
 
 
 def choose_num_splits(num_programs: int, max_seq_len: int | None, sm_count: int) -> int:
@@ -65,19 +97,22 @@ def split_context_bounds(num_programs: int, max_context: int, sm_count: int) -> 
     return bounds
 
 
-# Set only by `assume_sm_count` (the compile gate binds launches for a GPU it does not have).
+# Set only by `assume_gpu` (the compile gate binds launches for a GPU it does not have).
 _assumed_sm_count: int | None = None
+_assumed_arch: int | None = None
 
 
 @contextmanager
-def assume_sm_count(sm_count: int) -> Iterator[None]:
-    """Within: a non-CUDA device reports `sm_count` SMs, so launches pick what they would on that GPU."""
-    global _assumed_sm_count
-    previous, _assumed_sm_count = _assumed_sm_count, sm_count
+def assume_gpu(arch: int, sm_count: int) -> Iterator[None]:
+    """Within: a non-CUDA device reports compute capability `arch` and `sm_count` SMs, so launches pick
+    what they would on that GPU."""
+    global _assumed_sm_count, _assumed_arch
+    previous = _assumed_sm_count, _assumed_arch
+    _assumed_sm_count, _assumed_arch = sm_count, arch
     try:
         yield
     finally:
-        _assumed_sm_count = previous
+        _assumed_sm_count, _assumed_arch = previous
 
 
 @functools.lru_cache(maxsize=8)
@@ -91,6 +126,24 @@ def num_sms(device: torch.device) -> int:
         return DEFAULT_SM_COUNT if _assumed_sm_count is None else _assumed_sm_count
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _cuda_sm_count(index)
+
+
+def device_arch(device: torch.device) -> int:
+    """Compute capability of `device` as major * 10 + minor; elsewhere DEFAULT_ARCH, or what `assume_gpu` set."""
+    if device.type != "cuda":
+        return DEFAULT_ARCH if _assumed_arch is None else _assumed_arch
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor
+
+
+def prefill_tiles(arch: int, head_dim: int, elem_bytes: int) -> PrefillTiles:
+    """The first of `arch`'s candidates whose estimated shared memory fits its limit (sm_90's elsewhere)."""
+    candidates = PREFILL_CANDIDATES.get(arch, PREFILL_CANDIDATES[DEFAULT_ARCH])
+    limit = SHARED_BYTES.get(arch, SHARED_BYTES[DEFAULT_ARCH])
+    for tiles in candidates:
+        if tiles.shared_bytes(head_dim, elem_bytes) <= limit:
+            return tiles
+    return candidates[-1]
 
 
 def next_power_of_2(n: int) -> int:
@@ -108,6 +161,7 @@ class LaunchConfig:
     num_splits: int
     num_warps: int
     num_stages: int
+    diagonal_mask: bool = False
 
 
 def launch_config(
@@ -122,15 +176,25 @@ def launch_config(
     sm_count: int,
     num_splits: int | None = None,
     tile_n: int | None = None,
+    arch: int = DEFAULT_ARCH,
+    elem_bytes: int = 2,
+    prefill: PrefillTiles | None = None,
 ) -> LaunchConfig:
-    """Pick tile sizes from the batch shape: small row tiles for decode-only batches, larger for prefill."""
+    """Pick tile sizes from the batch shape: small row tiles for decode-only batches, `arch`'s prefill
+    candidate for the rest (`prefill_tiles`; `prefill` names one instead)."""
     # Without max_query_len, one token per sequence still means (almost surely) a pure decode batch.
     decode_only = max_query_len <= 1 if max_query_len is not None else num_tokens <= num_seqs
+    wide = head_dim > 128
+    if decode_only:
+        tiles = PrefillTiles(16, 32 if wide else 64, 4, 2, diagonal_mask=False)
+    else:
+        tiles = prefill or prefill_tiles(arch, head_dim, elem_bytes)
+        if tiles == FALLBACK_PREFILL and wide:
+            tiles = PrefillTiles(64, 32, 4, 2, diagonal_mask=False)
     # tl.dot wants every dimension >= 16; the GQA group must fit in one tile's rows.
-    block_m = max(16 if decode_only else 64, next_power_of_2(group))
+    block_m = max(tiles.block_m, next_power_of_2(group))
     block_q = max(block_m // group, 1)
-    if tile_n is None:
-        tile_n = 64 if head_dim <= 128 else 32
+    tile_n = tiles.tile_n if tile_n is None else tile_n
     if tile_n < 16 or tile_n & (tile_n - 1):
         raise KernelInputError(f"tile_n must be a power of two >= 16, got {tile_n}")
     if num_splits is None:
@@ -138,5 +202,7 @@ def launch_config(
         num_splits = choose_num_splits(num_seqs * num_kv_heads, max_seq_len, sm_count) if decode_only else 1
     if num_splits < 1:
         raise KernelInputError(f"num_splits must be >= 1, got {num_splits}")
-    num_warps = 4 if block_m <= 64 else 8
-    return LaunchConfig(block_m, block_q, tile_n, num_splits, num_warps, num_stages=2)
+    num_warps = max(tiles.num_warps, 4 if block_m <= 64 else 8)
+    return LaunchConfig(
+        block_m, block_q, tile_n, num_splits, num_warps, tiles.num_stages, tiles.diagonal_mask
+    )

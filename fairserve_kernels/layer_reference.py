@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fairserve_kernels.reference import store_kv_ref
+
 # The gated MLP activations the kernels implement: SiLU (Llama, Qwen, Mistral) and tanh-GELU (Gemma 3).
 GATED_ACTIVATIONS: tuple[str, ...] = ("silu", "gelu_tanh")
 
@@ -63,6 +65,24 @@ def rotary_embedding_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) 
     (`signed_sin`); products and sum rounded in x's dtype as HF's are.
     """
     return x * cos.unsqueeze(1) + x.roll(x.shape[-1] // 2, dims=-1) * sin.unsqueeze(1)
+
+
+def rotary_store_ref(
+    qk: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_q_heads: int,
+) -> torch.Tensor:
+    """Rotate q and k (`qk [N, Hq + Hk, D]`), store the rotated k and `v [N, Hk, D]` into the paged cache
+    at `slot_mapping` (slots < 0 skipped), and return the rotated q [N, Hq, D]: the decode step's rotary
+    and KV store as one call (the Triton kernel does both in one launch)."""
+    rotated = rotary_embedding_ref(qk, cos, sin)
+    store_kv_ref(rotated[:, num_q_heads:], v, k_cache, v_cache, slot_mapping)
+    return rotated[:, :num_q_heads]
 
 
 def act_and_mul_ref(x: torch.Tensor, activation: str = "silu") -> torch.Tensor:

@@ -23,7 +23,14 @@ import triton.language as tl
 
 from fairserve_kernels.attention_args import check_attention_args
 from fairserve_kernels.checks import check_same_device, is_interpreted
-from fairserve_kernels.launch_heuristics import launch_config, num_sms
+from fairserve_kernels.launch_heuristics import (
+    DEFAULT_ARCH,
+    PREFILL_CANDIDATES,
+    PrefillTiles,
+    device_arch,
+    launch_config,
+    num_sms,
+)
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
@@ -41,6 +48,79 @@ def _find_seq(query_start_loc_ptr, tile_idx, num_seqs, BLOCK_Q: tl.constexpr):
         else:
             hi = mid
     return lo - 1
+
+
+@triton.jit
+def _attend_tiles(
+    q,
+    m_i,
+    l_i,
+    acc,
+    tile_lo,
+    tile_hi,
+    table_row,
+    k_base,
+    v_base,
+    stride_kb,
+    stride_ks,
+    stride_vb,
+    stride_vs,
+    dims,
+    dim_ok,
+    row_ok,
+    q_pos,
+    kv_end,
+    scale,
+    soft_cap,
+    sliding_window,
+    TILE_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFT_CAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """Online softmax over key tiles [tile_lo, tile_hi) of the paged context; MASKED: the causal mask (and
+    the window, the context's end) applied, else every key of these tiles is visible to every row."""
+    cols = tl.arange(0, TILE_N)
+    for t in range(tile_lo, tile_hi):
+        k_pos = t * TILE_N + cols
+        k_ok = k_pos < kv_end
+        if MASKED:
+            block = tl.load(table_row + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
+        else:
+            block = tl.load(table_row + k_pos // BLOCK_SIZE).to(tl.int64)
+        in_block = (k_pos % BLOCK_SIZE).to(tl.int64)
+        k_ptrs = k_base + block[None, :] * stride_kb + in_block[None, :] * stride_ks + dims[:, None]
+        if MASKED:
+            k = tl.load(k_ptrs, mask=dim_ok[:, None] & k_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs, mask=dim_ok[:, None], other=0.0)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale
+        if USE_SOFT_CAP:
+            # tanh(x) = 1 - 2 / (exp(2x) + 1), exact at both infinities
+            s = soft_cap * (1.0 - 2.0 / (tl.exp(2.0 * s / soft_cap) + 1.0))
+        if MASKED:
+            visible = row_ok[:, None] & (k_pos[None, :] <= q_pos[:, None])
+            if USE_WINDOW:
+                visible = visible & (k_pos[None, :] > q_pos[:, None] - sliding_window)
+            s = tl.where(visible, s * LOG2E, float("-inf"))
+        else:
+            s = s * LOG2E
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # Rows with nothing visible yet keep max -inf; shift by 0 so exp2 gives 0, not NaN.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_shift)
+        p = tl.exp2(s - m_shift[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_ptrs = v_base + block[:, None] * stride_vb + in_block[:, None] * stride_vs + dims[None, :]
+        if MASKED:
+            v = tl.load(v_ptrs, mask=k_ok[:, None] & dim_ok[None, :], other=0.0)
+        else:
+            v = tl.load(v_ptrs, mask=dim_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -82,6 +162,7 @@ def _paged_attention_kernel(
     USE_WINDOW: tl.constexpr,
     USE_SOFT_CAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    DIAGONAL_MASK: tl.constexpr,
 ):
     """Attention of one query tile x one kv head's query group over one split of its paged context."""
     tile_idx = tl.program_id(0)
@@ -129,47 +210,73 @@ def _paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    cols = tl.arange(0, TILE_N)
-    kv_head_off = kv_head.to(tl.int64)
-    for t in range(tile_lo, tile_hi):
-        k_pos = t * TILE_N + cols
-        k_ok = k_pos < kv_end
-        block = tl.load(table_row + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
-        in_block = (k_pos % BLOCK_SIZE).to(tl.int64)
-        k = tl.load(
-            k_cache_ptr
-            + block[None, :] * stride_kb
-            + in_block[None, :] * stride_ks
-            + kv_head_off * stride_kh
-            + dims[:, None],
-            mask=dim_ok[:, None] & k_ok[None, :],
-            other=0.0,
+    # Tiles before `full_hi` end at or before the tile's first query: every row sees every key there, so
+    # with DIAGONAL_MASK (the prefill candidates' choice, launch_heuristics.PrefillTiles) they skip the mask,
+    # as the fused-attention tutorial masks only the diagonal blocks. A window trims each row differently:
+    # with one, every tile is masked. Without DIAGONAL_MASK the unmasked loop is not compiled at all.
+    full_hi = tile_lo
+    k_base = k_cache_ptr + kv_head.to(tl.int64) * stride_kh
+    v_base = v_cache_ptr + kv_head.to(tl.int64) * stride_vh
+    if DIAGONAL_MASK and not USE_WINDOW:
+        full_hi = tl.minimum(tl.maximum((context_before + first_q + 1) // TILE_N, tile_lo), tile_hi)
+        m_i, l_i, acc = _attend_tiles(
+            q,
+            m_i,
+            l_i,
+            acc,
+            tile_lo,
+            full_hi,
+            table_row,
+            k_base,
+            v_base,
+            stride_kb,
+            stride_ks,
+            stride_vb,
+            stride_vs,
+            dims,
+            dim_ok,
+            row_ok,
+            q_pos,
+            kv_end,
+            scale,
+            soft_cap,
+            sliding_window,
+            TILE_N,
+            BLOCK_SIZE,
+            USE_WINDOW,
+            USE_SOFT_CAP,
+            DOT_PRECISION,
+            False,
         )
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale
-        if USE_SOFT_CAP:
-            # tanh(x) = 1 - 2 / (exp(2x) + 1), exact at both infinities
-            s = soft_cap * (1.0 - 2.0 / (tl.exp(2.0 * s / soft_cap) + 1.0))
-        visible = row_ok[:, None] & (k_pos[None, :] <= q_pos[:, None])
-        if USE_WINDOW:
-            visible = visible & (k_pos[None, :] > q_pos[:, None] - sliding_window)
-        s = tl.where(visible, s * LOG2E, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # Rows with nothing visible yet keep max -inf; shift by 0 so exp2 gives 0, not NaN.
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_shift)
-        p = tl.exp2(s - m_shift[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_cache_ptr
-            + block[:, None] * stride_vb
-            + in_block[:, None] * stride_vs
-            + kv_head_off * stride_vh
-            + dims[None, :],
-            mask=k_ok[:, None] & dim_ok[None, :],
-            other=0.0,
-        )
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    m_i, l_i, acc = _attend_tiles(
+        q,
+        m_i,
+        l_i,
+        acc,
+        full_hi,
+        tile_hi,
+        table_row,
+        k_base,
+        v_base,
+        stride_kb,
+        stride_ks,
+        stride_vb,
+        stride_vs,
+        dims,
+        dim_ok,
+        row_ok,
+        q_pos,
+        kv_end,
+        scale,
+        soft_cap,
+        sliding_window,
+        TILE_N,
+        BLOCK_SIZE,
+        USE_WINDOW,
+        USE_SOFT_CAP,
+        DOT_PRECISION,
+        True,
+    )
 
     out_mask = row_ok[:, None] & dim_ok[None, :]
     if NUM_SPLITS == 1:
@@ -243,11 +350,13 @@ def paged_attention(
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     tile_n: int | None = None,
+    prefill: PrefillTiles | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's query span over its whole paged context (see `paged_attention_ref`).
 
     `max_query_len`/`max_seq_len` (host ints, e.g. from AttentionMetadata) pick the tiles and the
-    split-K factor without a device sync; `num_splits`/`tile_n` override the heuristic.
+    split-K factor without a device sync; `num_splits`/`tile_n`/`prefill` (one of the architecture's
+    prefill candidates) override the heuristic.
     """
     check_attention_args(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
     device = check_same_device(
@@ -283,6 +392,9 @@ def paged_attention(
         sm_count=num_sms(device),
         num_splits=num_splits,
         tile_n=tile_n,
+        arch=device_arch(device),
+        elem_bytes=query.element_size(),
+        prefill=prefill,
     )
     block_d = max(triton.next_power_of_2(head_dim), 16)
     if cfg.num_splits > 1:
@@ -332,6 +444,7 @@ def paged_attention(
         USE_WINDOW=use_window,
         USE_SOFT_CAP=use_soft_cap,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        DIAGONAL_MASK=cfg.diagonal_mask,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -385,6 +498,27 @@ def compile_gate_cases() -> Iterator[Callable[[], object]]:
             )
 
 
+def compile_gate_required() -> Iterator[Callable[[], object]]:
+    """Every prefill candidate of the bound architecture (launch_heuristics.PREFILL_CANDIDATES), compiled
+    whether or not the pairwise cover would pick it: a bf16 prefill chunk at head_dim 128 and 256."""
+    arch = device_arch(torch.device("meta"))  # the gate's bound architecture (`assume_gpu`)
+    for tiles in PREFILL_CANDIDATES.get(arch, PREFILL_CANDIDATES[DEFAULT_ARCH]):
+        for head_dim in (128, 256):
+            yield functools.partial(
+                _gate_launch,
+                torch.bfloat16,
+                head_dim,
+                1,
+                16,
+                None,
+                None,
+                _GATE_PREFILL_TOKENS,
+                2,
+                4096,
+                tiles,
+            )
+
+
 def _gate_launch(
     dtype: torch.dtype,
     head_dim: int,
@@ -395,6 +529,7 @@ def _gate_launch(
     num_tokens: int,
     num_seqs: int,
     max_seq_len: int,
+    prefill: PrefillTiles | None = None,
 ) -> torch.Tensor:
     kv_heads = 2
     meta = torch.device("meta")
@@ -415,4 +550,5 @@ def _gate_launch(
         cap,
         max_query_len=-(-num_tokens // num_seqs),
         max_seq_len=max_seq_len,
+        prefill=prefill,
     )

@@ -72,7 +72,7 @@ def _store_kv_kernel(
     tl.store(v_dst, value.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def _check_store_args(
+def check_store_args(
     key: torch.Tensor,
     value: torch.Tensor,
     k_cache: torch.Tensor,
@@ -115,7 +115,7 @@ def store_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Scatter new K/V rows into the paged cache at their slots, skipping slots < 0 (see `store_kv_ref`)."""
-    _check_store_args(key, value, k_cache, v_cache, slot_mapping)
+    check_store_args(key, value, k_cache, v_cache, slot_mapping)
     check_same_device(
         {"key": key, "value": value, "k_cache": k_cache, "v_cache": v_cache, "slot_mapping": slot_mapping},
         is_interpreted(_store_kv_kernel),

@@ -12,6 +12,15 @@ is charged its own decodes (docs/fairness.md, "Several choices"; docs/engine.md,
 
 With sliding-window layers outside the pool (engine/worker/window_cache.py) there is no prompt KV to share:
 `fork_at` is 0, the followers fork at the leader's admission and each computes the prompt itself.
+
+Every decision that differs for a request of n > 1 choices is made here, and the scheduler and the engine
+ask by name: the seats and blocks an unforked leader reserves (`unforked`, `unforked_blocks`), when the
+fork happens (`forks_at_admission`, `forks_after_chunk`; a decode's copy-on-write check, inlined in the scheduler's decode loop), which choices a request stands for
+(`choices_of`), what ends with a leader (`end_choice`) and when a request's last output goes out
+(`closes_request`). What stays outside is mechanism: the fork's seat and deadline bookkeeping
+(engine/core/scheduler_state.py `_fork`), the forked rows the runner repeats (engine/worker/model_runner.py),
+and a choice's output carrying its family's id (engine/core/outputs.py). Kept in the core rather than fanned
+out above it: measured in experiments/n_choices.py (docs/engine.md, "Several choices").
 """
 
 from __future__ import annotations
@@ -94,3 +103,63 @@ def with_families(touched: Iterable[Request]) -> Iterable[Request]:
         for member in family.members:
             by_id.setdefault(member.request_id, member)
     return by_id.values()
+
+
+def choices_of(request: Request) -> list[Request]:
+    """The requests `request` stands for: every choice of its family, or itself."""
+    return request.family.members if request.family is not None else [request]
+
+
+def unforked(request: Request) -> int:
+    """Choices still to fork from `request` (a leader before its fork): a seat each, reserved while it runs."""
+    family = request.family
+    return len(family.pending) if family is not None and request.choice_index == 0 else 0
+
+
+def unforked_blocks(request: Request, block_size: int) -> int:
+    """Blocks the unforked choices of a leader being admitted need of their own: the partial last prompt
+    block each (copied when first written; none when the prompt fills its blocks), or the whole prompt
+    with sliding-window layers (`fork_at` 0)."""
+    family = request.family
+    if family is None or not family.pending:
+        return 0
+    prompt_blocks = -(-request.num_prompt_tokens // block_size)
+    return len(family.pending) * (prompt_blocks - family.fork_at // block_size)
+
+
+def forks_at_admission(request: Request, cached: int) -> Family | None:
+    """The family to fork as its leader is admitted: its prompt KV up to `fork_at` is cached already (or
+    `fork_at` is 0). None otherwise."""
+    family = request.family
+    return family if family is not None and family.pending and cached >= family.fork_at else None
+
+
+def forks_after_chunk(request: Request, end: int) -> Family | None:
+    """The family to fork in this step: its leader's chunk ending at `end` completes the prompt, so each
+    choice samples its first token from that row. None otherwise."""
+    family = request.family
+    if family is None or not family.pending or not family.fork_at:
+        return None
+    return family if end == family.fork_at else None
+
+
+def end_choice(request: Request, now: float) -> bool:
+    """`request` just ended: a leader ending before its fork ends its unforked choices with it. True when
+    every choice of its family has ended (the family is done)."""
+    family = request.family
+    if family is None:
+        return False
+    if family.pending:
+        assert request.finish_reason is not None
+        end_unforked(family, request.finish_reason, now)
+    return all(m.is_finished for m in family.members)
+
+
+def closes_request(request: Request) -> bool:
+    """Whether this output of `request` is its request's last: its own end, or for a choice of n > 1 the
+    last choice's end (counted here, once per choice)."""
+    family = request.family
+    if family is None or not request.is_finished:
+        return request.is_finished
+    family.ended += 1
+    return family.ended == len(family.members)

@@ -15,8 +15,12 @@ from engine.core.token_logprobs import TokenLogprobs
 
 
 class RequestState(enum.Enum):
-    """Where a request is in its life: queued, computing, preempted (recompute or swap), or done."""
+    """Where a request is in its life: waiting for something of its own (its adapter, its grammar, its KV
+    from a prefill engine: engine/core/waits.py), queued, computing, preempted (recompute or swap), or done."""
 
+    WAITING_FOR_ADAPTER = "waiting_for_adapter"
+    WAITING_FOR_GRAMMAR = "waiting_for_grammar"
+    WAITING_FOR_KV = "waiting_for_kv"
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"
@@ -373,7 +377,10 @@ class Request:
 
     @property
     def phase(self) -> str:
-        """Where the request is: "waiting" (nothing computed yet), "prefill" or "decode"."""
+        """Where the request is: "transfer" (its KV on its way from a prefill engine), "waiting" (nothing
+        computed yet), "prefill" or "decode"."""
+        if self.state is RequestState.WAITING_FOR_KV:
+            return "transfer"
         if (
             self.state is not RequestState.RUNNING
             and self.num_computed_tokens == 0

@@ -10,6 +10,12 @@ from __future__ import annotations
 
 import time
 
+from engine.core.family import (
+    forks_after_chunk,
+    forks_at_admission,
+    unforked,
+    unforked_blocks,
+)
 from engine.core.kv_cache import NoFreeBlock
 from engine.core.request import FinishReason, Preemption, Request, RequestState, decodes_first
 from engine.core.scheduler_output import AdapterSlots, ScheduledChunk, SchedulerConfig, SchedulerOutput, Swap
@@ -36,6 +42,8 @@ class Scheduler(SchedulerState):
         now = time.time() if now is None else now
         self.iteration += 1
         out = SchedulerOutput(self.iteration)
+        if self.waits:  # (polled also with none held: a load whose requests left is still landed and charged)
+            self.wake_held(now)
         self.retire_aborted(out, now)
         self.expire_deadlines(now, out)
         self._return_set_aside(now)
@@ -117,6 +125,7 @@ class Scheduler(SchedulerState):
                 ):
                     continue  # its token in flight ends it by length: nothing to speculate on
                 # A choice of n > 1 may write into its family's shared partial block: `_grow` copies it first.
+                # (family.py's decisions, inlined on this hot path: a choice may write a block it shares)
                 grows = computed % block_size == 0 or request.family is not None
                 if grows and not self._grow(request, computed + 1, out, now):
                     continue
@@ -246,7 +255,7 @@ class Scheduler(SchedulerState):
         while (request := self.policy.peek(now)) is not None:
             if request.num_output_placeholders:
                 return None  # (a victim whose last token is still in flight comes back once it lands)
-            if request.family is not None and len(request.family.pending) >= seats:
+            if unforked(request) >= seats:
                 return None  # an unforked leader needs a seat for each of its choices
             if self.slots is None or self.slots.admissible(self.running, request):
                 return request
@@ -293,14 +302,7 @@ class Scheduler(SchedulerState):
         # Admit only when the whole (re)prefill fits beside the watermark, not just its first chunk:
         # a prompt admitted into memory it cannot finish in is preempted again, and recompute thrashes.
         new_blocks = -(-request.num_tokens // self.pool.block_size) - len(hit_ids)
-        family = request.family
-        # Each pending choice needs a block of its own: for the partial last prompt block, copied when first
-        # written (none when the prompt fills its blocks); for the whole prompt with sliding-window layers.
-        if family is not None and family.pending:
-            size = self.pool.block_size
-            new_blocks += len(family.pending) * (
-                -(-request.num_prompt_tokens // size) - family.fork_at // size
-            )
+        new_blocks += unforked_blocks(request, self.pool.block_size)
         if blocks_from_free + new_blocks > self.pool.num_free - self.config.watermark_blocks:
             self._wait_for_blocks()
             return None
@@ -322,7 +324,7 @@ class Scheduler(SchedulerState):
         request.state = RequestState.RUNNING
         self._enter_running(request)
         self._add_chunk(out, request, length)
-        if family is not None and family.pending and cached >= family.fork_at:
+        if (family := forks_at_admission(request, cached)) is not None:
             self._fork(family, now, into_step=True)
         return length
 
@@ -374,8 +376,7 @@ class Scheduler(SchedulerState):
             decode = 0
         if new_prompt or decode or work:
             request.charged_service += self.policy.charge(request, new_prompt + work, decode, 0)
-        family = request.family
-        if family is not None and family.pending and family.fork_at and start + length == family.fork_at:
+        if (family := forks_after_chunk(request, start + length)) is not None:
             self._fork_sampled(family, out)  # the leader's prompt is complete in this step's forward
 
     # -- preemption -------------------------------------------------------------------------

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from operator import attrgetter
 
 from engine.core.deadlines import Deadlines
-from engine.core.family import Family, end_unforked, share_prompt
+from engine.core.family import Family, choices_of, end_choice, share_prompt, unforked
 from engine.core.kv_cache import BlockPool
-from engine.core.request import FinishReason, Request, RequestState
+from engine.core.request import FinishReason, InvalidRequestError, Request, RequestState
 from engine.core.scheduler_output import AdapterSlots, ScheduledChunk, SchedulerConfig, SchedulerOutput, Swap
+from engine.core.waits import HELD_STATES, Wait
 from fairness.base import SchedulingPolicy
 
 _priority = attrgetter("meta.priority")  # `running` is kept sorted by it
@@ -34,6 +35,7 @@ class SchedulerState:
         policy: SchedulingPolicy[Request],
         slots: AdapterSlots | None = None,
         swap: Swap | None = None,
+        waits: Sequence[Wait] = (),
     ) -> None:
         self.config = config
         self.pool = pool
@@ -44,6 +46,11 @@ class SchedulerState:
         self.slots = slots
         # Swap preemption's host side (engine/worker/swap.py); None: a victim is always recomputed.
         self.swap = swap
+        # What a request may wait for before it is queued, in order (engine/core/waits.py): its adapter, then
+        # its grammar. A held request is live (in `requests`) in its wait's state, outside the policy's queue.
+        self.waits = tuple(waits)
+        self._held: dict[str, Wait | None] = {}  # held request -> its wait (None: held from outside, `hold`)
+        self._refused: list[tuple[Request, InvalidRequestError]] = []
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._deadlines = Deadlines()
@@ -75,15 +82,117 @@ class SchedulerState:
 
     # -- intake -----------------------------------------------------------------------------
     def add(self, request: Request, now: float | None = None) -> None:
-        """Queue a validated request."""
+        """Take a validated request in: queued for admission, or held in the first of `waits` it needs (live,
+        in that wait's state, outside the policy's queue). InvalidRequestError from a wait (what it needs is
+        known to fail) takes nothing in."""
         now = time.time() if now is None else now
-        request.state = RequestState.WAITING
+        self._pass_waits(request, now, 0)
         self.requests[request.request_id] = request
         if request.family is not None:
             self.families[request.family.request_id] = request.family
-        self.policy.add(request, now)
         if request.meta.deadline is not None:
             self._deadlines.add(request.meta.deadline, request.request_id)
+
+    def _pass_waits(self, request: Request, now: float, start: int) -> None:
+        """Hold `request` in the first wait from `start` on that needs to, else queue it. A wait raising
+        undoes what the waits before it attached."""
+        members = choices_of(request)
+        for i in range(start, len(self.waits)):
+            wait = self.waits[i]
+            try:
+                held = wait.hold(request, members)
+            except InvalidRequestError:
+                for earlier in self.waits[:i]:
+                    for member in members:
+                        earlier.forget(member.request_id)
+                raise
+            if held:
+                request.state = wait.state
+                self._held[request.request_id] = wait
+                return
+        self._queue(request, now)
+
+    def _queue(self, request: Request, now: float) -> None:
+        # A request that arrives with computed KV (a decode engine's pull, staged by the runner) enters as a
+        # swapped one: its blocks come in when it is admitted.
+        request.state = RequestState.SWAPPED if request.num_computed_tokens else RequestState.WAITING
+        self.policy.add(request, now)
+
+    def hold(self, request: Request, state: RequestState) -> None:
+        """Take a validated request in held in `state` by a wait outside the scheduler (a decode engine's KV
+        pull, engine/serving/disagg.py): live, outside the policy's queue, until `queue_held` (or `unhold`)."""
+        assert state in HELD_STATES
+        self._held[request.request_id] = None
+        self.requests[request.request_id] = request
+        request.state = state
+        if request.meta.deadline is not None:
+            self._deadlines.add(request.meta.deadline, request.request_id)
+
+    def queue_held(self, request: Request, now: float | None = None) -> None:
+        """The outside wait of a request taken in by `hold` is over: on through `waits`, then queued."""
+        if self._unhold(request.request_id) is None:
+            return
+        now = time.time() if now is None else now
+        try:
+            self._pass_waits(request, now, 0)
+        except InvalidRequestError as exc:
+            self._refuse(request, exc, now)
+
+    def unhold(self, request_id: str) -> Request | None:
+        """Drop a request held from outside whose wait failed, with no output (its caller answers it)."""
+        request = self._unhold(request_id)
+        if request is not None:
+            del self.requests[request_id]
+            request.state = RequestState.FINISHED
+        return request
+
+    def _unhold(self, request_id: str) -> Request | None:
+        request = self.requests.get(request_id)
+        if request is None or request_id not in self._held or self._held[request_id] is not None:
+            return None
+        del self._held[request_id]
+        return request
+
+    def wake_held(self, now: float) -> None:
+        """Pass on the held requests whose wait ended since the last step (to the next wait, or the queue),
+        and refuse those whose wait failed (`take_refused`)."""
+        for i, wait in enumerate(self.waits):
+            for request in wait.admit():
+                if self._held.pop(request.request_id, None) is not wait:
+                    continue
+                try:
+                    self._pass_waits(request, now, i + 1)
+                except InvalidRequestError as exc:
+                    self._refuse(request, exc, now)
+            for request, refusal in wait.take_refused():
+                if self._held.pop(request.request_id, None) is wait:
+                    self._refuse(request, refusal, now)
+
+    def _refuse(self, request: Request, exc: InvalidRequestError, now: float) -> None:
+        """End a held request as refused: no output of its own; the engine answers it with `exc` (a 400). What
+        any wait attached to its choices goes."""
+        for member in choices_of(request):
+            for wait in self.waits:
+                wait.forget(member.request_id)
+        request.state = RequestState.FINISHED
+        request.finish_reason = FinishReason.REJECTED
+        request.finished_time = now
+        self.requests.pop(request.request_id, None)
+        if request.family is not None:
+            self.families.pop(request.family.request_id, None)
+        self._pending_aborts.pop(request.request_id, None)
+        self._refused.append((request, exc))
+
+    def take_refused(self) -> list[tuple[Request, InvalidRequestError]]:
+        """Requests refused since the last call because their wait failed (an adapter's load, a grammar's
+        compile): once per request, whatever its n."""
+        refused, self._refused = self._refused, []
+        return refused
+
+    @property
+    def num_held(self) -> int:
+        """Requests waiting for their adapter, grammar or KV."""
+        return len(self._held)
 
     def abort(self, request_id: str, reason: str = "cancelled", signal_time: float | None = None) -> bool:
         """Mark a live request for cancellation at the next iteration boundary."""
@@ -123,8 +232,7 @@ class SchedulerState:
             running.append(request)
         else:
             bisect.insort_right(running, request, key=_priority)
-        if request.family is not None and request.choice_index == 0:
-            self._reserved_seats += len(request.family.pending)
+        self._reserved_seats += unforked(request)
 
     def _leave_running(self, request: Request) -> None:
         # By identity: Request is a dataclass, so list.remove would compare every field of every peer.
@@ -132,8 +240,7 @@ class SchedulerState:
         for i in range(len(running) - 1, -1, -1):
             if running[i] is request:
                 del running[i]
-                if request.family is not None and request.choice_index == 0:
-                    self._reserved_seats -= len(request.family.pending)
+                self._reserved_seats -= unforked(request)
                 return
 
     # -- after the forward pass -------------------------------------------------------------
@@ -242,6 +349,10 @@ class SchedulerState:
             return
         if request.state is RequestState.RUNNING:
             self._leave_running(request)
+        elif request.state in HELD_STATES:
+            wait = self._held.pop(request.request_id, None)
+            if wait is not None:
+                wait.release(request.request_id)
         elif request.state in (RequestState.WAITING, RequestState.PREEMPTED, RequestState.SWAPPED):
             self.policy.remove(request)
         self.pool.free(request.request_id)
@@ -250,9 +361,6 @@ class SchedulerState:
         request.finish_reason = reason
         request.finished_time = time.time() if now is None else now
         self.requests.pop(request.request_id, None)
-        family = request.family
-        if family is not None:
-            if family.pending:
-                end_unforked(family, reason, request.finished_time)
-            if all(m.is_finished for m in family.members):
-                self.families.pop(family.request_id, None)
+        if end_choice(request, request.finished_time):
+            assert request.family is not None
+            self.families.pop(request.family.request_id, None)

@@ -10,8 +10,9 @@ A request runs in two parts, on two engines, under one request id:
   engine: the matched blocks are part of the held table, and go back to the cache when it is freed.
 - **decode** (`meta.kv_handoff` is the prefill engine's KV address): the Submit carries the prompt plus
   the first token and `max_tokens` less one. The loop asks the puller for the KV; while it travels the
-  request is `pulling` here (an abort ends it as cancelled, `cancel_state` "transfer"). When the blocks
-  arrive the request enters the scheduler as a *swapped-out* request whose KV covers everything but the
+  scheduler holds the request in state `WAITING_FOR_KV` (engine/core/waits.py: an abort or its deadline
+  ends it there, `cancel_state` "transfer"). When the blocks arrive it goes on through the scheduler's
+  waits (adapter, grammar) and is queued as a *swapped-out* request whose KV covers everything but the
   first token: admission swaps it in, in fair-share order, when seats and blocks allow (the same path
   as swap preemption), and the next step computes the first token and samples the second.
 
@@ -38,8 +39,8 @@ import torch
 
 from engine.core.kv_cache import BlockTable
 from engine.core.outputs import OutputDelta, RequestMetrics
-from engine.core.request import KV_HOLD, FinishReason, Request, RequestState
-from engine.serving.boundary.messages import Abort, IterationReport, Submit, SubmitFailed
+from engine.core.request import KV_HOLD, FinishReason, RequestState
+from engine.serving.boundary.messages import IterationReport, Submit, SubmitFailed
 from engine.serving.boundary.worker import EngineLoop, Inbox
 from engine.serving.llm_engine import LLMEngine
 
@@ -116,7 +117,6 @@ class HandoffLoop(EngineLoop):
         self.fetcher = fetcher
         self._holding: set[str] = set()  # prefill: to hand off once their first token is out
         self._held: dict[str, BlockTable] = {}  # prefill: tables kept until pulled or expired
-        self._pulling: dict[str, Submit] = {}  # decode: submits whose KV is on its way
 
     @property
     def held(self) -> int:
@@ -127,8 +127,6 @@ class HandoffLoop(EngineLoop):
     def _apply(self, msg: Any) -> None:
         if isinstance(msg, Submit) and msg.meta.kv_handoff:
             self._take_handoff(msg)
-        elif isinstance(msg, Abort) and msg.request_id in self._pulling:
-            self._end_pull(msg.request_id, FinishReason.CANCELLED, msg.signal_time)
         elif isinstance(msg, ReleaseHeld):
             self._release(msg.request_id)
         elif isinstance(msg, KVArrived):
@@ -152,16 +150,10 @@ class HandoffLoop(EngineLoop):
         if self.fetcher is None:
             self._refuse(submit, "this engine is not a decode engine (--role decode)")
             return
-        if rid in self._pulling or rid in self.engine.scheduler.requests:
-            self._refuse(submit, f"request id {rid!r} is already live", "DuplicateRequestError")
-            return
-        try:
-            self.engine.validate(submit.prompt_token_ids, submit.params)
-        except Exception as exc:
-            self.publish(SubmitFailed(rid, type(exc).__name__, str(exc), getattr(exc, "field_name", None)))
-            return
-        self._pulling[rid] = submit
-        self.fetcher.fetch(str(submit.meta.kv_handoff), rid)
+        live = rid in self.engine.scheduler.requests
+        super()._apply(submit)  # held in the scheduler for its KV (weights applied), or refused
+        if not live and rid in self.engine.scheduler.requests:
+            self.fetcher.fetch(str(submit.meta.kv_handoff), rid)
 
     # -- prefill: hand off after the first token ------------------------------------------------
     def _report(self, outputs: list[OutputDelta]) -> None:
@@ -214,25 +206,22 @@ class HandoffLoop(EngineLoop):
     # -- decode: adopt what arrived -----------------------------------------------------------
     def _adopt(self, arrived: KVArrived) -> None:
         rid = arrived.request_id
-        submit = self._pulling.pop(rid, None)
-        if submit is None:
-            return  # cancelled while in transfer
         engine = self.engine
-        blocks = arrived.blocks
-        error = arrived.error or self._misfit(blocks, arrived.num_tokens, len(submit.prompt_token_ids))
-        if blocks is None or error:
-            self._refuse(submit, f"KV transfer failed: {error}")
-            return
-        super()._apply(submit)  # queued as any request (weights applied), then turned into a swapped one
         request = engine.scheduler.requests.get(rid)
-        if request is None:
-            return  # refused (its SubmitFailed is out)
+        if request is None or request.state is not RequestState.WAITING_FOR_KV:
+            return  # cancelled or expired while in transfer
+        blocks = arrived.blocks
+        error = arrived.error or self._misfit(blocks, arrived.num_tokens, request.num_prompt_tokens)
+        if blocks is None or error:
+            engine.drop_held(rid)
+            self.publish(SubmitFailed(rid, "EngineDeadError", f"KV transfer failed: {error}", None))
+            return
         computed = min(arrived.num_tokens, request.num_prompt_tokens - 1)
-        request.num_computed_tokens = computed
+        request.num_computed_tokens = computed  # so it is queued as a swapped-out request
         request.num_charged_prompt_tokens = request.num_prompt_tokens  # charged on the prefill engine
         request.first_scheduled_time = time.time()
-        request.state = RequestState.SWAPPED
         engine.runner.stage_blocks(rid, reblock(blocks, computed, engine.pool.block_size))
+        engine.scheduler.queue_held(request)
 
     def _misfit(self, blocks: KVBlocks | None, num_tokens: int, prompt_tokens: int) -> str:
         """Why blocks from another engine do not fit this one ('' when they do)."""
@@ -248,20 +237,7 @@ class HandoffLoop(EngineLoop):
             return f"{num_tokens} KV positions do not fit a {prompt_tokens}-token prompt"
         return ""
 
-    def _end_pull(self, request_id: str, reason: FinishReason, signal_time: float | None = None) -> None:
-        """End a request whose KV is still on its way (the KV, if it comes, is dropped)."""
-        submit = self._pulling.pop(request_id)
-        now = time.time()
-        request = Request(request_id, list(submit.prompt_token_ids), submit.params, submit.meta)
-        request.state, request.finish_reason, request.finished_time = RequestState.FINISHED, reason, now
-        request.cancel_time, request.cancel_state = signal_time or now, "transfer"
-        held = submit.meta.held_text  # released as a co-located request ending here would release it
-        delta = OutputDelta(request_id, [], held, True, reason, RequestMetrics.of(request))
-        self.publish(IterationReport([delta], self.engine.stats(), []))
-
     def _cancel_everything(self) -> None:
-        for request_id in list(self._pulling):
-            self._end_pull(request_id, FinishReason.CANCELLED)
         for request_id in list(self._held):
             self._release(request_id)
         super()._cancel_everything()

@@ -29,7 +29,7 @@ from typing import cast
 import torch
 
 from engine.config import EngineConfig
-from engine.core.family import Family, make_family, with_families
+from engine.core.family import choices_of, closes_request, make_family, with_families
 from engine.core.isolation import RequestFailures
 from engine.core.kv_cache import BlockPool
 from engine.core.limits import RequestLimits
@@ -49,6 +49,7 @@ from engine.core.request import (
     Request,
     RequestFault,
     RequestMeta,
+    RequestState,
     SamplingParams,
 )
 from engine.core.scheduler import SchedulerOutput
@@ -119,7 +120,7 @@ class LLMEngine:
         if peers is not None:  # ranks 1..N-1 allocate their share of the cache, then capture beside this one
             peers.allocate(num_blocks, None if graphs is None else graphs.sizes, self.max_model_len)
         # LoRA adapters (engine/worker/lora/): the `--lora` entries load here, the gateway's on demand, off this loop.
-        self.lora = build_intake(config, mc, self.loaded.dtype, self.device)
+        self.lora = build_intake(config, mc, self.loaded.dtype, self.device, self.policy)
         masks = grammar_masks(self.tokenizer, mc.vocab_size, self.eos_token_ids, self.max_model_len)
         # Whole when built: the KV cache, then the decode graphs captured over it (under tensor parallelism
         # every rank captures the same buckets, and one failure sends all to eager).
@@ -135,7 +136,14 @@ class LLMEngine:
         )
         swapper = Swapper(self.executor, self.pool, self.runner, block_bytes, config.swap_space_bytes)
         self.scheduler = build_scheduler(
-            config, self.pool, self.policy, self.max_model_len, mc, slots=self.lora, swap=swapper
+            config,
+            self.pool,
+            self.policy,
+            self.max_model_len,
+            mc,
+            slots=self.lora,
+            swap=swapper,
+            waits=(self.lora, self.grammar),  # an adapter's load, then a grammar's compile
         )
         self._build_step_state(config)
 
@@ -195,30 +203,18 @@ class LLMEngine:
         if params.n > 1:
             return self._add_family(request_id, ids, params, meta or RequestMeta())
         request = Request(request_id, ids, params, meta or RequestMeta())
-        parked = self.lora.hold(
-            request, [request]
-        )  # waits for its adapter outside the scheduler unless cached
-        try:
-            held = parked or self.grammar.hold(request)  # the same for its grammar
-        except InvalidRequestError:
-            self.lora.forget(request_id)
-            raise
+        if request.meta.decode_part:  # a decode engine's request: its prompt's KV comes from a prefill engine
+            self.scheduler.hold(request, RequestState.WAITING_FOR_KV)
+        else:  # queued, or held for its adapter or grammar (engine/core/waits.py)
+            self.scheduler.add(request)
         self._streams[request_id] = self._stream(request)
         self.grammar.note_preprocessing(request_id, request.meta.preprocess_cpu_s)
-        if not held:
-            self.scheduler.add(request)
         return request
 
-    def _queue_adapted(self, request: Request, now: float) -> None:
-        """Queue a request whose adapter has just loaded (through its grammar's wait, if it has one)."""
-        members = request.family.members if request.family is not None else [request]
-        try:
-            held = self.grammar.hold(request, members)
-        except InvalidRequestError as exc:
-            self.lora.refuse(request, exc)
-            return
-        if not held:
-            self.scheduler.add(request, now)
+    def drop_held(self, request_id: str) -> None:
+        """Drop a request whose prompt's KV did not come (engine/serving/disagg.py answers it)."""
+        if self.scheduler.unhold(request_id) is not None:
+            self._streams.pop(request_id, None)
 
     def _add_family(
         self, request_id: str, ids: list[int], params: SamplingParams, meta: RequestMeta
@@ -236,18 +232,12 @@ class LLMEngine:
         # no prompt KV to share, so each choice computes its prompt (still charged once).
         fork_at = 0 if self.runner.windows is not None else len(ids)
         family = make_family(request_id, ids, params, meta, fork_at)
-        parked = self.lora.hold(family.leader, family.members)
-        try:  # one compile, a matcher per choice (engine/worker/grammar/intake.py)
-            held = parked or self.grammar.hold(family.leader, family.members)
-        except InvalidRequestError:
-            for member in family.members:
-                self.lora.forget(member.request_id)
-            raise
+        self.scheduler.add(
+            family.leader
+        )  # one compile, a matcher per choice (engine/worker/grammar/intake.py)
         for member in family.members:
             self._streams[member.request_id] = self._stream(member)
         self.grammar.note_preprocessing(request_id, meta.preprocess_cpu_s)  # once, to the leader
-        if not held:
-            self.scheduler.add(family.leader)
         self._families += 1
         return family.leader
 
@@ -258,10 +248,6 @@ class LLMEngine:
         self, request_id: str, reason: str = "cancelled", signal_time: float | None = None
     ) -> bool:
         """Cancel at the next iteration boundary; tokens computed after `signal_time` are counted against it."""
-        # Still waiting for its adapter or its grammar: it ends as queued ones do.
-        waiting = self.lora.release(request_id) or self.grammar.release(request_id)
-        if waiting is not None:
-            self.scheduler.add(waiting)
         ok = self.scheduler.abort(request_id, reason, signal_time)
         request = self.scheduler.requests.get(request_id)  # (of n choices, choice 0 may have ended)
         if ok and request is not None:
@@ -274,24 +260,21 @@ class LLMEngine:
 
     def cancel_task(self, task_id: str, reason: str = "cancelled") -> list[str]:
         """Abort every live request of a task."""
-        live = [*self.scheduler.requests.values(), *self.lora.parked()]
-        ids = [r.request_id for r in live if r.meta.task_id == task_id]
+        ids = [r.request_id for r in self.scheduler.requests.values() if r.meta.task_id == task_id]
         return [i for i in ids if self.abort_request(i, reason)]
 
     def has_unfinished(self) -> bool:
         """True while any request is queued or running, or a step's results have not landed."""
-        busy = self.scheduler.has_unfinished() or self.executor.in_flight
-        return busy or self.grammar.waiting > 0 or self.lora.waiting > 0
+        return self.scheduler.has_unfinished() or self.executor.in_flight
 
     def take_refused(self) -> list[tuple[str, InvalidRequestError]]:
         """Requests refused after `add_request` accepted them (their grammar or adapter failed); the loop
         reports each."""
         refused = []
-        for request, exc in [*self.grammar.take_refused(), *self.lora.take_refused()]:
+        for request, exc in self.scheduler.take_refused():
             refused.append((request.request_id, exc))
-            for member in request.family.members if request.family is not None else [request]:
+            for member in choices_of(request):
                 self._streams.pop(member.request_id, None)
-                self.lora.forget(member.request_id)  # (a grammar refused after its adapter loaded held it)
             if request.family is not None:
                 self._families -= 1
         return refused
@@ -323,10 +306,6 @@ class LLMEngine:
                 cast(SharedCounters, self.policy)
             )  # config checked that it shares counters
         p0, t0 = perf_counter(), time.time()
-        for request in self.lora.admit(self.policy):  # adapters loaded since the last step (charged here)
-            self._queue_adapted(request, t0)
-        for request in self.grammar.admit():  # grammars compiled since the last step
-            self.scheduler.add(request, t0)
         scheduled = self.scheduler.schedule(t0)
         faulted = self._end_faulted(t0)  # heads whose adapter failed its device slot while admitted
         p1 = perf_counter()
@@ -391,24 +370,15 @@ class LLMEngine:
             delta, stream.held_delta = stream.held_delta + text, ""
             new_ids = request.output_token_ids[stream.emitted_tokens :]
             stream.emitted_tokens = len(request.output_token_ids)
-            ends = request.is_finished if request.family is None else self._ends_family(request)
+            ends = closes_request(request)
+            if ends and request.family is not None:
+                self._families -= 1
             outputs.append((request, stream, new_ids, delta, ends))
             if request.is_finished:
                 self._forget(request.request_id)
                 if self.tracer is not None:
                     self.tracer.finished(request)
         return outputs
-
-    def _ends_family(self, request: Request) -> bool:
-        """Whether this output of a choice is its request's last: the last choice's end."""
-        family: Family | None = request.family
-        if family is None or not request.is_finished:
-            return False
-        family.ended += 1
-        if family.ended < len(family.members):
-            return False
-        self._families -= 1
-        return True
 
     def fail_requests(self, errors: dict[str, Exception], now: float) -> None:
         """End each request whose own work raised, with finish_reason "error"; the others go on. A
@@ -430,7 +400,7 @@ class LLMEngine:
         """End a request for a fault of its own input: every choice of its family (the request is refused
         as a whole, a 400), each carrying the fault. Returns the choices ended now."""
         ended = []
-        for member in request.family.members if request.family is not None else [request]:
+        for member in choices_of(request):
             member.fault = exc
             if not member.is_finished:
                 self.scheduler.finish(member, FinishReason.ERROR, now)

@@ -6,7 +6,7 @@ mean reading how a scheduler, a model runner and the grammar machinery are sized
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
@@ -20,6 +20,7 @@ from engine.core.scheduler import AdapterSlots, Scheduler, SchedulerConfig, Swap
 from engine.core.step_cost import StepCost
 from engine.core.step_cost import resolve as resolve_step_cost
 from engine.core.tokenizer import Tokenizer
+from engine.core.waits import Wait
 from engine.worker.grammar.backend import Backend
 from engine.worker.grammar.closing import Closers
 from engine.worker.grammar.intake import GrammarIntake
@@ -52,6 +53,7 @@ def build_scheduler(
     model: ModelConfig,
     slots: AdapterSlots | None = None,
     swap: Swap | None = None,
+    waits: Sequence[Wait] = (),
 ) -> Scheduler:
     """The scheduler of `config`'s budgets and step cost model (engine/core/step_cost.py, for `model` on this
     device kind); with async scheduling, the one that plans step N+1 while step N's forward runs
@@ -65,7 +67,7 @@ def build_scheduler(
         step_cost=engine_step_cost(config, model),
         charge_step_work=config.step_cost_charge,
     )
-    return (AsyncScheduler if config.overlaps() else Scheduler)(sched_cfg, pool, policy, slots, swap)
+    return (AsyncScheduler if config.overlaps() else Scheduler)(sched_cfg, pool, policy, slots, swap, waits)
 
 
 def build_runner(

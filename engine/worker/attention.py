@@ -50,11 +50,28 @@ def paged_attention(
 ) -> torch.Tensor:
     """Store this step's K/V into the layer's paged cache, then attend over each sequence's context.
 
-    q: [N, H, D]; k, v: [N, Hkv, D]; returns [N, H, D].
+    q: [N, H, D]; k, v: [N, Hkv, D]; returns [N, H, D]. (The models store with their rotary,
+    `Kernels.rotary_store`, and call `attend_stored`.)
+    """
+    k_cache, v_cache = kv_cache
+    kernels(meta.backend).store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    return attend_stored(q, kv_cache, meta, scale, sliding_window, **kwargs)
+
+
+def attend_stored(
+    q: torch.Tensor,
+    kv_cache: KVCache,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """Attend over each sequence's context, this step's K/V already in the layer's paged cache.
+
+    q: [N, H, D]; returns [N, H, D].
     """
     table = kernels(meta.backend)
     k_cache, v_cache = kv_cache
-    table.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     if meta.backend == "triton":
         # Host-side maxima spare the kernel wrapper a device sync per layer.
         kwargs.setdefault("max_query_len", meta.max_query_len)

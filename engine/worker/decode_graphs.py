@@ -88,6 +88,10 @@ class DecodeInputs:
         self.window_slots = index(-1) if windowed else None
         self.window_table = torch.zeros_like(self.table) if windowed else None
         self.logits = torch.zeros((max_batch, vocab_size), dtype=torch.float32, device=device)
+        # One step's host values, packed: ids, positions, slots and lengths (the window's slots too), then
+        # the block tables (`fill`).
+        tables = 2 if windowed else 1
+        self.staging = torch.zeros(max_batch * (5 + tables * table_width), dtype=torch.int64, device=device)
 
     def meta(self, size: int, max_seq_len: int, backend: str) -> AttentionMetadata:
         """The attention metadata of bucket `size`: views of the buffers, fixed for its graph's life."""
@@ -112,29 +116,54 @@ class DecodeInputs:
         window = batch.window_table
         return batch.table.shape[1] <= width and (window is None or window.shape[1] <= width)
 
-    def fill(self, batch: HostBatch, ids: torch.Tensor, size: int) -> None:
-        """Copy a decode batch into rows [0, n) and pad rows [n, size)."""
-        _put(self.ids, ids, size, 0)
-        _put(self.positions, batch.positions, size, 0)
-        _put(self.slots, batch.slots, size, -1)
-        _put(self.seq_lens, batch.seq_lens, size, 0)
+    def fill(self, batch: HostBatch, size: int, ids: torch.Tensor | None, prev: torch.Tensor | None) -> None:
+        """Copy a decode batch into rows [0, n) and pad rows [n, size). The host's values (ids, positions,
+        slots, lengths, block tables) are packed into one int64 tensor and uploaded in one copy (pinned
+        and non-blocking on CUDA), then spread into the static buffers on the device. `ids`: the batch's
+        ids already on the device (a tensor-parallel rank's, from rank 0), else taken from the host batch,
+        its in-flight placeholders (async scheduling) filled from `prev`, the previous step's samples."""
         rows, width = batch.table.shape
-        _upload(self.table[:rows, :width], batch.table)
+        flat: list[tuple[torch.Tensor, torch.Tensor, int]] = [
+            (self.positions, batch.positions, 0),
+            (self.slots, batch.slots, -1),
+            (self.seq_lens, batch.seq_lens, 0),
+        ]
+        tables = [(self.table, batch.table)]
         if self.window_slots is not None and self.window_table is not None:
             if batch.window_slots is None or batch.window_table is None:
                 raise RuntimeError("a windowed model's decode batch without its window layout")
-            _put(self.window_slots, batch.window_slots, size, -1)
-            rows, width = batch.window_table.shape
-            _upload(self.window_table[:rows, :width], batch.window_table)
+            flat.append((self.window_slots, batch.window_slots, -1))
+            tables.append((self.window_table, batch.window_table))
+        if ids is None:
+            flat.append((self.ids, batch.ids, 0))
+        pieces = [_padded(values, size, pad) for _, values, pad in flat]
+        pieces += [table.reshape(-1).to(torch.int64) for _, table in tables]
+        packed = torch.cat(pieces)
+        staged = self.staging[: packed.shape[0]]
+        _upload(staged, packed)
+        at = 0
+        for buffer, _, _ in flat:
+            buffer[:size].copy_(staged[at : at + size])
+            at += size
+        for buffer, table in tables:
+            rows, width = table.shape
+            buffer[:rows, :width].copy_(staged[at : at + rows * width].view(rows, width))
+            at += rows * width
+        if ids is not None:
+            self.ids[: ids.shape[0]].copy_(ids)
+            self.ids[ids.shape[0] : size].fill_(0)
+        elif batch.placeholders:
+            if prev is None or not len(prev):
+                raise RuntimeError("a placeholder token without the previous step's samples")
+            live = self.ids[:size]
+            live.copy_(torch.where(live < 0, prev[(-live - 1).clamp(0, len(prev) - 1)], live))
 
 
-def _put(buffer: torch.Tensor, values: torch.Tensor, size: int, pad: int) -> None:
-    """buffer[:size] = values padded with `pad`: padded where `values` lives (the host, for most), so the
-    device gets one copy."""
+def _padded(values: torch.Tensor, size: int, pad: int) -> torch.Tensor:
+    """`values` (host) as int64, padded with `pad` to `size` rows."""
+    values = values.to(torch.int64)
     n = values.shape[0]
-    if n < size:
-        values = torch.cat((values, values.new_full((size - n,), pad)))
-    _upload(buffer[:size], values)
+    return values if n >= size else torch.cat((values, values.new_full((size - n,), pad)))
 
 
 def _upload(buffer: torch.Tensor, values: torch.Tensor) -> None:
@@ -248,8 +277,11 @@ class DecodeGraphs:
             and self.inputs.fits(batch)
         )
 
-    def run(self, batch: HostBatch, ids: torch.Tensor) -> torch.Tensor:
-        """Replay the batch's bucket; the logits of its sample rows (a view, valid until the next replay)."""
+    def run(
+        self, batch: HostBatch, ids: torch.Tensor | None = None, prev: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Replay the batch's bucket; the logits of its sample rows (a view, valid until the next replay).
+        `ids`/`prev`: see `DecodeInputs.fill`."""
         rows = batch.seq_lens.shape[0]
         size = self.bucket(rows)
         if size is None:
@@ -257,7 +289,7 @@ class DecodeGraphs:
         bounds = self.contexts[size]
         live = int(batch.seq_lens.max())  # a host tensor: no device sync
         bound = bounds[min(bisect.bisect_left(bounds, live), len(bounds) - 1)]
-        self.inputs.fill(batch, ids, size)
+        self.inputs.fill(batch, size, ids, prev)
         self._replays[(size, bound)]()
         self.replayed_steps += 1
         logits = self.inputs.logits

@@ -19,6 +19,7 @@ from fairserve_kernels.layer_reference import (
     fused_add_rms_norm_ref,
     rms_norm_ref,
     rotary_embedding_ref,
+    rotary_store_ref,
 )
 from fairserve_kernels.lora_reference import lora_expand_ref, lora_shrink_ref
 from fairserve_kernels.moe_reference import fused_moe_ref
@@ -30,6 +31,7 @@ AttnFn = Callable[..., Tensor]
 NormFn = Callable[[Tensor, Tensor, float, bool], Tensor]
 AddNormFn = Callable[[Tensor, Tensor, Tensor, float, bool], tuple[Tensor, Tensor]]
 RotaryFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+RotaryStoreFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, int], Tensor]
 ActFn = Callable[[Tensor, str], Tensor]
 MoeFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 ShrinkFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int], Tensor]
@@ -45,6 +47,7 @@ class Kernels:
     rms_norm: NormFn
     fused_add_rms_norm: AddNormFn
     rotary_embedding: RotaryFn
+    rotary_store: RotaryStoreFn
     act_and_mul: ActFn
     fused_moe: MoeFn
     lora_shrink: ShrinkFn
@@ -57,6 +60,7 @@ TORCH = Kernels(
     rms_norm=rms_norm_ref,
     fused_add_rms_norm=fused_add_rms_norm_ref,
     rotary_embedding=rotary_embedding_ref,
+    rotary_store=rotary_store_ref,
     act_and_mul=act_and_mul_ref,
     fused_moe=fused_moe_ref,
     lora_shrink=lora_shrink_ref,
@@ -84,6 +88,7 @@ def _triton() -> Kernels:
         rms_norm=triton_norm.rms_norm,
         fused_add_rms_norm=triton_norm.fused_add_rms_norm,
         rotary_embedding=triton_rotary.rotary_embedding,
+        rotary_store=triton_rotary.rotary_store,
         act_and_mul=triton_activation.act_and_mul,
         fused_moe=triton_moe.fused_moe,
         lora_shrink=triton_lora.sgmv_shrink,

@@ -302,16 +302,17 @@ class ModelRunner:
         graphs = self.graphs
         # A step with adapted rows runs eagerly: the graphs' static inputs hold no adapter rows (docs/engine.md).
         run: Callable[[], torch.Tensor | None]
+        ids: torch.Tensor | None = None
         if graphs is not None and batch.lora_groups is None and graphs.serves(batch):
-            ids = self._input_ids(batch)
-            run = partial(graphs.run, batch, ids)
+            # The host's ids travel in the graph inputs' one upload; their placeholders are filled there.
+            run = partial(graphs.run, batch, None, self.sampler.last_sampled)
         else:
             ids, positions, meta = self._to_device(batch)
             run = partial(self._forward, ids, positions, meta, batch.sample_rows, self._lora_batch(batch))
         if self.peers is None:
             return run()
         try:  # every rank replays the same bucket (or runs the same eager step): engine/worker/rank_worker.py
-            self.peers.send_step(batch, ids)
+            self.peers.send_step(batch, self._input_ids(batch) if ids is None else ids)
             return run()
         except RuntimeError as exc:  # a collective failed: another rank is gone
             raise self.peers.lost(exc) from exc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -10,12 +11,16 @@ from hypothesis import strategies as st
 
 from fairserve_kernels.checks import KernelInputError
 from fairserve_kernels.launch_heuristics import (
+    FALLBACK_PREFILL,
     MAX_SPLITS,
     MIN_TOKENS_PER_SPLIT,
+    PREFILL_CANDIDATES,
+    SHARED_BYTES,
     TARGET_PROGRAMS_PER_SM,
     choose_num_splits,
     launch_config,
     next_power_of_2,
+    prefill_tiles,
     split_context_bounds,
 )
 
@@ -89,7 +94,7 @@ def test_launch_config_tiles_fit_gqa_group() -> None:
 
 
 def test_tuning_overrides_are_checked() -> None:
-    base = {
+    base: dict[str, Any] = {
         "num_tokens": 4,
         "num_seqs": 4,
         "num_kv_heads": 2,
@@ -104,6 +109,35 @@ def test_tuning_overrides_are_checked() -> None:
         launch_config(**base, tile_n=48)
     with pytest.raises(KernelInputError, match="num_splits"):
         launch_config(**base, num_splits=0)
+
+
+@pytest.mark.parametrize("arch", sorted(PREFILL_CANDIDATES))
+def test_prefill_takes_the_first_candidate_that_fits_the_architecture(arch: int) -> None:
+    """128-row tiles with 8 warps and 3-4 stages where their shared memory fits (bf16 up to head_dim 256 on
+    sm_90), the old 64-row tiles for fp32 wide heads; decode keeps its small row tiles."""
+    shape: dict[str, Any] = {
+        "num_seqs": 2,
+        "num_kv_heads": 8,
+        "group": 1,
+        "max_seq_len": 4096,
+        "sm_count": 132,
+    }
+    for head_dim, elem_bytes in ((64, 2), (128, 2), (256, 2), (128, 4), (256, 4)):
+        cfg = launch_config(
+            num_tokens=600, max_query_len=512, head_dim=head_dim, arch=arch, elem_bytes=elem_bytes, **shape
+        )
+        tiles = prefill_tiles(arch, head_dim, elem_bytes)
+        assert tiles in PREFILL_CANDIDATES[arch]
+        assert tiles.shared_bytes(head_dim, elem_bytes) <= SHARED_BYTES[arch] or tiles == FALLBACK_PREFILL
+        assert (cfg.block_m, cfg.num_warps, cfg.num_stages) == (
+            tiles.block_m,
+            tiles.num_warps,
+            tiles.num_stages,
+        )
+    assert prefill_tiles(arch, 128, 2).block_m == 128 and prefill_tiles(arch, 128, 2).num_stages >= 3
+    assert prefill_tiles(arch, 256, 4) == FALLBACK_PREFILL
+    decode = launch_config(num_tokens=2, max_query_len=1, head_dim=128, arch=arch, **shape)
+    assert decode.block_m == 16 and decode.num_stages == 2
 
 
 @given(st.integers(1, 10_000))

@@ -55,7 +55,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
 LAYER_KERNELS: list[tuple[Any, str, set[str]]] = [
     (triton_norm, "rms_norm", set(CONFIGS)),
     (triton_norm, "fused_add_rms_norm", set(CONFIGS)),
-    (triton_rotary, "rotary_embedding", set(CONFIGS)),
+    (triton_rotary, "rotary_store", set(CONFIGS)),  # the rotary with the KV store folded in
     (triton_activation, "act_and_mul", set(CONFIGS)),
     (triton_moe, "fused_moe", {"qwen3_moe"}),
 ]

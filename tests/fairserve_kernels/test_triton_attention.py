@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fairserve_kernels.checks import KernelInputError
+from fairserve_kernels.launch_heuristics import PREFILL_CANDIDATES, PrefillTiles
 from fairserve_kernels.reference import paged_attention_ref
 from fairserve_kernels.triton_attention import paged_attention
 from tests.fairserve_kernels.batches import PagedBatch, make_batch
@@ -309,3 +310,31 @@ def test_padding_rows_of_a_graph_bucket(device: torch.device, num_splits: int | 
     )
     for out in (paged_attention_ref(*args), paged_attention(*args, num_splits=num_splits, max_seq_len=4096)):
         assert bool((out[[1, 3]] == 0).all()) and bool(out[[0, 2]].abs().sum() > 0)
+
+
+# Every prefill candidate of every architecture (fairserve_kernels/launch_heuristics.py), as the gate compiles
+# them: a chunk spanning several 128-row tiles after cached context (full tiles unmasked, the diagonal
+# masked), a fresh prompt, and decodes beside them; GQA 2, two kv heads.
+CANDIDATE_SPANS = [(150, 230), (200, 200), (1, 90), (1, 3)]
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    sorted({t for candidates in PREFILL_CANDIDATES.values() for t in candidates}, key=repr),
+    ids=repr,
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_every_prefill_candidate_matches_the_twin(
+    device: torch.device, tiles: PrefillTiles, dtype: torch.dtype
+) -> None:
+    batch = make_batch(
+        CANDIDATE_SPANS,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=16,
+        dtype=dtype,
+        device=device,
+        seed=7,
+    )
+    _run(batch, dtype, prefill=tiles, max_query_len=200, max_seq_len=230)

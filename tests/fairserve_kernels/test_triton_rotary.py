@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fairserve_kernels.checks import KernelInputError
-from fairserve_kernels.layer_reference import rotary_embedding_ref, signed_sin
-from fairserve_kernels.triton_rotary import rotary_embedding
+from fairserve_kernels.layer_reference import rotary_embedding_ref, rotary_store_ref, signed_sin
+from fairserve_kernels.triton_rotary import rotary_embedding, rotary_store
 
 TOLERANCE = {torch.float32: 1e-6, torch.float16: 1e-3}
 
@@ -67,3 +67,49 @@ def test_bad_arguments_are_named(device: torch.device) -> None:
         rotary_embedding(x, table, table.half())
     with pytest.raises(KernelInputError, match="x must have 3 dimensions"):
         rotary_embedding(x[0], table, table)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("head_dim", [32, 80, 128])
+@pytest.mark.parametrize("num_kv", [1, 2, 9])
+def test_rotary_with_the_store_folded_in_matches_the_twin(
+    device: torch.device, dtype: torch.dtype, head_dim: int, num_kv: int
+) -> None:
+    """One launch rotates q and k, stores the rotated k and v at their slots (a padding row, slot -1,
+    stores nothing) and returns q; the twin rotates, then stores. Nine kv heads take two programs' tiles
+    of v at head_dim 128 (BLOCK_H 16 > 9 at 32)."""
+    gen = torch.Generator().manual_seed(head_dim + num_kv)
+    num_q, tokens, blocks, block_size = 2 * num_kv, 7, 5, 4
+    qkv = torch.randn(tokens, num_q + 2 * num_kv, head_dim, generator=gen).to(dtype)
+    cos, sin = _tables(torch.randint(0, 4096, (tokens,), generator=gen), head_dim)
+    cos, ssin = cos.to(dtype), signed_sin(sin).to(dtype)
+    slots = torch.randperm(blocks * block_size, generator=gen)[:tokens]
+    slots[3] = -1
+    caches = [torch.randn(blocks, block_size, num_kv, head_dim, generator=gen).to(dtype) for _ in range(2)]
+    heads = num_q + num_kv
+    k_ref, v_ref = (c.clone() for c in caches)
+    expected = rotary_store_ref(qkv[:, :heads], qkv[:, heads:], cos, ssin, k_ref, v_ref, slots, num_q)
+    on = qkv.to(device)
+    k_got, v_got = (c.clone().to(device) for c in caches)
+    got = rotary_store(
+        on[:, :heads], on[:, heads:], cos.to(device), ssin.to(device), k_got, v_got, slots.to(device), num_q
+    )
+    tol = TOLERANCE[dtype]
+    assert got.shape == (tokens, num_q, head_dim) and got.dtype == dtype
+    torch.testing.assert_close(got.cpu(), expected, atol=tol, rtol=tol)
+    torch.testing.assert_close(k_got.cpu(), k_ref, atol=tol, rtol=tol)
+    assert torch.equal(v_got.cpu(), v_ref)  # a copy: exact
+    untouched = torch.ones(blocks * block_size, dtype=torch.bool)
+    untouched[slots[slots >= 0]] = False
+    assert torch.equal(
+        k_got.cpu().view(-1, num_kv, head_dim)[untouched], caches[0].view(-1, num_kv, head_dim)[untouched]
+    )
+
+
+def test_rotary_store_names_a_bad_split(device: torch.device) -> None:
+    qk = torch.zeros(3, 4, 64, device=device)
+    table = torch.zeros(3, 64, device=device)
+    cache = torch.zeros(2, 4, 2, 64, device=device)
+    slots = torch.zeros(3, dtype=torch.int64, device=device)
+    with pytest.raises(KernelInputError, match="num_q_heads"):
+        rotary_store(qk, torch.zeros(3, 1, 64, device=device), table, table, cache, cache, slots, 2)

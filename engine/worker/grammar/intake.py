@@ -1,10 +1,11 @@
-"""GrammarIntake: where a grammar request waits for its compile, outside the scheduler, and how its grammar
-CPU is charged as service.
+"""GrammarIntake: the wait of a grammar request for its compile (a `Wait`, engine/core/waits.py), and how its
+grammar CPU is charged as service.
 
-A request whose grammar is cached gets its matcher at once and is queued as any other. Otherwise it waits
-here: not in the scheduler's queues, so it holds no batch seat, no KV block and no place in the fairness
-order, until `admit` (called at the start of every step) finds its compile done. A failed or timed-out
-compile refuses that request alone; the engine loop sends the refusal (a 400) to its front.
+A request whose grammar is cached gets its matcher at once and is queued as any other. Otherwise the
+scheduler holds it in state `WAITING_FOR_GRAMMAR`: live, but with no batch seat, no KV block and no place
+in the fairness order, until `admit` (polled by the scheduler at the start of every step) finds its
+compile done. A failed or timed-out compile refuses that request alone; the engine loop sends the refusal
+(a 400) to its front.
 
 Service: grammar CPU time (the compile, once per compiled grammar, and every mask) is charged to the
 request's fairness key as prefill tokens, one per `mask_us_per_token` microseconds, the fraction carried
@@ -18,7 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from engine.core.request import InvalidRequestError, Request
+from engine.core.request import InvalidRequestError, Request, RequestState
+from engine.core.waits import HELD_STATES
 from engine.worker.grammar.backend import Backend
 from engine.worker.grammar.compiler import GrammarCompiler
 from engine.worker.grammar.config import GrammarConfig
@@ -27,7 +29,9 @@ from fairness.base import SchedulingPolicy
 
 
 class GrammarIntake:
-    """Grammar requests between `add_request` and the scheduler, and their charges."""
+    """The scheduler's wait for grammars, the compiles under way, and the grammar CPU's charges."""
+
+    state = RequestState.WAITING_FOR_GRAMMAR
 
     def __init__(self, backend: Backend, config: GrammarConfig, masks: GrammarMasks) -> None:
         self.config = config
@@ -101,14 +105,15 @@ class GrammarIntake:
 
     def note_preprocessing(self, request_id: str, cpu_s: float) -> None:
         """The gateway's CPU seconds for preparing `request_id`, charged with its grammar CPU once it is
-        live (a request still waiting for its grammar or adapter is charged when it is queued)."""
+        queued (a request still waiting for its adapter, grammar or KV is charged when it is queued)."""
         if cpu_s > 0 and math.isfinite(cpu_s):
             self._preprocess[request_id] = self._preprocess.get(request_id, 0.0) + cpu_s
 
     def charge(self, policy: SchedulingPolicy[Request], live: dict[str, Request]) -> None:
         """Charge each live request's grammar CPU since the last call to its fairness key (see the module)."""
         cpu = self.masks.take_cpu()
-        for request_id in [r for r in self._preprocess if r in live]:
+        queued = [r for r in self._preprocess if r in live and live[r].state not in HELD_STATES]
+        for request_id in queued:  # (charged once queued: a held request's key may not be backlogged yet)
             cpu[request_id] = cpu.get(request_id, 0.0) + self._preprocess.pop(request_id)
         if not cpu:
             return

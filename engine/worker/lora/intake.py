@@ -1,12 +1,12 @@
-"""LoraIntake: where an adapted request waits for its adapter to load, outside the scheduler, and how the
-adapter reaches a device slot and its load is charged.
+"""LoraIntake: the wait of an adapted request for its adapter's load (a `Wait`, engine/core/waits.py), and how
+the adapter reaches a device slot and its load is charged.
 
 A request names its adapter by `RequestMeta.lora` and, when the gateway's adapter directory registered it
 at run time, `RequestMeta.lora_path`; without a path the name is looked up in the engine's `--lora` table.
 The pair is the adapter's key (engine/worker/lora/host_cache.py). If the key is in host memory the request is
-queued at once. If not, its load starts on a worker thread and the request is parked here: not in the
-scheduler's queues, so it holds no batch seat, no KV block and no place in the fairness order, until
-`admit` (at every step start) finds the load done. A failed load refuses exactly the requests parked on
+queued at once. If not, its load starts on a worker thread and the scheduler holds the request in state
+`WAITING_FOR_ADAPTER`: live, but with no batch seat, no KV block and no place in the fairness order, until
+`admit` (polled by the scheduler at every step start) finds the load done. A failed load refuses exactly the requests parked on
 that key (InvalidRequestError, field `model`, which the gateway turns into a 400), and for a while every
 new request naming it (the host cache remembers the failure).
 
@@ -38,7 +38,7 @@ from functools import partial
 import torch
 
 from engine.config import EngineConfig
-from engine.core.request import InvalidRequestError, Request, RequestFault, RequestMeta
+from engine.core.request import InvalidRequestError, Request, RequestFault, RequestMeta, RequestState
 from engine.core.scheduler_output import ScheduledChunk
 from engine.worker.lora.adapter import AdapterError, LoraAdapter, load_adapter
 from engine.worker.lora.cache import DeviceSlots
@@ -56,16 +56,21 @@ LOADS_PER_TENANT = 1
 
 
 class LoraIntake:
-    """Adapted requests between `add_request` and the scheduler; the host cache and the device slots."""
+    """The scheduler's wait for adapters (their parked requests and loads), the host cache and the device
+    slots."""
+
+    state = RequestState.WAITING_FOR_ADAPTER
 
     def __init__(
         self,
+        policy: SchedulingPolicy[Request],
         startup: Mapping[str, str],
         host: HostCache,
         stack: ResidentStack,
         max_loras: int,
         bytes_per_token: int,
     ) -> None:
+        self.policy = policy  # charged each load, by the request that caused it
         self.startup = dict(startup)  # `--lora` name -> directory: a request without lora_path uses these
         self.host = host
         self.stack = stack  # the slots' weights on the device, filled through the slots' hooks
@@ -147,7 +152,7 @@ class LoraIntake:
         """Requests waiting for their adapter."""
         return len(self._parked)
 
-    def admit(self, policy: SchedulingPolicy[Request]) -> list[Request]:
+    def admit(self) -> list[Request]:
         """The parked requests whose adapter has loaded, to be queued now; refuses those whose load failed,
         charges each finished load to its payer, and starts the loads that waited (for room or their turn).
         Its work grows with the loads that landed and the keys still waiting, not with parked requests."""
@@ -168,7 +173,7 @@ class LoraIntake:
                 continue
             self.loaded_any = True
             if payer is not None:
-                self._charge_load(policy, payer, adapter)
+                self._charge_load(payer, adapter)
             for request_id in self._by_key.pop(key, []):
                 request, members, _ = self._parked.pop(request_id)
                 self._attach(members, key, adapter)
@@ -178,21 +183,16 @@ class LoraIntake:
                 self._start(key, self._parked[waiting[0]][0])
         return admitted
 
-    def _charge_load(self, policy: SchedulingPolicy[Request], payer: Request, adapter: LoraAdapter) -> None:
+    def _charge_load(self, payer: Request, adapter: LoraAdapter) -> None:
         """Charge the load to the tenant whose request started it, as ceil(bytes / rate) prefill tokens (at
         the base factor: the payer's own service_scale is set only once it is released)."""
         tokens = max(1, -(-adapter.load_bytes // self.bytes_per_token))
-        payer.charged_service += policy.charge(payer, tokens, 0, 0)
+        payer.charged_service += self.policy.charge(payer, tokens, 0, 0)
 
     def _refuse(self, key: Key, error: str) -> None:
         for request_id in self._by_key.pop(key, []):
             request, _, _ = self._parked.pop(request_id)
             self._refused.append((request, InvalidRequestError(error, "model")))
-
-    def refuse(self, request: Request, error: InvalidRequestError) -> None:
-        """Refuse a released request after all (the engine found its grammar failed): it holds nothing."""
-        self.forget(request.request_id)
-        self._refused.append((request, error))
 
     def _attach(self, members: Sequence[Request], key: Key, adapter: LoraAdapter) -> None:
         for member in members:
@@ -279,10 +279,6 @@ class LoraIntake:
             del self._by_key[parked[2]]
         return parked[0]
 
-    def parked(self) -> list[Request]:
-        """The requests waiting for their adapter."""
-        return [request for request, _, _ in self._parked.values()]
-
     def take_refused(self) -> list[tuple[Request, InvalidRequestError]]:
         """Requests refused since the last call, mostly because their adapter failed to load."""
         refused, self._refused = self._refused, []
@@ -306,14 +302,18 @@ def load_to_host(cfg: ModelConfig, max_rank: int, dtype: torch.dtype, name: str,
 
 
 def build_intake(
-    config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device
+    config: EngineConfig,
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    policy: SchedulingPolicy[Request],
 ) -> LoraIntake:
     """The engine's intake: `--lora` entries loaded now, others on demand; refuses every adapter under
     tensor parallelism (not served there yet)."""
     load = partial(load_to_host, cfg, config.max_lora_rank, dtype)
     host = HostCache(load, config.max_cpu_loras)
     stack = ResidentStack(cfg, config.max_loras, dtype, device)
-    intake = LoraIntake(config.lora, host, stack, config.max_loras, config.lora_load_bytes_per_token)
+    intake = LoraIntake(policy, config.lora, host, stack, config.max_loras, config.lora_load_bytes_per_token)
     if config.tensor_parallel_size > 1:
         intake.refuse_all = "LoRA adapters are not served with tensor_parallel_size > 1 yet"
     intake.preload(load)

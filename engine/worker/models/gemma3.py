@@ -53,7 +53,7 @@ class Gemma3DecoderLayer(LlamaDecoderLayer):
         x, residual = self.input_norm(h, residual, ops)
         x = self.post_attention_layernorm(self.self_attn(x, *rope, kv_cache, meta, ops), ops)
         x, residual = self.pre_feedforward_layernorm.add(x, residual, ops)
-        out = self.post_feedforward_layernorm(self.run_mlp(x, ops), ops)
+        out = self.post_feedforward_layernorm(self.mlp(x, ops), ops)
         return out, residual
 
     def weight_targets(self, prefix: str) -> WeightTargets:

@@ -17,8 +17,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from engine.worker.attention import AttentionMetadata, KVCache, paged_attention
-from engine.worker.forward_context import step_lora
+from engine.worker.attention import AttentionMetadata, KVCache, attend_stored
 from engine.worker.kernels import Kernels, kernels
 from engine.worker.layers import (
     RMSNorm,
@@ -32,8 +31,8 @@ from engine.worker.layers import (
     rope_inv_freq,
     rope_tables,
 )
-from engine.worker.lora.apply import Slices, add_lora
-from engine.worker.lora.batch import LoraBatch
+from engine.worker.lora.apply import Slices
+from engine.worker.lora.linear import LoraProjection
 from engine.worker.model_config import ModelConfig
 from engine.worker.models.moe import SparseMoeBlock
 from engine.worker.parallel.group import HeadShard, TPGroup, even_split, head_shard
@@ -88,13 +87,15 @@ class LlamaAttention(nn.Module):
             cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.o_proj_bias, dtype, device, tp
         )
         norm = norm_class(cfg)
-        # Where a LoRA adapter's q/k/v deltas land in the fused output, and o's (engine/worker/lora/apply.py).
-        self.qkv_slices: Slices = (
+        # LoRA-aware projections (engine/worker/lora/linear.py): where an adapter's q/k/v deltas land in the
+        # fused output, and o's.
+        qkv_slices: Slices = (
             ("q_proj", 0, self.q_size),
             ("k_proj", self.q_size, self.kv_size),
             ("v_proj", self.q_size + self.kv_size, self.kv_size),
         )
-        self.o_slices: Slices = (("o_proj", 0, cfg.hidden_size),)
+        self.qkv = LoraProjection(self.qkv_proj, layer_idx, qkv_slices)
+        self.o = LoraProjection(self.o_proj, layer_idx, (("o_proj", 0, cfg.hidden_size),))
         self.q_norm = norm(cfg.head_dim, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
         self.k_norm = norm(cfg.head_dim, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
 
@@ -109,11 +110,7 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         """x: [N, hidden]; cos/sin: [N, head_dim] in x's dtype (sin sign-folded, see layers.rope_tables)."""
         heads = self.num_heads + self.num_kv_heads
-        qkv = self.qkv_proj(x)
-        lora = step_lora()  # the step's adapted rows (engine/worker/forward_context.py); None: none
-        if lora is not None:
-            add_lora(qkv, x, lora, self.layer_idx, self.qkv_slices, ops)
-        qkv = qkv.view(-1, heads + self.num_kv_heads, self.head_dim)
+        qkv = self.qkv(x, ops).view(-1, heads + self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             qk = torch.cat(
                 (
@@ -124,28 +121,18 @@ class LlamaAttention(nn.Module):
             )
         else:
             qk = qkv[:, :heads]
-        # q and k heads are adjacent: one rotary launch (or one torch pass) rotates both.
-        qk = ops.rotary_embedding(qk, cos, sin)
-        q, k, v = qk[:, : self.num_heads], qk[:, self.num_heads :], qkv[:, heads:]
         if self.sliding_window is not None and meta.window_group is not None:
             meta = (
                 meta.window_group
             )  # this layer's KV lives in the window-sized pool (engine/worker/window_cache.py)
-        out = paged_attention(
-            q,
-            k,
-            v,
-            kv_cache,
-            meta,
-            scale=self.scale,
-            sliding_window=self.sliding_window,
-            soft_cap=self.soft_cap,
+        # q and k heads are adjacent: one launch rotates both and stores k and v in the paged cache.
+        k_cache, v_cache = kv_cache
+        v = qkv[:, heads:]
+        q = ops.rotary_store(qk, v, cos, sin, k_cache, v_cache, meta.slot_mapping, self.num_heads)
+        out = attend_stored(
+            q, kv_cache, meta, scale=self.scale, sliding_window=self.sliding_window, soft_cap=self.soft_cap
         )
-        attended = out.reshape(-1, self.q_size)
-        projected: torch.Tensor = self.o_proj(attended)
-        if lora is not None:
-            add_lora(projected, attended, lora, self.layer_idx, self.o_slices, ops)
-        return projected
+        return self.o(out.reshape(-1, self.q_size), ops)
 
     def weight_targets(self, prefix: str) -> WeightTargets:
         """HF q/k/v/o projections (and q/k norms) onto the fused parameters."""
@@ -167,7 +154,12 @@ class LlamaMLP(nn.Module):
     """Gated feed-forward (SwiGLU, or GELU-tanh for Gemma): one gate/up GEMM, one act-and-mul, down."""
 
     def __init__(
-        self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TPGroup | None = None
+        self,
+        cfg: ModelConfig,
+        layer_idx: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        tp: TPGroup | None = None,
     ) -> None:
         super().__init__()
         self.tp = tp
@@ -180,21 +172,14 @@ class LlamaMLP(nn.Module):
         self.act = gated_activation(cfg.hidden_act)
         self.gate_up_proj = linear(cfg.hidden_size, 2 * self.intermediate_size, cfg.mlp_bias, dtype, device)
         self.down_proj = row_linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, dtype, device, tp)
+        inter = self.intermediate_size  # LoRA-aware projections (engine/worker/lora/linear.py)
+        gate_up = (("gate_proj", 0, inter), ("up_proj", inter, inter))
+        self.gate_up = LoraProjection(self.gate_up_proj, layer_idx, gate_up)
+        self.down = LoraProjection(self.down_proj, layer_idx, (("down_proj", 0, cfg.hidden_size),))
 
     def forward(self, x: torch.Tensor, ops: Kernels) -> torch.Tensor:
-        """down(act(gate(x)) * up(x))."""
-        down: torch.Tensor = self.down_proj(ops.act_and_mul(self.gate_up_proj(x), self.act))
-        return down
-
-    def adapted(self, x: torch.Tensor, ops: Kernels, lora: LoraBatch, layer: int) -> torch.Tensor:
-        """`forward` with the step's LoRA deltas added to gate/up and down (engine/worker/lora/apply.py)."""
-        inter, hidden = self.intermediate_size, self.down_proj.out_features
-        gate_up = self.gate_up_proj(x)
-        add_lora(gate_up, x, lora, layer, (("gate_proj", 0, inter), ("up_proj", inter, inter)), ops)
-        act = ops.act_and_mul(gate_up, self.act)
-        down: torch.Tensor = self.down_proj(act)
-        add_lora(down, act, lora, layer, (("down_proj", 0, hidden),), ops)
-        return down
+        """down(act(gate(x)) * up(x)), with the step's adapters' deltas."""
+        return self.down(ops.act_and_mul(self.gate_up(x, ops), self.act), ops)
 
     def weight_targets(self, prefix: str) -> WeightTargets:
         """HF gate/up/down projections onto the fused parameters."""
@@ -230,7 +215,7 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp: LlamaMLP | SparseMoeBlock = (
             SparseMoeBlock(cfg, dtype, device, tp)
             if cfg.is_sparse(layer_idx)
-            else LlamaMLP(cfg, dtype, device, tp)
+            else LlamaMLP(cfg, layer_idx, dtype, device, tp)
         )
 
     def forward(
@@ -249,15 +234,8 @@ class LlamaDecoderLayer(nn.Module):
         x, residual = self.input_norm(h, residual, ops)
         x = self.self_attn(x, *rope, kv_cache, meta, ops)
         x, residual = self.post_attention_layernorm.add(x, residual, ops)
-        return self.run_mlp(x, ops), residual
-
-    def run_mlp(self, x: torch.Tensor, ops: Kernels) -> torch.Tensor:
-        """The MLP, with LoRA deltas when the step has adapted rows (routed experts are never adapted)."""
-        lora = step_lora()
-        if lora is None or not isinstance(self.mlp, LlamaMLP):
-            mlp: torch.Tensor = self.mlp(x, ops)
-            return mlp
-        return self.mlp.adapted(x, ops, lora, self.self_attn.layer_idx)
+        mlp: torch.Tensor = self.mlp(x, ops)  # (routed experts are never adapted)
+        return mlp, residual
 
     def input_norm(
         self, h: torch.Tensor, residual: torch.Tensor | None, ops: Kernels

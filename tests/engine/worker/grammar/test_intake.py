@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from engine import EngineConfig, FinishReason, InvalidRequestError, LLMEngine, RequestMeta, SamplingParams
-from engine.core.request import Grammar
+from engine.core.request import Grammar, RequestState
 from engine.worker.grammar.backend import Backend
 from engine.worker.grammar.config import GrammarConfig
 from engine.worker.loader import LoadedModel, load_model
@@ -81,7 +81,9 @@ def test_a_request_waits_for_its_grammar_without_a_seat(loaded: LoadedModel) -> 
     engine.add_request("plain", "hi", _params(None), RequestMeta(tenant_id="b"))
     for _ in range(60):  # the plain request runs to its end while the grammar is held back
         engine.step()
-        assert "g" not in engine.scheduler.requests
+        held = engine.scheduler.requests["g"]  # live, but with no seat and no block
+        assert held.state is RequestState.WAITING_FOR_GRAMMAR and held not in engine.scheduler.running
+        assert not engine.pool.block_ids("g")
     assert "plain" not in engine.scheduler.requests and engine.grammar.waiting == 1
     gated.gate.set()
     done = _finish(engine)

@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass, field
 
 from engine import LLMEngine
-from engine.core.request import InvalidRequestError
+from engine.core.request import InvalidRequestError, Request, RequestState
 from engine.worker.lora.adapter import LoraAdapter
 from engine.worker.lora.host_cache import Loader
 
@@ -60,7 +60,13 @@ def run_checked(engine: LLMEngine, out: Finished | None = None) -> Finished:
                 assert slot is not None, f"{request.request_id}'s adapter lost its slot while it runs"
                 held = engine.lora.slots.adapters[slot]
                 assert held is not None and held.name == request.meta.lora
-        for parked in engine.lora.parked():
-            assert parked.request_id not in engine.scheduler.requests
+        for parked in held_for_adapter(engine):
+            assert parked not in engine.scheduler.running
             assert not engine.pool.block_ids(parked.request_id)
     return out
+
+
+def held_for_adapter(engine: LLMEngine) -> list[Request]:
+    """The requests the scheduler holds for their adapter's load (engine/core/waits.py)."""
+    live = engine.scheduler.requests.values()
+    return [r for r in live if r.state is RequestState.WAITING_FOR_ADAPTER]

@@ -15,7 +15,7 @@ from engine.worker.lora.intake import load_to_host
 from engine.worker.lora.resident import ResidentStack, stack_bytes
 from engine.worker.lora.stack import LoraStack
 from tests.engine.worker.lora.adapters import Adapted, build
-from tests.engine.worker.lora.runtime import gate, run_checked
+from tests.engine.worker.lora.runtime import gate, held_for_adapter, run_checked
 
 PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 NAMES = ("a", "b", "c")
@@ -127,7 +127,7 @@ def test_a_head_without_a_slot_does_not_hold_up_the_requests_behind_it(
     while "first" not in {r.request_id for r in llm_engine.scheduler.running}:
         llm_engine.step()
     llm_engine.add_request("second", list(range(11, 31)), PARAMS, meta(adapted, "b"))
-    while "second" not in llm_engine.scheduler.requests:  # its adapter loads off the loop first
+    while held_for_adapter(llm_engine):  # its adapter loads off the loop first
         llm_engine.step()
     llm_engine.add_request("third", list(range(7, 27)), PARAMS, meta(adapted, None))
     ended: list[str] = []
@@ -158,7 +158,7 @@ def test_an_adapter_stays_in_its_slot_while_a_forward_using_it_is_in_flight(adap
     long = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     llm_engine.add_request("first", list(range(5, 25)), long, meta(adapted, "a"))
     llm_engine.add_request("second", list(range(5, 25)), PARAMS, meta(adapted, "b"))
-    while "second" not in llm_engine.scheduler.requests:  # b loaded and queued behind a's slot
+    while held_for_adapter(llm_engine):  # b loaded and queued behind a's slot
         llm_engine.step()
     assert llm_engine.executor.in_flight and llm_engine.lora.slots.keys == [key(adapted, "a")]
     llm_engine.abort_request("first")

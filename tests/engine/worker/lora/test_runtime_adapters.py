@@ -4,6 +4,7 @@ scheduler, a broken directory refusing only its own requests, and the load charg
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from engine import LLM, LLMEngine, SamplingParams
 from engine.config import EngineConfig
 from engine.core.request import Grammar, InvalidRequestError, RequestMeta
 from tests.engine.worker.lora.adapters import Adapted, build
-from tests.engine.worker.lora.runtime import gate, run_checked
+from tests.engine.worker.lora.runtime import gate, held_for_adapter, run_checked
 
 PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
@@ -54,8 +55,10 @@ def test_a_request_waits_for_its_load_outside_the_scheduler_then_runs_the_adapte
     held = None
     while "base" in llm_engine.scheduler.requests:  # the base request runs to its end meanwhile
         llm_engine.step()
-        assert [r.request_id for r in llm_engine.lora.parked()] == ["adapted"]
-        assert "adapted" not in llm_engine.scheduler.requests  # no seat, no place in the fairness order
+        assert [r.request_id for r in held_for_adapter(llm_engine)] == ["adapted"]
+        adapted_request = llm_engine.scheduler.requests["adapted"]  # live, but no seat
+        assert adapted_request not in llm_engine.scheduler.running
+        assert llm_engine.policy.peek(time.time()) is not adapted_request  # and no place in the fair order
         assert not llm_engine.pool.block_ids("adapted")  # and no KV block
         held = held or len(llm_engine.pool.block_ids("base"))
     assert held and llm_engine.has_unfinished()
@@ -143,7 +146,7 @@ def test_n_choices_wait_for_the_load_together_and_each_equal_the_single_request(
         SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, n=3),
         by_path(adapted, "b"),
     )
-    assert [r.request_id for r in llm_engine.lora.parked()] == ["n3"]
+    assert [r.request_id for r in held_for_adapter(llm_engine)] == ["n3"]
     loader.gate.set()
     choices: dict[int, list[int]] = {}
     while llm_engine.has_unfinished():
