@@ -20,7 +20,8 @@ import engine.worker.model_runner as model_runner
 from engine import LLM, SamplingParams
 from engine.core.byte_tokenizer import write_byte_tokenizer
 from engine.serving.llm import CompletionOutput
-from engine.worker.decode_graphs import DecodeGraphs, DecodeInputs, Replay, graph_batch_sizes
+from engine.worker.decode_graphs import DecodeGraphs, Replay, graph_batch_sizes
+from engine.worker.decode_inputs import DecodeInputs
 from engine.worker.host_batch import HostBatch
 from engine.worker.loader import load_model
 from engine.worker.model_runner import kv_block_bytes
@@ -244,22 +245,3 @@ def test_forked_rows_read_their_leaders_logits(sample_rows: list[int]) -> None:
     batch = _row_batch(ids, sample_rows)
     logits = graphs.run(batch, batch.ids)
     assert logits[:, 0].tolist() == [float(ids[r]) for r in sample_rows]
-
-
-def test_a_replayed_step_uploads_its_inputs_in_one_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ids, positions, slots, lengths and the block table travel in one host-to-device copy a step (pinned
-    and non-blocking on CUDA: `_upload`), with async scheduling's in-flight ids filled on the device; the
-    tokens stay the eager path's."""
-    uploads: list[int] = []
-    upload = decode_graphs._upload
-
-    def counted(buffer: torch.Tensor, values: torch.Tensor) -> None:
-        uploads.append(values.numel())
-        upload(buffer, values)
-
-    monkeypatch.setattr(decode_graphs, "_upload", counted)
-    items = workload(6, seed=9)
-    llm, graphed, eager = graph_and_eager(None, items, max_num_seqs=6, async_scheduling="on")
-    graphs = llm.engine.runner.graphs
-    assert graphs is not None and len(uploads) == graphs.replayed_steps > 0
-    assert tokens(graphed) == tokens(eager)
