@@ -213,19 +213,22 @@ def _paged_attention_kernel(
     # Tiles before `full_hi` end at or before the tile's first query: every row sees every key there, so
     # with DIAGONAL_MASK (the prefill candidates' choice, launch_heuristics.PrefillTiles) they skip the mask,
     # as the fused-attention tutorial masks only the diagonal blocks. A window trims each row differently:
-    # with one, every tile is masked. Without DIAGONAL_MASK the unmasked loop is not compiled at all.
+    # with one, every tile is masked. Two passes, unrolled: the full tiles unmasked (compiled only with
+    # DIAGONAL_MASK and no window), then the rest masked.
     full_hi = tile_lo
-    k_base = k_cache_ptr + kv_head.to(tl.int64) * stride_kh
-    v_base = v_cache_ptr + kv_head.to(tl.int64) * stride_vh
     if DIAGONAL_MASK and not USE_WINDOW:
         full_hi = tl.minimum(tl.maximum((context_before + first_q + 1) // TILE_N, tile_lo), tile_hi)
+    first_pass: tl.constexpr = 0 if DIAGONAL_MASK and not USE_WINDOW else 1
+    k_base = k_cache_ptr + kv_head.to(tl.int64) * stride_kh
+    v_base = v_cache_ptr + kv_head.to(tl.int64) * stride_vh
+    for masked in tl.static_range(first_pass, 2):
         m_i, l_i, acc = _attend_tiles(
             q,
             m_i,
             l_i,
             acc,
-            tile_lo,
-            full_hi,
+            full_hi if masked else tile_lo,
+            tile_hi if masked else full_hi,
             table_row,
             k_base,
             v_base,
@@ -246,37 +249,8 @@ def _paged_attention_kernel(
             USE_WINDOW,
             USE_SOFT_CAP,
             DOT_PRECISION,
-            False,
+            masked,
         )
-    m_i, l_i, acc = _attend_tiles(
-        q,
-        m_i,
-        l_i,
-        acc,
-        full_hi,
-        tile_hi,
-        table_row,
-        k_base,
-        v_base,
-        stride_kb,
-        stride_ks,
-        stride_vb,
-        stride_vs,
-        dims,
-        dim_ok,
-        row_ok,
-        q_pos,
-        kv_end,
-        scale,
-        soft_cap,
-        sliding_window,
-        TILE_N,
-        BLOCK_SIZE,
-        USE_WINDOW,
-        USE_SOFT_CAP,
-        DOT_PRECISION,
-        True,
-    )
 
     out_mask = row_ok[:, None] & dim_ok[None, :]
     if NUM_SPLITS == 1:
