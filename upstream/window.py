@@ -13,8 +13,8 @@ just large enough to keep the engine busy with its own queue near empty:
   probes the batch's capacity slowly); without metrics, only while the time per output token stays
   within 1.5x the best average seen;
 - with no metrics at all, the window steps at most once per request that ended (its time per token is
-  the only news): a time per output token twice the best average seen shrinks it, one within 1.5x
-  grows a full window, and a first token later than QUEUE_TPOT_FACTOR best token times after dispatch
+  the only news): a time per output token twice the best of the latest averages (BEST_HORIZON)
+  shrinks it, one within 1.5x grows a full window, and a first token later than QUEUE_TPOT_FACTOR best token times after dispatch
   is read as queueing in the engine (shrink). Such a window starts at its floor, so that the best is
   measured on a nearly empty batch, and its ceiling is `window_max_unmetered` (8): an engine that runs
   whatever it is sent (`transformers serve` batches up to its token budget) has no full batch to show,
@@ -27,6 +27,7 @@ general rate limiter, none of which take an engine's queue gauge.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 # A time per output token this many times the best seen means the engine is overloaded (shrink) ...
@@ -37,6 +38,7 @@ _GROW_FACTOR = 1.5
 QUEUE_TPOT_FACTOR = 50.0
 _EWMA = 0.2
 _WARM = 4  # requests before the average counts as a best
+BEST_HORIZON = 64  # the best is the lowest of this many latest averages (`observe_tpot` says why)
 
 
 @dataclass
@@ -57,6 +59,7 @@ class AdaptiveWindow:
         self.in_flight = 0
         self.tpot_best: float | None = None
         self.tpot_ewma: float | None = None
+        self._recent: deque[float] = deque(maxlen=BEST_HORIZON)  # the latest averages, for the best
         self.samples = 0
         self._last_queue = 0.0  # the engine's queue at the previous reading
         self._fresh = False  # a request's time per token came in since the window last stepped on one
@@ -76,7 +79,14 @@ class AdaptiveWindow:
         """One request's time per output token (first token to last, over its tokens).
 
         The best is the lowest *average* seen (after `_WARM` requests), not the lowest request's: one
-        request alone in a batch is fast, and a best from it would make every average look slow."""
+        request alone in a batch is fast, and a best from it would make every average look slow. And it is
+        the lowest of the last `BEST_HORIZON` averages, not of all time: a best from a quiet moment of a
+        shared host made every later average look slow once the host got busier (the gateway, its clients
+        and a CPU engine on two cores: `transformers serve`'s 3.7 ms a token at warm-up, 7.6-10 ms under
+        the bench's load at a window of 2), and the window sat at its floor (1-3 in flight, a quarter of
+        the engine's throughput alone). Forgetting it, the window can climb one ended request at a time
+        while each step costs under `_GROW_FACTOR` of the pace just seen, up to its ceiling, which is what
+        bounds the fairness it gives away (docs/fairness.md)."""
         if not seconds_per_token > 0:
             return
         ewma = self.tpot_ewma
@@ -84,8 +94,8 @@ class AdaptiveWindow:
         self.samples += 1
         self._fresh = True
         if self.samples >= _WARM:
-            best = self.tpot_best
-            self.tpot_best = self.tpot_ewma if best is None else min(best, self.tpot_ewma)
+            self._recent.append(self.tpot_ewma)
+            self.tpot_best = min(self._recent)
 
     def queued_in_engine(self, first_token_after_s: float) -> bool:
         """Whether a first token this long after dispatch says the request waited in the engine's queue."""

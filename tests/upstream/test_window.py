@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from upstream import UpstreamSettings
 from upstream.probe import ProbeResult
 from upstream.replica import Replica
-from upstream.window import QUEUE_TPOT_FACTOR, AdaptiveWindow, WindowReading
+from upstream.window import BEST_HORIZON, QUEUE_TPOT_FACTOR, AdaptiveWindow, WindowReading
 
 
 def full(window: AdaptiveWindow) -> AdaptiveWindow:
@@ -59,6 +59,24 @@ def test_without_metrics_a_slow_token_rate_shrinks_and_a_late_first_token_is_rea
     assert not window.queued_in_engine(0.01)
     window.engine_queued()
     assert window.limit == 6
+
+
+def test_a_best_pace_from_a_quiet_moment_is_forgotten_so_a_busier_host_does_not_pin_the_floor() -> None:
+    window = full(AdaptiveWindow(1, 8, 1))
+    for _ in range(20):
+        window.observe_tpot(0.004)  # warm-up on a quiet host
+    for _ in range(2 * BEST_HORIZON):  # the same engine once the host is busy: over twice that, long
+        window.observe_tpot(0.009)  # enough for the average's climb to it to leave the horizon too
+    steps = []
+    for _ in range(10):  # each ended request at the busy pace, now the best: a full window grows
+        full(window).observe_tpot(0.009)
+        window.adapt(WindowReading(engine_queue=None, stale=False))
+        steps.append(window.limit)
+    assert steps == [2, 3, 4, 5, 6, 7, 8, 8, 8, 8]
+    for _ in range(3):  # and a pace twice the recent best still shrinks it
+        full(window).observe_tpot(0.03)
+        window.adapt(WindowReading(engine_queue=None, stale=False))
+    assert window.limit < 8
 
 
 @given(
