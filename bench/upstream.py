@@ -165,7 +165,7 @@ def _plan(tenant: str, shape: Shape, clients: int, seconds: float, seed: int) ->
     ]
 
 
-async def _phase(
+async def run_phase(
     front: Front, shape: Shape, clients: dict[str, int], seconds: float, seed: int
 ) -> dict[str, LoadResult]:
     """Each tenant's closed-loop clients at once for `seconds`; every request waited for."""
@@ -206,10 +206,10 @@ def _ledger(front: Front, expected: dict[str, int], wait_s: float = 20.0) -> dic
 
 def measure(front: Front, shape: Shape) -> dict[str, Any]:
     """Warm-up, A alone, then A beside B's flood, through `front`; the setup's section of the report."""
-    warm = asyncio.run(_phase(front, shape, {"A": 1, "B": 1}, 0.5, 1))
-    alone = asyncio.run(_phase(front, shape, {"A": shape.a_clients}, shape.alone_s, 2))
+    warm = asyncio.run(run_phase(front, shape, {"A": 1, "B": 1}, 0.5, 1))
+    alone = asyncio.run(run_phase(front, shape, {"A": shape.a_clients}, shape.alone_s, 2))
     flood = asyncio.run(
-        _phase(front, shape, {"A": shape.a_clients, "B": shape.b_clients}, shape.duration_s, 3)
+        run_phase(front, shape, {"A": shape.a_clients, "B": shape.b_clients}, shape.duration_s, 3)
     )
     start = max(r.started for r in flood.values()) + shape.warmup_s
     stop = min(r.started for r in flood.values()) + shape.duration_s
