@@ -34,7 +34,7 @@ from bench.flows import tenant_service
 from bench.harness import closed_loop, parser
 from bench.server import LocalServer, start_local_server
 from engine import EngineConfig, ProcessEngine
-from engine.core.request import Grammar
+from engine.core.sampling_params import Grammar
 from engine.worker.grammar.backend import Backend, GrammarError
 from engine.worker.grammar.config import GrammarConfig
 from engine.worker.loader import load_model

@@ -11,17 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
+    from engine.core.errors import DuplicateRequestError, InvalidRequestError, PromptTooLongError
     from engine.core.outputs import EngineStats, RequestInfo, RequestMetrics, RequestOutput
-    from engine.core.request import (
-        DuplicateRequestError,
-        FinishReason,
-        InvalidRequestError,
-        PromptTooLongError,
-        Request,
-        RequestMeta,
-        RequestState,
-        SamplingParams,
-    )
+    from engine.core.request import FinishReason, Request, RequestMeta, RequestState
+    from engine.core.sampling_params import SamplingParams
     from engine.core.trace import IterationTrace
     from engine.serving.boundary.async_engine import AsyncEngine, EngineDeadError
     from engine.serving.boundary.client import EngineClient, engine_client
@@ -47,14 +40,14 @@ _EXPORTS = {
     "RequestInfo": "engine.core.outputs",
     "RequestMetrics": "engine.core.outputs",
     "RequestOutput": "engine.core.outputs",
-    "DuplicateRequestError": "engine.core.request",
+    "DuplicateRequestError": "engine.core.errors",
     "FinishReason": "engine.core.request",
-    "InvalidRequestError": "engine.core.request",
-    "PromptTooLongError": "engine.core.request",
+    "InvalidRequestError": "engine.core.errors",
+    "PromptTooLongError": "engine.core.errors",
     "Request": "engine.core.request",
     "RequestMeta": "engine.core.request",
     "RequestState": "engine.core.request",
-    "SamplingParams": "engine.core.request",
+    "SamplingParams": "engine.core.sampling_params",
     "IterationTrace": "engine.core.trace",
 }
 

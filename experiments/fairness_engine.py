@@ -26,7 +26,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from engine.core.request import RequestMeta, SamplingParams  # noqa: E402
+from engine.core.request import RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.serving.llm import LLM  # noqa: E402
 from fairness import FairnessConfig  # noqa: E402
 from sim.scenarios import TwoTenantSetup, scale_scenario, two_tenants_scenario  # noqa: E402

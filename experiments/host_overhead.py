@@ -34,7 +34,7 @@ import torch
 from bench.small_models import one_layer_config
 from engine.config import EngineConfig
 from engine.core.outputs import text_in_loop
-from engine.core.request import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.serving.boundary.messages import IterationReport
 from engine.serving.boundary.route import OutputRoute
 from engine.serving.llm_engine import LLMEngine

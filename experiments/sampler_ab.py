@@ -47,7 +47,8 @@ def _params(mix: str, row: int) -> dict[str, Any]:
 
 def sampler_cost(mix: str, vocab: int, calls: int) -> float:
     """CPU µs per `Sampler.sample` call."""
-    from engine.core.request import Request, RequestMeta, SamplingParams
+    from engine.core.request import Request, RequestMeta
+    from engine.core.sampling_params import SamplingParams
     from engine.worker.sampler import Sampler
 
     sampler = Sampler(0)

@@ -23,7 +23,8 @@ import time
 from collections.abc import Sequence
 
 from engine.config import EngineConfig
-from engine.core.request import RequestMeta, SamplingParams
+from engine.core.request import RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.serving.llm_engine import LLMEngine
 from engine.worker.lora.cost import attention_flop_ratio
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.core.byte_tokenizer import BYTE_SPECIAL_TOKENS
-from engine.core.request import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.serving.llm_engine import LLMEngine
 from engine.worker.host_batch import HostBatch
 from engine.worker.loader import default_model_config, write_seeded_llama

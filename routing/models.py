@@ -16,7 +16,8 @@ from typing import Any
 
 from engine.core.limits import RequestCaps
 from engine.core.outputs import EngineStats, RequestInfo, RequestOutput
-from engine.core.request import RequestMeta, SamplingParams
+from engine.core.request import RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.core.trace import IterationTrace
 from engine.serving.boundary.client import EngineClient
 from engine.serving.boundary.front import OutputStream, Sink

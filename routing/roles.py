@@ -25,8 +25,10 @@ from functools import partial
 from typing import cast
 
 from engine.core.detokenizer import Detokenizer
+from engine.core.errors import DuplicateRequestError
 from engine.core.outputs import RequestInfo, RequestMetrics, RequestOutput, TokenPrefix, text_in_loop
-from engine.core.request import DuplicateRequestError, FinishReason, RequestMeta, SamplingParams
+from engine.core.request import FinishReason, RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.serving.boundary.client import EngineClient
 from engine.serving.boundary.front import EngineFront, OutputStream, Sink
 from engine.serving.disagg import HOLD

@@ -23,9 +23,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
+from engine.core.errors import DuplicateRequestError
 from engine.core.limits import RequestCaps
 from engine.core.outputs import EngineStats, RequestInfo
-from engine.core.request import DuplicateRequestError, RequestMeta, SamplingParams
+from engine.core.request import RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.core.tokenizer import Tokenizer
 from engine.core.trace import IterationTrace
 from engine.serving.boundary.client import EngineClient

@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from engine.core.async_scheduler import AsyncScheduler
 from engine.core.kv_cache import BlockPool
 from engine.core.policy import build_policy
-from engine.core.request import Request, RequestMeta, SamplingParams
+from engine.core.request import Request, RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from fairness.base import SchedulingPolicy
 from sim.spec import Completion, CostModel, SimConfig, SimRequest, SimResult, SimulationError

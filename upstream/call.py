@@ -15,7 +15,8 @@ from typing import Any
 
 import httpx
 
-from engine.core.request import InvalidRequestError, SamplingParams
+from engine.core.errors import InvalidRequestError
+from engine.core.sampling_params import SamplingParams
 from upstream.kinds import KindTraits
 
 

@@ -18,9 +18,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from engine.core.errors import DuplicateRequestError
 from engine.core.limits import RequestCaps, RequestLimits
 from engine.core.outputs import EngineStats, OutputDelta, RequestInfo
-from engine.core.request import DuplicateRequestError, FinishReason, RequestMeta, SamplingParams
+from engine.core.request import FinishReason, RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.core.tokenizer import Tokenizer
 from engine.serving.boundary.front import EngineFront, OutputRoute, OutputStream, Sink
 from engine.serving.boundary.messages import Abort, EngineDeadError, SetWeight

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.core.outputs import RequestMetrics
-from engine.core.request import RequestMeta, SamplingParams
+from engine.core.request import RequestMeta
+from engine.core.sampling_params import SamplingParams
 from upstream.call import Chunk, Usage
 
 

@@ -14,8 +14,9 @@ import time
 from typing import TYPE_CHECKING
 
 from admission.breaker import BackendUnavailable
+from engine.core.errors import InvalidRequestError
 from engine.core.outputs import OutputDelta
-from engine.core.request import FinishReason, InvalidRequestError
+from engine.core.request import FinishReason
 from upstream.call import Chunk, RetryableFailure, read_chunks, request_body
 from upstream.errors import UpstreamFailed
 from upstream.pending import Pending

@@ -34,7 +34,8 @@ from engine.core.kv_cache import BlockPool
 # Family, the data, is defined beside Request (each refers to the other); re-exported here with the
 # operations on it, so request.py needs nothing of this module (import contract in pyproject.toml).
 from engine.core.request import Family as Family
-from engine.core.request import FinishReason, Request, RequestMeta, RequestState, SamplingParams
+from engine.core.request import FinishReason, Request, RequestMeta, RequestState
+from engine.core.sampling_params import SamplingParams
 
 
 def choice_id(request_id: str, index: int) -> str:

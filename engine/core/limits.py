@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.core.request import InvalidRequestError, PromptTooLongError, SamplingParams
+from engine.core.errors import InvalidRequestError, PromptTooLongError
+from engine.core.sampling_params import SamplingParams
 
 # The types of a prompt token id that need no per-token test: bool is an int (True is id 1) as before.
 _INT_TYPES = frozenset((int, bool))

@@ -9,7 +9,8 @@ from typing import Any, overload
 
 import msgspec
 
-from engine.core.request import FinishReason, Request, SamplingParams
+from engine.core.request import FinishReason, Request
+from engine.core.sampling_params import SamplingParams
 from engine.core.token_logprobs import TokenLogprobs
 
 
@@ -169,7 +170,7 @@ class RequestOutput:
 
 
 class Fault(msgspec.Struct, array_like=True, frozen=True):
-    """A request's own fault inside a step (engine/core/request.py RequestFault), as its outputs carry it."""
+    """A request's own fault inside a step (engine/core/errors.py RequestFault), as its outputs carry it."""
 
     message: str
     field_name: str | None

@@ -15,9 +15,10 @@ from collections.abc import Mapping, Sequence
 from operator import attrgetter
 
 from engine.core.deadlines import Deadlines
+from engine.core.errors import InvalidRequestError
 from engine.core.family import Family, choices_of, end_choice, share_prompt, unforked
 from engine.core.kv_cache import BlockPool
-from engine.core.request import FinishReason, InvalidRequestError, Request, RequestState
+from engine.core.request import FinishReason, Request, RequestState
 from engine.core.scheduler_output import AdapterSlots, ScheduledChunk, SchedulerConfig, SchedulerOutput, Swap
 from engine.core.waits import HELD_STATES, Wait
 from fairness.base import SchedulingPolicy

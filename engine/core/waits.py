@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from engine.core.request import InvalidRequestError, Request, RequestState
+from engine.core.errors import InvalidRequestError
+from engine.core.request import Request, RequestState
 
 # The states of a request that waits outside the fairness queue.
 HELD_STATES = frozenset(

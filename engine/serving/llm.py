@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from engine.config import EngineConfig
-from engine.core.request import FinishReason, RequestMeta, SamplingParams
+from engine.core.request import FinishReason, RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.core.token_logprobs import TokenLogprobs
 from engine.serving.llm_engine import LLMEngine
 

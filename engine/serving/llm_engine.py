@@ -29,6 +29,7 @@ from typing import cast
 import torch
 
 from engine.config import EngineConfig
+from engine.core.errors import DuplicateRequestError, InvalidRequestError, RequestFault
 from engine.core.family import choices_of, closes_request, make_family, with_families
 from engine.core.isolation import RequestFailures
 from engine.core.kv_cache import BlockPool
@@ -42,16 +43,8 @@ from engine.core.outputs import (
     request_output,
 )
 from engine.core.policy import build_policy
-from engine.core.request import (
-    DuplicateRequestError,
-    FinishReason,
-    InvalidRequestError,
-    Request,
-    RequestFault,
-    RequestMeta,
-    RequestState,
-    SamplingParams,
-)
+from engine.core.request import FinishReason, Request, RequestMeta, RequestState
+from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import SchedulerOutput
 from engine.core.text_stream import TextStream, new_text, open_stream
 from engine.core.trace import IterationTrace

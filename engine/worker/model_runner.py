@@ -13,8 +13,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from engine.core.errors import RequestFault
 from engine.core.isolation import RequestFailures
-from engine.core.request import Request, RequestFault
+from engine.core.request import Request
 from engine.core.scheduler import SchedulerOutput
 from engine.worker.attention import AttentionMetadata, KVCache
 from engine.worker.decode_graphs import DecodeGraphs, GraphPlan, logits_forward

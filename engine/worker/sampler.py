@@ -30,8 +30,9 @@ from functools import partial
 
 import torch
 
+from engine.core.errors import RequestFault
 from engine.core.isolation import RequestFailures
-from engine.core.request import Request, RequestFault
+from engine.core.request import Request
 from engine.core.token_logprobs import TokenLogprobs
 from engine.worker import sampling_math
 from engine.worker.sampling_math import Distribution, Nucleus

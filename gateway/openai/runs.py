@@ -267,7 +267,7 @@ class RunFeed:
         self._end(Outcome(_STATUS[reason], out.finish_reason, out.metrics, run.cancelled_by))
 
     def _faulted(self, out: RequestOutput, fault: Fault) -> None:
-        """A request the engine ended for a fault of its own input (engine/core/request.py RequestFault: its
+        """A request the engine ended for a fault of its own input (engine/core/errors.py RequestFault: its
         adapter, its grammar) before anything was sent: a 400 naming the field, billed for what it was
         served (its metrics go to the ledger with the `error` row)."""
         run = self.run
@@ -356,7 +356,7 @@ async def publish_chunks(run: Run, publish: Publish) -> None:
 
 def _error_of(last: RequestOutput) -> dict[str, object]:
     """The error event of a stream that failed alone: a 400 naming the field for a fault of its own input
-    found mid-stream (engine/core/request.py RequestFault), else the engine's 500."""
+    found mid-stream (engine/core/errors.py RequestFault), else the engine's 500."""
     if last.fault is not None:
         return error_body(400, last.fault.message, "invalid_value", last.fault.field_name)
     return error_body(500, "the engine failed while generating this request", "engine_error")

@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from billing.fields import MODEL_MAX
-from engine.core.request import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.serving.boundary.messages import WIRE_INT_MAX, WIRE_INT_MIN
 from gateway.openai.tool_schemas import NamedToolChoice, ToolCall, ToolDefinition
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from engine.core.request import Grammar
+from engine.core.sampling_params import Grammar
 from gateway.openai.schemas import ResponseFormat
 
 SCHEMA_FIELD = "response_format.json_schema.schema"

@@ -21,7 +21,7 @@ import uuid
 from copy import deepcopy
 from typing import Any
 
-from engine.core.request import Grammar
+from engine.core.sampling_params import Grammar
 from engine.core.tokenizer import Tokenizer
 from gateway.edge.errors import APIError
 from gateway.openai.schemas import ChatCompletionRequest, ChatMessage

@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.core.errors import InvalidRequestError
 from engine.core.family import choice_seed
-from engine.core.request import FinishReason, Grammar, InvalidRequestError, RequestMeta, SamplingParams
+from engine.core.request import FinishReason, RequestMeta
+from engine.core.sampling_params import Grammar, SamplingParams
 from engine.serving.llm import LLM
 from engine.serving.llm_engine import LLMEngine
 

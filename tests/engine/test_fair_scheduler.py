@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from engine.core.kv_cache import BlockPool
 from engine.core.policy import build_policy
-from engine.core.request import FinishReason, Request, RequestMeta, RequestState, SamplingParams
+from engine.core.request import FinishReason, Request, RequestMeta, RequestState
+from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.step_cost import StepCost
 from fairness import FairnessConfig

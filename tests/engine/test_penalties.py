@@ -15,7 +15,9 @@ from transformers import (
     TemperatureLogitsWarper,
 )
 
-from engine.core.request import InvalidRequestError, Request, RequestMeta, SamplingParams
+from engine.core.errors import InvalidRequestError
+from engine.core.request import Request, RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.worker.sampler import Sampler
 
 VOCAB = 64

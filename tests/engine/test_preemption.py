@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine.core.kv_cache import BlockPool
-from engine.core.request import Request, RequestMeta, SamplingParams
+from engine.core.request import Request, RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.serving.llm import LLM
 from sim.simulator import SimConfig, SimRequest, Simulator

@@ -5,7 +5,8 @@ tests/gateway/test_public_prefixes.py)."""
 from __future__ import annotations
 
 from engine.core.kv_cache import BlockPool
-from engine.core.request import Request, RequestMeta, SamplingParams
+from engine.core.request import Request, RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler
 from tests.defaults import fcfs, scheduler_config
 from tests.engine.core.test_scheduler import run_step

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import LLM, FinishReason, InvalidRequestError, LLMEngine, RequestMeta, SamplingParams
-from engine.core.request import Grammar
+from engine.core.sampling_params import Grammar
 from engine.worker.lora.intake import load_to_host
 from tests.engine.worker.lora.adapters import Adapted, build
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine.core.errors import InvalidRequestError
 from engine.core.limits import RequestCaps, RequestLimits
-from engine.core.request import InvalidRequestError
 from experiments.isolation import heavy_parameters
 from gateway.openai.schemas import CompletionRequest
 

@@ -20,7 +20,8 @@ import zmq
 from sqlalchemy import text
 
 from billing import BillingStore, Database, default_db_url
-from engine.core.request import RequestMeta, SamplingParams
+from engine.core.request import RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.serving.boundary.messages import IterationReport, Submit
 from engine.serving.remote.messages import FromServer
 from tests.billing.conftest import pg_url  # noqa: F401  (the fixture, for the PostgreSQL runs)

@@ -45,7 +45,7 @@ NAMESAKES: dict[tuple[str, str], str] = {
         "namespace",
     ): "the Redis key prefix of quotas, not the Ray namespace",
     ("routing.score.Candidate", "max_num_seqs"): "an engine's reported seats, 0 until reported",
-    ("engine.core.request.SamplingParams", "seed"): "a request's own sampling seed (OpenAI's `seed`)",
+    ("engine.core.sampling_params.SamplingParams", "seed"): "a request's own sampling seed (OpenAI's `seed`)",
     ("sim.lift.BankedCreditSetup", "*"): "a simulated scenario's own values (docs/sim.md)",
     ("sim.lift.ClosedLoopSetup", "*"): "a simulated scenario's own values (docs/sim.md)",
     ("sim.scenarios.TwoTenantSetup", "*"): "a simulated scenario's own values (docs/sim.md)",

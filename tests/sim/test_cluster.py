@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from engine.core.request import Request, RequestMeta, SamplingParams
+from engine.core.request import Request, RequestMeta
+from engine.core.sampling_params import SamplingParams
 from gateway.cli import main
 from sim.cluster import ClusterConfig
 from sim.cluster_report import cluster_scenario, dynamo_config, jain_index

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from engine.core.request import RequestMeta, SamplingParams
+from engine.core.request import RequestMeta
+from engine.core.sampling_params import SamplingParams
 from upstream.call import Chunk, Usage
 from upstream.pending import Pending
 

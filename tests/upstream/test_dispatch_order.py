@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from engine.core.outputs import RequestOutput
-from engine.core.request import FinishReason, RequestMeta, SamplingParams
+from engine.core.request import FinishReason, RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.core.tokenizer import Tokenizer
 from engine.serving.counter_sync import CounterSync
 from engine.worker.loader import default_model_dir

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from engine.core.request import InvalidRequestError, SamplingParams
+from engine.core.errors import InvalidRequestError
+from engine.core.sampling_params import SamplingParams
 from gateway.settings import GatewaySettings
 from upstream.call import RetryableFailure, parse_chunk, refuse_unsupported, request_body
 from upstream.config import UpstreamSettings

@@ -13,7 +13,8 @@ from typing import Protocol
 from engine.config import EngineConfig
 from engine.core.limits import RequestCaps
 from engine.core.outputs import EngineStats, RequestInfo, RequestOutput
-from engine.core.request import RequestMeta, SamplingParams
+from engine.core.request import RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.core.tokenizer import Tokenizer
 from engine.core.trace import IterationTrace
 from engine.serving.boundary.front import OutputStream, Sink

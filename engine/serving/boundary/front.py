@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from engine.core.errors import DuplicateRequestError, InvalidRequestError, PromptTooLongError
 from engine.core.limits import RequestCaps, RequestLimits
 from engine.core.outputs import (
     EngineStats,
@@ -27,14 +28,8 @@ from engine.core.outputs import (
     TokenPrefix,
     text_in_loop,
 )
-from engine.core.request import (
-    DuplicateRequestError,
-    FinishReason,
-    InvalidRequestError,
-    PromptTooLongError,
-    RequestMeta,
-    SamplingParams,
-)
+from engine.core.request import FinishReason, RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.core.tokenizer import Tokenizer
 from engine.core.trace import IterationTrace
 from engine.serving.boundary.messages import (

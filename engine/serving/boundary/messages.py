@@ -15,7 +15,8 @@ import time
 import msgspec
 
 from engine.core.outputs import EngineStats, OutputDelta
-from engine.core.request import RequestMeta, SamplingParams
+from engine.core.request import RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.core.trace import IterationTrace
 
 # The integers a msgspec frame can carry: int64 and uint64. Every integer a request can set is checked

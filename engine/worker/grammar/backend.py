@@ -20,7 +20,7 @@ import json
 import threading
 from typing import TYPE_CHECKING, Any
 
-from engine.core.request import Grammar
+from engine.core.sampling_params import Grammar
 from engine.worker.grammar.config import GrammarConfig
 from engine.worker.grammar.productive import Unproductive, check_productive
 

@@ -21,7 +21,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.core.request import Grammar, Request
+from engine.core.request import Request
+from engine.core.sampling_params import Grammar
 from engine.worker.grammar.backend import Backend, GrammarError
 from engine.worker.grammar.config import GrammarConfig
 

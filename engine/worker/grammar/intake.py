@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from engine.core.request import InvalidRequestError, Request, RequestState
+from engine.core.errors import InvalidRequestError
+from engine.core.request import Request, RequestState
 from engine.core.waits import HELD_STATES
 from engine.worker.grammar.backend import Backend
 from engine.worker.grammar.compiler import GrammarCompiler

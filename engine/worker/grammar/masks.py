@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from engine.core.errors import RequestFault
 from engine.core.isolation import RequestFailures
-from engine.core.request import Request, RequestFault
+from engine.core.request import Request
 from engine.worker.grammar.closing import Closers, is_closing
 
 if TYPE_CHECKING:

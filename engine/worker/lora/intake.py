@@ -38,7 +38,8 @@ from functools import partial
 import torch
 
 from engine.config import EngineConfig
-from engine.core.request import InvalidRequestError, Request, RequestFault, RequestMeta, RequestState
+from engine.core.errors import InvalidRequestError, RequestFault
+from engine.core.request import Request, RequestMeta, RequestState
 from engine.core.scheduler_output import ScheduledChunk
 from engine.worker.lora.adapter import AdapterError, LoraAdapter, load_adapter
 from engine.worker.lora.cache import DeviceSlots

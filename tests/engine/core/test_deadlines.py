@@ -7,7 +7,8 @@ import types
 import pytest
 
 from engine.config import EngineConfig
-from engine.core.request import FinishReason, RequestMeta, SamplingParams
+from engine.core.request import FinishReason, RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import SchedulerOutput
 from engine.serving.llm_engine import LLMEngine
 from sim.simulator import CostModel, SimConfig, SimRequest, SimResult, Simulator

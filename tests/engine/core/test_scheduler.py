@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core.kv_cache import BlockPool
-from engine.core.request import FinishReason, Request, RequestMeta, RequestState, SamplingParams
+from engine.core.request import FinishReason, Request, RequestMeta, RequestState
+from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from tests.defaults import fcfs, scheduler_config
 

@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.core.kv_cache import BlockPool
-from engine.core.request import Request, RequestMeta, SamplingParams
+from engine.core.request import Request, RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.step_cost import TOKENS_ONLY, StepCost
 from tests.defaults import COST, scheduler_config, vtc

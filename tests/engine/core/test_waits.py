@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from engine.core.errors import InvalidRequestError
 from engine.core.kv_cache import BlockPool
-from engine.core.request import FinishReason, InvalidRequestError, Request, RequestState
+from engine.core.request import FinishReason, Request, RequestState
 from engine.core.scheduler import Scheduler
 from tests.defaults import fcfs, scheduler_config
 from tests.engine.core.test_scheduler import make_request, run_step

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.core.request import Request, RequestMeta, SamplingParams
+from engine.core.request import Request, RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import ScheduledChunk, SchedulerOutput
 from engine.worker.input_batch import BlockTableRows
 from engine.worker.loader import LoadedModel, load_model

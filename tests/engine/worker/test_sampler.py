@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from engine.core.request import Request, RequestMeta, SamplingParams
+from engine.core.request import Request, RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.worker.sampler import Sampler
 
 VOCAB = 50

@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from engine import EngineConfig, ProcessEngine, RequestMeta, SamplingParams
-from engine.core.request import SamplingParams as Params
+from engine.core.sampling_params import SamplingParams as Params
 from engine.serving.boundary.messages import SetWeight, Submit, WorkerFailed
 from engine.serving.boundary.zmq_channel import ZmqFrontChannel, encode_frame
 

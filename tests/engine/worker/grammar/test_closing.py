@@ -11,7 +11,8 @@ import pytest
 from pydantic import BaseModel
 
 from engine import LLM, FinishReason, RequestMeta, SamplingParams
-from engine.core.request import Grammar, Request
+from engine.core.request import Request
+from engine.core.sampling_params import Grammar
 from engine.core.tokenizer import Tokenizer
 from engine.worker.grammar.closing import IN_STRING, OUTSIDE, Closers, closing_budget, is_closing
 

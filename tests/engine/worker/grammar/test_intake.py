@@ -10,7 +10,8 @@ import threading
 import pytest
 
 from engine import EngineConfig, FinishReason, InvalidRequestError, LLMEngine, RequestMeta, SamplingParams
-from engine.core.request import Grammar, RequestState
+from engine.core.request import RequestState
+from engine.core.sampling_params import Grammar
 from engine.worker.grammar.backend import Backend
 from engine.worker.grammar.config import GrammarConfig
 from engine.worker.loader import LoadedModel, load_model

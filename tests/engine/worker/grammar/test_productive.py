@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from engine.core.request import Grammar
+from engine.core.sampling_params import Grammar
 from engine.worker.grammar.backend import GrammarError, embedded_schemas, grammar_text
 from engine.worker.grammar.productive import Unproductive, check_productive
 

@@ -7,7 +7,8 @@ import threading
 from dataclasses import dataclass, field
 
 from engine import LLMEngine
-from engine.core.request import InvalidRequestError, Request, RequestState
+from engine.core.errors import InvalidRequestError
+from engine.core.request import Request, RequestState
 from engine.worker.lora.adapter import LoraAdapter
 from engine.worker.lora.host_cache import Loader
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.core.request import InvalidRequestError, RequestMeta
+from engine.core.errors import InvalidRequestError
+from engine.core.request import RequestMeta
 from tests.engine.worker.lora.adapters import ALL_MODULES, ATTENTION_MODULES, CONFIGS, Adapted, build
 
 SPECS = {"a": (8, ALL_MODULES, False), "b": (8, ["q_proj", "v_proj", "down_proj"], True)}

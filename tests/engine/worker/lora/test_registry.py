@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.core.request import InvalidRequestError, RequestMeta
+from engine.core.errors import InvalidRequestError
+from engine.core.request import RequestMeta
 from tests.engine.worker.lora.adapters import ALL_MODULES, Adapted, build
 from tests.engine.worker.lora.test_adapted_parity import greedy, merged, prompts
 

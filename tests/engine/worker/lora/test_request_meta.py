@@ -5,7 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from engine.core.request import Request, RequestMeta, SamplingParams
+from engine.core.request import Request, RequestMeta
+from engine.core.sampling_params import SamplingParams
 from engine.serving.boundary.messages import Submit, ToEngine
 from engine.serving.remote.messages import ToServer
 

@@ -11,7 +11,9 @@ import pytest
 
 from engine import LLM, LLMEngine, SamplingParams
 from engine.config import EngineConfig
-from engine.core.request import Grammar, InvalidRequestError, RequestMeta
+from engine.core.errors import InvalidRequestError
+from engine.core.request import RequestMeta
+from engine.core.sampling_params import Grammar
 from tests.engine.worker.lora.adapters import Adapted, build
 from tests.engine.worker.lora.runtime import gate, held_for_adapter, run_checked
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from engine import LLM, EngineConfig, ProcessEngine, RequestMeta, SamplingParams
-from engine.core.request import InvalidRequestError
+from engine.core.errors import InvalidRequestError
 from tests.engine.worker.lora.adapters import Adapted, build
 
 PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

@@ -257,7 +257,7 @@ from engine.worker import decode_graphs
 from engine.config import EngineConfig
 from engine.worker.decode_graphs import graph_batch_sizes
 from engine.serving.llm_engine import LLMEngine
-from engine.core.request import SamplingParams
+from engine.core.sampling_params import SamplingParams
 engine = LLMEngine(EngineConfig(model=sys.argv[1], dtype="float32", tensor_parallel_size=2))
 engine.add_request("r", [5, 6, 7], SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True))
 engine.step()
