@@ -14,8 +14,8 @@ just large enough to keep the engine busy with its own queue near empty:
   within 1.5x the best average seen;
 - with no metrics at all, the window steps at most once per request that ended (its time per token is
   the only news): a time per output token twice the best of the latest averages (BEST_HORIZON)
-  shrinks it, one within 1.5x grows a full window, and a first token later than QUEUE_TPOT_FACTOR best token times after dispatch
-  is read as queueing in the engine (shrink). Such a window starts at its floor, so that the best is
+  shrinks it, one within 1.5x grows a full window, and a first token later than QUEUE_TPOT_FACTOR
+  best token times after dispatch is read as queueing in the engine (shrink). Such a window starts at its floor, so that the best is
   measured on a nearly empty batch, and its ceiling is `window_max_unmetered` (8): an engine that runs
   whatever it is sent (`transformers serve` batches up to its token budget) has no full batch to show,
   and its time per token grows so slowly with the batch on a small model that the window wandered to 21
