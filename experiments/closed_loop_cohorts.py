@@ -65,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
                 tokens[tenant] += len(out.new_token_ids)
             if out.finished:
                 returning[step + 1 + a.delay].append(tenant)
-    print(f"delay {a.delay} steps: A:B tokens {tokens['A']}:{tokens['B']}, over 4:1 {tokens['A'] / tokens['B'] / 4:.3f}")
+    print(
+        f"delay {a.delay} steps: A:B tokens {tokens['A']}:{tokens['B']}, over 4:1 {tokens['A'] / tokens['B'] / 4:.3f}"
+    )
     print("seats (A, B) held, steps:", seats.most_common(4))
     return 0
 
